@@ -1,0 +1,47 @@
+# Every third-party dependency is found here, in one place; the README says why each is used.
+
+find_package(OpenMP REQUIRED)          # threads of the CPU kernels
+find_package(CLI11 CONFIG REQUIRED)    # the deltatrain command line
+find_package(nlohmann_json CONFIG REQUIRED)  # --json output, checkpoint metadata
+find_package(MPI REQUIRED COMPONENTS C)      # CPU communicators, NCCL bootstrap
+find_package(BLAS REQUIRED)            # the reference matrix-product rate in `bench gdn`
+find_package(Threads REQUIRED)
+if(DELTATRAIN_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+find_package(benchmark)                # optional: micro-benchmarks under bench/
+
+# CUDA: optional, so that the project builds on machines without nvcc; CI has nvcc and builds it all.
+set(DELTATRAIN_WITH_CUDA OFF)
+if(DELTATRAIN_CUDA STREQUAL "AUTO")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(DELTATRAIN_WITH_CUDA ON)
+  endif()
+elseif(DELTATRAIN_CUDA)
+  set(DELTATRAIN_WITH_CUDA ON)
+endif()
+if(DELTATRAIN_WITH_CUDA)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    # Ampere for mma.sync, Hopper with its arch-specific instructions (wgmma, setmaxnreg).
+    set(CMAKE_CUDA_ARCHITECTURES "80-real;90a-real")
+  endif()
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  find_package(CUDAToolkit REQUIRED)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
+endif()
+message(STATUS "deltatrain: CUDA backends ${DELTATRAIN_WITH_CUDA}, CPU arch ${DELTATRAIN_CPU_ARCH}")
+
+# Warnings for the project's own code.
+add_library(deltatrain_warnings INTERFACE)
+target_compile_options(deltatrain_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-unused-parameter>)
+
+# CPU kernels: vector ISA chosen at configure time.
+add_library(deltatrain_cpu_arch INTERFACE)
+target_compile_options(deltatrain_cpu_arch INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-march=${DELTATRAIN_CPU_ARCH} -O3>)

@@ -1,0 +1,11 @@
+#include "deltatrain/core/error.h"
+
+namespace deltatrain {
+
+InvalidArgument::InvalidArgument(const std::string& argument, const std::string& rule)
+    : Error("invalid argument '" + argument + "': " + rule), argument_(argument) {}
+
+Unavailable::Unavailable(const std::string& what, const std::string& reason)
+    : Error(what + " is unavailable: " + reason) {}
+
+}  // namespace deltatrain

@@ -1,0 +1,41 @@
+// What this machine offers: CPU, and the CUDA driver, runtime and GPUs where the build has CUDA.
+// Used by backends to decide availability (with a reason) and by `deltatrain info`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "deltatrain/core/version.h"
+
+namespace deltatrain {
+
+struct CpuInfo {
+  std::string model;
+  int logical_cores = 0;
+  std::vector<std::string> vector_isa;  // "avx2", "avx512f", ...
+};
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int multiprocessors = 0;
+  std::uint64_t memory_bytes = 0;
+};
+
+struct CudaInfo {
+  bool built = false;                     // compiled with CUDA support
+  std::optional<Version> driver;          // highest CUDA version the installed driver supports
+  std::optional<Version> runtime;         // the CUDA runtime this build links
+  std::vector<GpuInfo> gpus;
+  std::string unavailable_reason;         // empty when at least one GPU can be used
+  bool usable() const { return unavailable_reason.empty(); }
+};
+
+const CpuInfo& cpu_info();
+// Queried once per process; cheap afterwards.
+const CudaInfo& cuda_info();
+
+}  // namespace deltatrain

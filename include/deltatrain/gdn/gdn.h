@@ -1,0 +1,87 @@
+// The Gated DeltaNet operator: the one public contract every backend implements.
+//
+// Semantics and layout follow fla's chunk_gated_delta_rule, so callers switch without reshaping.
+// Per (sequence, value head) the state h is a K x V matrix; for each token t:
+//   h  = exp(g_t) * h                       g is a log-space decay (<= 0 in practice)
+//   v' = beta_t * (v_t - h^T k_t)           the delta-rule correction
+//   h  = h + k_t v'^T
+//   o_t = h^T (scale * q_t)
+// with q_t, k_t first L2-normalised (x / sqrt(sum x^2 + 1e-6)) when use_qk_l2norm_in_kernel is on.
+//
+// Shapes ("seq-first", as fla):
+//   q, k           [B, T, H, K]
+//   v              [B, T, HV, V]     HV a multiple of H; value head j uses q/k head j / (HV / H) (GVA)
+//   g, beta        [B, T, HV]
+//   initial_state  [N, HV, K, V]     optional; N = B, or the number of packed sequences
+//   cu_seqlens     [N + 1]           optional, int32 or int64; packed variable-length sequences, B must be 1:
+//                                    sequence n is tokens [cu_seqlens[n], cu_seqlens[n+1]) of the T tokens
+//   o              [B, T, HV, V]     same dtype as v
+//   final_state    [N, HV, K, V]     float32 (float64 when the inputs are float64)
+//
+// Dtypes: q, k, v share one of float16, bfloat16, float32, float64. g and beta are float32 or q's dtype.
+// A float64 call is float64 throughout (g, beta and the states too). Half-precision inputs are computed
+// in float32 on the CPU. Tensors are contiguous; all live on one device.
+//
+// Outputs are allocated by the caller and passed in; the operator validates their shapes and dtypes too.
+// Every argument is checked once, here, before any backend runs: bad input throws InvalidArgument naming
+// the argument; a backend that cannot serve the call throws Unavailable naming the backend and the reason.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "deltatrain/core/tensor.h"
+
+namespace deltatrain::gdn {
+
+inline constexpr double kL2NormEps = 1e-6;
+
+struct Options {
+  std::optional<double> scale;  // default K^-0.5
+  bool use_qk_l2norm_in_kernel = false;
+  std::string backend = "auto";  // "auto" or a registered backend's name
+  void* stream = nullptr;        // cudaStream_t for GPU backends; nullptr is the default stream
+  int cpu_threads = 0;           // CPU backends: threads to use, 0 = all available
+};
+
+struct Inputs {
+  TensorView q, k, v, g, beta;
+  std::optional<TensorView> initial_state;
+  std::optional<TensorView> cu_seqlens;
+  // When cu_seqlens lives on a GPU, a host copy of it, so that neither validation nor scheduling
+  // has to synchronise with the device to read the sequence boundaries.
+  std::optional<TensorView> cu_seqlens_host;
+};
+
+struct ForwardOutputs {
+  TensorView o;
+  std::optional<TensorView> final_state;  // written when present (output_final_state)
+};
+
+struct BackwardInputs {
+  TensorView d_o;                 // gradient of o, [B, T, HV, V], dtype of v
+  std::optional<TensorView> dht;  // gradient of final_state, [N, HV, K, V]
+};
+
+// Gradients w.r.t. the forward's inputs; each has its input's shape and dtype.
+struct Gradients {
+  TensorView dq, dk, dv, dg, dbeta;
+  std::optional<TensorView> dh0;  // required exactly when initial_state is given
+};
+
+// The chunked forward (training and prefill).
+void chunk_forward(const Inputs& inputs, const ForwardOutputs& outputs, const Options& options = {});
+
+// The backward of chunk_forward: gradients given d_o and (optionally) the final-state gradient dht.
+void chunk_backward(const Inputs& inputs, const BackwardInputs& grads_in, const Gradients& grads_out,
+                    const Options& options = {});
+
+// The same function computed token by token: the rollout (decode) step, one or a few tokens a sequence.
+void recurrent_forward(const Inputs& inputs, const ForwardOutputs& outputs, const Options& options = {});
+
+// The name of the backend `options.backend` resolves to for this call (what "auto" would pick).
+std::string resolve_backend(const Inputs& inputs, const Options& options, bool backward = false);
+
+}  // namespace deltatrain::gdn

@@ -1,0 +1,14 @@
+// One function per subcommand; each lives in its own file and adds itself to the parent command.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace deltatrain::tools {
+
+void add_info_command(CLI::App& app);
+void add_bench_gdn_command(CLI::App& bench);
+void add_bench_memsaver_command(CLI::App& bench);
+void add_optim_command(CLI::App& app);
+void add_ckpt_command(CLI::App& app);
+
+}  // namespace deltatrain::tools
