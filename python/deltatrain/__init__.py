@@ -1,0 +1,1 @@
+"""deltatrain: Gated DeltaNet training runtime for colocated RL."""

@@ -1,0 +1,11 @@
+// Each component binds itself into the one extension module.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace deltatrain::python {
+
+void bind_gdn(nanobind::module_& m);
+void bind_memsaver(nanobind::module_& m);
+
+}  // namespace deltatrain::python

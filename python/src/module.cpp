@@ -1,0 +1,7 @@
+#include "bindings.h"
+
+NB_MODULE(_deltatrain, m) {
+  m.doc() = "deltatrain: Gated DeltaNet training runtime (native core)";
+  deltatrain::python::bind_gdn(m);
+  deltatrain::python::bind_memsaver(m);
+}
