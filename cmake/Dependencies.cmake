@@ -1,15 +1,17 @@
 # Every third-party dependency is found here, in one place; the README says why each is used.
 
 find_package(OpenMP REQUIRED)          # threads of the CPU kernels
-find_package(CLI11 CONFIG REQUIRED)    # the deltatrain command line
-find_package(nlohmann_json CONFIG REQUIRED)  # --json output, checkpoint metadata
-find_package(MPI REQUIRED COMPONENTS C)      # CPU communicators, NCCL bootstrap
-find_package(BLAS REQUIRED)            # the reference matrix-product rate in `bench gdn`
 find_package(Threads REQUIRED)
-if(DELTATRAIN_TESTS)
-  find_package(GTest REQUIRED)
+if(DELTATRAIN_FULL)
+  find_package(CLI11 CONFIG REQUIRED)    # the deltatrain command line
+  find_package(nlohmann_json CONFIG REQUIRED)  # --json output, checkpoint metadata
+  find_package(MPI REQUIRED COMPONENTS C)      # CPU communicators, NCCL bootstrap
+  find_package(BLAS REQUIRED)            # the reference matrix-product rate in `bench gdn`
+  find_package(benchmark)                # optional: micro-benchmarks under bench/
+  if(DELTATRAIN_TESTS)
+    find_package(GTest REQUIRED)
+  endif()
 endif()
-find_package(benchmark)                # optional: micro-benchmarks under bench/
 
 # CUDA: optional, so that the project builds on machines without nvcc; CI has nvcc and builds it all.
 set(DELTATRAIN_WITH_CUDA OFF)
