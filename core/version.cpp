@@ -1,7 +1,9 @@
 #include "deltatrain/core/version.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <iterator>
 
 #include "deltatrain/core/error.h"
 
@@ -26,6 +28,10 @@ namespace {
 
 bool is_digit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
 bool is_alnum(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }
+bool is_alpha(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
+
+// PEP 440 and semantic-versioning labels, as CUDA, compilers and Python packages spell them.
+constexpr std::string_view kReleaseLabels[] = {"a", "b", "c", "rc", "alpha", "beta", "pre", "preview", "dev", "post"};
 
 }  // namespace
 
@@ -73,7 +79,9 @@ Version parse_version(std::string_view text, std::string_view what) {
     // "rc1", "a0", ".dev3", "-beta.2": a separator, then letters and digits (and dots between them).
     std::string_view body = prerelease;
     if (body.front() == '.' || body.front() == '-' || body.front() == '_') body.remove_prefix(1);
-    if (body.empty() || !std::isalpha(static_cast<unsigned char>(body.front()))) {
+    // The label must be one of the pre-/post-release words, so that "1.2.x" is not read as 1.2 label "x".
+    const std::string_view label = body.substr(0, std::find_if_not(body.begin(), body.end(), is_alpha) - body.begin());
+    if (std::find(std::begin(kReleaseLabels), std::end(kReleaseLabels), label) == std::end(kReleaseLabels)) {
       throw fail("unexpected '" + std::string(prerelease) + "' after the release numbers");
     }
     for (char c : body) {
