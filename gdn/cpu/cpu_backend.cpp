@@ -1,1 +1,453 @@
-// being written
+// The cpu backend: the chunked (WY / UT-transform) algorithm of gdn-kernels.md §2, chunk 64.
+//
+// Within a chunk of L tokens entering with state S (K x V), with gamma the chunk-local cumulative
+// log-decay, E_i = exp(gamma_i), D_i = exp(gamma_last - gamma_i), Gamma_ij = exp(gamma_i - gamma_j) (i >= j):
+//   A     = strict_lower(diag(beta) (K K^T .* Gamma))
+//   Delta = (I + A)^-1 diag(beta) (V - diag(E) K S)          pseudo-values, by forward substitution
+//   O     = scale (diag(E) Q S + (lower(Q K^T) .* Gamma) Delta)
+//   S'    = E_last S + K^T diag(D) Delta
+// The backward differentiates exactly these expressions, chunk by chunk in reverse, replaying the forward
+// from the saved chunk-entry states; (I + A)^-T is applied by back substitution, never formed.
+//
+// Threads take (sequence, head) pairs; each pair is computed by one thread in a fixed order, so results
+// are bitwise identical whatever the thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "cpu/small_gemm.h"
+#include "deltatrain/gdn/registry.h"
+#include "host/host_tensors.h"
+#include "host/l2norm.h"
+
+namespace deltatrain::gdn {
+namespace {
+
+using cpu::gemm_nn;
+using cpu::gemm_nt;
+using cpu::gemm_tn;
+using cpu::Matrix;
+using cpu::matrix;
+using host::InputArray;
+using host::OutputArray;
+
+constexpr std::int64_t kChunk = 64;
+
+template <class T>
+struct Arrays {
+  InputArray<T> q, k, v, g, beta;
+  std::optional<InputArray<T>> h0;
+  explicit Arrays(const Inputs& in) : q(in.q), k(in.k), v(in.v), g(in.g), beta(in.beta) {
+    if (in.initial_state) h0.emplace(*in.initial_state);
+  }
+};
+
+int thread_count(const Problem& p) { return p.cpu_threads > 0 ? p.cpu_threads : omp_get_max_threads(); }
+
+// One chunk of one (sequence, value head) pair: its inputs and every forward intermediate.
+template <class T>
+class Chunk {
+ public:
+  Chunk(const Problem& p, const Arrays<T>& a)
+      : p_(p), a_(a), K(p.K), V(p.V),
+        q(kChunk * K), k(kChunk * K), v(kChunk * V), beta(kChunk), gamma(kChunk), E(kChunk), D(kChunk),
+        decay(kChunk * kChunk), kk(kChunk * kChunk), A(kChunk * kChunk), qk(kChunk * kChunk), P(kChunk * kChunk),
+        ks(kChunk * V), qs(kChunk * V), rhs(kChunk * V), delta(kChunk * V), scratch(std::max(K, V) * kChunk) {}
+
+  // Gathers tokens [first, first + length) of value head j and computes everything that does not
+  // depend on the state.
+  void load(std::int64_t first, std::int64_t length, std::int64_t j) {
+    L = length;
+    const std::int64_t qk_head = j / p_.group();
+    T cumulative = 0;
+    for (std::int64_t i = 0; i < L; ++i) {
+      const std::int64_t token = first + i;
+      const T* qrow = &a_.q[(token * p_.H + qk_head) * K];
+      const T* krow = &a_.k[(token * p_.H + qk_head) * K];
+      if (p_.l2norm) {
+        host::l2_normalize(qrow, &q[i * K], K);
+        host::l2_normalize(krow, &k[i * K], K);
+      } else {
+        std::copy_n(qrow, K, &q[i * K]);
+        std::copy_n(krow, K, &k[i * K]);
+      }
+      std::copy_n(&a_.v[(token * p_.HV + j) * V], V, &v[i * V]);
+      beta[i] = a_.beta[token * p_.HV + j];
+      cumulative += a_.g[token * p_.HV + j];
+      gamma[i] = cumulative;
+    }
+    for (std::int64_t i = 0; i < L; ++i) {
+      E[i] = std::exp(gamma[i]);
+      D[i] = std::exp(gamma[L - 1] - gamma[i]);
+      for (std::int64_t c = 0; c < L; ++c) decay[i * L + c] = c <= i ? std::exp(gamma[i] - gamma[c]) : T(0);
+    }
+    E_last = L > 0 ? E[L - 1] : T(1);
+    gemm_nt<T>(mat(kk, L, L), mat(k, L, K), mat(k, L, K), scratch.data());
+    gemm_nt<T>(mat(qk, L, L), mat(q, L, K), mat(k, L, K), scratch.data());
+    for (std::int64_t i = 0; i < L; ++i) {
+      for (std::int64_t c = 0; c < L; ++c) {
+        A[i * L + c] = c < i ? beta[i] * kk[i * L + c] * decay[i * L + c] : T(0);
+        P[i * L + c] = qk[i * L + c] * decay[i * L + c];  // decay is zero above the diagonal
+      }
+    }
+  }
+
+  // The state-dependent part: K S, Q S, the right-hand side and Delta.
+  void solve(const T* state) {
+    const Matrix<const T> S{state, K, V, V};
+    gemm_nn<T>(mat(ks, L, V), mat(k, L, K), S);
+    gemm_nn<T>(mat(qs, L, V), mat(q, L, K), S);
+    for (std::int64_t i = 0; i < L; ++i)
+      for (std::int64_t c = 0; c < V; ++c) rhs[i * V + c] = beta[i] * (v[i * V + c] - E[i] * ks[i * V + c]);
+    // (I + A) Delta = rhs, A strictly lower: forward substitution, row by row.
+    std::copy_n(rhs.begin(), L * V, delta.begin());
+    for (std::int64_t i = 0; i < L; ++i) {
+      T* __restrict row = &delta[i * V];
+      for (std::int64_t c = 0; c < i; ++c) {
+        const T a = A[i * L + c];
+        const T* __restrict prior = &delta[c * V];
+#pragma omp simd
+        for (std::int64_t e = 0; e < V; ++e) row[e] -= a * prior[e];
+      }
+    }
+  }
+
+  // O = scale (diag(E) Q S + P Delta), into `out` (L x V).
+  void output(T* out) {
+    gemm_nn<T>(mat(out, L, V), mat(P, L, L), mat(delta, L, V));
+    for (std::int64_t i = 0; i < L; ++i)
+      for (std::int64_t c = 0; c < V; ++c) out[i * V + c] = p_.scale * (out[i * V + c] + E[i] * qs[i * V + c]);
+  }
+
+  // S <- E_last S + K^T diag(D) Delta, using `scaled` (L x V) as scratch.
+  void advance(T* state, T* scaled) {
+    for (std::int64_t i = 0; i < L; ++i)
+      for (std::int64_t c = 0; c < V; ++c) scaled[i * V + c] = D[i] * delta[i * V + c];
+    gemm_tn<T>(Matrix<T>{state, K, V, V}, mat(k, L, K), mat(scaled, L, V), T(1), E_last);
+  }
+
+  template <class U>
+  static Matrix<U> mat(std::vector<U>& buffer, std::int64_t rows, std::int64_t cols) {
+    return matrix(buffer.data(), rows, cols);
+  }
+  static Matrix<T> mat(T* data, std::int64_t rows, std::int64_t cols) { return matrix(data, rows, cols); }
+
+  const Problem& p_;
+  const Arrays<T>& a_;
+  const std::int64_t K, V;
+  std::int64_t L = 0;
+  std::vector<T> q, k, v, beta, gamma, E, D, decay, kk, A, qk, P, ks, qs, rhs, delta, scratch;
+  T E_last = 1;
+};
+
+template <class T>
+void initial_state(const Problem& p, const Arrays<T>& a, std::int64_t n, std::int64_t j, std::vector<T>& state) {
+  if (a.h0) {
+    std::copy_n(&(*a.h0)[(n * p.HV + j) * p.K * p.V], p.K * p.V, state.begin());
+  } else {
+    std::fill(state.begin(), state.end(), T(0));
+  }
+}
+
+template <class T>
+void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
+  const Arrays<T> a(in);
+  OutputArray<T> o(out.o);
+  std::optional<OutputArray<T>> final_state;
+  if (out.final_state) final_state.emplace(*out.final_state);
+  const std::int64_t K = p.K, V = p.V;
+
+#pragma omp parallel num_threads(thread_count(p))
+  {
+    Chunk<T> chunk(p, a);
+    std::vector<T> state(K * V), block(kChunk * V), scaled(kChunk * V);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
+      const std::int64_t n = pair / p.HV, j = pair % p.HV;
+      initial_state(p, a, n, j, state);
+      for (std::int64_t first = p.offsets[n]; first < p.offsets[n + 1]; first += kChunk) {
+        const std::int64_t length = std::min(kChunk, p.offsets[n + 1] - first);
+        chunk.load(first, length, j);
+        chunk.solve(state.data());
+        chunk.output(block.data());
+        for (std::int64_t i = 0; i < length; ++i) std::copy_n(&block[i * V], V, &o[((first + i) * p.HV + j) * V]);
+        chunk.advance(state.data(), scaled.data());
+      }
+      if (final_state) std::copy(state.begin(), state.end(), &(*final_state)[(n * p.HV + j) * K * V]);
+    }
+  }
+  o.commit();
+  if (final_state) final_state->commit();
+}
+
+// Scratch of the backward for one chunk, allocated once per thread.
+template <class T>
+struct BackwardScratch {
+  std::vector<T> d_o, kds, d_delta, d_rhs, d_r, dP, dA, G, dM, dq, dk, tmp, d_gamma;
+  BackwardScratch(std::int64_t K, std::int64_t V)
+      : d_o(kChunk * V), kds(kChunk * V), d_delta(kChunk * V), d_rhs(kChunk * V), d_r(kChunk * V),
+        dP(kChunk * kChunk), dA(kChunk * kChunk), G(kChunk * kChunk), dM(kChunk * kChunk), dq(kChunk * K),
+        dk(kChunk * K), tmp(kChunk * std::max(K, V)), d_gamma(kChunk) {}
+};
+
+// Gradients of one chunk. On entry `d_state` is the gradient of the state leaving the chunk; on exit,
+// of the state entering it. Writes dv, dg, dbeta of value head j and adds the q/k gradients (of the
+// normalised rows) into dq_hat / dk_hat at row offset `row`.
+template <class T>
+void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const T* state, T* d_state,
+                    const InputArray<T>& d_o_all, std::int64_t first, std::int64_t j, T* dq_hat, T* dk_hat,
+                    OutputArray<T>& dv, OutputArray<T>& dg, OutputArray<T>& dbeta) {
+  using Ch = Chunk<T>;
+  const std::int64_t L = c.L, K = c.K, V = c.V;
+  const T scale = static_cast<T>(p.scale);
+  const Matrix<const T> S{state, K, V, V};
+  const Matrix<const T> dS{d_state, K, V, V};
+  for (std::int64_t i = 0; i < L; ++i) std::copy_n(&d_o_all[((first + i) * p.HV + j) * V], V, &s.d_o[i * V]);
+
+  // O = scale (diag(E) Q S + P Delta)  ->  dP = scale dO Delta^T (lower), dDelta = scale P^T dO
+  gemm_nt<T>(Ch::mat(s.dP, L, L), Ch::mat(s.d_o, L, V), Ch::mat(c.delta, L, V), c.scratch.data(), scale);
+  for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t col = i + 1; col < L; ++col) s.dP[i * L + col] = 0;
+  gemm_tn<T>(Ch::mat(s.d_delta, L, V), Ch::mat(c.P, L, L), Ch::mat(s.d_o, L, V), scale);
+  // S' = E_last S + K^T diag(D) Delta  ->  dDelta += diag(D) K dS'
+  gemm_nn<T>(Ch::mat(s.kds, L, V), Ch::mat(c.k, L, K), dS);
+  std::fill_n(s.d_gamma.begin(), L, T(0));
+  T d_gamma_last = 0;
+  for (std::int64_t i = 0; i < L; ++i) {
+    T dD = 0;
+    for (std::int64_t e = 0; e < V; ++e) {
+      s.d_delta[i * V + e] += c.D[i] * s.kds[i * V + e];
+      dD += c.delta[i * V + e] * s.kds[i * V + e];
+    }
+    s.d_gamma[i] -= dD * c.D[i];
+    d_gamma_last += dD * c.D[i];
+  }
+  T dE_last = 0;
+  for (std::int64_t e = 0; e < K * V; ++e) dE_last += state[e] * d_state[e];
+  d_gamma_last += dE_last * c.E_last;
+
+  // Delta = (I + A)^-1 rhs  ->  d_rhs = (I + A)^-T dDelta (back substitution), dA = -d_rhs Delta^T (strict lower)
+  std::copy_n(s.d_delta.begin(), L * V, s.d_rhs.begin());
+  for (std::int64_t i = L - 1; i >= 0; --i) {
+    T* __restrict row = &s.d_rhs[i * V];
+    for (std::int64_t later = i + 1; later < L; ++later) {
+      const T a = c.A[later * L + i];
+      const T* __restrict known = &s.d_rhs[later * V];
+#pragma omp simd
+      for (std::int64_t e = 0; e < V; ++e) row[e] -= a * known[e];
+    }
+  }
+  gemm_nt<T>(Ch::mat(s.dA, L, L), Ch::mat(s.d_rhs, L, V), Ch::mat(c.delta, L, V), c.scratch.data(), T(-1));
+
+  // rhs = diag(beta) (V - diag(E) K S);  A = strict_lower(diag(beta) (K K^T .* Gamma));  P = lower(Q K^T) .* Gamma
+  for (std::int64_t i = 0; i < L; ++i) {
+    T d_beta = 0, dE = 0;
+    for (std::int64_t e = 0; e < V; ++e) {
+      const T d_rhs = s.d_rhs[i * V + e];
+      d_beta += d_rhs * (c.v[i * V + e] - c.E[i] * c.ks[i * V + e]);
+      s.d_r[i * V + e] = c.beta[i] * d_rhs;
+      dE += scale * c.qs[i * V + e] * s.d_o[i * V + e] - s.d_r[i * V + e] * c.ks[i * V + e];
+    }
+    for (std::int64_t col = 0; col < L; ++col) {
+      const T dA = col < i ? s.dA[i * L + col] : T(0);
+      d_beta += dA * c.decay[i * L + col] * c.kk[i * L + col];
+      s.G[i * L + col] = dA * c.beta[i] * c.decay[i * L + col];
+      s.dM[i * L + col] = s.dP[i * L + col] * c.decay[i * L + col];
+      // Every factor exp(gamma_i - gamma_col) x adds x to dgamma_i and subtracts it from dgamma_col.
+      const T through_decay = dA * c.A[i * L + col] + s.dP[i * L + col] * c.P[i * L + col];
+      s.d_gamma[i] += through_decay;
+      s.d_gamma[col] -= through_decay;
+    }
+    s.d_gamma[i] += dE * c.E[i];
+    dbeta[(first + i) * p.HV + j] = d_beta;
+    std::copy_n(&s.d_r[i * V], V, &dv[((first + i) * p.HV + j) * V]);
+  }
+  s.d_gamma[L - 1] += d_gamma_last;
+  T suffix = 0;  // g enters gamma_i for every i >= its position: a reverse cumulative sum
+  for (std::int64_t i = L - 1; i >= 0; --i) {
+    suffix += s.d_gamma[i];
+    dg[(first + i) * p.HV + j] = suffix;
+  }
+
+  // dQ = scale diag(E) dO S^T + dM K
+  gemm_nt<T>(Ch::mat(s.dq, L, K), Ch::mat(s.d_o, L, V), S, c.scratch.data());
+  for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t e = 0; e < K; ++e) s.dq[i * K + e] *= scale * c.E[i];
+  gemm_nn<T>(Ch::mat(s.dq, L, K), Ch::mat(s.dM, L, L), Ch::mat(c.k, L, K), T(1), T(1));
+  // dK = diag(D) Delta dS'^T - diag(E) dR S^T + G K + G^T K + dM^T Q
+  for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t e = 0; e < V; ++e) s.tmp[i * V + e] = c.D[i] * c.delta[i * V + e];
+  gemm_nt<T>(Ch::mat(s.dk, L, K), Ch::mat(s.tmp, L, V), dS, c.scratch.data());
+  for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t e = 0; e < V; ++e) s.tmp[i * V + e] = -c.E[i] * s.d_r[i * V + e];
+  gemm_nt<T>(Ch::mat(s.dk, L, K), Ch::mat(s.tmp, L, V), S, c.scratch.data(), T(1), T(1));
+  gemm_nn<T>(Ch::mat(s.dk, L, K), Ch::mat(s.G, L, L), Ch::mat(c.k, L, K), T(1), T(1));
+  gemm_tn<T>(Ch::mat(s.dk, L, K), Ch::mat(s.G, L, L), Ch::mat(c.k, L, K), T(1), T(1));
+  gemm_tn<T>(Ch::mat(s.dk, L, K), Ch::mat(s.dM, L, L), Ch::mat(c.q, L, K), T(1), T(1));
+  for (std::int64_t e = 0; e < L * K; ++e) {
+    dq_hat[e] += s.dq[e];
+    dk_hat[e] += s.dk[e];
+  }
+
+  // dS = E_last dS' + Q^T diag(scale E) dO - K^T diag(E) dR   (tmp still holds -diag(E) dR)
+  gemm_tn<T>(Matrix<T>{d_state, K, V, V}, Ch::mat(c.k, L, K), Ch::mat(s.tmp, L, V), T(1), c.E_last);
+  for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t e = 0; e < V; ++e) s.tmp[i * V + e] = scale * c.E[i] * s.d_o[i * V + e];
+  gemm_tn<T>(Matrix<T>{d_state, K, V, V}, Ch::mat(c.q, L, K), Ch::mat(s.tmp, L, V), T(1), T(1));
+}
+
+template <class T>
+void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, const Gradients& go) {
+  const Arrays<T> a(in);
+  const InputArray<T> d_o(gi.d_o);
+  std::optional<InputArray<T>> dht;
+  if (gi.dht) dht.emplace(*gi.dht);
+  OutputArray<T> dq(go.dq), dk(go.dk), dv(go.dv), dg(go.dg), dbeta(go.dbeta);
+  std::optional<OutputArray<T>> dh0;
+  if (go.dh0) dh0.emplace(*go.dh0);
+  const std::int64_t K = p.K, V = p.V;
+
+#pragma omp parallel num_threads(thread_count(p))
+  {
+    Chunk<T> chunk(p, a);
+    BackwardScratch<T> scratch(K, V);
+    std::vector<T> states, d_state(K * V), scaled(kChunk * V), dq_hat, dk_hat, row(K);
+    // One task per (sequence, q/k head): it sums the q/k gradients of its value-head group in order.
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < p.N * p.H; ++task) {
+      const std::int64_t n = task / p.H, qk_head = task % p.H;
+      const std::int64_t begin = p.offsets[n], length = p.offsets[n + 1] - begin;
+      const std::int64_t chunks = (length + kChunk - 1) / kChunk;
+      dq_hat.assign(length * K, T(0));
+      dk_hat.assign(length * K, T(0));
+      states.resize((chunks + 1) * K * V);
+      for (std::int64_t j = qk_head * p.group(); j < (qk_head + 1) * p.group(); ++j) {
+        // Replay the forward, keeping the state that enters each chunk.
+        std::vector<T> entry(K * V);
+        initial_state(p, a, n, j, entry);
+        std::copy(entry.begin(), entry.end(), states.begin());
+        for (std::int64_t c = 0; c < chunks; ++c) {
+          const std::int64_t first = begin + c * kChunk;
+          chunk.load(first, std::min(kChunk, begin + length - first), j);
+          chunk.solve(&states[c * K * V]);
+          std::copy_n(&states[c * K * V], K * V, &states[(c + 1) * K * V]);
+          chunk.advance(&states[(c + 1) * K * V], scaled.data());
+        }
+        if (dht) {
+          std::copy_n(&(*dht)[(n * p.HV + j) * K * V], K * V, d_state.begin());
+        } else {
+          std::fill(d_state.begin(), d_state.end(), T(0));
+        }
+        for (std::int64_t c = chunks - 1; c >= 0; --c) {
+          const std::int64_t first = begin + c * kChunk;
+          chunk.load(first, std::min(kChunk, begin + length - first), j);
+          chunk.solve(&states[c * K * V]);
+          chunk_backward(p, chunk, scratch, &states[c * K * V], d_state.data(), d_o, first, j,
+                         &dq_hat[(first - begin) * K], &dk_hat[(first - begin) * K], dv, dg, dbeta);
+        }
+        if (dh0) std::copy(d_state.begin(), d_state.end(), &(*dh0)[(n * p.HV + j) * K * V]);
+      }
+      for (std::int64_t t = 0; t < length; ++t) {
+        const std::int64_t offset = ((begin + t) * p.H + qk_head) * K;
+        if (p.l2norm) {
+          const T rq = host::l2_normalize(&a.q[offset], row.data(), K);
+          host::l2_normalize_backward(row.data(), rq, &dq_hat[t * K], K);
+          const T rk = host::l2_normalize(&a.k[offset], row.data(), K);
+          host::l2_normalize_backward(row.data(), rk, &dk_hat[t * K], K);
+        }
+        std::copy_n(&dq_hat[t * K], K, &dq[offset]);
+        std::copy_n(&dk_hat[t * K], K, &dk[offset]);
+      }
+    }
+  }
+  for (auto* array : {&dq, &dk, &dv, &dg, &dbeta}) array->commit();
+  if (dh0) dh0->commit();
+}
+
+// The rollout step: the recurrence token by token, vectorised along V.
+template <class T>
+void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
+  const Arrays<T> a(in);
+  OutputArray<T> o(out.o);
+  std::optional<OutputArray<T>> final_state;
+  if (out.final_state) final_state.emplace(*out.final_state);
+  const std::int64_t K = p.K, V = p.V;
+
+#pragma omp parallel num_threads(thread_count(p))
+  {
+    std::vector<T> h(K * V), qn(K), kn(K), correction(V);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
+      const std::int64_t n = pair / p.HV, j = pair % p.HV, qk_head = j / p.group();
+      initial_state(p, a, n, j, h);
+      for (std::int64_t token = p.offsets[n]; token < p.offsets[n + 1]; ++token) {
+        const T* qrow = &a.q[(token * p.H + qk_head) * K];
+        const T* krow = &a.k[(token * p.H + qk_head) * K];
+        if (p.l2norm) {
+          host::l2_normalize(qrow, qn.data(), K);
+          host::l2_normalize(krow, kn.data(), K);
+        } else {
+          std::copy_n(qrow, K, qn.begin());
+          std::copy_n(krow, K, kn.begin());
+        }
+        const T decay = std::exp(a.g[token * p.HV + j]);
+        const T beta = a.beta[token * p.HV + j];
+        const T* vrow = &a.v[(token * p.HV + j) * V];
+        for (T& x : h) x *= decay;
+        std::fill(correction.begin(), correction.end(), T(0));
+        for (std::int64_t i = 0; i < K; ++i)
+#pragma omp simd
+          for (std::int64_t c = 0; c < V; ++c) correction[c] += h[i * V + c] * kn[i];
+        for (std::int64_t c = 0; c < V; ++c) correction[c] = beta * (vrow[c] - correction[c]);
+        T* orow = &o[(token * p.HV + j) * V];
+        std::fill_n(orow, V, T(0));
+        for (std::int64_t i = 0; i < K; ++i) {
+          const T qi = static_cast<T>(p.scale) * qn[i];
+#pragma omp simd
+          for (std::int64_t c = 0; c < V; ++c) {
+            h[i * V + c] += kn[i] * correction[c];
+            orow[c] += h[i * V + c] * qi;
+          }
+        }
+      }
+      if (final_state) std::copy(h.begin(), h.end(), &(*final_state)[(n * p.HV + j) * K * V]);
+    }
+  }
+  o.commit();
+  if (final_state) final_state->commit();
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  int priority() const override { return 20; }
+  Availability available() const override { return Availability::yes(); }
+  Availability supports(const Problem& problem) const override {
+    if (problem.device.type != DeviceType::cpu) {
+      return Availability::no("it runs on the CPU and the tensors are on " + device_name(problem.device));
+    }
+    return Availability::yes();
+  }
+  std::vector<std::pair<std::string, std::string>> details() const override {
+    return {{"algorithm", "chunked WY/UT transform, chunk 64, float32 (float64 for float64 inputs)"},
+            {"threads", std::to_string(omp_get_max_threads()) + " (OpenMP)"}};
+  }
+  void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) const override {
+    p.io_dtype == DType::f64 ? gdn::forward<double>(p, in, out) : gdn::forward<float>(p, in, out);
+  }
+  void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, const Gradients& go) const override {
+    p.io_dtype == DType::f64 ? gdn::backward<double>(p, in, gi, go) : gdn::backward<float>(p, in, gi, go);
+  }
+  void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) const override {
+    p.io_dtype == DType::f64 ? gdn::recurrent<double>(p, in, out) : gdn::recurrent<float>(p, in, out);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace deltatrain::gdn

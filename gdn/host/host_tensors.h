@@ -1,0 +1,117 @@
+// Host-side access to the caller's tensors in the backend's compute type (float or double).
+// Inputs are viewed in place when their dtype already is the compute type and converted otherwise;
+// outputs are written in place or through a buffer converted once at commit().
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "deltatrain/core/tensor.h"
+
+namespace deltatrain::gdn::host {
+
+inline float bf16_to_float(std::uint16_t bits) {
+  const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof value);
+  return value;
+}
+
+// Round to nearest even, as the hardware does; NaN stays NaN.
+inline std::uint16_t float_to_bf16(float value) {
+  std::uint32_t word;
+  std::memcpy(&word, &value, sizeof word);
+  if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((word >> 16) | 0x40u);
+  word += 0x7fffu + ((word >> 16) & 1u);
+  return static_cast<std::uint16_t>(word >> 16);
+}
+
+template <class T>
+T load_element(const void* base, DType dtype, std::int64_t index) {
+  switch (dtype) {
+    case DType::f16:
+      return static_cast<T>(static_cast<const _Float16*>(base)[index]);
+    case DType::bf16:
+      return static_cast<T>(bf16_to_float(static_cast<const std::uint16_t*>(base)[index]));
+    case DType::f32:
+      return static_cast<T>(static_cast<const float*>(base)[index]);
+    case DType::f64:
+      return static_cast<T>(static_cast<const double*>(base)[index]);
+    default:
+      return T(0);  // validation admits floating dtypes only
+  }
+}
+
+template <class T>
+void store_element(void* base, DType dtype, std::int64_t index, T value) {
+  switch (dtype) {
+    case DType::f16:
+      static_cast<_Float16*>(base)[index] = static_cast<_Float16>(value);
+      break;
+    case DType::bf16:
+      static_cast<std::uint16_t*>(base)[index] = float_to_bf16(static_cast<float>(value));
+      break;
+    case DType::f32:
+      static_cast<float*>(base)[index] = static_cast<float>(value);
+      break;
+    case DType::f64:
+      static_cast<double*>(base)[index] = static_cast<double>(value);
+      break;
+    default:
+      break;
+  }
+}
+
+template <class T>
+constexpr DType dtype_of() {
+  return sizeof(T) == 8 ? DType::f64 : DType::f32;
+}
+
+// A read-only input in compute type T.
+template <class T>
+class InputArray {
+ public:
+  explicit InputArray(const TensorView& view) {
+    if (view.dtype == dtype_of<T>()) {
+      data_ = view.ptr<const T>();
+      return;
+    }
+    storage_.resize(static_cast<std::size_t>(view.numel()));
+    for (std::int64_t i = 0; i < view.numel(); ++i) storage_[i] = load_element<T>(view.data, view.dtype, i);
+    data_ = storage_.data();
+  }
+  const T* data() const { return data_; }
+  const T& operator[](std::int64_t i) const { return data_[i]; }
+
+ private:
+  const T* data_ = nullptr;
+  std::vector<T> storage_;
+};
+
+// An output in compute type T; commit() converts into the caller's dtype when they differ.
+template <class T>
+class OutputArray {
+ public:
+  explicit OutputArray(const TensorView& view) : view_(view) {
+    if (view.dtype == dtype_of<T>()) {
+      data_ = view.ptr<T>();
+    } else {
+      storage_.resize(static_cast<std::size_t>(view.numel()));
+      data_ = storage_.data();
+    }
+  }
+  T* data() { return data_; }
+  T& operator[](std::int64_t i) { return data_[i]; }
+  void commit() {
+    if (storage_.empty()) return;
+    for (std::int64_t i = 0; i < view_.numel(); ++i) store_element<T>(view_.data, view_.dtype, i, storage_[i]);
+  }
+
+ private:
+  TensorView view_;
+  T* data_ = nullptr;
+  std::vector<T> storage_;
+};
+
+}  // namespace deltatrain::gdn::host
