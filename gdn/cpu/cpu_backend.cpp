@@ -55,7 +55,7 @@ class Chunk {
       : p_(p), a_(a), K(p.K), V(p.V),
         q(kChunk * K), k(kChunk * K), v(kChunk * V), beta(kChunk), gamma(kChunk), E(kChunk), D(kChunk),
         decay(kChunk * kChunk), kk(kChunk * kChunk), A(kChunk * kChunk), qk(kChunk * kChunk), P(kChunk * kChunk),
-        ks(kChunk * V), qs(kChunk * V), rhs(kChunk * V), delta(kChunk * V), scratch(std::max(K, V) * kChunk) {}
+        ks(kChunk * V), qs(kChunk * V), rhs(kChunk * V), delta(kChunk * V), scratch(std::max(K, V) * std::max({K, V, kChunk})) {}
 
   // Gathers tokens [first, first + length) of value head j and computes everything that does not
   // depend on the state.

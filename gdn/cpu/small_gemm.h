@@ -1,9 +1,10 @@
-// The chunk's dense products: row-major C (M x N) = alpha * op(A) op(B) + beta * C, for the small
-// shapes of one chunk (64 x 64 x 256 at most). The innermost loop always runs along a contiguous row
-// of C and B, so the compiler vectorises it; four rows of C are updated per pass over B to reuse
-// each loaded row of B four times from registers.
+// The chunk's dense products: row-major C (M x N) = alpha * op(A) B + beta * C, for the small shapes
+// of one chunk (64 x 64 x 256 at most). A register tile of kTileRows x kTileCols outputs is accumulated
+// over the whole inner dimension before it is written, so each loaded row piece of B feeds kTileRows
+// fused multiply-adds from registers; op(A) = A or A^T is only a choice of strides.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -27,87 +28,76 @@ Matrix<T> matrix(T* data, std::int64_t rows, std::int64_t cols) {
   return {data, rows, cols, cols};
 }
 
+namespace detail {
+
+// Eight rows by two 64-byte vectors: 16 accumulator registers, within AVX-512's 32.
+inline constexpr int kTileRows = 8;
 template <class T>
-void scale_rows(const Matrix<T>& c, T beta) {
-  for (std::int64_t i = 0; i < c.rows; ++i) {
-    T* row = c.row(i);
-    for (std::int64_t j = 0; j < c.cols; ++j) row[j] = beta == T(0) ? T(0) : row[j] * beta;
+inline constexpr int kTileCols = 128 / sizeof(T);
+
+// One tile of C at (i0, j0); `cols` <= Cols columns are live (Cols when the tile is full).
+template <class T, int Rows, int Cols, bool Full>
+inline void tile(const Matrix<T>& c, std::int64_t i0, std::int64_t j0, std::int64_t cols, const T* a,
+                 std::int64_t a_row_stride, std::int64_t a_inner_stride, const Matrix<const T>& b, T alpha, T beta) {
+  T acc[Rows][Cols] = {};
+  const std::int64_t inner = b.rows;
+  for (std::int64_t k = 0; k < inner; ++k) {
+    const T* __restrict brow = b.row(k) + j0;
+    for (int r = 0; r < Rows; ++r) {
+      const T ar = a[(i0 + r) * a_row_stride + k * a_inner_stride];
+      if constexpr (Full) {
+#pragma omp simd
+        for (int j = 0; j < Cols; ++j) acc[r][j] += ar * brow[j];
+      } else {
+        for (int j = 0; j < cols; ++j) acc[r][j] += ar * brow[j];
+      }
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    T* __restrict out = c.row(i0 + r) + j0;
+    const int live = Full ? Cols : static_cast<int>(cols);
+    for (int j = 0; j < live; ++j) out[j] = alpha * acc[r][j] + (beta == T(0) ? T(0) : beta * out[j]);
   }
 }
+
+template <class T, int Rows>
+inline void tile_row(const Matrix<T>& c, std::int64_t i0, const T* a, std::int64_t a_row_stride,
+                     std::int64_t a_inner_stride, const Matrix<const T>& b, T alpha, T beta) {
+  constexpr int Cols = kTileCols<T>;
+  std::int64_t j0 = 0;
+  for (; j0 + Cols <= c.cols; j0 += Cols) {
+    tile<T, Rows, Cols, true>(c, i0, j0, Cols, a, a_row_stride, a_inner_stride, b, alpha, beta);
+  }
+  if (j0 < c.cols) tile<T, Rows, Cols, false>(c, i0, j0, c.cols - j0, a, a_row_stride, a_inner_stride, b, alpha, beta);
+}
+
+// C = alpha * op(A) B + beta * C with op(A)(i, k) = a[i * a_row_stride + k * a_inner_stride].
+template <class T>
+void gemm(const Matrix<T>& c, const T* a, std::int64_t a_row_stride, std::int64_t a_inner_stride,
+          const Matrix<const T>& b, T alpha, T beta) {
+  std::int64_t i0 = 0;
+  for (; i0 + kTileRows <= c.rows; i0 += kTileRows) {
+    tile_row<T, kTileRows>(c, i0, a, a_row_stride, a_inner_stride, b, alpha, beta);
+  }
+  for (; i0 < c.rows; ++i0) tile_row<T, 1>(c, i0, a, a_row_stride, a_inner_stride, b, alpha, beta);
+}
+
+}  // namespace detail
 
 // C = alpha * A B + beta * C;  A is M x K, B is K x N.
 template <class T>
 void gemm_nn(const Matrix<T>& c, const Matrix<const T>& a, const Matrix<const T>& b, T alpha = 1, T beta = 0) {
-  scale_rows(c, beta);
-  const std::int64_t M = c.rows, N = c.cols, K = a.cols;
-  std::int64_t i = 0;
-  for (; i + 4 <= M; i += 4) {
-    T* __restrict c0 = c.row(i);
-    T* __restrict c1 = c.row(i + 1);
-    T* __restrict c2 = c.row(i + 2);
-    T* __restrict c3 = c.row(i + 3);
-    for (std::int64_t k = 0; k < K; ++k) {
-      const T a0 = alpha * a(i, k), a1 = alpha * a(i + 1, k), a2 = alpha * a(i + 2, k), a3 = alpha * a(i + 3, k);
-      const T* __restrict brow = b.row(k);
-#pragma omp simd
-      for (std::int64_t j = 0; j < N; ++j) {
-        const T x = brow[j];
-        c0[j] += a0 * x;
-        c1[j] += a1 * x;
-        c2[j] += a2 * x;
-        c3[j] += a3 * x;
-      }
-    }
-  }
-  for (; i < M; ++i) {
-    T* __restrict crow = c.row(i);
-    for (std::int64_t k = 0; k < K; ++k) {
-      const T ak = alpha * a(i, k);
-      const T* __restrict brow = b.row(k);
-#pragma omp simd
-      for (std::int64_t j = 0; j < N; ++j) crow[j] += ak * brow[j];
-    }
-  }
+  detail::gemm<T>(c, a.data, a.ld, 1, b, alpha, beta);
 }
 
 // C = alpha * A^T B + beta * C;  A is K x M, B is K x N.
 template <class T>
 void gemm_tn(const Matrix<T>& c, const Matrix<const T>& a, const Matrix<const T>& b, T alpha = 1, T beta = 0) {
-  scale_rows(c, beta);
-  const std::int64_t M = c.rows, N = c.cols, K = a.rows;
-  std::int64_t i = 0;
-  for (; i + 4 <= M; i += 4) {
-    T* __restrict c0 = c.row(i);
-    T* __restrict c1 = c.row(i + 1);
-    T* __restrict c2 = c.row(i + 2);
-    T* __restrict c3 = c.row(i + 3);
-    for (std::int64_t k = 0; k < K; ++k) {
-      const T* arow = a.row(k);
-      const T a0 = alpha * arow[i], a1 = alpha * arow[i + 1], a2 = alpha * arow[i + 2], a3 = alpha * arow[i + 3];
-      const T* __restrict brow = b.row(k);
-#pragma omp simd
-      for (std::int64_t j = 0; j < N; ++j) {
-        const T x = brow[j];
-        c0[j] += a0 * x;
-        c1[j] += a1 * x;
-        c2[j] += a2 * x;
-        c3[j] += a3 * x;
-      }
-    }
-  }
-  for (; i < M; ++i) {
-    T* __restrict crow = c.row(i);
-    for (std::int64_t k = 0; k < K; ++k) {
-      const T ak = alpha * a(k, i);
-      const T* __restrict brow = b.row(k);
-#pragma omp simd
-      for (std::int64_t j = 0; j < N; ++j) crow[j] += ak * brow[j];
-    }
-  }
+  detail::gemm<T>(c, a.data, 1, a.ld, b, alpha, beta);
 }
 
 // C = alpha * A B^T + beta * C;  A is M x K, B is N x K. B is transposed into `scratch`
-// (K x N, at least K * N elements) so that the product runs in the vectorised A B form.
+// (at least K * N elements) so that the product runs in the A B form.
 template <class T>
 void gemm_nt(const Matrix<T>& c, const Matrix<const T>& a, const Matrix<const T>& b, T* scratch, T alpha = 1,
              T beta = 0) {
