@@ -27,10 +27,10 @@ namespace deltatrain::gdn {
 namespace {
 
 using cpu::gemm_nn;
-using cpu::gemm_nt;
 using cpu::gemm_tn;
 using cpu::Matrix;
 using cpu::matrix;
+using cpu::transpose;
 using host::InputArray;
 using host::OutputArray;
 
@@ -53,9 +53,9 @@ class Chunk {
  public:
   Chunk(const Problem& p, const Arrays<T>& a)
       : p_(p), a_(a), K(p.K), V(p.V),
-        q(kChunk * K), k(kChunk * K), v(kChunk * V), beta(kChunk), gamma(kChunk), E(kChunk), D(kChunk),
+        q(kChunk * K), k(kChunk * K), k_t(K * kChunk), v(kChunk * V), beta(kChunk), gamma(kChunk), E(kChunk), D(kChunk),
         decay(kChunk * kChunk), kk(kChunk * kChunk), A(kChunk * kChunk), qk(kChunk * kChunk), P(kChunk * kChunk),
-        ks(kChunk * V), qs(kChunk * V), rhs(kChunk * V), delta(kChunk * V), scratch(std::max(K, V) * std::max({K, V, kChunk})) {}
+        ks(kChunk * V), qs(kChunk * V), rhs(kChunk * V), delta(kChunk * V) {}
 
   // Gathers tokens [first, first + length) of value head j and computes everything that does not
   // depend on the state.
@@ -85,8 +85,9 @@ class Chunk {
       for (std::int64_t c = 0; c < L; ++c) decay[i * L + c] = c <= i ? std::exp(gamma[i] - gamma[c]) : T(0);
     }
     E_last = L > 0 ? E[L - 1] : T(1);
-    gemm_nt<T>(mat(kk, L, L), mat(k, L, K), mat(k, L, K), scratch.data());
-    gemm_nt<T>(mat(qk, L, L), mat(q, L, K), mat(k, L, K), scratch.data());
+    transpose<T>(mat(k, L, K), k_t.data());
+    gemm_nn<T>(mat(kk, L, L), mat(k, L, K), mat(k_t, K, L));
+    gemm_nn<T>(mat(qk, L, L), mat(q, L, K), mat(k_t, K, L));
     for (std::int64_t i = 0; i < L; ++i) {
       for (std::int64_t c = 0; c < L; ++c) {
         A[i * L + c] = c < i ? beta[i] * kk[i * L + c] * decay[i * L + c] : T(0);
@@ -139,7 +140,7 @@ class Chunk {
   const Arrays<T>& a_;
   const std::int64_t K, V;
   std::int64_t L = 0;
-  std::vector<T> q, k, v, beta, gamma, E, D, decay, kk, A, qk, P, ks, qs, rhs, delta, scratch;
+  std::vector<T> q, k, k_t, v, beta, gamma, E, D, decay, kk, A, qk, P, ks, qs, rhs, delta;
   T E_last = 1;
 };
 
@@ -186,9 +187,9 @@ void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
 // Scratch of the backward for one chunk, allocated once per thread.
 template <class T>
 struct BackwardScratch {
-  std::vector<T> d_o, kds, d_delta, d_rhs, d_r, dP, dA, G, dM, dq, dk, tmp, d_gamma;
+  std::vector<T> state_t, d_state_t, delta_t, d_o, kds, d_delta, d_rhs, d_r, dP, dA, G, dM, dq, dk, tmp, d_gamma;
   BackwardScratch(std::int64_t K, std::int64_t V)
-      : d_o(kChunk * V), kds(kChunk * V), d_delta(kChunk * V), d_rhs(kChunk * V), d_r(kChunk * V),
+      : state_t(V * K), d_state_t(V * K), delta_t(V * kChunk), d_o(kChunk * V), kds(kChunk * V), d_delta(kChunk * V), d_rhs(kChunk * V), d_r(kChunk * V),
         dP(kChunk * kChunk), dA(kChunk * kChunk), G(kChunk * kChunk), dM(kChunk * kChunk), dq(kChunk * K),
         dk(kChunk * K), tmp(kChunk * std::max(K, V)), d_gamma(kChunk) {}
 };
@@ -206,9 +207,14 @@ void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const 
   const Matrix<const T> S{state, K, V, V};
   const Matrix<const T> dS{d_state, K, V, V};
   for (std::int64_t i = 0; i < L; ++i) std::copy_n(&d_o_all[((first + i) * p.HV + j) * V], V, &s.d_o[i * V]);
+  transpose<T>(S, s.state_t.data());
+  transpose<T>(dS, s.d_state_t.data());
+  transpose<T>(Ch::mat(c.delta, L, V), s.delta_t.data());
+  const Matrix<const T> S_t{s.state_t.data(), V, K, K};
+  const Matrix<const T> dS_t{s.d_state_t.data(), V, K, K};
 
   // O = scale (diag(E) Q S + P Delta)  ->  dP = scale dO Delta^T (lower), dDelta = scale P^T dO
-  gemm_nt<T>(Ch::mat(s.dP, L, L), Ch::mat(s.d_o, L, V), Ch::mat(c.delta, L, V), c.scratch.data(), scale);
+  gemm_nn<T>(Ch::mat(s.dP, L, L), Ch::mat(s.d_o, L, V), Ch::mat(s.delta_t, V, L), scale);
   for (std::int64_t i = 0; i < L; ++i)
     for (std::int64_t col = i + 1; col < L; ++col) s.dP[i * L + col] = 0;
   gemm_tn<T>(Ch::mat(s.d_delta, L, V), Ch::mat(c.P, L, L), Ch::mat(s.d_o, L, V), scale);
@@ -240,7 +246,7 @@ void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const 
       for (std::int64_t e = 0; e < V; ++e) row[e] -= a * known[e];
     }
   }
-  gemm_nt<T>(Ch::mat(s.dA, L, L), Ch::mat(s.d_rhs, L, V), Ch::mat(c.delta, L, V), c.scratch.data(), T(-1));
+  gemm_nn<T>(Ch::mat(s.dA, L, L), Ch::mat(s.d_rhs, L, V), Ch::mat(s.delta_t, V, L), T(-1));
 
   // rhs = diag(beta) (V - diag(E) K S);  A = strict_lower(diag(beta) (K K^T .* Gamma));  P = lower(Q K^T) .* Gamma
   for (std::int64_t i = 0; i < L; ++i) {
@@ -273,17 +279,17 @@ void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const 
   }
 
   // dQ = scale diag(E) dO S^T + dM K
-  gemm_nt<T>(Ch::mat(s.dq, L, K), Ch::mat(s.d_o, L, V), S, c.scratch.data());
+  gemm_nn<T>(Ch::mat(s.dq, L, K), Ch::mat(s.d_o, L, V), S_t);
   for (std::int64_t i = 0; i < L; ++i)
     for (std::int64_t e = 0; e < K; ++e) s.dq[i * K + e] *= scale * c.E[i];
   gemm_nn<T>(Ch::mat(s.dq, L, K), Ch::mat(s.dM, L, L), Ch::mat(c.k, L, K), T(1), T(1));
   // dK = diag(D) Delta dS'^T - diag(E) dR S^T + G K + G^T K + dM^T Q
   for (std::int64_t i = 0; i < L; ++i)
     for (std::int64_t e = 0; e < V; ++e) s.tmp[i * V + e] = c.D[i] * c.delta[i * V + e];
-  gemm_nt<T>(Ch::mat(s.dk, L, K), Ch::mat(s.tmp, L, V), dS, c.scratch.data());
+  gemm_nn<T>(Ch::mat(s.dk, L, K), Ch::mat(s.tmp, L, V), dS_t);
   for (std::int64_t i = 0; i < L; ++i)
     for (std::int64_t e = 0; e < V; ++e) s.tmp[i * V + e] = -c.E[i] * s.d_r[i * V + e];
-  gemm_nt<T>(Ch::mat(s.dk, L, K), Ch::mat(s.tmp, L, V), S, c.scratch.data(), T(1), T(1));
+  gemm_nn<T>(Ch::mat(s.dk, L, K), Ch::mat(s.tmp, L, V), S_t, T(1), T(1));
   gemm_nn<T>(Ch::mat(s.dk, L, K), Ch::mat(s.G, L, L), Ch::mat(c.k, L, K), T(1), T(1));
   gemm_tn<T>(Ch::mat(s.dk, L, K), Ch::mat(s.G, L, L), Ch::mat(c.k, L, K), T(1), T(1));
   gemm_tn<T>(Ch::mat(s.dk, L, K), Ch::mat(s.dM, L, L), Ch::mat(c.q, L, K), T(1), T(1));

@@ -1,5 +1,5 @@
 // The chunk's dense products: row-major C (M x N) = alpha * op(A) B + beta * C, for the small shapes
-// of one chunk (64 x 64 x 256 at most). A register tile of kTileRows x kTileCols outputs is accumulated
+// of one chunk (64 x 64 x 256 at most); a transposed right operand is transposed once by the caller. A register tile of kTileRows x kTileCols outputs is accumulated
 // over the whole inner dimension before it is written, so each loaded row piece of B feeds kTileRows
 // fused multiply-adds from registers; op(A) = A or A^T is only a choice of strides.
 #pragma once
@@ -96,15 +96,19 @@ void gemm_tn(const Matrix<T>& c, const Matrix<const T>& a, const Matrix<const T>
   detail::gemm<T>(c, a.data, 1, a.ld, b, alpha, beta);
 }
 
-// C = alpha * A B^T + beta * C;  A is M x K, B is N x K. B is transposed into `scratch`
-// (at least K * N elements) so that the product runs in the A B form.
+// dst (cols x rows, densely packed) = src^T. Products with a transposed right operand transpose it once
+// with this and reuse the copy. Square blocks keep both the reads and the writes within a few cache lines.
 template <class T>
-void gemm_nt(const Matrix<T>& c, const Matrix<const T>& a, const Matrix<const T>& b, T* scratch, T alpha = 1,
-             T beta = 0) {
-  const std::int64_t N = b.rows, K = b.cols;
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t k = 0; k < K; ++k) scratch[k * N + n] = b(n, k);
-  gemm_nn<T>(c, a, Matrix<const T>{scratch, K, N, N}, alpha, beta);
+void transpose(const Matrix<const T>& src, T* dst) {
+  constexpr std::int64_t kBlock = 16;
+  for (std::int64_t i0 = 0; i0 < src.rows; i0 += kBlock) {
+    const std::int64_t i1 = std::min(i0 + kBlock, src.rows);
+    for (std::int64_t j0 = 0; j0 < src.cols; j0 += kBlock) {
+      const std::int64_t j1 = std::min(j0 + kBlock, src.cols);
+      for (std::int64_t j = j0; j < j1; ++j)
+        for (std::int64_t i = i0; i < i1; ++i) dst[j * src.rows + i] = src(i, j);
+    }
+  }
 }
 
 }  // namespace deltatrain::gdn::cpu
