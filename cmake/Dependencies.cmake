@@ -47,4 +47,4 @@ target_compile_options(deltatrain_warnings INTERFACE
 # CPU kernels: vector ISA chosen at configure time.
 add_library(deltatrain_cpu_arch INTERFACE)
 target_compile_options(deltatrain_cpu_arch INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-march=${DELTATRAIN_CPU_ARCH} -O3>)
+  $<$<COMPILE_LANGUAGE:CXX>:-march=${DELTATRAIN_CPU_ARCH} -O3 -fopenmp-simd>)
