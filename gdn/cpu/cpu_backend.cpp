@@ -35,6 +35,9 @@ using host::InputArray;
 using host::OutputArray;
 
 constexpr std::int64_t kChunk = 64;
+// The backward keeps the forward intermediates of up to this many bytes of chunks per thread from its
+// replay pass, so that the reverse pass need not recompute them; longer sequences recompute the rest.
+constexpr std::int64_t kReplayCacheBytes = std::int64_t{64} << 20;
 
 template <class T>
 struct Arrays {
@@ -145,11 +148,11 @@ class Chunk {
 };
 
 template <class T>
-void initial_state(const Problem& p, const Arrays<T>& a, std::int64_t n, std::int64_t j, std::vector<T>& state) {
+void initial_state(const Problem& p, const Arrays<T>& a, std::int64_t n, std::int64_t j, T* state) {
   if (a.h0) {
-    std::copy_n(&(*a.h0)[(n * p.HV + j) * p.K * p.V], p.K * p.V, state.begin());
+    std::copy_n(&(*a.h0)[(n * p.HV + j) * p.K * p.V], p.K * p.V, state);
   } else {
-    std::fill(state.begin(), state.end(), T(0));
+    std::fill_n(state, p.K * p.V, T(0));
   }
 }
 
@@ -168,7 +171,7 @@ void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
 #pragma omp for schedule(dynamic)
     for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
       const std::int64_t n = pair / p.HV, j = pair % p.HV;
-      initial_state(p, a, n, j, state);
+      initial_state(p, a, n, j, state.data());
       for (std::int64_t first = p.offsets[n]; first < p.offsets[n + 1]; first += kChunk) {
         const std::int64_t length = std::min(kChunk, p.offsets[n + 1] - first);
         chunk.load(first, length, j);
@@ -318,7 +321,10 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
 
 #pragma omp parallel num_threads(thread_count(p))
   {
-    Chunk<T> chunk(p, a);
+    Chunk<T> recomputed(p, a);
+    std::vector<Chunk<T>> cache;
+    const std::int64_t chunk_bytes = static_cast<std::int64_t>(sizeof(T)) * kChunk * (3 * K + 5 * V + 5 * kChunk);
+    const std::int64_t cache_capacity = std::max<std::int64_t>(1, kReplayCacheBytes / chunk_bytes);
     BackwardScratch<T> scratch(K, V);
     std::vector<T> states, d_state(K * V), scaled(kChunk * V), dq_hat, dk_hat, row(K);
     // One task per (sequence, q/k head): it sums the q/k gradients of its value-head group in order.
@@ -327,18 +333,25 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
       const std::int64_t n = task / p.H, qk_head = task % p.H;
       const std::int64_t begin = p.offsets[n], length = p.offsets[n + 1] - begin;
       const std::int64_t chunks = (length + kChunk - 1) / kChunk;
+      const std::int64_t cached = std::min(chunks, cache_capacity);
+      while (static_cast<std::int64_t>(cache.size()) < cached) cache.emplace_back(p, a);
       dq_hat.assign(length * K, T(0));
       dk_hat.assign(length * K, T(0));
       states.resize((chunks + 1) * K * V);
+      // Chunk c's intermediates: from the cache, or recomputed from its entry state.
+      auto chunk_at = [&](std::int64_t c, std::int64_t j, bool replaying) -> Chunk<T>& {
+        if (!replaying && c < cached) return cache[c];
+        Chunk<T>& chunk = c < cached ? cache[c] : recomputed;
+        const std::int64_t first = begin + c * kChunk;
+        chunk.load(first, std::min(kChunk, begin + length - first), j);
+        chunk.solve(&states[c * K * V]);
+        return chunk;
+      };
       for (std::int64_t j = qk_head * p.group(); j < (qk_head + 1) * p.group(); ++j) {
         // Replay the forward, keeping the state that enters each chunk.
-        std::vector<T> entry(K * V);
-        initial_state(p, a, n, j, entry);
-        std::copy(entry.begin(), entry.end(), states.begin());
+        initial_state(p, a, n, j, states.data());
         for (std::int64_t c = 0; c < chunks; ++c) {
-          const std::int64_t first = begin + c * kChunk;
-          chunk.load(first, std::min(kChunk, begin + length - first), j);
-          chunk.solve(&states[c * K * V]);
+          Chunk<T>& chunk = chunk_at(c, j, true);
           std::copy_n(&states[c * K * V], K * V, &states[(c + 1) * K * V]);
           chunk.advance(&states[(c + 1) * K * V], scaled.data());
         }
@@ -349,9 +362,7 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
         }
         for (std::int64_t c = chunks - 1; c >= 0; --c) {
           const std::int64_t first = begin + c * kChunk;
-          chunk.load(first, std::min(kChunk, begin + length - first), j);
-          chunk.solve(&states[c * K * V]);
-          chunk_backward(p, chunk, scratch, &states[c * K * V], d_state.data(), d_o, first, j,
+          chunk_backward(p, chunk_at(c, j, false), scratch, &states[c * K * V], d_state.data(), d_o, first, j,
                          &dq_hat[(first - begin) * K], &dk_hat[(first - begin) * K], dv, dg, dbeta);
         }
         if (dh0) std::copy(d_state.begin(), d_state.end(), &(*dh0)[(n * p.HV + j) * K * V]);
@@ -388,7 +399,7 @@ void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
 #pragma omp for schedule(dynamic)
     for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
       const std::int64_t n = pair / p.HV, j = pair % p.HV, qk_head = j / p.group();
-      initial_state(p, a, n, j, h);
+      initial_state(p, a, n, j, h.data());
       for (std::int64_t token = p.offsets[n]; token < p.offsets[n + 1]; ++token) {
         const T* qrow = &a.q[(token * p.H + qk_head) * K];
         const T* krow = &a.k[(token * p.H + qk_head) * K];
