@@ -1,6 +1,185 @@
-// Placeholder until the gdn binding lands.
+// The GDN operator's low-level binding, `_deltatrain.gdn`: every tensor, outputs included, is passed in
+// (the Python layer in deltatrain/__init__.py and the autograd wrapper in deltatrain/torch.py allocate
+// them with the caller's framework). The GIL is released while the operator runs.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+
 #include "bindings.h"
+#include "deltatrain/gdn/backend.h"
+#include "deltatrain/gdn/gdn.h"
+#include "deltatrain/gdn/registry.h"
+#include "tensor.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace deltatrain::python {
-void bind_gdn(nanobind::module_&) {}
+namespace {
+
+using gdn::Inputs;
+using gdn::Options;
+
+Inputs inputs_of(TensorArgs& args, nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
+                 nb::handle initial_state, nb::handle cu_seqlens, nb::handle cu_seqlens_cpu) {
+  Inputs in{args.input(q, "q"), args.input(k, "k"), args.input(v, "v"), args.input(g, "g"), args.input(beta, "beta"),
+            std::nullopt, std::nullopt, std::nullopt};
+  in.initial_state = args.optional_input(initial_state, "initial_state");
+  in.cu_seqlens = args.optional_input(cu_seqlens, "cu_seqlens");
+  in.cu_seqlens_host = args.optional_input(cu_seqlens_cpu, "cu_seqlens_cpu");
+  return in;
+}
+
+Options options_of(std::optional<double> scale, bool l2norm, const std::string& backend, std::uintptr_t stream,
+                   int cpu_threads) {
+  Options options;
+  options.scale = scale;
+  options.use_qk_l2norm_in_kernel = l2norm;
+  options.backend = backend;
+  options.stream = reinterpret_cast<void*>(stream);
+  options.cpu_threads = cpu_threads;
+  return options;
+}
+
+using ForwardFunction = void (*)(const Inputs&, const gdn::ForwardOutputs&, const Options&);
+
+template <ForwardFunction run>
+void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle o,
+             nb::handle final_state, nb::handle initial_state, std::optional<double> scale, bool l2norm,
+             nb::handle cu_seqlens, nb::handle cu_seqlens_cpu, const std::string& backend, std::uintptr_t stream,
+             int cpu_threads) {
+  TensorArgs args;
+  const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
+  const gdn::ForwardOutputs out{args.output(o, "o"), args.optional_output(final_state, "final_state")};
+  const Options options = options_of(scale, l2norm, backend, stream, cpu_threads);
+  nb::gil_scoped_release unlocked;
+  run(in, out, options);
+}
+
+void backward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle d_o, nb::handle dq,
+              nb::handle dk, nb::handle dv, nb::handle dg, nb::handle dbeta, nb::handle dht, nb::handle dh0,
+              nb::handle initial_state, std::optional<double> scale, bool l2norm, nb::handle cu_seqlens,
+              nb::handle cu_seqlens_cpu, const std::string& backend, std::uintptr_t stream, int cpu_threads) {
+  TensorArgs args;
+  const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
+  const gdn::BackwardInputs grads_in{args.input(d_o, "do"), args.optional_input(dht, "dht")};
+  const gdn::Gradients grads_out{args.output(dq, "dq"),       args.output(dk, "dk"),
+                                 args.output(dv, "dv"),       args.output(dg, "dg"),
+                                 args.output(dbeta, "dbeta"), args.optional_output(dh0, "dh0")};
+  const Options options = options_of(scale, l2norm, backend, stream, cpu_threads);
+  nb::gil_scoped_release unlocked;
+  gdn::chunk_backward(in, grads_in, grads_out, options);
+}
+
+// The validated sizes and dtypes of a call, for allocating its outputs.
+nb::dict problem(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle initial_state,
+                 std::optional<double> scale, nb::handle cu_seqlens, nb::handle cu_seqlens_cpu) {
+  TensorArgs args;
+  const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
+  const gdn::Problem p = gdn::make_problem(in, options_of(scale, false, "auto", 0, 0), gdn::Operation::chunk_forward);
+  nb::dict d;
+  d["B"] = p.B, d["T"] = p.T, d["H"] = p.H, d["HV"] = p.HV, d["K"] = p.K, d["V"] = p.V, d["N"] = p.N;
+  d["scale"] = p.scale;
+  d["io_dtype"] = dtype_name(p.io_dtype);
+  d["gate_dtype"] = dtype_name(p.gate_dtype);
+  d["beta_dtype"] = dtype_name(p.beta_dtype);
+  d["state_dtype"] = dtype_name(p.state_dtype);
+  d["device"] = device_name(p.device);
+  return d;
+}
+
+std::string resolve_backend(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
+                            nb::handle initial_state, std::optional<double> scale, bool l2norm, nb::handle cu_seqlens,
+                            nb::handle cu_seqlens_cpu, const std::string& backend, bool backward) {
+  TensorArgs args;
+  const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
+  return gdn::resolve_backend(in, options_of(scale, l2norm, backend, 0, 0), backward);
+}
+
+nb::list backends() {
+  nb::list list;
+  for (const auto& backend : gdn::Registry::instance().backends()) {
+    const gdn::Availability here = backend->available();
+    nb::dict details;
+    for (const auto& [key, value] : backend->details()) details[key.c_str()] = value;
+    nb::dict entry;
+    entry["name"] = backend->name();
+    entry["available"] = here.ok;
+    entry["reason"] = here.reason;
+    entry["details"] = details;
+    entry["priority"] = backend->priority();
+    list.append(entry);
+  }
+  return list;
+}
+
+constexpr const char* kForwardDoc = R"(Chunked forward of the gated delta rule, into preallocated outputs.
+
+chunk_forward(q, k, v, g, beta, o, final_state=None, initial_state=None, *, scale=None,
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, backend="auto",
+              stream=0, cpu_threads=0) -> None
+
+Tensors are NumPy arrays or DLPack tensors (torch, ...), contiguous, on one device:
+  q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (float32 or q's dtype);
+  initial_state [N, HV, K, V] float32 (float64 for float64 inputs) or None;
+  cu_seqlens [N + 1] int32/int64 (B must be 1) or None, with cu_seqlens_cpu a host copy when it lives on a GPU;
+  o [B, T, HV, V] with v's dtype (written); final_state [N, HV, K, V] like initial_state or None (written).
+scale defaults to K ** -0.5; stream is a cudaStream_t as an int (0: the default stream); cpu_threads 0 = all.
+Raises ValueError for bad arguments (naming the argument) and RuntimeError when the backend cannot serve
+the call (naming the backend and the reason). The GIL is released during the computation.)";
+
+constexpr const char* kRecurrentDoc = R"(The same function computed token by token (the rollout / decode step).
+
+recurrent_forward(q, k, v, g, beta, o, final_state=None, initial_state=None, *, scale=None,
+                  use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, backend="auto",
+                  stream=0, cpu_threads=0) -> None
+
+Arguments as chunk_forward.)";
+
+constexpr const char* kBackwardDoc = R"(Backward of chunk_forward, into preallocated gradients.
+
+chunk_backward(q, k, v, g, beta, do, dq, dk, dv, dg, dbeta, dht=None, dh0=None, initial_state=None, *,
+               scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None,
+               backend="auto", stream=0, cpu_threads=0) -> None
+
+do has o's shape and dtype; dht is the final-state gradient (like final_state) or None. Each written
+gradient has its input's shape and dtype (dq like q, ..., dg like g, dbeta like beta); dh0 is required
+exactly when initial_state is given. Errors and threading as chunk_forward.)";
+
+}  // namespace
+
+void bind_gdn(nb::module_& m) {
+  register_error_translators();
+  nb::module_ gdn = m.def_submodule("gdn", "The Gated DeltaNet operator (low level: callers allocate outputs)");
+  gdn.def("chunk_forward", &forward<gdn::chunk_forward>, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "o"_a,
+          "final_state"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(), nb::kw_only(),
+          "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false, "cu_seqlens"_a.none() = nb::none(),
+          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0, "cpu_threads"_a = 0,
+          kForwardDoc);
+  gdn.def("recurrent_forward", &forward<gdn::recurrent_forward>, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "o"_a,
+          "final_state"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(), nb::kw_only(),
+          "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false, "cu_seqlens"_a.none() = nb::none(),
+          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0, "cpu_threads"_a = 0,
+          kRecurrentDoc);
+  gdn.def("chunk_backward", &backward, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "do"_a, "dq"_a, "dk"_a, "dv"_a, "dg"_a,
+          "dbeta"_a, "dht"_a.none() = nb::none(), "dh0"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(),
+          nb::kw_only(), "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false,
+          "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto",
+          "stream"_a = 0, "cpu_threads"_a = 0, kBackwardDoc);
+  gdn.def("problem", &problem, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "initial_state"_a.none() = nb::none(),
+          nb::kw_only(), "scale"_a.none() = nb::none(), "cu_seqlens"_a.none() = nb::none(),
+          "cu_seqlens_cpu"_a.none() = nb::none(),
+          "Validate a call's inputs and return its sizes and dtypes, to allocate outputs:\n"
+          "{B, T, H, HV, K, V, N, scale, io_dtype, gate_dtype, beta_dtype, state_dtype, device}.");
+  gdn.def("resolve_backend", &resolve_backend, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a,
+          "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
+          "use_qk_l2norm_in_kernel"_a = false, "cu_seqlens"_a.none() = nb::none(),
+          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "backward"_a = false,
+          "The name of the backend `backend` resolves to for this call (what \"auto\" picks).");
+  gdn.def("backends", &backends,
+          "Every registered backend, fastest first: [{name, available, reason, details, priority}].");
+}
+
 }  // namespace deltatrain::python
