@@ -46,7 +46,8 @@ class HostPages final : public PhysicalMemory {
 
   void map(void* address, std::size_t bytes) override {
     check_multiple(bytes);
-    map_anonymous(address, bytes, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_POPULATE, "mmap(MAP_FIXED|MAP_POPULATE)");
+    map_anonymous(address, bytes, PROT_READ | PROT_WRITE, MAP_FIXED, "mmap(MAP_FIXED)");
+    populate(address, bytes);
   }
 
   void unmap(void* address, std::size_t bytes) override {
@@ -70,7 +71,9 @@ class HostPages final : public PhysicalMemory {
   void wait_for_copies() override {}
 
   void* allocate_host(std::size_t bytes) override {
-    return map_anonymous(nullptr, bytes, PROT_READ | PROT_WRITE, 0, "mmap(host copy)");
+    void* host = map_anonymous(nullptr, bytes, PROT_READ | PROT_WRITE, 0, "mmap(host copy)");
+    populate(host, bytes);
+    return host;
   }
   void free_host(void* host, std::size_t bytes) override {
     if (::munmap(host, bytes) != 0) throw_errno("munmap(host copy)", bytes);
@@ -91,6 +94,17 @@ class HostPages final : public PhysicalMemory {
   }
 
  private:
+  // Fault every page in now, as cuMemCreate commits device memory, in huge pages where the kernel allows
+  // them (a fraction of the faults). An error from MADV_POPULATE_WRITE is an allocation that failed.
+  static void populate(void* address, std::size_t bytes) {
+    ::madvise(address, bytes, MADV_HUGEPAGE);  // advice only: refused where huge pages are off
+    if (::madvise(address, bytes, MADV_POPULATE_WRITE) == 0) return;
+    if (errno != EINVAL) throw_errno("madvise(MADV_POPULATE_WRITE)", bytes);
+    // Kernels before 5.14: touch each page (fresh pages are zero, so writing zero changes nothing).
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    for (std::size_t offset = 0; offset < bytes; offset += page) static_cast<volatile char*>(address)[offset] = 0;
+  }
+
   void check_multiple(std::size_t bytes) const {
     if (bytes == 0 || bytes % page_ != 0) {
       throw InvalidArgument("bytes", "must be a positive multiple of the page size " + std::to_string(page_) +
