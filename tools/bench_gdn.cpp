@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -109,14 +110,11 @@ Sequences parse_seqlens(const std::string& text) {
   return seqs;
 }
 
-// A float32 tensor of random values (or zeros), on the host or on the benchmark's GPU.
+// A tensor of random values (or zeros) on the host, mirrored on the benchmark's GPU when there is one.
 class Buffer {
  public:
-  Buffer(std::vector<std::int64_t> shape, DType dtype, Device device) : shape_(std::move(shape)), dtype_(dtype), device_(device) {
-    std::int64_t count = 1;
-    for (std::int64_t extent : shape_) count *= extent;
-    host_.assign(count * dtype_size(dtype), 0);
-  }
+  Buffer(std::initializer_list<std::int64_t> shape, DType dtype, Device device)
+      : layout_(TensorView::contiguous(nullptr, dtype, shape, device)), host_(layout_.nbytes(), 0) {}
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() {
@@ -133,28 +131,19 @@ class Buffer {
   }
 
   TensorView view() {
-    TensorView view;
-    view.data = device_.type == DeviceType::cpu ? static_cast<void*>(host_.data()) : device_memory_;
-    view.dtype = dtype_;
-    view.device = device_;
-    view.ndim = static_cast<int>(shape_.size());
-    std::int64_t stride = 1;
-    for (int d = view.ndim - 1; d >= 0; --d) {
-      view.shape[d] = shape_[d];
-      view.strides[d] = stride;
-      stride *= shape_[d];
-    }
+    TensorView view = layout_;
+    view.data = layout_.device.type == DeviceType::cpu ? static_cast<void*>(host_.data()) : device_memory_;
     return view;
   }
   TensorView host_view() {
-    TensorView view = this->view();
+    TensorView view = layout_;
     view.data = host_.data();
     view.device = Device{};
     return view;
   }
 
   Buffer& upload() {
-    if (device_.type == DeviceType::cpu) return *this;
+    if (layout_.device.type == DeviceType::cpu) return *this;
 #ifdef DELTATRAIN_WITH_CUDA
     check(device_memory_ ? cudaSuccess : cudaMalloc(&device_memory_, host_.size()), "cudaMalloc");
     check(cudaMemcpy(device_memory_, host_.data(), host_.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -168,9 +157,7 @@ class Buffer {
     if (status != cudaSuccess) throw Failure(std::string(call) + " failed: " + cudaGetErrorString(status));
   }
 #endif
-  std::vector<std::int64_t> shape_;
-  DType dtype_;
-  Device device_;
+  TensorView layout_;  // shape, strides, dtype and device; data is set per view
   std::vector<std::uint8_t> host_;
   void* device_memory_ = nullptr;
 };
