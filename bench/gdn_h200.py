@@ -1,0 +1,301 @@
+"""deltatrain's cuda GDN backend beside fla on the anchor grid (shared/reference/anchors.md), in one run.
+
+For each cell (pass, h_qk/h_v, sequences): the same bf16 inputs (FlashQLA's recipe: q, k L2-normalised,
+g = logsigmoid(randn)/16, beta = sigmoid(randn), h0 = randn, do = randn, dht = randn/8, packed B = 1 with
+cu_seqlens, output_final_state) through deltatrain.torch and fla, both through torch autograd:
+  kernel time    the device time of every kernel of one call, summed (torch profiler), mean of a few calls;
+  host-inclusive the median wall time of one call among back-to-back calls (CUDA events);
+  rel err        relative Frobenius error against an fp64 evaluation of the same inputs (max over the
+                 outputs o, final_state, or the gradients dq, dk, dv, dg, dbeta, dh0).
+fla's gated backward guard for Triton 3.4-3.7.0 on Hopper is lifted here only (anchors.md: the rows time
+the same kernels with it lifted) and its dispatch to other backends is off (FLA_DISABLE_BACKEND_DISPATCH).
+
+Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out.
+Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--limit-s SECONDS]
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+CHUNK = 64
+
+# (pass, h_qk, h_v, seqlens as written in anchors.md, sequence lengths)
+GRID = [
+    ("fwd", 16, 32, "1x32768", [32768]),
+    ("fwd", 16, 32, "1x8192", [8192]),
+    ("fwd", 16, 32, "8192x4", [8192] * 4),
+    ("fwd", 16, 32, "1024x8", [1024] * 8),
+    ("fwd", 16, 64, "1x32768", [32768]),
+    ("fwd", 16, 64, "1x8192", [8192]),
+    ("fwd", 16, 64, "8192x4", [8192] * 4),
+    ("fwd", 16, 64, "1024x8", [1024] * 8),
+    ("fwd", 2, 8, "1x32768", [32768]),
+    ("fwd", 2, 8, "1x8192", [8192]),
+    ("fwd", 2, 8, "8192x4", [8192] * 4),
+    ("fwd", 2, 8, "1024x8", [1024] * 8),
+    ("bwd", 16, 32, "1x8192", [8192]),
+    ("bwd", 16, 32, "1x32768", [32768]),
+    ("bwd", 16, 32, "8x4096", [4096] * 8),
+    ("bwd", 2, 4, "1x8192", [8192]),
+    ("bwd", 2, 4, "1x32768", [32768]),
+    ("bwd", 2, 4, "8x4096", [4096] * 8),
+]
+# "Small" cells for the host-inclusive target: few tokens or few heads, where launch overhead matters.
+SMALL = {"1x8192", "1024x8"}
+
+
+def make_inputs(h_qk, h_v, lengths, seed, dim=128):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lengths)
+    dev = "cuda"
+
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
+
+    q = F.normalize(randn(1, T, h_qk, dim), dim=-1).to(torch.bfloat16)
+    k = F.normalize(randn(1, T, h_qk, dim), dim=-1).to(torch.bfloat16)
+    v = randn(1, T, h_v, dim, dtype=torch.bfloat16)
+    g = F.logsigmoid(randn(1, T, h_v)) / 16
+    beta = torch.sigmoid(randn(1, T, h_v))
+    h0 = randn(len(lengths), h_v, dim, dim)
+    do = randn(1, T, h_v, dim, dtype=torch.bfloat16)
+    dht = randn(len(lengths), h_v, dim, dim) / 8
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int64)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, do=do, dht=dht, cu_cpu=cu, cu=cu.to(dev))
+
+
+def reference_fp64(q, k, v, g, beta, h0, cu, scale):
+    """The chunked algorithm (gdn-kernels.md section 2) in float64 torch, differentiable: (o, final_state)."""
+    q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))  # B = 1
+    group = v.shape[1] // q.shape[1]
+    q = q.repeat_interleave(group, dim=1)
+    k = k.repeat_interleave(group, dim=1)
+    outputs, finals = [], []
+    for n in range(len(cu) - 1):
+        S = h0[n]
+        for c0 in range(int(cu[n]), int(cu[n + 1]), CHUNK):
+            c1 = min(int(cu[n + 1]), c0 + CHUNK)
+            L = c1 - c0
+            Q, Kc, Vc = (x[c0:c1].transpose(0, 1) for x in (q, k, v))  # [HV, L, D]
+            G, Bt = g[c0:c1].transpose(0, 1), beta[c0:c1].transpose(0, 1)  # [HV, L]
+            gam = G.cumsum(-1)
+            lower = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+            decay = (gam[:, :, None] - gam[:, None, :]).masked_fill(~lower, -math.inf).exp()
+            eye = torch.eye(L, dtype=q.dtype, device=q.device)
+            A = (Bt[:, :, None] * (Kc @ Kc.transpose(1, 2)) * decay).tril(-1)
+            T = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False)
+            W = T @ ((Bt * gam.exp())[:, :, None] * Kc)
+            U = T @ (Bt[:, :, None] * Vc)
+            D = U - W @ S
+            O = scale * gam.exp()[:, :, None] * (Q @ S) + (scale * (Q @ Kc.transpose(1, 2)) * decay) @ D
+            outputs.append(O.transpose(0, 1))
+            last = gam[:, -1:]
+            S = last.exp()[:, :, None] * S + Kc.transpose(1, 2) @ ((last - gam).exp()[:, :, None] * D)
+        finals.append(S)
+    return torch.cat(outputs)[None], torch.stack(finals)
+
+
+def rel_err(actual, expected):
+    actual, expected = actual.double(), expected.double()
+    if not torch.isfinite(actual).all():
+        return math.inf
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
+class Impl:
+    """One implementation's forward and backward on a cell's inputs, through torch autograd."""
+
+    def __init__(self, fn, x, scale):
+        self.fn, self.x, self.scale = fn, x, scale
+        self.leaves = [x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta", "h0")]
+
+    def forward(self):
+        q, k, v, g, beta, h0 = self.leaves
+        return self.fn(q, k, v, g, beta, scale=self.scale, initial_state=h0, output_final_state=True,
+                       cu_seqlens=self.x["cu"], cu_seqlens_cpu=self.x["cu_cpu"])
+
+    def prepare_backward(self):
+        self.outputs = self.forward()
+
+    def backward(self):
+        return torch.autograd.grad(self.outputs, self.leaves, (self.x["do"], self.x["dht"]), retain_graph=True)
+
+
+def kernel_ms(call, iterations=5):
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            call()
+        torch.cuda.synchronize()
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / iterations / 1e3
+
+
+def host_ms(call, iterations=20):
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iterations + 1)]
+    torch.cuda.synchronize()
+    events[0].record()
+    for i in range(iterations):
+        call()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(iterations))
+
+
+def measure(impl, pass_):
+    if pass_ == "fwd":
+        call = impl.forward
+    else:
+        impl.prepare_backward()
+        call = impl.backward
+    for _ in range(3):
+        result = call()
+    torch.cuda.synchronize()
+    return result, kernel_ms(call), host_ms(call)
+
+
+def versions(fla):
+    import triton
+
+    import deltatrain
+
+    return {"torch": torch.__version__, "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"),
+            "cuda_runtime": torch.version.cuda, "deltatrain": deltatrain.__version__, "driver": _driver()}
+
+
+def _driver():
+    try:
+        import subprocess
+
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def check_reference():
+    """The fp64 torch evaluation above against deltatrain's fp64 token-by-token reference backend."""
+    import deltatrain
+
+    x = make_inputs(2, 4, [70, 1, 130], seed=7, dim=64)
+    x64 = {n: t.double() if t.is_floating_point() else t for n, t in x.items()}
+    o, ht = reference_fp64(x64["q"], x64["k"], x64["v"], x64["g"], x64["beta"], x64["h0"], x["cu_cpu"], 0.125)
+    cpu = {n: t.cpu().numpy() for n, t in x64.items()}
+    o_ref, ht_ref = deltatrain.chunk_gated_delta_rule(cpu["q"], cpu["k"], cpu["v"], cpu["g"], cpu["beta"], scale=0.125,
+                                                      initial_state=cpu["h0"], output_final_state=True,
+                                                      cu_seqlens=cpu["cu_cpu"], backend="reference")
+    return max(rel_err(o.cpu(), torch.from_numpy(o_ref)), rel_err(ht.cpu(), torch.from_numpy(ht_ref)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--cells", default="all", choices=["fwd", "bwd", "all"])
+    parser.add_argument("--limit-s", type=float, default=240.0, help="stop starting new cells after this long")
+    args = parser.parse_args()
+    started = time.time()
+
+    import fla
+    import fla.ops.common.chunk_o as fla_chunk_o
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+
+    import deltatrain.torch as ours_torch
+
+    fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # lift the Hopper guard (fla #640), as anchors.md did
+    scale = 128 ** -0.5
+    print(f"fp64 torch evaluation vs deltatrain reference backend: {check_reference():.2e}", flush=True)
+
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "commit": args.commit, "gpu": torch.cuda.get_device_name(0), "versions": versions(fla), "rows": []}
+    for index, (pass_, h_qk, h_v, seqlens, lengths) in enumerate(GRID):
+        if args.cells != "all" and pass_ != args.cells:
+            continue
+        if time.time() - started > args.limit_s:
+            print(f"time limit: skipping {pass_} {h_qk}/{h_v} {seqlens} and later cells", flush=True)
+            break
+        x = make_inputs(h_qk, h_v, lengths, seed=index)
+        x64 = {n: t.double() if t.is_floating_point() else t for n, t in x.items()}
+        leaves64 = [x64[n].requires_grad_(pass_ == "bwd") for n in ("q", "k", "v", "g", "beta", "h0")]
+        with torch.set_grad_enabled(pass_ == "bwd"):
+            o64, ht64 = reference_fp64(*leaves64, x["cu_cpu"], scale)
+        if pass_ == "fwd":
+            expected = [o64, ht64]
+        else:
+            expected = list(torch.autograd.grad((o64, ht64), leaves64, (x64["do"], x64["dht"])))
+        del o64, ht64, leaves64
+        row = {"pass": pass_, "h_qk": h_qk, "h_v": h_v, "seqlens": seqlens}
+        for name, fn in (("ours", ours_torch.chunk_gated_delta_rule), ("fla", fla_gdn)):
+            impl = Impl(fn, x, scale)
+            out, kernel, host = measure(impl, pass_)
+            row[f"{name}_kernel_ms"] = round(kernel, 4)
+            row[f"{name}_host_ms"] = round(host, 4)
+            row[f"{name}_rel_err"] = max(rel_err(a, e) for a, e in zip(out, expected))
+            del impl, out
+        torch.cuda.empty_cache()
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        write(result, args.out)
+    write(result, args.out)
+
+
+def write(result, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gdn-h200.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    lines = [f"# deltatrain cuda backend vs fla on {result['gpu']}", "",
+             f"{result['date']}, commit {result['commit']}, " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+             "", "Kernel time: summed device time of one call's kernels (profiler). Host: median wall time per call "
+             "back to back (CUDA events). Errors: relative Frobenius vs fp64, max over outputs / gradients.", "",
+             "| pass | h_qk/h_v | seqlens | ours kernel ms | fla kernel ms | kernel speedup | ours host ms | "
+             "fla host ms | host speedup | ours err | fla err |", "|" + "---|" * 11]
+    for r in result["rows"]:
+        lines.append(f"| {r['pass']} | {r['h_qk']}/{r['h_v']} | {r['seqlens']} | {r['ours_kernel_ms']:.3f} | "
+                     f"{r['fla_kernel_ms']:.3f} | {r['fla_kernel_ms'] / r['ours_kernel_ms']:.2f}x | "
+                     f"{r['ours_host_ms']:.3f} | {r['fla_host_ms']:.3f} | {r['fla_host_ms'] / r['ours_host_ms']:.2f}x | "
+                     f"{r['ours_rel_err']:.2e} | {r['fla_rel_err']:.2e} |")
+    with open(os.path.join(out, "gdn-h200.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = result["rows"]
+    labels = [f"{r['pass']} {r['h_qk']}/{r['h_v']}\n{r['seqlens']}" for r in rows]
+    kernel = [r["fla_kernel_ms"] / r["ours_kernel_ms"] for r in rows]
+    host = [r["fla_host_ms"] / r["ours_host_ms"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], kernel, width=0.4, label="kernel time fla / ours")
+    ax.bar([x + 0.2 for x in xs], host, width=0.4, label="host-inclusive fla / ours")
+    ax.axhline(1.5, color="red", linestyle="--", linewidth=1, label="1.5x target (kernel)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("speedup over fla (x)")
+    ax.set_title(f"deltatrain cuda GDN vs fla {result['versions'].get('fla')} on {result['gpu']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "gdn-h200.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# On the GPU machine (through the device tool), from the repository root: the cuda backend's GPU tests,
+# compute-sanitizer on small cases, and the benchmark beside fla. Carried along: build-cuda/carry (the
+# test binary, the Python module, libgomp and libcudart built on the development machine) and .whl (fla).
+# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,bench
+set -uo pipefail
+steps=",$1,"
+commit=$2
+shift 2
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+carry=$PWD/build-cuda/carry
+export LD_LIBRARY_PATH=$carry/lib:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+
+if [[ $steps == *,info,* ]]; then
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
+  ldd "$carry/test_gdn_cuda" | grep -E "not found|cudart|gomp"
+fi
+
+if [[ $steps == *,tests,* ]]; then
+  "$carry/test_gdn_cuda" --gtest_brief=1 > "$out/tests.log" 2>&1
+  echo "tests exit $?"
+  grep -E "FAILED|Failure|error|PASSED|SKIPPED" "$out/tests.log" | head -60
+fi
+
+if [[ $steps == *,sanitize,* ]]; then
+  small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/f16_single_token'
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 "$carry/test_gdn_cuda" --gtest_filter="$small" \
+      > "$out/sanitize-$tool.log" 2>&1
+    echo "compute-sanitizer $tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
+  done
+fi
+
+if [[ $steps == *,bench,* ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/fla_core-*.whl .whl/flash_linear_attention-*.whl || exit 1
+  mkdir -p /tmp/pkg/deltatrain
+  cp python/deltatrain/*.py "$carry"/_deltatrain*.so /tmp/pkg/deltatrain/
+  export PYTHONPATH=/tmp/pkg:/tmp/site
+  python3 bench/gdn_h200.py --out "$out" --commit "$commit" "$@" 2>&1 | tee "$out/bench.log" | grep -v Warning
+fi

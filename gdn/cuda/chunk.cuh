@@ -1,0 +1,120 @@
+// Device pieces shared by the GDN kernels: reading gates in either dtype, sequence bounds, the chunk's
+// gate cumsum, transposed column stores and fixed-order block reductions.
+#pragma once
+
+#include <cstdint>
+
+#include "mma.cuh"
+#include "params.h"
+
+namespace deltatrain::gdn::cuda {
+
+// Key columns one CTA of the chunk-gradient kernel holds (shared memory bounds it); K / key_slice CTAs
+// split a chunk's key dimension.
+template <class E, int K>
+__host__ __device__ constexpr int key_slice() {
+  return sizeof(E) == 4 ? 64 : (K < 128 ? K : 128);
+}
+
+// g and beta are float32 or the io dtype E.
+template <class E>
+__device__ __forceinline__ float load_gate(const void* base, std::int64_t index, bool is_float) {
+  return is_float ? static_cast<const float*>(base)[index] : to_float(static_cast<const E*>(base)[index]);
+}
+template <class E>
+__device__ __forceinline__ void store_gate(void* base, std::int64_t index, bool is_float, float value) {
+  if (is_float) {
+    static_cast<float*>(base)[index] = value;
+  } else {
+    static_cast<E*>(base)[index] = from_float<E>(value);
+  }
+}
+
+// First token of sequence n in the flattened B*T tokens (n == N gives the end of the last one).
+__device__ __forceinline__ std::int64_t sequence_start(const Params& p, int n) {
+  if (p.cu_seqlens == nullptr) return static_cast<std::int64_t>(n) * p.T;
+  return p.cu_seqlens_int64 ? static_cast<const std::int64_t*>(p.cu_seqlens)[n]
+                            : static_cast<const std::int32_t*>(p.cu_seqlens)[n];
+}
+
+// q or k as the kernels consume them: L2-normalised copies when the norm is on.
+template <class E>
+__device__ __forceinline__ const E* queries(const Params& p) {
+  return static_cast<const E*>(p.l2norm ? p.q_normed : p.q);
+}
+template <class E>
+__device__ __forceinline__ const E* keys(const Params& p) {
+  return static_cast<const E*>(p.l2norm ? p.k_normed : p.k);
+}
+
+// Starts copying the chunk's in-chunk cumulative decays gamma[0..63] of value head hv into `gamma`;
+// rows past the chunk's end repeat the last one (their g is zero). Threads 0..63 call it.
+__device__ __forceinline__ void load_gamma_async(const Params& p, float* gamma, int hv, const ChunkInfo& chunk,
+                                                 int thread) {
+  if (thread < kChunk) {
+    const int row = thread < chunk.length ? thread : chunk.length - 1;
+    cp_async_4(&gamma[thread], p.gamma + static_cast<std::int64_t>(hv) * p.tokens + chunk.start + row, true);
+  }
+}
+
+// Writes column c of a warp-private 16 x 64 tile (16 consecutive channels of token c) to
+// dst + c * stride, for c < rows_valid, with 16-byte stores; `sign` multiplies each value.
+template <class E>
+__device__ __forceinline__ void store_columns(Tile<E, 16, kChunk> tile, E* dst, std::int64_t stride, int rows_valid,
+                                              float sign = 1.f) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kPerVec = 16 / static_cast<int>(sizeof(E));
+  for (int c = lane; c < rows_valid; c += 32) {
+#pragma unroll
+    for (int v0 = 0; v0 < 16; v0 += kPerVec) {
+      alignas(16) E packed[kPerVec];
+#pragma unroll
+      for (int i = 0; i < kPerVec; ++i) packed[i] = from_float<E>(sign * to_float(tile(v0 + i, c)));
+      *reinterpret_cast<uint4*>(dst + c * stride + v0) = *reinterpret_cast<const uint4*>(packed);
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// The sum of `x` over the block, in a fixed order (warp trees, then warps in index order); every thread
+// gets it. `scratch` holds one float per warp.
+template <int NTHREADS>
+__device__ __forceinline__ float block_sum(float x, float* scratch) {
+  x = warp_sum(x);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = x;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < NTHREADS / 32; ++w) total += scratch[w];
+  __syncthreads();
+  return total;
+}
+
+// Row sums of acc(r, c) * tile(r, c) over the warp tile's columns (see row_sums).
+template <int MT, int NT, class TileT>
+__device__ __forceinline__ void row_dots(float (&acc)[MT][NT][4], TileT tile, int m0, int n0, float (&sums)[2 * MT]) {
+  float products[MT][NT][4];
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        products[mi][ni][r] =
+            acc[mi][ni][r] * to_float(tile(m0 + 16 * mi + g + (r >> 1) * 8, n0 + 8 * ni + 2 * t + (r & 1)));
+  row_sums(products, sums);
+}
+
+// A region of dynamic shared memory: `bytes` from offset `at`, 16-byte aligned.
+template <class T>
+__device__ __forceinline__ T* smem_at(char* base, int at) {
+  return reinterpret_cast<T*>(base + at);
+}
+
+}  // namespace deltatrain::gdn::cuda

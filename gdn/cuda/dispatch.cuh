@@ -1,0 +1,79 @@
+// Host-side helpers of the kernel launchers: one template instance per (io dtype, head dim), a launch
+// that raises the dynamic shared-memory limit once per device, and launch errors as Failure.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+
+#include "deltatrain/core/error.h"
+#include "deltatrain/core/tensor.h"
+#include "params.h"
+
+namespace deltatrain::gdn::cuda {
+
+inline void check_launch(const char* kernel) {
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) {
+    throw Failure(std::string("CUDA launch of ") + kernel + " failed: " + cudaGetErrorString(status) + " (" +
+                  cudaGetErrorName(status) + ")");
+  }
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(p); kernels over more than 48 KiB of shared memory get
+// their limit raised the first time they run on a device.
+template <class Kernel>
+void launch(Kernel kernel, const char* name, dim3 grid, dim3 block, int smem, cudaStream_t stream, const Params& p) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  if (smem > 48 * 1024) {
+    static std::array<std::atomic<bool>, 64> raised{};
+    int device = 0;
+    cudaGetDevice(&device);
+    if (device < 0 || device >= static_cast<int>(raised.size()) || !raised[device].load(std::memory_order_acquire)) {
+      if (const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+          status != cudaSuccess) {
+        throw Failure(std::string("cudaFuncSetAttribute(") + name + ", " + std::to_string(smem) +
+                      " bytes of shared memory) failed: " + cudaGetErrorString(status));
+      }
+      if (device >= 0 && device < static_cast<int>(raised.size())) raised[device].store(true, std::memory_order_release);
+    }
+  }
+  kernel<<<grid, block, smem, stream>>>(p);
+  check_launch(name);
+}
+
+// Calls f.template operator()<E, K>() for the io dtype and head dim of the call.
+template <class F>
+void dispatch(DType io, int K, F&& f) {
+  auto by_dim = [&]<class E>() {
+    switch (K) {
+      case 64:
+        f.template operator()<E, 64>();
+        return;
+      case 128:
+        f.template operator()<E, 128>();
+        return;
+      case 256:
+        if constexpr (sizeof(E) == 2) f.template operator()<E, 256>();
+        return;
+      default:
+        return;
+    }
+  };
+  switch (io) {
+    case DType::bf16:
+      by_dim.template operator()<__nv_bfloat16>();
+      return;
+    case DType::f16:
+      by_dim.template operator()<__half>();
+      return;
+    case DType::f32:
+      by_dim.template operator()<float>();
+      return;
+    default:
+      return;
+  }
+}
+
+}  // namespace deltatrain::gdn::cuda

@@ -1,0 +1,312 @@
+// Warp-level tensor-core matrix products over shared-memory tiles, the one building block of every GDN
+// kernel. A product is written as acc += A * B where A and B are views of padded shared-memory tiles,
+// each possibly transposed; the element type E picks the instruction:
+//   bf16, fp16: mma.sync m16n8k16 with fragments from ldmatrix (.trans where the tile is stored k-major);
+//   float:      three TF32 products (split into high and low parts) per m16n8k8, about float32 accuracy.
+// Accumulators are float32 in the mma "C" layout: lane (g = lane / 4, t = lane % 4) holds rows g and g + 8,
+// columns 2t and 2t + 1 of each 16 x 8 tile.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace deltatrain::gdn::cuda {
+
+template <class E>
+__device__ __forceinline__ float to_float(E x) {
+  if constexpr (std::is_same_v<E, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+
+template <class E>
+__device__ __forceinline__ E from_float(float x) {
+  if constexpr (std::is_same_v<E, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
+// A tile of ROWS x COLS elements in shared memory, rows padded by 16 bytes so that the eight rows one
+// ldmatrix phase (or one quad of scalar fragment loads) touches fall in distinct banks.
+template <class E, int ROWS, int COLS>
+struct Tile {
+  static constexpr int kRows = ROWS;
+  static constexpr int kCols = COLS;
+  static constexpr int kLd = COLS + 16 / static_cast<int>(sizeof(E));
+  static constexpr int kBytes = ROWS * kLd * static_cast<int>(sizeof(E));
+  using Element = E;
+  E* ptr;
+  __device__ __forceinline__ E& operator()(int r, int c) const { return ptr[r * kLd + c]; }
+  __device__ __forceinline__ E* row(int r) const { return ptr + r * kLd; }
+};
+
+// A tile seen as a matrix operand: element (i, j) is tile(i, j), or tile(j, i) when kTransposed.
+template <class TileT, bool kTransposed>
+struct View {
+  TileT tile;
+  __device__ __forceinline__ float at(int i, int j) const {
+    return to_float(kTransposed ? tile(j, i) : tile(i, j));
+  }
+};
+template <class TileT>
+__device__ __forceinline__ View<TileT, false> plain(TileT t) {
+  return {t};
+}
+template <class TileT>
+__device__ __forceinline__ View<TileT, true> transposed(TileT t) {
+  return {t};
+}
+
+// ---- 16-bit path -------------------------------------------------------------------------------------
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+template <class E>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                          std::uint32_t b1) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// A fragment (16 x 16 at rows m0, columns k0).
+template <class TileT, bool kT>
+__device__ __forceinline__ void load_a16(std::uint32_t (&a)[4], const View<TileT, kT>& v, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (!kT) {  // tile[m][k]
+    ldmatrix_x4(a, &v.tile(m0 + (lane & 15), k0 + (lane >> 4) * 8));
+  } else {  // tile[k][m]
+    ldmatrix_x4_trans(a, &v.tile(k0 + (lane & 7) + (lane >> 4) * 8, m0 + ((lane >> 3) & 1) * 8));
+  }
+}
+
+// B fragments of two adjacent 16 x 8 tiles (rows k0, columns n0 and n0 + 8).
+template <class TileT, bool kT>
+__device__ __forceinline__ void load_b16(std::uint32_t (&b)[4], const View<TileT, kT>& v, int k0, int n0) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (kT) {  // tile[n][k]
+    ldmatrix_x4(b, &v.tile(n0 + (lane & 7) + (lane >> 4) * 8, k0 + ((lane >> 3) & 1) * 8));
+  } else {  // tile[k][n]
+    ldmatrix_x4_trans(b, &v.tile(k0 + (lane & 7) + ((lane >> 3) & 1) * 8, n0 + (lane >> 4) * 8));
+  }
+}
+
+// ---- float path (3xTF32) -----------------------------------------------------------------------------
+
+__device__ __forceinline__ std::uint32_t tf32_bits(float x) {
+  std::uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Splits x into a TF32 high part and a TF32 remainder: x ~ hi + lo to about 2^-22 relative.
+__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = tf32_bits(x);
+  lo = tf32_bits(x - __uint_as_float(hi));
+}
+
+// ---- the warp product ---------------------------------------------------------------------------------
+
+// acc (MT x NT tiles of 16 x 8 at rows m0, columns n0) += A[m0.., k_begin..k_end) * B[k_begin..k_end), n0..).
+template <int MT, int NT, class VA, class VB>
+__device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const VA& a, int m0, const VB& b, int n0,
+                                         int k_begin, int k_end) {
+  static_assert(NT % 2 == 0, "B fragments are loaded two n-tiles at a time");
+  using E = typename decltype(a.tile)::Element;
+  if constexpr (!std::is_same_v<E, float>) {
+#pragma unroll 2
+    for (int k = k_begin; k < k_end; k += 16) {
+      std::uint32_t af[MT][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) load_a16(af[mi], a, m0 + 16 * mi, k);
+#pragma unroll
+      for (int nj = 0; nj < NT / 2; ++nj) {
+        std::uint32_t bf[4];
+        load_b16(bf, b, k, n0 + 16 * nj);
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          mma_16816<E>(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
+          mma_16816<E>(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+        }
+      }
+    }
+  } else {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int k = k_begin; k < k_end; k += 8) {
+      std::uint32_t ahi[MT][4], alo[MT][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        const int m = m0 + 16 * mi + g;
+        split_tf32(a.at(m, k + t), ahi[mi][0], alo[mi][0]);
+        split_tf32(a.at(m + 8, k + t), ahi[mi][1], alo[mi][1]);
+        split_tf32(a.at(m, k + t + 4), ahi[mi][2], alo[mi][2]);
+        split_tf32(a.at(m + 8, k + t + 4), ahi[mi][3], alo[mi][3]);
+      }
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+        std::uint32_t bhi[2], blo[2];
+        split_tf32(b.at(k + t, n0 + 8 * ni + g), bhi[0], blo[0]);
+        split_tf32(b.at(k + t + 4, n0 + 8 * ni + g), bhi[1], blo[1]);
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          mma_tf32(acc[mi][ni], alo[mi], bhi);
+          mma_tf32(acc[mi][ni], ahi[mi], blo);
+          mma_tf32(acc[mi][ni], ahi[mi], bhi);
+        }
+      }
+    }
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
+}
+
+// Calls f(row, col, value&) for every accumulator element of a warp tile placed at (m0, n0).
+template <int MT, int NT, class F>
+__device__ __forceinline__ void for_each(float (&acc)[MT][NT][4], int m0, int n0, F&& f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) f(m0 + 16 * mi + g + (r >> 1) * 8, n0 + 8 * ni + 2 * t + (r & 1), acc[mi][ni][r]);
+}
+
+// The same for two accumulators of one shape: f(row, col, a, b).
+template <int MT, int NT, class F>
+__device__ __forceinline__ void for_each(float (&a)[MT][NT][4], float (&b)[MT][NT][4], int m0, int n0, F&& f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        f(m0 + 16 * mi + g + (r >> 1) * 8, n0 + 8 * ni + 2 * t + (r & 1), a[mi][ni][r], b[mi][ni][r]);
+}
+
+// tile(row, col) = acc, rounded to the tile's element type.
+template <int MT, int NT, class TileT>
+__device__ __forceinline__ void store(float (&acc)[MT][NT][4], TileT tile, int m0, int n0) {
+  using E = typename TileT::Element;
+  for_each(acc, m0, n0, [&](int r, int c, float& x) { tile(r, c) = from_float<E>(x); });
+}
+
+// Sums over the columns a warp tile holds, per row: returns, for this lane, the partial sums of rows
+// m0 + 16 mi + g (index 2 mi) and + 8 (index 2 mi + 1), complete over the warp's columns.
+template <int MT, int NT>
+__device__ __forceinline__ void row_sums(const float (&values)[MT][NT][4], float (&sums)[2 * MT]) {
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+    float lo = 0.f, hi = 0.f;
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+      lo += values[mi][ni][0] + values[mi][ni][1];
+      hi += values[mi][ni][2] + values[mi][ni][3];
+    }
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+      lo += __shfl_xor_sync(0xffffffffu, lo, offset);
+      hi += __shfl_xor_sync(0xffffffffu, hi, offset);
+    }
+    sums[2 * mi] = lo;
+    sums[2 * mi + 1] = hi;
+  }
+}
+
+// ---- asynchronous copies ------------------------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(global),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)), "l"(global),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Starts copying rows [0, TileT::kRows) of a row-major global matrix (row stride `stride` elements,
+// first row at `src`) into `tile`; rows at or past `rows_valid` are zero-filled. Threads 0..NTHREADS-1 of
+// the cooperating group call it, each with its index `thread`.
+template <int NTHREADS, class TileT>
+__device__ __forceinline__ void load_rows_async(TileT tile, const typename TileT::Element* src, std::int64_t stride,
+                                                int rows_valid, int thread) {
+  using E = typename TileT::Element;
+  constexpr int kVecPerRow = TileT::kCols * static_cast<int>(sizeof(E)) / 16;
+  constexpr int kElemsPerVec = 16 / static_cast<int>(sizeof(E));
+  for (int i = thread; i < TileT::kRows * kVecPerRow; i += NTHREADS) {
+    const int r = i / kVecPerRow, c = (i % kVecPerRow) * kElemsPerVec;
+    const bool valid = r < rows_valid;
+    cp_async_16(&tile(r, c), src + (valid ? r * stride + c : 0), valid);
+  }
+}
+
+// Copies rows [0, rows_valid) of `tile` to a row-major global matrix with 16-byte stores.
+template <int NTHREADS, class TileT>
+__device__ __forceinline__ void store_rows(TileT tile, typename TileT::Element* dst, std::int64_t stride,
+                                           int rows_valid, int thread) {
+  using E = typename TileT::Element;
+  constexpr int kVecPerRow = TileT::kCols * static_cast<int>(sizeof(E)) / 16;
+  constexpr int kElemsPerVec = 16 / static_cast<int>(sizeof(E));
+  for (int i = thread; i < rows_valid * kVecPerRow; i += NTHREADS) {
+    const int r = i / kVecPerRow, c = (i % kVecPerRow) * kElemsPerVec;
+    *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(&tile(r, c));
+  }
+}
+
+}  // namespace deltatrain::gdn::cuda

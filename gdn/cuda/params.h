@@ -1,0 +1,84 @@
+// The plain parameter block every GDN kernel receives (FlashAttention-3 style): sizes, pointers to the
+// caller's tensors and to the regions of the cached workspace. Built once per call on the host by
+// make_params (backend.cpp) from a validated Problem; kernels never see a TensorView.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deltatrain::gdn::cuda {
+
+inline constexpr int kChunk = 64;  // tokens per chunk: the unit of the WY/UT transform
+
+// One chunk of one sequence: tokens [start, start + length) of the flattened B*T tokens.
+struct ChunkInfo {
+  std::int32_t start;
+  std::int32_t length;  // 1..kChunk
+  std::int32_t sequence;
+  std::int32_t unused;
+};
+
+struct Params {
+  // Sizes.
+  int tokens = 0;  // B * T
+  int T = 0;       // tokens per batch row (sequences are rows when cu_seqlens is absent)
+  int H = 0, HV = 0, K = 0, V = 0;
+  int group = 1;       // HV / H
+  int sequences = 0;   // N
+  int chunks = 0;      // chunks over all sequences
+  float scale = 1.f;
+  bool l2norm = false;
+
+  // Sequences: cu_seqlens on the device (int32 or int64), or null for B rows of T tokens.
+  const void* cu_seqlens = nullptr;
+  bool cu_seqlens_int64 = false;
+
+  // Inputs. q, k, v, o, do are the io dtype; g and beta are float32 or the io dtype (flags).
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* g = nullptr;
+  const void* beta = nullptr;
+  bool g_float = true;
+  bool beta_float = true;
+  const float* h0 = nullptr;  // [N, HV, K, V] or null
+
+  // Forward outputs.
+  void* o = nullptr;
+  float* ht = nullptr;  // [N, HV, K, V] or null
+
+  // Backward inputs and outputs.
+  const void* d_o = nullptr;
+  const float* dht = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* dg = nullptr;
+  void* dbeta = nullptr;
+  float* dh0 = nullptr;
+
+  // Workspace (see workspace.h for shapes). Element types: "io" = the io dtype.
+  ChunkInfo* chunk_table = nullptr;      // [chunks]
+  int* sequence_chunks = nullptr;        // [N + 1]: first chunk of each sequence
+  void* q_normed = nullptr;              // io [tokens, H, K] (l2norm only)
+  void* k_normed = nullptr;              // io [tokens, H, K] (l2norm only)
+  float* q_rstd = nullptr;               // [tokens, H] (l2norm only)
+  float* k_rstd = nullptr;               // [tokens, H] (l2norm only)
+  float* gamma = nullptr;                // [HV, tokens]: in-chunk cumulative log decay
+  void* w = nullptr;                     // io [tokens, HV, K]
+  void* u = nullptr;                     // io [tokens, HV, V]
+  void* p = nullptr;                     // io [tokens, HV, C]: scale * tril(Q K^T) * Gamma
+  void* t = nullptr;                     // io [tokens, HV, C]: (I + A)^-1 (backward)
+  void* states = nullptr;                // io [chunks, HV, V, K]: state entering each chunk (backward)
+  void* delta = nullptr;                 // io [tokens, HV, V]: the pseudo-values U - W S (backward)
+  void* dstates = nullptr;               // io [chunks, HV, V, K]: gradient of the state after each chunk
+  void* ddelta = nullptr;                // io [tokens, HV, V]: gradient of delta
+  void* dw = nullptr;                    // io [tokens, HV, K]
+  float* dq_head = nullptr;              // [tokens, HV, K]: dq of each value head (before the GVA sum)
+  float* dk_head = nullptr;              // [tokens, HV, K]
+  float* dt_from_v = nullptr;            // [tokens, HV, C]: the U-part of dT
+  float* dgamma_part = nullptr;          // [K / 128 slices, tokens, HV]
+  float* dbeta_part = nullptr;           // [tokens, HV]
+};
+
+}  // namespace deltatrain::gdn::cuda

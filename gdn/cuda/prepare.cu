@@ -1,0 +1,262 @@
+// The parallel start of the chunked algorithm: the chunk schedule, the optional L2 norm of q and k, and
+// per (chunk, value head) the WY/UT transform (gdn-kernels.md section 2):
+//   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
+//   W = T diag(beta e^gamma) K,  U = T diag(beta) V,  P = scale * tril(Q K^T) * Gamma.
+#include "chunk.cuh"
+#include "dispatch.cuh"
+#include "launch.h"
+
+namespace deltatrain::gdn::cuda {
+namespace {
+
+constexpr int kScheduleThreads = 256;
+
+// The chunks of every sequence, in order: sequence_chunks[n] is the first chunk of sequence n.
+__global__ void __launch_bounds__(kScheduleThreads) schedule_kernel(Params p) {
+  __shared__ int first_chunk[kScheduleThreads];
+  const int per_thread = (p.sequences + kScheduleThreads - 1) / kScheduleThreads;
+  const int begin = min(p.sequences, static_cast<int>(threadIdx.x) * per_thread);
+  const int end = min(p.sequences, begin + per_thread);
+  int count = 0;
+  for (int n = begin; n < end; ++n) {
+    count += static_cast<int>((sequence_start(p, n + 1) - sequence_start(p, n) + kChunk - 1) / kChunk);
+  }
+  first_chunk[threadIdx.x] = count;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int i = 0; i < kScheduleThreads; ++i) {
+      const int c = first_chunk[i];
+      first_chunk[i] = total;
+      total += c;
+    }
+    p.sequence_chunks[p.sequences] = total;
+  }
+  __syncthreads();
+  int chunk = first_chunk[threadIdx.x];
+  for (int n = begin; n < end; ++n) {
+    p.sequence_chunks[n] = chunk;
+    const std::int64_t start = sequence_start(p, n), stop = sequence_start(p, n + 1);
+    for (std::int64_t s = start; s < stop; s += kChunk) {
+      p.chunk_table[chunk++] = ChunkInfo{static_cast<std::int32_t>(s), static_cast<std::int32_t>(stop - s < kChunk ? stop - s : kChunk), n, 0};
+    }
+  }
+}
+
+// One warp per (token, head) row of q and of k: x / sqrt(sum x^2 + eps), and 1 / sqrt(...) for the backward.
+template <class E, int K>
+__global__ void __launch_bounds__(256) l2norm_kernel(Params p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= static_cast<std::int64_t>(p.tokens) * p.H) return;
+  constexpr int kPerLane = K / 32;
+  for (int which = 0; which < 2; ++which) {
+    const E* src = static_cast<const E*>(which == 0 ? p.q : p.k) + row * K;
+    E* dst = static_cast<E*>(which == 0 ? p.q_normed : p.k_normed) + row * K;
+    float x[kPerLane];
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      x[i] = to_float(src[lane + 32 * i]);
+      sum += x[i] * x[i];
+    }
+    const float rstd = 1.f / sqrtf(warp_sum(sum) + 1e-6f);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) dst[lane + 32 * i] = from_float<E>(x[i] * rstd);
+    if (lane == 0) (which == 0 ? p.q_rstd : p.k_rstd)[row] = rstd;
+  }
+}
+
+template <class E, int K>
+struct PrepareSmem {
+  using KeyTile = Tile<E, kChunk, K>;
+  using ChunkTile = Tile<E, kChunk, kChunk>;
+  using FloatTile = Tile<float, kChunk, kChunk>;
+  static constexpr int q = 0;  // later the staging of W
+  static constexpr int k = q + KeyTile::kBytes;
+  static constexpr int a = k + KeyTile::kBytes;
+  static constexpr int t = a + FloatTile::kBytes;
+  static constexpr int t_beta_decay = t + FloatTile::kBytes;  // T diag(beta e^gamma)
+  static constexpr int t_beta = t_beta_decay + ChunkTile::kBytes;  // T diag(beta)
+  static constexpr int staging = t_beta + ChunkTile::kBytes;  // P, then T, then U blocks
+  static constexpr int v = staging + ChunkTile::kBytes;
+  static constexpr int gamma = v + ChunkTile::kBytes;
+  static constexpr int beta = gamma + kChunk * 4;
+  static constexpr int solve = beta + kChunk * 4;  // 3 blocks of 16 x 16
+  static constexpr int bytes = solve + 3 * 256 * 4;
+};
+
+// T = (I + A)^-1 for strictly lower-triangular A (64 x 64, float32), by 16 x 16 blocks: the diagonal blocks
+// by forward substitution (one lane a column), then T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj by distance i - j.
+template <int NTHREADS>
+__device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kChunk, kChunk> t, float* scratch) {
+  for (int i = threadIdx.x; i < kChunk * kChunk; i += NTHREADS) t(i / kChunk, i % kChunk) = 0.f;
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (warp < 4 && lane < 16) {
+    const int base = 16 * warp;
+    float column[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float x = i == lane ? 1.f : 0.f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) x -= a(base + i, base + m) * column[m];
+      column[i] = x;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) t(base + i, base + lane) = column[i];
+  }
+  __syncthreads();
+  for (int distance = 1; distance < 4; ++distance) {
+    const int blocks = 4 - distance;
+    for (int e = threadIdx.x; e < blocks * 256; e += NTHREADS) {
+      const int bi = distance + e / 256, bj = bi - distance, r = (e % 256) / 16, c = e % 16;
+      float x = 0.f;
+      for (int m = 16 * bj; m < 16 * bi; ++m) x += a(16 * bi + r, m) * t(m, 16 * bj + c);
+      scratch[e] = x;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < blocks * 256; e += NTHREADS) {
+      const int bi = distance + e / 256, bj = bi - distance, r = (e % 256) / 16, c = e % 16;
+      float y = 0.f;
+      for (int m = 0; m <= r; ++m) y -= t(16 * bi + r, 16 * bi + m) * scratch[(e / 256) * 256 + m * 16 + c];
+      t(16 * bi + r, 16 * bj + c) = y;
+    }
+    __syncthreads();
+  }
+}
+
+constexpr int kPrepareThreads = 128;
+
+template <class E, int K>
+__global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
+  const bool with_t = p.t != nullptr;  // the backward keeps T
+  using L = PrepareSmem<E, K>;
+  extern __shared__ __align__(16) char smem[];
+  const typename L::KeyTile q_tile{smem_at<E>(smem, L::q)}, k_tile{smem_at<E>(smem, L::k)};
+  const typename L::FloatTile a_tile{smem_at<float>(smem, L::a)}, t_tile{smem_at<float>(smem, L::t)};
+  const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
+  const typename L::ChunkTile staging{smem_at<E>(smem, L::staging)}, v_tile{smem_at<E>(smem, L::v)};
+  float* gamma = smem_at<float>(smem, L::gamma);
+  float* beta = smem_at<float>(smem, L::beta);
+
+  const int hv = blockIdx.y, h = hv / p.group, tid = threadIdx.x, warp = tid / 32, m0 = 16 * warp;
+  const ChunkInfo chunk = p.chunk_table[blockIdx.x];
+  const std::int64_t t0 = chunk.start;
+  const int rows = chunk.length;
+
+  load_rows_async<kPrepareThreads>(q_tile, queries<E>(p) + (t0 * p.H + h) * K, static_cast<std::int64_t>(p.H) * K, rows, tid);
+  load_rows_async<kPrepareThreads>(k_tile, keys<E>(p) + (t0 * p.H + h) * K, static_cast<std::int64_t>(p.H) * K, rows, tid);
+  cp_async_commit();
+
+  // Gate cumsum: two warps scan 32 rows each; rows past the end add zero.
+  if (tid < kChunk) {
+    const std::int64_t index = (t0 + tid) * p.HV + hv;
+    float x = tid < rows ? load_gate<E>(p.g, index, p.g_float) : 0.f;
+    beta[tid] = tid < rows ? load_gate<E>(p.beta, index, p.beta_float) : 0.f;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, x, offset);
+      if ((tid & 31) >= offset) x += y;
+    }
+    gamma[tid] = x;
+  }
+  __syncthreads();
+  if (tid >= 32 && tid < kChunk) gamma[tid] += gamma[31];
+  __syncthreads();
+  if (tid < rows) p.gamma[static_cast<std::int64_t>(hv) * p.tokens + t0 + tid] = gamma[tid];
+
+  cp_async_wait<0>();
+  __syncthreads();
+
+  {
+    float kk[1][8][4], qk[1][8][4];
+    zero(kk);
+    zero(qk);
+    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), 0, 0, K);
+    warp_mma(qk, plain(q_tile), m0, transposed(k_tile), 0, 0, K);
+    for_each(kk, m0, 0, [&](int r, int c, float& x) {
+      a_tile(r, c) = r > c ? beta[r] * x * __expf(gamma[r] - gamma[c]) : 0.f;
+    });
+    for_each(qk, m0, 0, [&](int r, int c, float& x) {
+      staging(r, c) = from_float<E>(r >= c ? p.scale * x * __expf(gamma[r] - gamma[c]) : 0.f);
+    });
+  }
+  __syncthreads();
+  const std::int64_t chunk_row = (t0 * p.HV + hv) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
+  store_rows<kPrepareThreads>(staging, static_cast<E*>(p.p) + chunk_row, chunk_stride, rows, tid);
+  invert_unit_lower<kPrepareThreads>(a_tile, t_tile, smem_at<float>(smem, L::solve));
+
+  for (int i = tid; i < kChunk * kChunk; i += kPrepareThreads) {
+    const int r = i / kChunk, c = i % kChunk;
+    const float x = t_tile(r, c);
+    tbd_tile(r, c) = from_float<E>(x * beta[c] * __expf(gamma[c]));
+    tb_tile(r, c) = from_float<E>(x * beta[c]);
+    if (with_t) staging(r, c) = from_float<E>(x);
+  }
+  __syncthreads();
+  if (with_t) store_rows<kPrepareThreads>(staging, static_cast<E*>(p.t) + chunk_row, chunk_stride, rows, tid);
+
+  // W = (T diag(beta e^gamma)) K, staged in q's tile; T is lower triangular, so rows m0.. need k < m0 + 16.
+  const typename L::KeyTile w_stage = q_tile;
+#pragma unroll 1
+  for (int n0 = 0; n0 < K; n0 += 64) {
+    float acc[1][8][4];
+    zero(acc);
+    warp_mma(acc, plain(tbd_tile), m0, plain(k_tile), n0, 0, m0 + 16);
+    store(acc, w_stage, m0, n0);
+  }
+  __syncthreads();
+  store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
+                              rows, tid);
+
+  // U = (T diag(beta)) V, one 64-wide block of V at a time.
+  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
+#pragma unroll 1
+  for (int vb = 0; vb < p.V; vb += 64) {
+    __syncthreads();  // the previous block's staging is stored
+    load_rows_async<kPrepareThreads>(v_tile, static_cast<const E*>(p.v) + v_row + vb, v_stride, rows, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float acc[1][8][4];
+    zero(acc);
+    warp_mma(acc, plain(tb_tile), m0, plain(v_tile), 0, 0, m0 + 16);
+    store(acc, staging, m0, 0);
+    __syncthreads();
+    store_rows<kPrepareThreads>(staging, static_cast<E*>(p.u) + v_row + vb, v_stride, rows, tid);
+  }
+}
+
+}  // namespace
+
+bool have_kernels(DType io, int K) {
+  bool have = false;
+  dispatch(io, K, [&]<class E, int kK>() { have = true; });
+  return have;
+}
+
+cudaError_t probe_kernel_image() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, schedule_kernel);
+}
+
+void launch_schedule(const Params& p, cudaStream_t stream) {
+  launch(schedule_kernel, "gdn schedule_kernel", dim3(1), dim3(kScheduleThreads), 0, stream, p);
+}
+
+void launch_l2norm(const Params& p, DType io, cudaStream_t stream) {
+  dispatch(io, p.K, [&]<class E, int K>() {
+    const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
+    launch(l2norm_kernel<E, K>, "gdn l2norm_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(256), 0, stream, p);
+  });
+}
+
+void launch_prepare(const Params& p, DType io, cudaStream_t stream) {
+  dispatch(io, p.K, [&]<class E, int K>() {
+    launch(prepare_kernel<E, K>, "gdn prepare_kernel", dim3(p.chunks, p.HV), dim3(kPrepareThreads),
+           PrepareSmem<E, K>::bytes, stream, p);
+  });
+}
+
+}  // namespace deltatrain::gdn::cuda

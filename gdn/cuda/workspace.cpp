@@ -1,0 +1,95 @@
+#include "workspace.h"
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "deltatrain/core/error.h"
+#include "launch.h"
+#include "params.h"
+
+namespace deltatrain::gdn::cuda {
+
+WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets) {
+  WorkspaceLayout layout;
+  auto take = [&](WorkspaceLayout::Region& region, std::size_t bytes) {
+    region = {layout.bytes, bytes};
+    layout.bytes += (bytes + 255) / 256 * 256;
+  };
+  const auto tokens = static_cast<std::size_t>(problem.tokens());
+  const auto H = static_cast<std::size_t>(problem.H), HV = static_cast<std::size_t>(problem.HV);
+  const auto K = static_cast<std::size_t>(problem.K), V = static_cast<std::size_t>(problem.V);
+  const std::size_t io = dtype_size(problem.io_dtype), f32 = sizeof(float), C = kChunk;
+  const auto n_chunks = static_cast<std::size_t>(chunks);
+
+  if (upload_offsets) take(layout.offsets, (problem.N + 1) * sizeof(std::int64_t));
+  if (problem.op == Operation::recurrent) return layout;
+  take(layout.chunk_table, n_chunks * sizeof(ChunkInfo));
+  take(layout.sequence_chunks, (problem.N + 1) * sizeof(int));
+  if (problem.l2norm) {
+    take(layout.q_normed, tokens * H * K * io);
+    take(layout.k_normed, tokens * H * K * io);
+    take(layout.q_rstd, tokens * H * f32);
+    take(layout.k_rstd, tokens * H * f32);
+  }
+  take(layout.gamma, tokens * HV * f32);
+  take(layout.w, tokens * HV * K * io);
+  take(layout.u, tokens * HV * V * io);
+  take(layout.p, tokens * HV * C * io);
+  if (problem.op != Operation::chunk_backward) return layout;
+  const auto slices = static_cast<std::size_t>(problem.K / key_slice_width(problem.io_dtype, static_cast<int>(problem.K)));
+  take(layout.t, tokens * HV * C * io);
+  take(layout.states, n_chunks * HV * V * K * io);
+  take(layout.delta, tokens * HV * V * io);
+  take(layout.dstates, n_chunks * HV * V * K * io);
+  take(layout.ddelta, tokens * HV * V * io);
+  take(layout.dw, tokens * HV * K * io);
+  take(layout.dq_head, tokens * HV * K * f32);
+  take(layout.dk_head, tokens * HV * K * f32);
+  take(layout.dt_from_v, tokens * HV * C * f32);
+  take(layout.dgamma_part, slices * tokens * HV * f32);
+  take(layout.dbeta_part, tokens * HV * f32);
+  return layout;
+}
+
+namespace {
+
+struct Buffer {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+void check(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) {
+    throw Failure(std::string(call) + " failed: " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
+  }
+}
+
+}  // namespace
+
+void* workspace(int device, cudaStream_t stream, std::size_t bytes) {
+  // Never destroyed: freeing at exit would race the CUDA runtime's own teardown.
+  static auto* mutex = new std::mutex;
+  static auto* buffers = new std::map<std::pair<int, cudaStream_t>, Buffer>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  Buffer& buffer = (*buffers)[{device, stream}];
+  if (buffer.bytes >= bytes) return buffer.data;
+
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) {
+    throw StateError("the GDN cuda backend needs " + std::to_string(bytes) +
+                     " bytes of workspace on this stream but holds " + std::to_string(buffer.bytes) +
+                     ", and the stream is being captured; run the same call once before capturing it");
+  }
+  // Stream-ordered: the old buffer is released after the work already queued on this stream.
+  if (buffer.data != nullptr) check(cudaFreeAsync(buffer.data, stream), "cudaFreeAsync (GDN workspace)");
+  buffer = {};
+  const std::size_t grown = bytes + bytes / 4;
+  check(cudaMallocAsync(&buffer.data, grown, stream), "cudaMallocAsync (GDN workspace)");
+  buffer.bytes = grown;
+  return buffer.data;
+}
+
+}  // namespace deltatrain::gdn::cuda

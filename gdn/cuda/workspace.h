@@ -1,0 +1,35 @@
+// Scratch memory of the CUDA backend: what one call needs (a pure function of the problem), and a cache
+// of device buffers, one per (device, stream), grown rarely and never freed while the process runs, so
+// that calls in steady state allocate nothing and can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "deltatrain/gdn/backend.h"
+
+namespace deltatrain::gdn::cuda {
+
+// Byte offsets of the regions of one call's workspace (see Params for their shapes); 0 bytes: unused.
+struct WorkspaceLayout {
+  struct Region {
+    std::size_t offset = 0, bytes = 0;
+  };
+  Region offsets;  // int64 [N + 1]: cu_seqlens uploaded when the caller's copy is on the CPU
+  Region chunk_table, sequence_chunks;
+  Region q_normed, k_normed, q_rstd, k_rstd;
+  Region gamma, w, u, p, t;
+  Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dt_from_v, dgamma_part, dbeta_part;
+  std::size_t bytes = 0;
+};
+
+// chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must be copied to the GPU.
+WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets);
+
+// The calling thread's device's workspace for `stream`, at least `bytes` long. Growing it while the
+// stream is being captured would bake a soon-freed buffer into the graph, so that throws StateError.
+void* workspace(int device, cudaStream_t stream, std::size_t bytes);
+
+}  // namespace deltatrain::gdn::cuda
