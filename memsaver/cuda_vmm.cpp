@@ -24,7 +24,7 @@ namespace {
   X(cuCtxSynchronize) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree)          \
   X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuStreamCreate)             \
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemHostAlloc)   \
-  X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemGetInfo)
+  X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemGetInfo) X(cuPointerGetAttribute)
 
 struct Driver {
 #define DELTATRAIN_DECLARE(name) decltype(&::name) name = nullptr;
@@ -199,6 +199,13 @@ class CudaVmm final : public PhysicalMemory {
 
   bool pin_host(void* host, std::size_t bytes) override {
     ContextScope scope(context_);
+    // Memory the driver already knows (cuMemHostAlloc, torch's pin_memory) needs nothing; registering it
+    // again fails with CUDA_ERROR_INVALID_VALUE rather than ..._ALREADY_REGISTERED.
+    CUmemorytype type{};
+    if (driver().cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, device_pointer(host)) == CUDA_SUCCESS &&
+        type == CU_MEMORYTYPE_HOST) {
+      return false;
+    }
     const CUresult status = driver().cuMemHostRegister(host, bytes, CU_MEMHOSTREGISTER_PORTABLE);
     if (status == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) return false;
     check(status, "cuMemHostRegister");
