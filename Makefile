@@ -5,7 +5,7 @@
 #   make demo    the GDN operator on a Qwen3.5-shaped layer, checked against the reference, with throughput
 
 APT_PACKAGES := cmake ninja-build g++ git python3-venv libgtest-dev libbenchmark-dev libcli11-dev \
-                nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas-dev
+                nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas-dev libssl-dev
 PY_PACKAGES  := nanobind scikit-build-core numpy pytest
 VENV   := .venv
 PY     := $(VENV)/bin/python

@@ -1,11 +1,77 @@
-// Placeholder until the ckpt component lands; replaced by its real command.
+// `deltatrain ckpt inspect DIR`: a checkpoint's metadata (step, dp size, hyper-parameters, layout,
+// files), optionally with every file's SHA-256 checked.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
-#include "deltatrain/core/error.h"
+#include "deltatrain/optim/checkpoint.h"
+#include "deltatrain/optim/digest.h"
 
 namespace deltatrain::tools {
+namespace {
+
+struct InspectArgs {
+  std::string dir;
+  bool json = false;
+  bool verify = false;
+};
+
+void print_text(const std::filesystem::path& dir, const optim::CheckpointMetadata& m,
+                const std::vector<std::string>& verdicts) {
+  std::printf("checkpoint     %s\nformat         %d\nstep           %lld\ndp_size        %d\n", dir.string().c_str(),
+              m.format_version, static_cast<long long>(m.step), m.dp_size);
+  std::printf("adamw          lr %g  betas (%g, %g)  eps %g  weight_decay %g  max_grad_norm %g\n", m.config.lr,
+              m.config.beta1, m.config.beta2, m.config.eps, m.config.weight_decay, m.config.max_grad_norm);
+  std::printf("layout         alignment %lld  bucket_numel %lld\n", static_cast<long long>(m.layout.options.alignment),
+              static_cast<long long>(m.layout.options.bucket_numel));
+  for (std::size_t b = 0; b < m.layout.buffers.size(); ++b) {
+    const optim::BufferLayout& buffer = m.layout.buffers[b];
+    std::printf("buffer %zu       %s  %lld elements  %zu params  %zu buckets\n", b, dtype_name(buffer.dtype),
+                static_cast<long long>(buffer.numel), buffer.params.size(), buffer.buckets.size());
+    for (const optim::ParamSlot& p : buffer.params) {
+      std::string shape;
+      for (std::int64_t d : p.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+      std::printf("  %-32s %-14s offset %-10lld bucket %d\n", p.name.c_str(), shape.c_str(),
+                  static_cast<long long>(p.offset), p.bucket);
+    }
+  }
+  for (std::size_t f = 0; f < m.files.size(); ++f) {
+    std::printf("file           %s  %llu bytes  sha256 %s%s\n", m.files[f].name.c_str(),
+                static_cast<unsigned long long>(m.files[f].bytes), m.files[f].sha256.c_str(),
+                verdicts.empty() ? "" : ("  " + verdicts[f]).c_str());
+  }
+}
+
+void inspect(const InspectArgs& args) {
+  const std::filesystem::path dir = optim::resolve_checkpoint(args.dir);
+  const optim::CheckpointMetadata metadata = optim::read_checkpoint_metadata(dir);
+  std::vector<std::string> verdicts;
+  if (args.verify) {
+    for (const optim::CheckpointFile& file : metadata.files) {
+      verdicts.push_back(optim::sha256_file(dir / file.name) == file.sha256 ? "ok" : "CORRUPTED");
+    }
+  }
+  if (!args.json) return print_text(dir, metadata, verdicts);
+  nlohmann::ordered_json out = nlohmann::ordered_json::parse(optim::metadata_to_json(metadata));
+  out["directory"] = dir.string();
+  if (args.verify) out["verified"] = verdicts;
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
+}  // namespace
 
 void add_ckpt_command(CLI::App& parent) {
-  parent.add_subcommand("ckpt", "(not built yet)")->callback([] { throw Unavailable("ckpt", "not built yet"); });
+  CLI::App* ckpt = parent.add_subcommand("ckpt", "optimizer checkpoints");
+  ckpt->require_subcommand(1);
+  CLI::App* inspect_command = ckpt->add_subcommand("inspect", "print a checkpoint's metadata, including its step");
+  auto args = std::make_shared<InspectArgs>();
+  inspect_command->add_option("dir", args->dir, "a checkpoint directory, or a root whose `latest` names one")->required();
+  inspect_command->add_flag("--json", args->json, "the metadata as JSON");
+  inspect_command->add_flag("--verify", args->verify, "recompute every file's SHA-256 and compare");
+  inspect_command->callback([args] { inspect(*args); });
 }
 
 }  // namespace deltatrain::tools

@@ -1,0 +1,26 @@
+// The NCCL engine: GPU ranks, device buffers, operations enqueued on the caller's stream.
+// The NCCL unique id is bootstrapped over MPI among the same members.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "deltatrain/comm/group.h"
+
+namespace deltatrain::comm {
+
+// Whether NCCL groups can be made here (built with CUDA and NCCL, at least one GPU), with the reason.
+bool nccl_available(std::string* reason = nullptr);
+
+// A group over the members of `members`, each rank on its GPU `device` (made current here).
+// The memory check probes the device's free memory (cudaMemGetInfo); the caller supplies `trim`.
+// Unavailable where nccl_available() is false.
+std::unique_ptr<Group> make_nccl_group(MPI_Comm members, int device);
+
+// Free device memory of the current GPU as the driver reports it (cudaMemGetInfo).
+std::uint64_t cuda_free_bytes();
+
+}  // namespace deltatrain::comm

@@ -1,0 +1,91 @@
+// Checkpoints of DistributedAdamW: exact, crash-safe, reshardable to any data-parallel size.
+//
+// On disk, under a root directory:
+//   root/step-00000010/metadata.json                        format version, step (once), dp size,
+//                                                           hyper-parameters, layout, file checksums
+//   root/step-00000010/shard-00000-of-00004.safetensors     rank 0's shards: per buffer b, bucket k,
+//   ...                                                     "fp32_param|exp_avg|exp_avg_sq.buffer<b>.bucket<k>"
+//   root/latest                                             "step-00000010", replaced last, atomically
+//
+// Saving writes into root/.tmp-step-00000010, fsyncs every file and the directory, renames it into
+// place, then replaces `latest`: a process killed at any point leaves the previous checkpoint whole
+// and `latest` naming it. Nothing existing is overwritten.
+//
+// Loading reads each new rank's shard ranges straight from whichever files hold them (pread of the
+// byte ranges that plan_reshard computes), so the dp size may differ from the one at save. Adam's
+// step comes from metadata.json alone. A legacy shard that also carries per-parameter step tensors
+// ("<param>.step", 0-dim, as torch Adam and Megatron leaked them) loads: those tensors are ignored
+// and the stored scalar wins.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "deltatrain/optim/adamw.h"
+#include "deltatrain/optim/layout.h"
+
+namespace deltatrain::optim {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointFile {
+  std::string name;
+  int rank = 0;
+  std::uint64_t bytes = 0;
+  std::string sha256;
+};
+
+struct CheckpointMetadata {
+  int format_version = kCheckpointFormatVersion;
+  std::int64_t step = 0;
+  int dp_size = 1;
+  AdamWConfig config;
+  ParamLayout layout;
+  std::vector<CheckpointFile> files;
+};
+
+std::string metadata_to_json(const CheckpointMetadata& metadata);
+// Failure naming `source` (the file it came from) when the text is not valid metadata.
+CheckpointMetadata metadata_from_json(const std::string& text, const std::string& source);
+
+std::string checkpoint_dir_name(std::int64_t step);            // "step-00000010"
+std::string shard_file_name(int rank, int dp_size);            // "shard-00001-of-00004.safetensors"
+std::string shard_tensor_name(StateTensor tensor, int buffer, int bucket);
+std::string legacy_step_tensor_name(const std::string& param);  // "<param>.step"
+
+// Points in a save, for observers (and for tests that kill a save part-way).
+enum class SaveStage {
+  shard_partly_written,  // every rank: its shard file holds its first tensor only
+  shards_written,        // every rank: its shard file is complete and fsynced
+  metadata_written,      // rank 0: metadata.json is in the temporary directory
+  renamed,               // rank 0: the checkpoint directory is in place; `latest` is not yet updated
+  latest_updated,        // rank 0: done
+};
+
+struct SaveOptions {
+  std::function<void(SaveStage)> on_stage;
+};
+
+struct LoadOptions {
+  // Each file's SHA-256 is checked against metadata.json, by one rank per file, before use.
+  bool verify_checksums = true;
+};
+
+// Collective. Returns the new checkpoint's directory. Failure (on every rank) if it already exists.
+std::filesystem::path save_checkpoint(const DistributedAdamW& optimizer, const std::filesystem::path& root,
+                                      const SaveOptions& options = {});
+
+// Collective. `path` is a checkpoint directory, or a root whose `latest` names one. Restores the
+// state shards, the step and the hyper-parameters, then rebuilds the model parameters. Every rank
+// raises the same error when any rank finds a problem: a missing, truncated or corrupted file
+// (named, with what is wrong), or a layout that does not match the model (InvalidArgument).
+void load_checkpoint(DistributedAdamW& optimizer, const std::filesystem::path& path, const LoadOptions& options = {});
+
+// The checkpoint directory `path` denotes (itself, or what its `latest` names).
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+CheckpointMetadata read_checkpoint_metadata(const std::filesystem::path& path);
+
+}  // namespace deltatrain::optim

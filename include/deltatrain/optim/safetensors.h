@@ -1,0 +1,55 @@
+// The safetensors format, as checkpoint shards use it: an 8-byte little-endian header length, a
+// JSON header (per tensor: dtype, shape, data_offsets relative to the end of the header; optional
+// "__metadata__" of strings), then the raw little-endian bytes. Python's safetensors and numpy read it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "deltatrain/core/tensor.h"
+
+namespace deltatrain::optim {
+
+// "F32", "BF16", ... and back; InvalidArgument for a name safetensors does not define here.
+const char* safetensors_dtype(DType dtype);
+DType dtype_from_safetensors(const std::string& name);
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;  // data_offsets, relative to data_start
+};
+
+struct SafetensorsHeader {
+  std::uint64_t data_start = 0;  // 8 + the header's length
+  std::vector<SafetensorsEntry> tensors;
+  std::map<std::string, std::string> metadata;
+
+  const SafetensorsEntry* find(const std::string& name) const;
+};
+
+// Reads and checks a file's header: the length, the JSON, each tensor's byte count against its
+// dtype and shape, and that every tensor lies inside the file. Failure naming the file and what is
+// wrong (truncated, unreadable header, ...).
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
+
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;  // {} for a scalar
+  const void* data = nullptr;       // host memory, numel * dtype_size bytes
+};
+
+// Creates `path` (Failure if it exists), writes the tensors in order and fsyncs it. `after_tensor`,
+// if given, is called after each tensor's bytes are written (with how many are written so far).
+// Returns the SHA-256 of the whole file, computed while writing.
+std::string write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata,
+                              const std::function<void(std::size_t)>& after_tensor = {});
+
+}  // namespace deltatrain::optim

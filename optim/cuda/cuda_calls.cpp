@@ -1,0 +1,33 @@
+#include "cuda_calls.h"
+
+#include <cuda_runtime_api.h>
+
+#include "deltatrain/comm/cuda_check.h"
+
+namespace deltatrain::optim {
+
+void* cuda_alloc(int device, std::size_t bytes) {
+  void* pointer = nullptr;
+  cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  cuda_check(cudaMalloc(&pointer, bytes), "cudaMalloc");
+  cuda_check(cudaMemset(pointer, 0, bytes), "cudaMemset");
+  return pointer;
+}
+
+void cuda_free(void* pointer) noexcept { cudaFree(pointer); }
+
+void cuda_copy(void* target, const void* source, std::size_t bytes, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  cuda_check(cudaMemcpyAsync(target, source, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+  cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+void cuda_zero(void* target, std::size_t bytes, void* stream) {
+  cuda_check(cudaMemsetAsync(target, 0, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+}
+
+void cuda_synchronize(void* stream) {
+  cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+}
+
+}  // namespace deltatrain::optim

@@ -1,0 +1,119 @@
+#include "file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "deltatrain/core/error.h"
+
+namespace deltatrain::optim {
+
+namespace {
+
+[[noreturn]] void fail(const char* call, const std::filesystem::path& path) {
+  throw Failure(std::string(call) + " " + path.string() + " failed: " + std::strerror(errno) + " (errno " +
+                std::to_string(errno) + ")");
+}
+
+int open_or_fail(const std::filesystem::path& path, int flags, const char* call) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) fail(call, path);
+  return fd;
+}
+
+}  // namespace
+
+File File::open_read(const std::filesystem::path& path) { return File(path, open_or_fail(path, O_RDONLY, "open")); }
+
+File File::create_new(const std::filesystem::path& path) {
+  return File(path, open_or_fail(path, O_WRONLY | O_CREAT | O_EXCL, "create"));
+}
+
+File File::open_directory(const std::filesystem::path& path) {
+  return File(path, open_or_fail(path.empty() ? "." : path, O_RDONLY | O_DIRECTORY, "open directory"));
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+File::File(File&& other) noexcept : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+std::uint64_t File::size() const {
+  struct stat info {};
+  if (::fstat(fd_, &info) != 0) fail("fstat", path_);
+  return static_cast<std::uint64_t>(info.st_size);
+}
+
+void File::write_all(const void* data, std::size_t bytes) {
+  const char* cursor = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t wrote = ::write(fd_, cursor, bytes);
+    if (wrote < 0) {
+      if (errno == EINTR) continue;
+      fail("write", path_);
+    }
+    cursor += wrote;
+    bytes -= static_cast<std::size_t>(wrote);
+  }
+}
+
+std::size_t File::read_some(void* data, std::size_t bytes, std::uint64_t offset) const {
+  for (;;) {
+    const ssize_t got = ::pread(fd_, data, bytes, static_cast<off_t>(offset));
+    if (got >= 0) return static_cast<std::size_t>(got);
+    if (errno != EINTR) fail("pread", path_);
+  }
+}
+
+void File::read_exact(void* data, std::size_t bytes, std::uint64_t offset) const {
+  char* cursor = static_cast<char*>(data);
+  std::uint64_t at = offset;
+  while (bytes > 0) {
+    const std::size_t got = read_some(cursor, bytes, at);
+    if (got == 0) {
+      throw Failure("file " + path_.string() + " is truncated: reading bytes [" + std::to_string(offset) + ", " +
+                    std::to_string(at + bytes) + ") but it ends at byte " + std::to_string(size()));
+    }
+    cursor += got;
+    at += got;
+    bytes -= got;
+  }
+}
+
+void File::sync() {
+  if (::fsync(fd_) != 0) fail("fsync", path_);
+}
+
+void sync_directory(const std::filesystem::path& path) {
+  File::open_directory(path).sync();
+}
+
+void replace_file_atomically(const std::filesystem::path& path, const std::string& content) {
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  std::filesystem::remove(temporary);  // left by a save that was killed
+  {
+    File file = File::create_new(temporary);
+    file.write_all(content.data(), content.size());
+    file.sync();
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) fail("rename to", path);
+  sync_directory(path.parent_path());
+}
+
+std::string read_text_file(const std::filesystem::path& path) {
+  const File file = File::open_read(path);
+  std::string text(file.size(), '\0');
+  file.read_exact(text.data(), text.size(), 0);
+  return text;
+}
+
+}  // namespace deltatrain::optim

@@ -1,0 +1,46 @@
+// POSIX file access for checkpoints: every failure is a Failure naming the file and the call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace deltatrain::optim {
+
+class File {
+ public:
+  static File open_read(const std::filesystem::path& path);
+  // Fails if the file exists: a checkpoint never overwrites.
+  static File create_new(const std::filesystem::path& path);
+  static File open_directory(const std::filesystem::path& path);
+  ~File();
+  File(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::uint64_t size() const;
+  void write_all(const void* data, std::size_t bytes);
+  // Exactly `bytes` at `offset`; a Failure saying the file is truncated when it ends first.
+  void read_exact(void* data, std::size_t bytes, std::uint64_t offset) const;
+  // Up to `bytes` at `offset`; 0 at the end of the file.
+  std::size_t read_some(void* data, std::size_t bytes, std::uint64_t offset) const;
+  void sync();
+
+ private:
+  File(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
+// Makes a directory's entries (creations, renames) durable.
+void sync_directory(const std::filesystem::path& path);
+
+// Writes `content` to a temporary file beside `path`, syncs it, renames it over `path`, and syncs
+// the directory: readers see the old content or the new, never a mix.
+void replace_file_atomically(const std::filesystem::path& path, const std::string& content);
+
+std::string read_text_file(const std::filesystem::path& path);
+
+}  // namespace deltatrain::optim

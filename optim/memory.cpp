@@ -1,0 +1,76 @@
+#include "memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "cuda_calls.h"
+
+namespace deltatrain::optim {
+
+namespace {
+
+// Host buffers are aligned for the widest vector loads of the CPU loops.
+constexpr std::size_t kHostAlignment = 64;
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes) : device_(device), bytes_(bytes) {
+  if (bytes == 0) return;
+  if (device.type == DeviceType::cpu) {
+    data_ = std::aligned_alloc(kHostAlignment, (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
+    if (data_ == nullptr) throw std::bad_alloc();
+    std::memset(data_, 0, bytes);
+    return;
+  }
+  data_ = cuda_alloc(device.index, bytes);
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ == nullptr) return;
+  if (device_.type == DeviceType::cpu) {
+    std::free(data_);
+  } else {
+    cuda_free(data_);
+  }
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : device_(other.device_), data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    DeviceBuffer old(std::move(*this));
+    device_ = other.device_;
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void copy_to_host(void* host, const void* source, std::size_t bytes, Device source_device, void* stream) {
+  if (source_device.type == DeviceType::cpu) {
+    std::memcpy(host, source, bytes);
+    return;
+  }
+  cuda_copy(host, source, bytes, stream);
+}
+
+void copy_from_host(void* target, Device target_device, const void* host, std::size_t bytes, void* stream) {
+  if (target_device.type == DeviceType::cpu) {
+    std::memcpy(target, host, bytes);
+    return;
+  }
+  cuda_copy(target, host, bytes, stream);
+}
+
+void fill_zero(void* target, Device device, std::size_t bytes, void* stream) {
+  if (device.type == DeviceType::cpu) {
+    std::memset(target, 0, bytes);
+    return;
+  }
+  cuda_zero(target, bytes, stream);
+}
+
+}  // namespace deltatrain::optim

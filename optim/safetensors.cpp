@@ -1,0 +1,158 @@
+#include "deltatrain/optim/safetensors.h"
+
+#include <bit>
+#include <nlohmann/json.hpp>
+
+#include "deltatrain/core/error.h"
+#include "deltatrain/optim/digest.h"
+#include "file_io.h"
+
+namespace deltatrain::optim {
+
+static_assert(std::endian::native == std::endian::little, "safetensors files are little-endian; so is this host");
+
+namespace {
+
+// safetensors rejects larger headers; so does this reader, before allocating for one.
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+// Tensors are written in chunks so that hashing and writing interleave over bounded memory.
+constexpr std::size_t kWriteChunk = std::size_t{64} << 20;
+
+struct DTypeName {
+  DType dtype;
+  const char* name;
+};
+constexpr DTypeName kDTypeNames[] = {{DType::f16, "F16"}, {DType::bf16, "BF16"}, {DType::f32, "F32"},
+                                     {DType::f64, "F64"}, {DType::i32, "I32"},   {DType::i64, "I64"},
+                                     {DType::u8, "U8"}};
+
+std::uint64_t numel_of(const std::vector<std::int64_t>& shape) {
+  std::uint64_t numel = 1;
+  for (std::int64_t dim : shape) numel *= static_cast<std::uint64_t>(dim);
+  return numel;
+}
+
+[[noreturn]] void bad_header(const std::filesystem::path& path, const std::string& what) {
+  throw Failure("file " + path.string() + " has a bad safetensors header: " + what);
+}
+
+}  // namespace
+
+const char* safetensors_dtype(DType dtype) {
+  for (const DTypeName& entry : kDTypeNames) {
+    if (entry.dtype == dtype) return entry.name;
+  }
+  throw InvalidArgument("dtype", "has no safetensors name");
+}
+
+DType dtype_from_safetensors(const std::string& name) {
+  for (const DTypeName& entry : kDTypeNames) {
+    if (name == entry.name) return entry.dtype;
+  }
+  throw InvalidArgument("dtype", "must be one of F16, BF16, F32, F64, I32, I64, U8; got '" + name + "'");
+}
+
+const SafetensorsEntry* SafetensorsHeader::find(const std::string& name) const {
+  for (const SafetensorsEntry& entry : tensors) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
+  const File file = File::open_read(path);
+  const std::uint64_t file_size = file.size();
+  std::uint64_t header_length = 0;
+  file.read_exact(&header_length, sizeof header_length, 0);
+  if (header_length > kMaxHeaderBytes) {
+    bad_header(path, "its length field says " + std::to_string(header_length) + " bytes");
+  }
+  std::string text(header_length, '\0');
+  file.read_exact(text.data(), text.size(), sizeof header_length);
+
+  SafetensorsHeader header;
+  header.data_start = sizeof header_length + header_length;
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    bad_header(path, std::string("not JSON (") + e.what() + ")");
+  }
+  if (!json.is_object()) bad_header(path, "not a JSON object");
+  for (const auto& [name, value] : json.items()) {
+    try {
+      if (name == "__metadata__") {
+        for (const auto& [key, item] : value.items()) header.metadata[key] = item.get<std::string>();
+        continue;
+      }
+      SafetensorsEntry entry;
+      entry.name = name;
+      entry.dtype = dtype_from_safetensors(value.at("dtype").get<std::string>());
+      entry.shape = value.at("shape").get<std::vector<std::int64_t>>();
+      const auto offsets = value.at("data_offsets").get<std::vector<std::uint64_t>>();
+      if (offsets.size() != 2 || offsets[1] < offsets[0]) bad_header(path, "tensor '" + name + "' has bad data_offsets");
+      entry.begin = offsets[0];
+      entry.end = offsets[1];
+      for (std::int64_t dim : entry.shape) {
+        if (dim < 0) bad_header(path, "tensor '" + name + "' has a negative dimension");
+      }
+      if (entry.end - entry.begin != numel_of(entry.shape) * dtype_size(entry.dtype)) {
+        bad_header(path, "tensor '" + name + "' spans " + std::to_string(entry.end - entry.begin) +
+                             " bytes, which does not match its dtype and shape");
+      }
+      if (header.data_start + entry.end > file_size) {
+        throw Failure("file " + path.string() + " is truncated: tensor '" + name + "' ends at byte " +
+                      std::to_string(header.data_start + entry.end) + " but the file has " +
+                      std::to_string(file_size) + " bytes");
+      }
+      header.tensors.push_back(std::move(entry));
+    } catch (const nlohmann::json::exception& e) {
+      bad_header(path, "entry '" + name + "': " + e.what());
+    } catch (const InvalidArgument& e) {
+      bad_header(path, "entry '" + name + "': " + e.what());
+    }
+  }
+  return header;
+}
+
+std::string write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata,
+                              const std::function<void(std::size_t)>& after_tensor) {
+  nlohmann::ordered_json json;
+  if (!metadata.empty()) json["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const TensorToWrite& tensor : tensors) {
+    const std::uint64_t bytes = numel_of(tensor.shape) * dtype_size(tensor.dtype);
+    json[tensor.name] = {{"dtype", safetensors_dtype(tensor.dtype)},
+                         {"shape", tensor.shape},
+                         {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = json.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts 8-byte aligned, as safetensors writes it
+
+  File file = File::create_new(path);
+  Sha256 sha;
+  const std::uint64_t header_length = text.size();
+  for (const auto& [data, bytes] : {std::pair<const void*, std::size_t>{&header_length, sizeof header_length},
+                                    std::pair<const void*, std::size_t>{text.data(), text.size()}}) {
+    sha.update(data, bytes);
+    file.write_all(data, bytes);
+  }
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const char* data = static_cast<const char*>(tensors[t].data);
+    std::size_t left = numel_of(tensors[t].shape) * dtype_size(tensors[t].dtype);
+    while (left > 0) {
+      const std::size_t chunk = std::min(left, kWriteChunk);
+      sha.update(data, chunk);
+      file.write_all(data, chunk);
+      data += chunk;
+      left -= chunk;
+    }
+    if (after_tensor) after_tensor(t + 1);
+  }
+  file.sync();
+  return sha.hex_digest();
+}
+
+}  // namespace deltatrain::optim

@@ -1,0 +1,170 @@
+// Crash safety: a child process saving a checkpoint is SIGKILLed at each stage of the save; the
+// previous checkpoint must still load exactly (state and step), `latest` must still name it, and a
+// later save must succeed (or, once the new directory is in place, refuse to overwrite it).
+// Each child is a fresh process that initialises MPI itself (a singleton), so the test runs without mpirun.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "deltatrain/comm/mpi_group.h"
+#include "deltatrain/core/error.h"
+#include "deltatrain/optim/checkpoint.h"
+#include "deltatrain/optim/synthetic.h"
+
+namespace deltatrain::optim {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ChildResult {
+  bool exited = false;
+  int exit_code = -1;
+  int signal = 0;
+  std::string message;  // what the child wrote before it ended
+};
+
+// Runs `body` in a forked child with MPI initialised there; an exception becomes exit code 1 and its text.
+ChildResult run_child(const std::function<std::string()>& body) {
+  int channel[2];
+  if (pipe(channel) != 0) throw Failure("pipe failed");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(channel[0]);
+    int code = 0;
+    std::string message;
+    try {
+      MPI_Init(nullptr, nullptr);
+      message = body();
+      MPI_Finalize();
+    } catch (const std::exception& e) {
+      message = e.what();
+      code = 1;
+    }
+    if (!message.empty() && write(channel[1], message.data(), message.size()) < 0) code = 2;
+    _exit(code);
+  }
+  close(channel[1]);
+  ChildResult result;
+  char buffer[4096];
+  for (ssize_t got; (got = read(channel[0], buffer, sizeof buffer)) > 0;) result.message.append(buffer, got);
+  close(channel[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exited = WIFEXITED(status);
+  result.exit_code = result.exited ? WEXITSTATUS(status) : -1;
+  result.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  return result;
+}
+
+// "<step> <params sha> <state sha>" of an optimizer that loaded `path`.
+std::string loaded_digest(const fs::path& path) {
+  const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
+  const SyntheticRegression problem;
+  DistributedAdamW optimizer(*group, problem.params(), AdamWConfig{}, DemoOptions{}.layout);
+  load_checkpoint(optimizer, path);
+  const StateDigest digest = digest_state(optimizer);
+  return std::to_string(optimizer.step_count()) + " " + digest.params + " " + digest.state;
+}
+
+// Loads `root`, trains two steps and saves; `on_stage` sees every stage of that save.
+void resume_train_and_save(const fs::path& root, const std::function<void(SaveStage)>& on_stage) {
+  const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
+  const SyntheticRegression problem;
+  DistributedAdamW optimizer(*group, problem.params(), AdamWConfig{}, DemoOptions{}.layout);
+  load_checkpoint(optimizer, root);
+  for (int i = 0; i < 2; ++i) {
+    optimizer.zero_grad();
+    problem.forward_backward(optimizer);
+    optimizer.step();
+  }
+  save_checkpoint(optimizer, root, {on_stage});
+}
+
+constexpr const char* kStageNames[] = {"shard_partly_written", "shards_written", "metadata_written", "renamed",
+                                       "latest_updated"};
+
+std::string stage_name(const ::testing::TestParamInfo<SaveStage>& info) { return kStageNames[static_cast<int>(info.param)]; }
+
+}  // namespace
+
+// gtest prints parameters with this (found by argument-dependent lookup).
+void PrintTo(SaveStage stage, std::ostream* out) { *out << kStageNames[static_cast<int>(stage)]; }
+
+namespace {
+
+class KilledSave : public ::testing::TestWithParam<SaveStage> {
+ protected:
+  void SetUp() override {
+    const std::uint64_t nonce = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+    root_ = fs::temp_directory_path() / ("deltatrain-crash-" + std::to_string(nonce));
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+};
+
+TEST_P(KilledSave, LeavesThePreviousCheckpointLoadableAndLatestPointingToIt) {
+  const SaveStage stage = GetParam();
+  const ChildResult first = run_child([&] {
+    DemoOptions options;
+    options.steps = 2;
+    options.save_at = 2;
+    options.checkpoint_root = root_;
+    const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
+    run_demo(*group, options);
+    return loaded_digest(root_);
+  });
+  ASSERT_EQ(first.exit_code, 0) << first.message;
+
+  const ChildResult killed = run_child([&] {
+    resume_train_and_save(root_, [stage](SaveStage reached) {
+      if (reached == stage) raise(SIGKILL);
+    });
+    return std::string("the save was not killed");
+  });
+  ASSERT_EQ(killed.signal, SIGKILL) << "exit " << killed.exit_code << ": " << killed.message;
+
+  std::ifstream latest(root_ / "latest");
+  std::string named;
+  latest >> named;
+  EXPECT_EQ(named, checkpoint_dir_name(2)) << "`latest` still names the previous checkpoint";
+
+  const ChildResult after = run_child([&] { return loaded_digest(root_); });
+  ASSERT_EQ(after.exit_code, 0) << after.message;
+  EXPECT_EQ(after.message, first.message) << "the previous checkpoint loads with its exact state and step";
+
+  const fs::path second = root_ / checkpoint_dir_name(4);
+  if (stage == SaveStage::renamed) {
+    // The new directory was complete before `latest` moved: it loads too, and is never overwritten.
+    const ChildResult direct = run_child([&] { return loaded_digest(second); });
+    ASSERT_EQ(direct.exit_code, 0) << direct.message;
+    EXPECT_EQ(direct.message.substr(0, 2), "4 ");
+    const ChildResult again = run_child([&] {
+      resume_train_and_save(root_, {});
+      return std::string();
+    });
+    EXPECT_EQ(again.exit_code, 1);
+    EXPECT_NE(again.message.find("already exists"), std::string::npos) << again.message;
+  } else {
+    EXPECT_FALSE(fs::exists(second)) << "a killed save leaves no checkpoint directory";
+    const ChildResult again = run_child([&] {
+      resume_train_and_save(root_, {});
+      return loaded_digest(root_);
+    });
+    ASSERT_EQ(again.exit_code, 0) << again.message;
+    EXPECT_EQ(again.message.substr(0, 2), "4 ") << "a new save over the killed one's leftovers succeeds";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, KilledSave,
+                         ::testing::Values(SaveStage::shard_partly_written, SaveStage::shards_written,
+                                           SaveStage::metadata_written, SaveStage::renamed),
+                         stage_name);
+
+}  // namespace
+}  // namespace deltatrain::optim
