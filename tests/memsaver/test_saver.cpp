@@ -276,66 +276,65 @@ TEST(SaverCopies, SplitIntoChunksOverEveryLaneWithOneWaitPerTransition) {
 }
 
 // A failure part-way leaves every tag as it was and a later call succeeds.
-TEST(SaverFailures, PauseThatCannotGetHostMemoryLeavesTheTagActive) {
+class SaverFailures : public ::testing::Test {
+ protected:
+  // Two cpu-copy allocations of the same random size, filled with random bytes.
+  void allocate_two() {
+    bytes = random.between(1, 30000);
+    for (int i = 0; i < 2; ++i) {
+      addresses[i] = saver.allocate({"optimizer", Backup::CpuCopy}, bytes);
+      data[i] = random.bytes(bytes);
+      write(addresses[i], data[i]);
+    }
+  }
+  bool both_hold_their_data() const { return holds(addresses[0], data[0]) && holds(addresses[1], data[1]); }
+  void fail_at(RecordingMemory::Call call, int count) {
+    record->fail_call = call;
+    record->fail_at = count;
+  }
+
   Random random;
-  auto record = std::make_shared<RecordingMemory::Record>();
-  record->fail_call = RecordingMemory::Call::AllocateHost;
-  record->fail_at = 2;
-  Saver saver(std::make_unique<RecordingMemory>(record));
-  const std::size_t bytes = random.between(1, 30000);
-  auto* a = saver.allocate({"optimizer", Backup::CpuCopy}, bytes);
-  auto* b = saver.allocate({"optimizer", Backup::CpuCopy}, bytes);
-  const auto data = random.bytes(bytes);
-  write(b, data);
+  std::shared_ptr<RecordingMemory::Record> record = std::make_shared<RecordingMemory::Record>();
+  Saver saver{std::make_unique<RecordingMemory>(record)};
+  std::size_t bytes = 0;
+  void* addresses[2] = {};
+  std::vector<std::byte> data[2];
+};
+
+TEST_F(SaverFailures, PauseThatCannotGetHostMemoryLeavesTheTagActive) {
+  fail_at(RecordingMemory::Call::AllocateHost, 2);
+  allocate_two();
   EXPECT_THROW(saver.pause("optimizer"), OutOfMemory);
   const TagStats stats = saver.stats("optimizer");
   EXPECT_EQ(stats.state, TagState::Active);
   EXPECT_EQ(stats.host_bytes_held, 0u);
   EXPECT_EQ(stats.mapped_bytes, stats.reserved_bytes);
-  EXPECT_TRUE(holds(b, data));
+  EXPECT_TRUE(both_hold_their_data());
   saver.pause("optimizer");
   saver.resume("optimizer");
-  EXPECT_TRUE(holds(b, data));
-  EXPECT_TRUE(saver.contains(a));
+  EXPECT_TRUE(both_hold_their_data());
 }
 
-TEST(SaverFailures, ResumeThatCannotMapEverythingGivesBackWhatItMappedAndCanBeRetried) {
-  Random random;
-  auto record = std::make_shared<RecordingMemory::Record>();
-  Saver saver(std::make_unique<RecordingMemory>(record));
-  const std::size_t bytes = random.between(1, 30000);
-  auto* a = saver.allocate({"optimizer", Backup::CpuCopy}, bytes);
-  auto* b = saver.allocate({"optimizer", Backup::CpuCopy}, bytes);
-  const auto data_a = random.bytes(bytes), data_b = random.bytes(bytes);
-  write(a, data_a);
-  write(b, data_b);
+TEST_F(SaverFailures, ResumeThatCannotMapEverythingGivesBackWhatItMappedAndCanBeRetried) {
+  allocate_two();
   saver.pause("optimizer");
-  record->fail_call = RecordingMemory::Call::Map;
-  record->fail_at = record->maps + 2;  // the second allocation of the resume
+  fail_at(RecordingMemory::Call::Map, record->maps + 2);  // the second allocation of the resume
   EXPECT_THROW(saver.resume("optimizer"), OutOfMemory);
   EXPECT_EQ(saver.stats("optimizer").state, TagState::Paused);
   EXPECT_EQ(saver.stats("optimizer").mapped_bytes, 0u);
   EXPECT_EQ(saver.memory().device_bytes_in_use(), 0u);
   saver.resume("optimizer");
-  EXPECT_TRUE(holds(a, data_a));
-  EXPECT_TRUE(holds(b, data_b));
+  EXPECT_TRUE(both_hold_their_data());
 }
 
-TEST(SaverFailures, ResumeWhoseCopyFailsStaysPausedAndCopiesAgainOnRetry) {
-  Random random;
-  auto record = std::make_shared<RecordingMemory::Record>();
-  Saver saver(std::make_unique<RecordingMemory>(record));
-  const std::size_t bytes = random.between(1, 30000);
-  auto* a = saver.allocate({"optimizer", Backup::CpuCopy}, bytes);
-  const auto data = random.bytes(bytes);
-  write(a, data);
+TEST_F(SaverFailures, ResumeWhoseCopyFailsStaysPausedAndCopiesAgainOnRetry) {
+  allocate_two();
   saver.pause("optimizer");
-  record->fail_call = RecordingMemory::Call::CopyToDevice;
-  record->fail_at = record->copies + 1;
+  fail_at(RecordingMemory::Call::CopyToDevice, record->copies + 1);
   EXPECT_THROW(saver.resume("optimizer"), OutOfMemory);
   EXPECT_EQ(saver.stats("optimizer").state, TagState::Paused);
   saver.resume("optimizer");
-  EXPECT_TRUE(holds(a, data));
+  EXPECT_TRUE(both_hold_their_data());
 }
 
 }  // namespace
