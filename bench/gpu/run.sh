@@ -19,9 +19,9 @@ if [[ $steps == *,info,* ]]; then
 fi
 
 if [[ $steps == *,tests,* ]]; then
-  "$carry/test_gdn_cuda" --gtest_brief=1 > "$out/tests.log" 2>&1
+  "$carry/test_gdn_cuda" > "$out/tests.log" 2>&1
   echo "tests exit $?"
-  grep -E "FAILED|Failure|error|PASSED|SKIPPED" "$out/tests.log" | head -60
+  grep -E "^\[  FAILED|exception|PASSED|SKIPPED \]" "$out/tests.log" | head -40
 fi
 
 if [[ $steps == *,sanitize,* ]]; then

@@ -21,25 +21,26 @@ inline void check_launch(const char* kernel) {
   }
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(p); kernels over more than 48 KiB of shared memory get
-// their limit raised the first time they run on a device.
-template <class Kernel>
-void launch(Kernel kernel, const char* name, dim3 grid, dim3 block, int smem, cudaStream_t stream, const Params& p) {
+// Launches kKernel<<<grid, block, smem, stream>>>(p); a kernel over 48 KiB of shared memory gets its
+// limit raised the first time it runs on a device.
+template <auto kKernel>
+void launch(const char* name, dim3 grid, dim3 block, int smem, cudaStream_t stream, const Params& p) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   if (smem > 48 * 1024) {
-    static std::array<std::atomic<bool>, 64> raised{};
+    static std::array<std::atomic<bool>, 64> raised{};  // per device, for this kernel
     int device = 0;
     cudaGetDevice(&device);
-    if (device < 0 || device >= static_cast<int>(raised.size()) || !raised[device].load(std::memory_order_acquire)) {
-      if (const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const bool tracked = device >= 0 && device < static_cast<int>(raised.size());
+    if (!tracked || !raised[device].load(std::memory_order_acquire)) {
+      if (const cudaError_t status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
           status != cudaSuccess) {
         throw Failure(std::string("cudaFuncSetAttribute(") + name + ", " + std::to_string(smem) +
                       " bytes of shared memory) failed: " + cudaGetErrorString(status));
       }
-      if (device >= 0 && device < static_cast<int>(raised.size())) raised[device].store(true, std::memory_order_release);
+      if (tracked) raised[device].store(true, std::memory_order_release);
     }
   }
-  kernel<<<grid, block, smem, stream>>>(p);
+  kKernel<<<grid, block, smem, stream>>>(p);
   check_launch(name);
 }
 

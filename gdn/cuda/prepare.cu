@@ -242,19 +242,19 @@ cudaError_t probe_kernel_image() {
 }
 
 void launch_schedule(const Params& p, cudaStream_t stream) {
-  launch(schedule_kernel, "gdn schedule_kernel", dim3(1), dim3(kScheduleThreads), 0, stream, p);
+  launch<schedule_kernel>("gdn schedule_kernel", dim3(1), dim3(kScheduleThreads), 0, stream, p);
 }
 
 void launch_l2norm(const Params& p, DType io, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
     const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
-    launch(l2norm_kernel<E, K>, "gdn l2norm_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(256), 0, stream, p);
+    launch<l2norm_kernel<E, K>>("gdn l2norm_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(256), 0, stream, p);
   });
 }
 
 void launch_prepare(const Params& p, DType io, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    launch(prepare_kernel<E, K>, "gdn prepare_kernel", dim3(p.chunks, p.HV), dim3(kPrepareThreads),
+    launch<prepare_kernel<E, K>>("gdn prepare_kernel", dim3(p.chunks, p.HV), dim3(kPrepareThreads),
            PrepareSmem<E, K>::bytes, stream, p);
   });
 }

@@ -249,10 +249,10 @@ void launch_state_forward(const Params& p, DType io, bool recompute, cudaStream_
   dispatch(io, p.K, [&]<class E, int K>() {
     const dim3 grid(p.sequences, p.HV, p.V / kStateColumns);
     if (recompute) {
-      launch(state_forward_kernel<E, K, true>, "gdn state_forward_kernel (recompute)", grid, dim3(kStateThreads),
+      launch<state_forward_kernel<E, K, true>>("gdn state_forward_kernel (recompute)", grid, dim3(kStateThreads),
              SequentialSmem<E, K, 2, 1, 2>::bytes, stream, p);
     } else {
-      launch(state_forward_kernel<E, K, false>, "gdn state_forward_kernel", grid, dim3(kStateThreads),
+      launch<state_forward_kernel<E, K, false>>("gdn state_forward_kernel", grid, dim3(kStateThreads),
              SequentialSmem<E, K, 3, 2, 3>::bytes, stream, p);
     }
   });
@@ -260,7 +260,7 @@ void launch_state_forward(const Params& p, DType io, bool recompute, cudaStream_
 
 void launch_state_backward(const Params& p, DType io, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    launch(state_backward_kernel<E, K>, "gdn state_backward_kernel", dim3(p.sequences, p.HV, p.V / kStateColumns),
+    launch<state_backward_kernel<E, K>>("gdn state_backward_kernel", dim3(p.sequences, p.HV, p.V / kStateColumns),
            dim3(kStateThreads), SequentialSmem<E, K, 3, 2, 2>::bytes, stream, p);
   });
 }

@@ -1,6 +1,7 @@
 #include "device_tensors.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -160,7 +161,9 @@ double frobenius_error(const std::vector<double>& actual, const std::vector<doub
 ::testing::AssertionResult frobenius_close(const std::string& what, const std::vector<double>& actual,
                                            const std::vector<double>& expected, double tolerance) {
   const double error = frobenius_error(actual, expected);
-  if (error <= tolerance) return ::testing::AssertionSuccess() << what << ": " << error;
+  // The measured errors are worth reading when a tolerance is revisited.
+  std::printf("  %-12s relative Frobenius error %.3e (tolerance %.1e)\n", what.c_str(), error, tolerance);
+  if (error <= tolerance) return ::testing::AssertionSuccess();
   std::size_t unwritten = 0;
   for (double x : actual) unwritten += std::isnan(x) ? 1 : 0;
   return ::testing::AssertionFailure() << what << ": relative Frobenius error " << error << " > " << tolerance << " ("
