@@ -51,19 +51,16 @@ void Group::check_memory(Op op) {
   }
 }
 
-void Group::enter(Op op) {
+void Group::enter(Op op, int peer, const char* peer_argument) {
+  if (peer_argument != nullptr && (peer < 0 || peer >= size_)) {
+    throw InvalidArgument(peer_argument, "must be a rank of the group, in [0, " + std::to_string(size_) + "); got " +
+                                             std::to_string(peer));
+  }
   if (released_) {
     throw StateError(std::string("comm: ") + op_name(op) + " on a released " + engine() +
                      " group; call reload() first");
   }
   check_memory(op);
-}
-
-void Group::check_peer(int peer, const char* argument) const {
-  if (peer < 0 || peer >= size_) {
-    throw InvalidArgument(argument, "must be a rank of the group, in [0, " + std::to_string(size_) + "); got " +
-                                        std::to_string(peer));
-  }
 }
 
 void Group::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, void* stream) {
@@ -102,14 +99,12 @@ void Group::all_to_all(const void* send, void* recv, std::size_t count, DType dt
 }
 
 void Group::broadcast(void* data, std::size_t count, DType dtype, int root, void* stream) {
-  check_peer(root, "root");
-  enter(Op::broadcast);
+  enter(Op::broadcast, root, "root");
   do_broadcast(data, count, dtype, root, stream);
 }
 
 std::string Group::broadcast_object(const std::string& bytes, int root) {
-  check_peer(root, "root");
-  enter(Op::object_broadcast);
+  enter(Op::object_broadcast, root, "root");
   return do_broadcast_object(bytes, root);
 }
 
@@ -124,14 +119,12 @@ void Group::barrier(void* stream) {
 }
 
 void Group::send(const void* data, std::size_t count, DType dtype, int peer, void* stream) {
-  check_peer(peer, "peer");
-  enter(Op::send);
+  enter(Op::send, peer, "peer");
   do_send(data, count, dtype, peer, stream);
 }
 
 void Group::recv(void* data, std::size_t count, DType dtype, int peer, void* stream) {
-  check_peer(peer, "peer");
-  enter(Op::recv);
+  enter(Op::recv, peer, "peer");
   do_recv(data, count, dtype, peer, stream);
 }
 

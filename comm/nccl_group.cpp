@@ -59,6 +59,7 @@ cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream);
 class NcclGroup final : public Group {
  public:
   NcclGroup(MPI_Comm members, int rank, int size, int device) : Group(rank, size), members_(members), device_(device) {
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
     cuda_check(cudaMalloc(&barrier_word_, sizeof(float)), "cudaMalloc");
     do_reload();
     MemoryCheck check;

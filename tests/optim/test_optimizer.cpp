@@ -56,6 +56,15 @@ std::vector<float> bf16_bits_to_float(const std::vector<std::uint16_t>& bits) {
   return out;
 }
 
+// Trains the synthetic problem `steps` steps from scratch and saves a checkpoint under `root` at the end.
+DemoResult train_and_save(comm::Group& group, const fs::path& root, std::int64_t steps) {
+  DemoOptions save;
+  save.steps = steps;
+  save.save_at = steps;
+  save.checkpoint_root = root;
+  return run_demo(group, save);
+}
+
 class OptimizerTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -220,17 +229,13 @@ TEST_P(OptimizerTest, StraightRunEqualsSaveLoadAndContinueBitForBit) {
 
 TEST_P(OptimizerTest, LoadingAtSmallerDpSizesRestoresTheSavedStateExactlyAndTrainingContinues) {
   SharedTempDir dir;
-  DemoOptions save;
-  save.steps = 3;
-  save.save_at = 3;
-  save.checkpoint_root = dir.path();
-  const DemoResult saved = run_demo(*group_, save);
+  const DemoResult saved = train_and_save(*group_, dir.path(), 3);
   EXPECT_EQ(read_checkpoint_metadata(dir.path()).dp_size, group_->size());
 
   // Continue at the saved size as the yardstick for continuing elsewhere.
   const SyntheticRegression problem;
   auto continue_training = [&](comm::Group& group) {
-    DistributedAdamW optimizer(group, problem.params(), AdamWConfig{}, save.layout);
+    DistributedAdamW optimizer(group, problem.params(), AdamWConfig{}, DemoOptions{}.layout);
     load_checkpoint(optimizer, dir.path());
     EXPECT_EQ(optimizer.step_count(), 3) << "step restored from its one stored value";
     EXPECT_EQ(digest_state(optimizer).state, saved.digest.state) << "at dp " << group.size();
@@ -303,11 +308,7 @@ void rewrite_metadata(const fs::path& dir, const std::function<void(nlohmann::js
 
 TEST_P(OptimizerTest, DamagedOrMismatchedCheckpointsFailOnEveryRankNamingTheFile) {
   SharedTempDir dir;
-  DemoOptions save;
-  save.steps = 2;
-  save.save_at = 2;
-  save.checkpoint_root = dir.path() / "run";
-  const fs::path saved = run_demo(*group_, save).saved;
+  const fs::path saved = train_and_save(*group_, dir.path() / "run", 2).saved;
   const int victim = static_cast<int>(seed_ % world_size());
   SCOPED_TRACE("seed " + std::to_string(seed_) + ", damaged shard " + std::to_string(victim));
 
@@ -375,7 +376,7 @@ TEST_P(OptimizerTest, DamagedOrMismatchedCheckpointsFailOnEveryRankNamingTheFile
   {  // saving the same step again refuses and leaves every file as it was
     std::vector<std::string> before;
     for (int r = 0; r < world_size(); ++r) before.push_back(sha256_file(saved / shard_file_name(r, world_size())));
-    EXPECT_THROW(run_demo(*group_, save), Failure);
+    EXPECT_THROW(train_and_save(*group_, dir.path() / "run", 2), Failure);
     for (int r = 0; r < world_size(); ++r) {
       EXPECT_EQ(sha256_file(saved / shard_file_name(r, world_size())), before[r]) << "shard " << r;
     }
@@ -384,11 +385,7 @@ TEST_P(OptimizerTest, DamagedOrMismatchedCheckpointsFailOnEveryRankNamingTheFile
 
 TEST_P(OptimizerTest, LegacyShardsWithPerParameterStepsLoadAndTheStoredScalarWins) {
   SharedTempDir dir;
-  DemoOptions save;
-  save.steps = 4;
-  save.save_at = 4;
-  save.checkpoint_root = dir.path() / "run";
-  const DemoResult saved = run_demo(*group_, save);
+  const DemoResult saved = train_and_save(*group_, dir.path() / "run", 4);
   const fs::path legacy = dir.path() / "legacy";
   if (world_rank() == 0) {
     // The legacy form: every shard also carries "<param>.step" 0-dim tensors, here with the stale

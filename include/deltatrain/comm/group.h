@@ -138,9 +138,9 @@ class Group {
   virtual void do_reload() = 0;
 
  private:
-  // State and argument checks shared by every engine, then the memory policy.
-  void enter(Op op);
-  void check_peer(int peer, const char* argument) const;
+  // Checks shared by every engine (the peer or root, when `peer_argument` names one; the state),
+  // then the memory policy.
+  void enter(Op op, int peer = 0, const char* peer_argument = nullptr);
 
   int rank_;
   int size_;
