@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "deltatrain/comm/group.h"
@@ -32,15 +33,16 @@ class GroupTest : public ::testing::TestWithParam<std::string> {
     group_ = testing_support::make_group(GetParam(), MPI_COMM_WORLD, &skip);
     if (!group_) GTEST_SKIP() << skip;
     seed_ = testing_support::shared_seed();
+    trace_.emplace(__FILE__, __LINE__, "seed " + std::to_string(seed_));  // printed with every failure
   }
   void synchronize() { group_->barrier(); }
 
   std::unique_ptr<Group> group_;
   std::uint64_t seed_ = 0;
+  std::optional<::testing::ScopedTrace> trace_;
 };
 
 TEST_P(GroupTest, AllReduceMatchesSumMaxMinOfEveryRanksValues) {
-  SCOPED_TRACE("seed " + std::to_string(seed_));
   const int ranks = group_->size();
   const std::size_t count = 1000 + seed_ % 300;
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
@@ -78,7 +80,6 @@ TEST_P(GroupTest, AllReduceOfIntegersIsExact) {
 }
 
 TEST_P(GroupTest, ReduceScatterGivesEachRankTheSumOfItsBlock) {
-  SCOPED_TRACE("seed " + std::to_string(seed_));
   const int ranks = group_->size();
   const std::size_t block = 257 + seed_ % 100;
   DeviceMemory send(group_->device(), block * ranks * sizeof(float));

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -71,6 +72,7 @@ class OptimizerTest : public ::testing::TestWithParam<std::string> {
     group_ = make_group(MPI_COMM_WORLD);
     if (!group_) GTEST_SKIP() << skip_;
     seed_ = testing_support::shared_seed();
+    trace_.emplace(__FILE__, __LINE__, "seed " + std::to_string(seed_));  // printed with every failure
   }
   std::unique_ptr<comm::Group> make_group(MPI_Comm members) {
     return testing_support::make_group(GetParam(), members, &skip_);
@@ -79,6 +81,7 @@ class OptimizerTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<comm::Group> group_;
   std::string skip_;
   std::uint64_t seed_ = 0;
+  std::optional<::testing::ScopedTrace> trace_;
 };
 
 // A plain, unsharded AdamW in fp64 with torch's clipping, fed the mean of every rank's gradients.
@@ -111,7 +114,6 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
 }
 
 TEST_P(OptimizerTest, ShardedStepMatchesPlainAdamWInFp64) {
-  SCOPED_TRACE("seed " + std::to_string(seed_));
   std::mt19937_64 rng(seed_);
   std::uniform_real_distribution<double> uniform(0, 1);
   std::normal_distribution<float> normal;
@@ -310,7 +312,7 @@ TEST_P(OptimizerTest, DamagedOrMismatchedCheckpointsFailOnEveryRankNamingTheFile
   SharedTempDir dir;
   const fs::path saved = train_and_save(*group_, dir.path() / "run", 2).saved;
   const int victim = static_cast<int>(seed_ % world_size());
-  SCOPED_TRACE("seed " + std::to_string(seed_) + ", damaged shard " + std::to_string(victim));
+  SCOPED_TRACE("damaged shard " + std::to_string(victim));
 
   {  // one flipped bit in the data of one shard
     DamagedCheckpoint copy(saved, dir.path() / "flipped");
