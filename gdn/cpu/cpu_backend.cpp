@@ -231,6 +231,9 @@ void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const 
       s.d_delta[i * V + e] += c.D[i] * s.kds[i * V + e];
       dD += c.delta[i * V + e] * s.kds[i * V + e];
     }
+    // D_last = 1 depends on gamma_last twice, with opposite signs: the terms cancel exactly, and adding
+    // then subtracting them would bury the small true dgamma_last (strong decay) in rounding.
+    if (i == L - 1) continue;
     s.d_gamma[i] -= dD * c.D[i];
     d_gamma_last += dD * c.D[i];
   }
@@ -266,9 +269,12 @@ void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const 
       s.G[i * L + col] = dA * c.beta[i] * c.decay[i * L + col];
       s.dM[i * L + col] = s.dP[i * L + col] * c.decay[i * L + col];
       // Every factor exp(gamma_i - gamma_col) x adds x to dgamma_i and subtracts it from dgamma_col.
-      const T through_decay = dA * c.A[i * L + col] + s.dP[i * L + col] * c.P[i * L + col];
-      s.d_gamma[i] += through_decay;
-      s.d_gamma[col] -= through_decay;
+      // Gamma_ii = 1 carries no decay; skipping it keeps the exact cancellation out of the rounding.
+      if (col != i) {
+        const T through_decay = dA * c.A[i * L + col] + s.dP[i * L + col] * c.P[i * L + col];
+        s.d_gamma[i] += through_decay;
+        s.d_gamma[col] -= through_decay;
+      }
     }
     s.d_gamma[i] += dE * c.E[i];
     dbeta[(first + i) * p.HV + j] = d_beta;
