@@ -132,7 +132,8 @@ class Impl:
         return torch.autograd.grad(self.outputs, self.leaves, (self.x["do"], self.x["dht"]), retain_graph=True)
 
 
-def kernel_ms(call, iterations=5):
+def kernel_ms(call, iterations=3):
+    """Device time of one call's kernels, summed: (total ms, {kernel name: ms})."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -140,12 +141,15 @@ def kernel_ms(call, iterations=5):
         for _ in range(iterations):
             call()
         torch.cuda.synchronize()
-    total_us = sum(e.time_range.elapsed_us() for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total_us / iterations / 1e3
+    by_name = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name.split("(")[0].split("<")[0][-48:]
+            by_name[name] = by_name.get(name, 0.0) + e.time_range.elapsed_us() / iterations / 1e3
+    return sum(by_name.values()), by_name
 
 
-def host_ms(call, iterations=20):
+def host_ms(call, iterations=10):
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iterations + 1)]
     torch.cuda.synchronize()
     events[0].record()
@@ -165,7 +169,8 @@ def measure(impl, pass_):
     for _ in range(3):
         result = call()
     torch.cuda.synchronize()
-    return result, kernel_ms(call), host_ms(call)
+    kernel, by_name = kernel_ms(call)
+    return result, kernel, by_name, host_ms(call)
 
 
 def versions(fla):
@@ -241,7 +246,9 @@ def main():
         row = {"pass": pass_, "h_qk": h_qk, "h_v": h_v, "seqlens": seqlens}
         for name, fn in (("ours", ours_torch.chunk_gated_delta_rule), ("fla", fla_gdn)):
             impl = Impl(fn, x, scale)
-            out, kernel, host = measure(impl, pass_)
+            out, kernel, by_name, host = measure(impl, pass_)
+            print(f"  {name} kernels (ms per call): " +
+                  ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])), flush=True)
             row[f"{name}_kernel_ms"] = round(kernel, 4)
             row[f"{name}_host_ms"] = round(host, 4)
             row[f"{name}_rel_err"] = max(rel_err(a, e) for a, e in zip(out, expected))

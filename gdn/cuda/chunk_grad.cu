@@ -185,16 +185,21 @@ __global__ void __launch_bounds__(kGradThreads) chunk_grad_kernel(Params p) {
   }
 
   const float total_state_dot = block_sum<kGradThreads>(state_dot, smem_at<float>(smem, L::scratch));
+  // A factor exp(gamma_i - gamma_j) gives +x to dgamma_i and -x to dgamma_j; for i == j the factor is 1
+  // and the two cancel exactly, so the diagonal is left out rather than summed and subtracted (under
+  // strong decay the true dgamma is tiny and such rounding would swamp it).
   if (tid < rows) {
-    const int r = tid;
-    float dgamma = q_dots[r] + q_dots[kChunk + r] - k_dots[r] - k_dots[kChunk + r];
+    const int r = tid, last = rows - 1;
+    float dgamma = q_dots[r] + q_dots[kChunk + r];
     if (first_slice) {
-      for (int c = 0; c < kChunk; ++c) dgamma += g_tile(r, c) - g_tile(c, r);
+      for (int c = 0; c < kChunk; ++c) dgamma += c == r ? 0.f : g_tile(r, c) - g_tile(c, r);
       p.dbeta_part[(t0 + r) * p.HV + hv] = beta_dots[r] + beta_dots[kChunk + r];
     }
-    if (r == rows - 1) {
-      for (int c = 0; c < kChunk; ++c) dgamma += k_dots[c] + k_dots[kChunk + c];
+    if (r == last) {
+      for (int c = 0; c < last; ++c) dgamma += k_dots[c] + k_dots[kChunk + c];
       dgamma += __expf(gamma_last) * total_state_dot;
+    } else {
+      dgamma -= k_dots[r] + k_dots[kChunk + r];
     }
     p.dgamma_part[(static_cast<std::int64_t>(slice) * p.tokens + t0 + r) * p.HV + hv] = dgamma;
   }

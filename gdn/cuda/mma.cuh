@@ -89,13 +89,13 @@ template <class E>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                           std::uint32_t b1) {
   if constexpr (std::is_same_v<E, __nv_bfloat16>) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -134,7 +134,7 @@ __device__ __forceinline__ std::uint32_t tf32_bits(float x) {
 }
 
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -156,19 +156,21 @@ __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const VA& a, i
   static_assert(NT % 2 == 0, "B fragments are loaded two n-tiles at a time");
   using E = typename decltype(a.tile)::Element;
   if constexpr (!std::is_same_v<E, float>) {
+    // All fragments of a k-step are loaded before its products: ldmatrix is ordered (volatile) and a warp
+    // often has its scheduler to itself, so a load right before its use would stall every product.
 #pragma unroll 2
     for (int k = k_begin; k < k_end; k += 16) {
-      std::uint32_t af[MT][4];
+      std::uint32_t af[MT][4], bf[NT / 2][4];
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) load_a16(af[mi], a, m0 + 16 * mi, k);
 #pragma unroll
+      for (int nj = 0; nj < NT / 2; ++nj) load_b16(bf[nj], b, k, n0 + 16 * nj);
+#pragma unroll
       for (int nj = 0; nj < NT / 2; ++nj) {
-        std::uint32_t bf[4];
-        load_b16(bf, b, k, n0 + 16 * nj);
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) {
-          mma_16816<E>(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
-          mma_16816<E>(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+          mma_16816<E>(acc[mi][2 * nj], af[mi], bf[nj][0], bf[nj][1]);
+          mma_16816<E>(acc[mi][2 * nj + 1], af[mi], bf[nj][2], bf[nj][3]);
         }
       }
     }

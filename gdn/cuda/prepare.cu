@@ -87,7 +87,8 @@ struct PrepareSmem {
 };
 
 // T = (I + A)^-1 for strictly lower-triangular A (64 x 64, float32), by 16 x 16 blocks: the diagonal blocks
-// by forward substitution (one lane a column), then T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj by distance i - j.
+// by forward substitution (one lane a column), then T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj by distance i - j,
+// each thread producing four adjacent columns of a row (one broadcast and one 16-byte load per four FMAs).
 template <int NTHREADS>
 __device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kChunk, kChunk> t, float* scratch) {
   for (int i = threadIdx.x; i < kChunk * kChunk; i += NTHREADS) t(i / kChunk, i % kChunk) = 0.f;
@@ -107,26 +108,41 @@ __device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kCh
     for (int i = 0; i < 16; ++i) t(base + i, base + lane) = column[i];
   }
   __syncthreads();
+  using Quad = float4;
   for (int distance = 1; distance < 4; ++distance) {
-    const int blocks = 4 - distance;
-    for (int e = threadIdx.x; e < blocks * 256; e += NTHREADS) {
-      const int bi = distance + e / 256, bj = bi - distance, r = (e % 256) / 16, c = e % 16;
-      float x = 0.f;
-      for (int m = 16 * bj; m < 16 * bi; ++m) x += a(16 * bi + r, m) * t(m, 16 * bj + c);
-      scratch[e] = x;
+    const int quads = (4 - distance) * 64;  // blocks x 16 rows x 4 column quads
+    for (int e = threadIdx.x; e < quads; e += NTHREADS) {
+      const int block = e / 64, bi = distance + block, bj = bi - distance, r = (e % 64) / 4, c = (e % 4) * 4;
+      Quad x{0.f, 0.f, 0.f, 0.f};
+      for (int m = 16 * bj; m < 16 * bi; ++m) {
+        const float am = a(16 * bi + r, m);
+        const Quad tm = *reinterpret_cast<const Quad*>(&t(m, 16 * bj + c));
+        x.x += am * tm.x;
+        x.y += am * tm.y;
+        x.z += am * tm.z;
+        x.w += am * tm.w;
+      }
+      *reinterpret_cast<Quad*>(&scratch[block * 256 + r * 16 + c]) = x;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < blocks * 256; e += NTHREADS) {
-      const int bi = distance + e / 256, bj = bi - distance, r = (e % 256) / 16, c = e % 16;
-      float y = 0.f;
-      for (int m = 0; m <= r; ++m) y -= t(16 * bi + r, 16 * bi + m) * scratch[(e / 256) * 256 + m * 16 + c];
-      t(16 * bi + r, 16 * bj + c) = y;
+    for (int e = threadIdx.x; e < quads; e += NTHREADS) {
+      const int block = e / 64, bi = distance + block, bj = bi - distance, r = (e % 64) / 4, c = (e % 4) * 4;
+      Quad y{0.f, 0.f, 0.f, 0.f};
+      for (int m = 0; m <= r; ++m) {
+        const float tm = t(16 * bi + r, 16 * bi + m);
+        const Quad xm = *reinterpret_cast<const Quad*>(&scratch[block * 256 + m * 16 + c]);
+        y.x -= tm * xm.x;
+        y.y -= tm * xm.y;
+        y.z -= tm * xm.z;
+        y.w -= tm * xm.w;
+      }
+      *reinterpret_cast<Quad*>(&t(16 * bi + r, 16 * bj + c)) = y;
     }
     __syncthreads();
   }
 }
 
-constexpr int kPrepareThreads = 128;
+constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
 
 template <class E, int K>
 __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
@@ -140,13 +156,17 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   float* gamma = smem_at<float>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
 
-  const int hv = blockIdx.y, h = hv / p.group, tid = threadIdx.x, warp = tid / 32, m0 = 16 * warp;
+  const int hv = blockIdx.y, h = hv / p.group, tid = threadIdx.x, warp = tid / 32;
+  const int m0 = 16 * (warp % 4), n_half = 32 * (warp / 4);
   const ChunkInfo chunk = p.chunk_table[blockIdx.x];
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
   load_rows_async<kPrepareThreads>(q_tile, queries<E>(p) + (t0 * p.H + h) * K, static_cast<std::int64_t>(p.H) * K, rows, tid);
   load_rows_async<kPrepareThreads>(k_tile, keys<E>(p) + (t0 * p.H + h) * K, static_cast<std::int64_t>(p.H) * K, rows, tid);
+  // The first block of V travels with q and k, so that U's first product need not wait for it.
+  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
+  load_rows_async<kPrepareThreads>(v_tile, static_cast<const E*>(p.v) + v_row, v_stride, rows, tid);
   cp_async_commit();
 
   // Gate cumsum: two warps scan 32 rows each; rows past the end add zero.
@@ -170,15 +190,15 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   __syncthreads();
 
   {
-    float kk[1][8][4], qk[1][8][4];
+    float kk[1][4][4], qk[1][4][4];
     zero(kk);
     zero(qk);
-    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), 0, 0, K);
-    warp_mma(qk, plain(q_tile), m0, transposed(k_tile), 0, 0, K);
-    for_each(kk, m0, 0, [&](int r, int c, float& x) {
+    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
+    warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
+    for_each(kk, m0, n_half, [&](int r, int c, float& x) {
       a_tile(r, c) = r > c ? beta[r] * x * __expf(gamma[r] - gamma[c]) : 0.f;
     });
-    for_each(qk, m0, 0, [&](int r, int c, float& x) {
+    for_each(qk, m0, n_half, [&](int r, int c, float& x) {
       staging(r, c) = from_float<E>(r >= c ? p.scale * x * __expf(gamma[r] - gamma[c]) : 0.f);
     });
   }
@@ -201,28 +221,29 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   const typename L::KeyTile w_stage = q_tile;
 #pragma unroll 1
   for (int n0 = 0; n0 < K; n0 += 64) {
-    float acc[1][8][4];
+    float acc[1][4][4];
     zero(acc);
-    warp_mma(acc, plain(tbd_tile), m0, plain(k_tile), n0, 0, m0 + 16);
-    store(acc, w_stage, m0, n0);
+    warp_mma(acc, plain(tbd_tile), m0, plain(k_tile), n0 + n_half, 0, m0 + 16);
+    store(acc, w_stage, m0, n0 + n_half);
   }
   __syncthreads();
   store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
                               rows, tid);
 
   // U = (T diag(beta)) V, one 64-wide block of V at a time.
-  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
 #pragma unroll 1
   for (int vb = 0; vb < p.V; vb += 64) {
-    __syncthreads();  // the previous block's staging is stored
-    load_rows_async<kPrepareThreads>(v_tile, static_cast<const E*>(p.v) + v_row + vb, v_stride, rows, tid);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    float acc[1][8][4];
+    __syncthreads();  // the previous block's staging is stored and its V read
+    if (vb > 0) {
+      load_rows_async<kPrepareThreads>(v_tile, static_cast<const E*>(p.v) + v_row + vb, v_stride, rows, tid);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    float acc[1][4][4];
     zero(acc);
-    warp_mma(acc, plain(tb_tile), m0, plain(v_tile), 0, 0, m0 + 16);
-    store(acc, staging, m0, 0);
+    warp_mma(acc, plain(tb_tile), m0, plain(v_tile), n_half, 0, m0 + 16);
+    store(acc, staging, m0, n_half);
     __syncthreads();
     store_rows<kPrepareThreads>(staging, static_cast<E*>(p.u) + v_row + vb, v_stride, rows, tid);
   }

@@ -44,6 +44,22 @@ struct SequentialSmem {
   }
 };
 
+// The chunks of sequence n: contiguous, 64 tokens each but the last. Computed rather than read from the
+// chunk table so that no global load sits on the sequential path.
+struct SequenceChunks {
+  std::int64_t begin, end;
+  int first;  // global index of the first chunk (per-chunk workspace rows)
+  int count;
+  __device__ SequenceChunks(const Params& p, int n)
+      : begin(sequence_start(p, n)), end(sequence_start(p, n + 1)), first(p.sequence_chunks[n]),
+        count(static_cast<int>((end - begin + kChunk - 1) / kChunk)) {}
+  __device__ ChunkInfo operator[](int j) const {
+    const std::int64_t start = begin + static_cast<std::int64_t>(j) * kChunk;
+    return ChunkInfo{static_cast<std::int32_t>(start), static_cast<std::int32_t>(end - start < kChunk ? end - start : kChunk),
+                     0, 0};
+  }
+};
+
 // The 16 x K state block of this warp in a [N, HV, K, V] float32 tensor, read into / written from acc.
 template <int NT>
 __device__ __forceinline__ void load_state(float (&acc)[1][NT][4], const float* src, const Params& p, int n, int hv,
@@ -73,10 +89,10 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
   extern __shared__ __align__(16) char smem[];
   const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kStateColumns, h = hv / p.group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, v0 = v_block + 16 * warp;
-  const int first = p.sequence_chunks[n], last = p.sequence_chunks[n + 1];
+  const SequenceChunks chunks(p, n);
 
-  auto issue = [&](int chunk, int stage) {
-    const ChunkInfo info = p.chunk_table[chunk];
+  auto issue = [&](int j, int stage) {
+    const ChunkInfo info = chunks[j];
     const std::int64_t t0 = info.start;
     load_rows_async<kStateThreads>(L::key_tile(smem, stage, 0), static_cast<const E*>(p.w) + (t0 * p.HV + hv) * K,
                                    static_cast<std::int64_t>(p.HV) * K, info.length, tid);
@@ -103,21 +119,22 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
   store(state, s_tile, 0, 0);
 
   for (int s = 0; s < L::stages; ++s) {
-    if (first + s < last) issue(first + s, s);
+    if (s < chunks.count) issue(s, s);
     cp_async_commit();
   }
 #pragma unroll 1
-  for (int chunk = first; chunk < last; ++chunk) {
-    const int stage = (chunk - first) % L::stages;
+  for (int j = 0; j < chunks.count; ++j) {
+    const int stage = j % L::stages;
     cp_async_wait<L::stages - 1>();
     __syncthreads();
-    const ChunkInfo info = p.chunk_table[chunk];
+    const ChunkInfo info = chunks[j];
     const auto w_tile = L::key_tile(smem, stage, 0), k_tile = L::key_tile(smem, stage, 1);
     const auto u_tile = L::chunk_tile(smem, stage, 0);
     const float* gamma = L::gamma(smem, stage);
     const float gamma_last = gamma[kChunk - 1];
     if constexpr (kRecompute) {
-      store_rows<32>(s_tile, static_cast<E*>(p.states) + ((static_cast<std::int64_t>(chunk) * p.HV + hv) * p.V + v0) * K,
+      const std::int64_t chunk = chunks.first + j;
+      store_rows<32>(s_tile, static_cast<E*>(p.states) + ((chunk * p.HV + hv) * p.V + v0) * K,
                      K, 16, lane);
     }
 
@@ -153,7 +170,7 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
     __syncwarp();  // every lane has read the old S^T and Delta^T
     store(state, s_tile, 0, 0);
     __syncthreads();  // the stage is free
-    if (chunk + L::stages < last) issue(chunk + L::stages, stage);
+    if (j + L::stages < chunks.count) issue(j + L::stages, stage);
     cp_async_commit();
   }
   if constexpr (!kRecompute) {
@@ -162,7 +179,7 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
 }
 
 // Backward, chunks in reverse; dS^T is the warp's block of the gradient of the state after the chunk:
-//   D^T  = diag-free (dS^T K^T) e^(gamma_last - gamma) + dO^T P          (D = dDelta, stored)
+//   D^T  = (dS^T K^T) diag(e^(gamma_last - gamma)) + dO^T P                (D = dDelta, stored)
 //   dS^T = e^gamma_last dS^T + (dO^T scale e^gamma) Q - D^T W            (the gradient entering the chunk)
 // The gradient after each chunk is stored for the chunk-gradient kernel; what enters chunk 0 is dh0.
 template <class E, int K>
@@ -172,10 +189,10 @@ __global__ void __launch_bounds__(kStateThreads) state_backward_kernel(Params p)
   extern __shared__ __align__(16) char smem[];
   const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kStateColumns, h = hv / p.group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, v0 = v_block + 16 * warp;
-  const int first = p.sequence_chunks[n], last = p.sequence_chunks[n + 1];
+  const SequenceChunks chunks(p, n);
 
-  auto issue = [&](int chunk, int stage) {
-    const ChunkInfo info = p.chunk_table[chunk];
+  auto issue = [&](int j, int stage) {
+    const ChunkInfo info = chunks[j];
     const std::int64_t t0 = info.start;
     load_rows_async<kStateThreads>(L::key_tile(smem, stage, 0), static_cast<const E*>(p.w) + (t0 * p.HV + hv) * K,
                                    static_cast<std::int64_t>(p.HV) * K, info.length, tid);
@@ -199,15 +216,15 @@ __global__ void __launch_bounds__(kStateThreads) state_backward_kernel(Params p)
   store(dstate, ds_tile, 0, 0);
 
   for (int s = 0; s < L::stages; ++s) {
-    if (last - 1 - s >= first) issue(last - 1 - s, s);
+    if (chunks.count - 1 - s >= 0) issue(chunks.count - 1 - s, s);
     cp_async_commit();
   }
 #pragma unroll 1
-  for (int chunk = last - 1; chunk >= first; --chunk) {
-    const int stage = (last - 1 - chunk) % L::stages;
+  for (int j = chunks.count - 1; j >= 0; --j) {
+    const int stage = (chunks.count - 1 - j) % L::stages, chunk = chunks.first + j;
     cp_async_wait<L::stages - 1>();
     __syncthreads();
-    const ChunkInfo info = p.chunk_table[chunk];
+    const ChunkInfo info = chunks[j];
     const auto w_tile = L::key_tile(smem, stage, 0), k_tile = L::key_tile(smem, stage, 1);
     const auto q_tile = L::key_tile(smem, stage, 2);
     const auto p_tile = L::chunk_tile(smem, stage, 0), do_tile = L::chunk_tile(smem, stage, 1);
@@ -237,7 +254,7 @@ __global__ void __launch_bounds__(kStateThreads) state_backward_kernel(Params p)
     __syncwarp();
     store(dstate, ds_tile, 0, 0);
     __syncthreads();
-    if (chunk - L::stages >= first) issue(chunk - L::stages, stage);
+    if (j - L::stages >= 0) issue(j - L::stages, stage);
     cp_async_commit();
   }
   if (p.dh0 != nullptr) store_state(dstate, p.dh0, p, n, hv, v0);
