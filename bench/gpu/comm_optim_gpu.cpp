@@ -35,6 +35,11 @@ namespace {
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+std::vector<double> mib(std::vector<double> bytes) {
+  for (double& b : bytes) b /= 1 << 20;
+  return bytes;
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
@@ -95,7 +100,7 @@ nlohmann::json communicator_figures(dt::comm::Group& group, int repeats, std::ui
   return {{"repeats", repeats},
           {"communicator_footprint_mib", footprint / (1 << 20)},
           {"freed_by_release_mib_median", median(freed) / (1 << 20)},
-          {"freed_by_release_mib_all", freed},
+          {"freed_by_release_mib_all", mib(freed)},
           {"release_ms_median", median(release_ms)},
           {"reload_ms_median", median(reload_ms)},
           {"first_all_reduce_after_reload_ms_median", median(first_ms)},
