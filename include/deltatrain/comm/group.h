@@ -68,7 +68,7 @@ struct MemoryCheck {
 
 struct MemoryCheckStats {
   std::uint64_t probes = 0;  // operations that ran the check
-  std::uint64_t trims = 0;   // checks that found too little free memory and trimmed
+  std::uint64_t trims = 0;   // checks that found free memory under the threshold (and called trim, if set)
 };
 
 // A communicator. Buffers live on device(): host memory for MPI groups, the group's GPU for NCCL
