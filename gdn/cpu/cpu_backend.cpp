@@ -20,6 +20,7 @@
 
 #include "cpu/small_gemm.h"
 #include "deltatrain/gdn/registry.h"
+#include "host/host_backend.h"
 #include "host/host_tensors.h"
 #include "host/l2norm.h"
 
@@ -31,7 +32,10 @@ using cpu::gemm_tn;
 using cpu::Matrix;
 using cpu::matrix;
 using cpu::transpose;
+using host::BackwardArrays;
+using host::ForwardArrays;
 using host::InputArray;
+using host::InputArrays;
 using host::OutputArray;
 
 constexpr std::int64_t kChunk = 64;
@@ -39,22 +43,13 @@ constexpr std::int64_t kChunk = 64;
 // replay pass, so that the reverse pass need not recompute them; longer sequences recompute the rest.
 constexpr std::int64_t kReplayCacheBytes = std::int64_t{64} << 20;
 
-template <class T>
-struct Arrays {
-  InputArray<T> q, k, v, g, beta;
-  std::optional<InputArray<T>> h0;
-  explicit Arrays(const Inputs& in) : q(in.q), k(in.k), v(in.v), g(in.g), beta(in.beta) {
-    if (in.initial_state) h0.emplace(*in.initial_state);
-  }
-};
-
 int thread_count(const Problem& p) { return p.cpu_threads > 0 ? p.cpu_threads : omp_get_max_threads(); }
 
 // One chunk of one (sequence, value head) pair: its inputs and every forward intermediate.
 template <class T>
 class Chunk {
  public:
-  Chunk(const Problem& p, const Arrays<T>& a)
+  Chunk(const Problem& p, const InputArrays<T>& a)
       : p_(p), a_(a), K(p.K), V(p.V),
         q(kChunk * K), k(kChunk * K), k_t(K * kChunk), v(kChunk * V), beta(kChunk), gamma(kChunk), E(kChunk), D(kChunk),
         decay(kChunk * kChunk), kk(kChunk * kChunk), A(kChunk * kChunk), qk(kChunk * kChunk), P(kChunk * kChunk),
@@ -140,7 +135,7 @@ class Chunk {
   static Matrix<T> mat(T* data, std::int64_t rows, std::int64_t cols) { return matrix(data, rows, cols); }
 
   const Problem& p_;
-  const Arrays<T>& a_;
+  const InputArrays<T>& a_;
   const std::int64_t K, V;
   std::int64_t L = 0;
   std::vector<T> q, k, k_t, v, beta, gamma, E, D, decay, kk, A, qk, P, ks, qs, rhs, delta;
@@ -148,20 +143,11 @@ class Chunk {
 };
 
 template <class T>
-void initial_state(const Problem& p, const Arrays<T>& a, std::int64_t n, std::int64_t j, T* state) {
-  if (a.h0) {
-    std::copy_n(&(*a.h0)[(n * p.HV + j) * p.K * p.V], p.K * p.V, state);
-  } else {
-    std::fill_n(state, p.K * p.V, T(0));
-  }
-}
-
-template <class T>
 void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
-  const Arrays<T> a(in);
-  OutputArray<T> o(out.o);
-  std::optional<OutputArray<T>> final_state;
-  if (out.final_state) final_state.emplace(*out.final_state);
+  const InputArrays<T> a(in);
+  ForwardArrays<T> out_arrays(out);
+  OutputArray<T>& o = out_arrays.o;
+  auto& final_state = out_arrays.final_state;
   const std::int64_t K = p.K, V = p.V;
 
 #pragma omp parallel num_threads(thread_count(p))
@@ -171,7 +157,7 @@ void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
 #pragma omp for schedule(dynamic)
     for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
       const std::int64_t n = pair / p.HV, j = pair % p.HV;
-      initial_state(p, a, n, j, state.data());
+      a.initial_state(p, n, j, state.data());
       for (std::int64_t first = p.offsets[n]; first < p.offsets[n + 1]; first += kChunk) {
         const std::int64_t length = std::min(kChunk, p.offsets[n + 1] - first);
         chunk.load(first, length, j);
@@ -183,8 +169,7 @@ void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
       if (final_state) std::copy(state.begin(), state.end(), &(*final_state)[(n * p.HV + j) * K * V]);
     }
   }
-  o.commit();
-  if (final_state) final_state->commit();
+  out_arrays.commit();
 }
 
 // Scratch of the backward for one chunk, allocated once per thread.
@@ -202,14 +187,13 @@ struct BackwardScratch {
 // normalised rows) into dq_hat / dk_hat at row offset `row`.
 template <class T>
 void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const T* state, T* d_state,
-                    const InputArray<T>& d_o_all, std::int64_t first, std::int64_t j, T* dq_hat, T* dk_hat,
-                    OutputArray<T>& dv, OutputArray<T>& dg, OutputArray<T>& dbeta) {
+                    std::int64_t first, std::int64_t j, T* dq_hat, T* dk_hat, BackwardArrays<T>& grads) {
   using Ch = Chunk<T>;
   const std::int64_t L = c.L, K = c.K, V = c.V;
   const T scale = static_cast<T>(p.scale);
   const Matrix<const T> S{state, K, V, V};
   const Matrix<const T> dS{d_state, K, V, V};
-  for (std::int64_t i = 0; i < L; ++i) std::copy_n(&d_o_all[((first + i) * p.HV + j) * V], V, &s.d_o[i * V]);
+  for (std::int64_t i = 0; i < L; ++i) std::copy_n(&grads.d_o[((first + i) * p.HV + j) * V], V, &s.d_o[i * V]);
   transpose<T>(S, s.state_t.data());
   transpose<T>(dS, s.d_state_t.data());
   transpose<T>(Ch::mat(c.delta, L, V), s.delta_t.data());
@@ -277,14 +261,14 @@ void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const 
       }
     }
     s.d_gamma[i] += dE * c.E[i];
-    dbeta[(first + i) * p.HV + j] = d_beta;
-    std::copy_n(&s.d_r[i * V], V, &dv[((first + i) * p.HV + j) * V]);
+    grads.dbeta[(first + i) * p.HV + j] = d_beta;
+    std::copy_n(&s.d_r[i * V], V, &grads.dv[((first + i) * p.HV + j) * V]);
   }
   s.d_gamma[L - 1] += d_gamma_last;
   T suffix = 0;  // g enters gamma_i for every i >= its position: a reverse cumulative sum
   for (std::int64_t i = L - 1; i >= 0; --i) {
     suffix += s.d_gamma[i];
-    dg[(first + i) * p.HV + j] = suffix;
+    grads.dg[(first + i) * p.HV + j] = suffix;
   }
 
   // dQ = scale diag(E) dO S^T + dM K
@@ -316,13 +300,8 @@ void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const 
 
 template <class T>
 void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, const Gradients& go) {
-  const Arrays<T> a(in);
-  const InputArray<T> d_o(gi.d_o);
-  std::optional<InputArray<T>> dht;
-  if (gi.dht) dht.emplace(*gi.dht);
-  OutputArray<T> dq(go.dq), dk(go.dk), dv(go.dv), dg(go.dg), dbeta(go.dbeta);
-  std::optional<OutputArray<T>> dh0;
-  if (go.dh0) dh0.emplace(*go.dh0);
+  const InputArrays<T> a(in);
+  BackwardArrays<T> grads(gi, go);
   const std::int64_t K = p.K, V = p.V;
 
 #pragma omp parallel num_threads(thread_count(p))
@@ -355,23 +334,19 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
       };
       for (std::int64_t j = qk_head * p.group(); j < (qk_head + 1) * p.group(); ++j) {
         // Replay the forward, keeping the state that enters each chunk.
-        initial_state(p, a, n, j, states.data());
+        a.initial_state(p, n, j, states.data());
         for (std::int64_t c = 0; c < chunks; ++c) {
           Chunk<T>& chunk = chunk_at(c, j, true);
           std::copy_n(&states[c * K * V], K * V, &states[(c + 1) * K * V]);
           chunk.advance(&states[(c + 1) * K * V], scaled.data());
         }
-        if (dht) {
-          std::copy_n(&(*dht)[(n * p.HV + j) * K * V], K * V, d_state.begin());
-        } else {
-          std::fill(d_state.begin(), d_state.end(), T(0));
-        }
+        grads.final_state_gradient(p, n, j, d_state.data());
         for (std::int64_t c = chunks - 1; c >= 0; --c) {
           const std::int64_t first = begin + c * kChunk;
-          chunk_backward(p, chunk_at(c, j, false), scratch, &states[c * K * V], d_state.data(), d_o, first, j,
-                         &dq_hat[(first - begin) * K], &dk_hat[(first - begin) * K], dv, dg, dbeta);
+          chunk_backward(p, chunk_at(c, j, false), scratch, &states[c * K * V], d_state.data(), first, j,
+                         &dq_hat[(first - begin) * K], &dk_hat[(first - begin) * K], grads);
         }
-        if (dh0) std::copy(d_state.begin(), d_state.end(), &(*dh0)[(n * p.HV + j) * K * V]);
+        if (grads.dh0) std::copy(d_state.begin(), d_state.end(), &(*grads.dh0)[(n * p.HV + j) * K * V]);
       }
       for (std::int64_t t = 0; t < length; ++t) {
         const std::int64_t offset = ((begin + t) * p.H + qk_head) * K;
@@ -381,22 +356,21 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
           const T rk = host::l2_normalize(&a.k[offset], row.data(), K);
           host::l2_normalize_backward(row.data(), rk, &dk_hat[t * K], K);
         }
-        std::copy_n(&dq_hat[t * K], K, &dq[offset]);
-        std::copy_n(&dk_hat[t * K], K, &dk[offset]);
+        std::copy_n(&dq_hat[t * K], K, &grads.dq[offset]);
+        std::copy_n(&dk_hat[t * K], K, &grads.dk[offset]);
       }
     }
   }
-  for (auto* array : {&dq, &dk, &dv, &dg, &dbeta}) array->commit();
-  if (dh0) dh0->commit();
+  grads.commit();
 }
 
 // The rollout step: the recurrence token by token, vectorised along V.
 template <class T>
 void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
-  const Arrays<T> a(in);
-  OutputArray<T> o(out.o);
-  std::optional<OutputArray<T>> final_state;
-  if (out.final_state) final_state.emplace(*out.final_state);
+  const InputArrays<T> a(in);
+  ForwardArrays<T> out_arrays(out);
+  OutputArray<T>& o = out_arrays.o;
+  auto& final_state = out_arrays.final_state;
   const std::int64_t K = p.K, V = p.V;
 
 #pragma omp parallel num_threads(thread_count(p))
@@ -405,7 +379,7 @@ void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
 #pragma omp for schedule(dynamic)
     for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
       const std::int64_t n = pair / p.HV, j = pair % p.HV, qk_head = j / p.group();
-      initial_state(p, a, n, j, h.data());
+      a.initial_state(p, n, j, h.data());
       for (std::int64_t token = p.offsets[n]; token < p.offsets[n + 1]; ++token) {
         const T* qrow = &a.q[(token * p.H + qk_head) * K];
         const T* krow = &a.k[(token * p.H + qk_head) * K];
@@ -439,21 +413,13 @@ void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
       if (final_state) std::copy(h.begin(), h.end(), &(*final_state)[(n * p.HV + j) * K * V]);
     }
   }
-  o.commit();
-  if (final_state) final_state->commit();
+  out_arrays.commit();
 }
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public host::HostBackend {
  public:
   std::string name() const override { return "cpu"; }
   int priority() const override { return 20; }
-  Availability available() const override { return Availability::yes(); }
-  Availability supports(const Problem& problem) const override {
-    if (problem.device.type != DeviceType::cpu) {
-      return Availability::no("it runs on the CPU and the tensors are on " + device_name(problem.device));
-    }
-    return Availability::yes();
-  }
   std::vector<std::pair<std::string, std::string>> details() const override {
     return {{"algorithm", "chunked WY/UT transform, chunk 64, float32 (float64 for float64 inputs)"},
             {"threads", std::to_string(omp_get_max_threads()) + " (OpenMP)"}};

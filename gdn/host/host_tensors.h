@@ -3,11 +3,14 @@
 // outputs are written in place or through a buffer converted once at commit().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "deltatrain/core/tensor.h"
+#include "deltatrain/gdn/backend.h"
 
 namespace deltatrain::gdn::host {
 
@@ -112,6 +115,64 @@ class OutputArray {
   TensorView view_;
   T* data_ = nullptr;
   std::vector<T> storage_;
+};
+
+// The operator's inputs in compute type T.
+template <class T>
+struct InputArrays {
+  InputArray<T> q, k, v, g, beta;
+  std::optional<InputArray<T>> h0;
+  explicit InputArrays(const Inputs& in) : q(in.q), k(in.k), v(in.v), g(in.g), beta(in.beta) {
+    if (in.initial_state) h0.emplace(*in.initial_state);
+  }
+  // The state sequence n's value head j starts from: initial_state, or zeros.
+  void initial_state(const Problem& p, std::int64_t n, std::int64_t j, T* state) const {
+    if (h0) {
+      std::copy_n(&(*h0)[(n * p.HV + j) * p.K * p.V], p.K * p.V, state);
+    } else {
+      std::fill_n(state, p.K * p.V, T(0));
+    }
+  }
+};
+
+// The forward's outputs in compute type T; commit() once everything is written.
+template <class T>
+struct ForwardArrays {
+  OutputArray<T> o;
+  std::optional<OutputArray<T>> final_state;
+  explicit ForwardArrays(const ForwardOutputs& out) : o(out.o) {
+    if (out.final_state) final_state.emplace(*out.final_state);
+  }
+  void commit() {
+    o.commit();
+    if (final_state) final_state->commit();
+  }
+};
+
+// The backward's incoming gradients and its outputs in compute type T.
+template <class T>
+struct BackwardArrays {
+  InputArray<T> d_o;
+  std::optional<InputArray<T>> dht;
+  OutputArray<T> dq, dk, dv, dg, dbeta;
+  std::optional<OutputArray<T>> dh0;
+  BackwardArrays(const BackwardInputs& in, const Gradients& out)
+      : d_o(in.d_o), dq(out.dq), dk(out.dk), dv(out.dv), dg(out.dg), dbeta(out.dbeta) {
+    if (in.dht) dht.emplace(*in.dht);
+    if (out.dh0) dh0.emplace(*out.dh0);
+  }
+  // The gradient of the state sequence n's value head j ends in: dht, or zeros.
+  void final_state_gradient(const Problem& p, std::int64_t n, std::int64_t j, T* d_state) const {
+    if (dht) {
+      std::copy_n(&(*dht)[(n * p.HV + j) * p.K * p.V], p.K * p.V, d_state);
+    } else {
+      std::fill_n(d_state, p.K * p.V, T(0));
+    }
+  }
+  void commit() {
+    for (auto* array : {&dq, &dk, &dv, &dg, &dbeta}) array->commit();
+    if (dh0) dh0->commit();
+  }
 };
 
 }  // namespace deltatrain::gdn::host

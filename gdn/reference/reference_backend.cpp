@@ -6,28 +6,20 @@
 #include <vector>
 
 #include "deltatrain/gdn/registry.h"
+#include "host/host_backend.h"
 #include "host/host_tensors.h"
 #include "host/l2norm.h"
 
 namespace deltatrain::gdn {
 namespace {
 
-using host::InputArray;
-using host::OutputArray;
 using State = std::vector<double>;  // K x V, row-major
 
 // The backward replays the forward from a saved state every kReplaySegment tokens, so that memory
 // stays O(T / kReplaySegment) states instead of one state per token.
 constexpr std::int64_t kReplaySegment = 64;
 
-struct Arrays {
-  InputArray<double> q, k, v, g, beta;
-  std::optional<InputArray<double>> h0;
-  explicit Arrays(const Inputs& in)
-      : q(in.q), k(in.k), v(in.v), g(in.g), beta(in.beta) {
-    if (in.initial_state) h0.emplace(*in.initial_state);
-  }
-};
+using Arrays = host::InputArrays<double>;
 
 // One (sequence, value head) pair: its normalised q/k rows and the step of the recurrence.
 class Pair {
@@ -89,37 +81,31 @@ class Pair {
 };
 
 State initial_state(const Problem& p, const Arrays& a, std::int64_t n, std::int64_t j) {
-  State h(p.K * p.V, 0.0);
-  if (a.h0) std::copy_n(&(*a.h0)[(n * p.HV + j) * p.K * p.V], p.K * p.V, h.begin());
+  State h(p.K * p.V);
+  a.initial_state(p, n, j, h.data());
   return h;
 }
 
 void run_forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
   const Arrays a(in);
-  OutputArray<double> o(out.o);
-  std::optional<OutputArray<double>> final_state;
-  if (out.final_state) final_state.emplace(*out.final_state);
+  host::ForwardArrays<double> outputs(out);
 
 #pragma omp parallel for schedule(dynamic)
   for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
     const std::int64_t n = pair / p.HV, j = pair % p.HV;
     const Pair seq(p, a, n, j);
     State h = initial_state(p, a, n, j);
-    for (std::int64_t t = 0; t < seq.length(); ++t) seq.step(h, t, &o[seq.v_offset(t)]);
-    if (final_state) std::copy(h.begin(), h.end(), &(*final_state)[(n * p.HV + j) * p.K * p.V]);
+    for (std::int64_t t = 0; t < seq.length(); ++t) seq.step(h, t, &outputs.o[seq.v_offset(t)]);
+    if (outputs.final_state) std::copy(h.begin(), h.end(), &(*outputs.final_state)[(n * p.HV + j) * p.K * p.V]);
   }
-  o.commit();
-  if (final_state) final_state->commit();
+  outputs.commit();
 }
 
 void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, const Gradients& go) {
   const Arrays a(in);
-  const InputArray<double> d_o(gi.d_o);
-  std::optional<InputArray<double>> dht;
-  if (gi.dht) dht.emplace(*gi.dht);
-  OutputArray<double> dq(go.dq), dk(go.dk), dv(go.dv), dg(go.dg), dbeta(go.dbeta);
-  std::optional<OutputArray<double>> dh0;
-  if (go.dh0) dh0.emplace(*go.dh0);
+  host::BackwardArrays<double> grads(gi, go);
+  const auto& d_o = grads.d_o;
+  auto &dv = grads.dv, &dg = grads.dg, &dbeta = grads.dbeta;
   const std::int64_t K = p.K, V = p.V;
 
   // One task per (sequence, q/k head): it owns the q/k gradients summed over its group of value heads.
@@ -139,8 +125,8 @@ void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, 
         if (t % kReplaySegment == 0) saved.push_back(h);
         seq.step(h, t, nullptr);
       }
-      State dh(K * V, 0.0);
-      if (dht) std::copy_n(&(*dht)[(n * p.HV + j) * K * V], K * V, dh.begin());
+      State dh(K * V);
+      grads.final_state_gradient(p, n, j, dh.data());
 
       for (std::int64_t segment = static_cast<std::int64_t>(saved.size()) - 1; segment >= 0; --segment) {
         const std::int64_t first = segment * kReplaySegment;
@@ -213,7 +199,7 @@ void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, 
           dg[seq.gate_offset(t)] = d_gate;
         }
       }
-      if (dh0) std::copy(dh.begin(), dh.end(), &(*dh0)[(n * p.HV + j) * K * V]);
+      if (grads.dh0) std::copy(dh.begin(), dh.end(), &(*grads.dh0)[(n * p.HV + j) * K * V]);
     }
 
     // Through the L2 norm to the raw q and k, once per q/k head.
@@ -223,25 +209,17 @@ void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, 
         host::l2_normalize_backward(group_rows.q(t), group_rows.rq(t), &dq_hat[t * K], K);
         host::l2_normalize_backward(group_rows.k(t), group_rows.rk(t), &dk_hat[t * K], K);
       }
-      std::copy_n(&dq_hat[t * K], K, &dq[offset]);
-      std::copy_n(&dk_hat[t * K], K, &dk[offset]);
+      std::copy_n(&dq_hat[t * K], K, &grads.dq[offset]);
+      std::copy_n(&dk_hat[t * K], K, &grads.dk[offset]);
     }
   }
-  for (auto* array : {&dq, &dk, &dv, &dg, &dbeta}) array->commit();
-  if (dh0) dh0->commit();
+  grads.commit();
 }
 
-class ReferenceBackend final : public Backend {
+class ReferenceBackend final : public host::HostBackend {
  public:
   std::string name() const override { return "reference"; }
   int priority() const override { return 10; }
-  Availability available() const override { return Availability::yes(); }
-  Availability supports(const Problem& problem) const override {
-    if (problem.device.type != DeviceType::cpu) {
-      return Availability::no("it runs on the CPU and the tensors are on " + device_name(problem.device));
-    }
-    return Availability::yes();
-  }
   std::vector<std::pair<std::string, std::string>> details() const override {
     return {{"algorithm", "token-by-token recurrence in float64, exact reverse-mode backward"}};
   }
