@@ -19,6 +19,7 @@ import datetime
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -144,7 +145,8 @@ def kernel_ms(call, iterations=3):
     by_name = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = e.name.split("(")[0].split("<")[0][-48:]
+            kernel = re.search(r"(\w+_kernel\w*)", e.name)
+            name = kernel.group(1) if kernel else e.name[:48]
             by_name[name] = by_name.get(name, 0.0) + e.time_range.elapsed_us() / iterations / 1e3
     return sum(by_name.values()), by_name
 
@@ -211,6 +213,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--cells", default="all", choices=["fwd", "bwd", "all"])
+    parser.add_argument("--only", type=int, nargs="*", help="indices into GRID (0-17) to run")
     parser.add_argument("--limit-s", type=float, default=240.0, help="stop starting new cells after this long")
     args = parser.parse_args()
     started = time.time()
@@ -228,7 +231,7 @@ def main():
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "commit": args.commit, "gpu": torch.cuda.get_device_name(0), "versions": versions(fla), "rows": []}
     for index, (pass_, h_qk, h_v, seqlens, lengths) in enumerate(GRID):
-        if args.cells != "all" and pass_ != args.cells:
+        if (args.cells != "all" and pass_ != args.cells) or (args.only and index not in args.only):
             continue
         if time.time() - started > args.limit_s:
             print(f"time limit: skipping {pass_} {h_qk}/{h_v} {seqlens} and later cells", flush=True)

@@ -2,7 +2,7 @@
 # On the GPU machine (through the device tool), from the repository root: the cuda backend's GPU tests,
 # compute-sanitizer on small cases, and the benchmark beside fla. Carried along: build-cuda/carry (the
 # test binary, the Python module, libgomp and libcudart built on the development machine) and .whl (fla).
-# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,bench
+# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,bench,profile
 set -uo pipefail
 steps=",$1,"
 commit=$2
@@ -33,11 +33,24 @@ if [[ $steps == *,sanitize,* ]]; then
   done
 fi
 
-if [[ $steps == *,bench,* ]]; then
+python_env() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/fla_core-*.whl .whl/flash_linear_attention-*.whl || exit 1
   mkdir -p /tmp/pkg/deltatrain
   cp python/deltatrain/*.py "$carry"/_deltatrain*.so /tmp/pkg/deltatrain/
   export PYTHONPATH=/tmp/pkg:/tmp/site
+}
+
+if [[ $steps == *,bench,* ]]; then
+  python_env
   python3 bench/gdn_h200.py --out "$out" --commit "$commit" "$@" 2>&1 | tee "$out/bench.log" | grep -v Warning
+fi
+
+if [[ $steps == *,profile,* ]]; then
+  python_env
+  ncu --clock-control none --kernel-name regex:state_forward --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+    python3 bench/gpu/profile_state.py > "$out/ncu-state.txt" 2>&1
+  echo "ncu exit $?"
+  grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|No Eligible|One or More" "$out/ncu-state.txt" | head -40
 fi
