@@ -10,7 +10,7 @@ cu_seqlens, output_final_state) through deltatrain.torch and fla, both through t
 fla's gated backward guard for Triton 3.4-3.7.0 on Hopper is lifted here only (anchors.md: the rows time
 the same kernels with it lifted) and its dispatch to other backends is off (FLA_DISABLE_BACKEND_DISPATCH).
 
-Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out.
+Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out (gdn_report.py).
 Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--limit-s SECONDS]
 """
 
@@ -28,6 +28,8 @@ os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from gdn_report import write  # noqa: E402
 
 CHUNK = 64
 
@@ -261,50 +263,6 @@ def main():
         print(json.dumps(row), flush=True)
         write(result, args.out)
     write(result, args.out)
-
-
-def write(result, out):
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "gdn-h200.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    lines = [f"# deltatrain cuda backend vs fla on {result['gpu']}", "",
-             f"{result['date']}, commit {result['commit']}, " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
-             "", "Kernel time: summed device time of one call's kernels (profiler). Host: median wall time per call "
-             "back to back (CUDA events). Errors: relative Frobenius vs fp64, max over outputs / gradients.", "",
-             "| pass | h_qk/h_v | seqlens | ours kernel ms | fla kernel ms | kernel speedup | ours host ms | "
-             "fla host ms | host speedup | ours err | fla err |", "|" + "---|" * 11]
-    for r in result["rows"]:
-        lines.append(f"| {r['pass']} | {r['h_qk']}/{r['h_v']} | {r['seqlens']} | {r['ours_kernel_ms']:.3f} | "
-                     f"{r['fla_kernel_ms']:.3f} | {r['fla_kernel_ms'] / r['ours_kernel_ms']:.2f}x | "
-                     f"{r['ours_host_ms']:.3f} | {r['fla_host_ms']:.3f} | {r['fla_host_ms'] / r['ours_host_ms']:.2f}x | "
-                     f"{r['ours_rel_err']:.2e} | {r['fla_rel_err']:.2e} |")
-    with open(os.path.join(out, "gdn-h200.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    rows = result["rows"]
-    labels = [f"{r['pass']} {r['h_qk']}/{r['h_v']}\n{r['seqlens']}" for r in rows]
-    kernel = [r["fla_kernel_ms"] / r["ours_kernel_ms"] for r in rows]
-    host = [r["fla_host_ms"] / r["ours_host_ms"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], kernel, width=0.4, label="kernel time fla / ours")
-    ax.bar([x + 0.2 for x in xs], host, width=0.4, label="host-inclusive fla / ours")
-    ax.axhline(1.5, color="red", linestyle="--", linewidth=1, label="1.5x target (kernel)")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("speedup over fla (x)")
-    ax.set_title(f"deltatrain cuda GDN vs fla {result['versions'].get('fla')} on {result['gpu']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "gdn-h200.png"), dpi=110)
 
 
 if __name__ == "__main__":

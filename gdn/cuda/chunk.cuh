@@ -99,16 +99,19 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
 template <int MT, int NT, class TileT>
 __device__ __forceinline__ void row_dots(float (&acc)[MT][NT][4], TileT tile, int m0, int n0, float (&sums)[2 * MT]) {
   float products[MT][NT][4];
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        products[mi][ni][r] =
-            acc[mi][ni][r] * to_float(tile(m0 + 16 * mi + g + (r >> 1) * 8, n0 + 8 * ni + 2 * t + (r & 1)));
+  for_each(acc, products, m0, n0, [&](int r, int c, float& x, float& product) { product = x * to_float(tile(r, c)); });
   row_sums(products, sums);
+}
+
+// Starts copying a chunk's rows of a token-major tensor [tokens, heads, width] (head `head`, columns from
+// `column`) into `tile`; rows past the chunk are zero-filled.
+template <int NTHREADS, class TileT>
+__device__ __forceinline__ void load_chunk_rows(TileT tile, const void* base, int heads, int head, int width, int column,
+                                                const ChunkInfo& chunk, int thread) {
+  using E = typename TileT::Element;
+  const std::int64_t row = (static_cast<std::int64_t>(chunk.start) * heads + head) * width + column;
+  load_rows_async<NTHREADS>(tile, static_cast<const E*>(base) + row, static_cast<std::int64_t>(heads) * width,
+                            chunk.length, thread);
 }
 
 // A region of dynamic shared memory: `bytes` from offset `at`, 16-byte aligned.

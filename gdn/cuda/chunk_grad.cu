@@ -77,12 +77,11 @@ __global__ void __launch_bounds__(kGradThreads) chunk_grad_kernel(Params p) {
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length, key0 = slice * kSlice;
 
-  const std::int64_t qk_stride = static_cast<std::int64_t>(p.H) * K;
-  load_rows_async<kGradThreads>(q_tile, queries<E>(p) + (t0 * p.H + h) * K + key0, qk_stride, rows, tid);
-  load_rows_async<kGradThreads>(k_tile, keys<E>(p) + (t0 * p.H + h) * K + key0, qk_stride, rows, tid);
+  load_chunk_rows<kGradThreads>(q_tile, queries<E>(p), p.H, h, K, key0, chunk, tid);
+  load_chunk_rows<kGradThreads>(k_tile, keys<E>(p), p.H, h, K, key0, chunk, tid);
   const std::int64_t c_row = (t0 * p.HV + hv) * kChunk, c_stride = static_cast<std::int64_t>(p.HV) * kChunk;
-  load_rows_async<kGradThreads>(p_tile, static_cast<const E*>(p.p) + c_row, c_stride, rows, tid);
-  if (first_slice) load_rows_async<kGradThreads>(t_tile, static_cast<const E*>(p.t) + c_row, c_stride, rows, tid);
+  load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
+  if (first_slice) load_chunk_rows<kGradThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
   load_gamma_async(p, gamma, hv, chunk, tid);
   if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
 
@@ -99,10 +98,10 @@ __global__ void __launch_bounds__(kGradThreads) chunk_grad_kernel(Params p) {
   const std::int64_t state_row = static_cast<std::int64_t>(chunk_index * p.HV + hv) * p.V;
 #pragma unroll 1
   for (int vb = 0; vb < p.V; vb += 64) {
-    load_rows_async<kGradThreads>(do_tile, static_cast<const E*>(p.d_o) + v_row + vb, v_stride, rows, tid);
-    load_rows_async<kGradThreads>(delta_tile, static_cast<const E*>(p.delta) + v_row + vb, v_stride, rows, tid);
-    load_rows_async<kGradThreads>(ddelta_tile, static_cast<const E*>(p.ddelta) + v_row + vb, v_stride, rows, tid);
-    if (first_slice) load_rows_async<kGradThreads>(v_tile, static_cast<const E*>(p.v) + v_row + vb, v_stride, rows, tid);
+    load_chunk_rows<kGradThreads>(do_tile, p.d_o, p.HV, hv, p.V, vb, chunk, tid);
+    load_chunk_rows<kGradThreads>(delta_tile, p.delta, p.HV, hv, p.V, vb, chunk, tid);
+    load_chunk_rows<kGradThreads>(ddelta_tile, p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
+    if (first_slice) load_chunk_rows<kGradThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
     load_rows_async<kGradThreads>(s_tile, static_cast<const E*>(p.states) + (state_row + vb) * K + key0, K, 64, tid);
     load_rows_async<kGradThreads>(ds_tile, static_cast<const E*>(p.dstates) + (state_row + vb) * K + key0, K, 64, tid);
     cp_async_commit();

@@ -162,11 +162,11 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
-  load_rows_async<kPrepareThreads>(q_tile, queries<E>(p) + (t0 * p.H + h) * K, static_cast<std::int64_t>(p.H) * K, rows, tid);
-  load_rows_async<kPrepareThreads>(k_tile, keys<E>(p) + (t0 * p.H + h) * K, static_cast<std::int64_t>(p.H) * K, rows, tid);
+  load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
+  load_chunk_rows<kPrepareThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
   // The first block of V travels with q and k, so that U's first product need not wait for it.
   const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  load_rows_async<kPrepareThreads>(v_tile, static_cast<const E*>(p.v) + v_row, v_stride, rows, tid);
+  load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
   cp_async_commit();
 
   // Gate cumsum: two warps scan 32 rows each; rows past the end add zero.
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   for (int vb = 0; vb < p.V; vb += 64) {
     __syncthreads();  // the previous block's staging is stored and its V read
     if (vb > 0) {
-      load_rows_async<kPrepareThreads>(v_tile, static_cast<const E*>(p.v) + v_row + vb, v_stride, rows, tid);
+      load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
       cp_async_commit();
       cp_async_wait<0>();
       __syncthreads();

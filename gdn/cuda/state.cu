@@ -60,16 +60,37 @@ struct SequenceChunks {
   }
 };
 
-// The 16 x K state block of this warp in a [N, HV, K, V] float32 tensor, read into / written from acc.
-template <int NT>
-__device__ __forceinline__ void load_state(float (&acc)[1][NT][4], const float* src, const Params& p, int n, int hv,
-                                           int v0) {
-  if (src == nullptr) {
-    zero(acc);
-    return;
+// Walks the chunks of a sequence (in order, or last to first) with `stages` chunks in flight:
+// issue(j, stage) starts chunk j's copies into a stage, body(j, stage) consumes them once they landed.
+template <int kStages, bool kReverse, class Issue, class Body>
+__device__ __forceinline__ void sequential_pass(int count, Issue&& issue, Body&& body) {
+  auto chunk = [&](int i) { return kReverse ? count - 1 - i : i; };
+  for (int s = 0; s < kStages; ++s) {
+    if (s < count) issue(chunk(s), s);
+    cp_async_commit();
   }
+#pragma unroll 1
+  for (int i = 0; i < count; ++i) {
+    const int stage = i % kStages;
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    body(chunk(i), stage);
+    __syncthreads();  // the stage is free
+    if (i + kStages < count) issue(chunk(i + kStages), stage);
+    cp_async_commit();
+  }
+}
+
+// The 16 x K state block of this warp in a [N, HV, K, V] float32 tensor (zero when absent), read into acc
+// and into the warp's operand copy.
+template <int NT, class TileT>
+__device__ __forceinline__ void load_state(float (&acc)[1][NT][4], TileT copy, const float* src, const Params& p, int n,
+                                           int hv, int v0) {
   const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
-  for_each(acc, 0, 0, [&](int r, int c, float& x) { x = src[base + static_cast<std::int64_t>(c) * p.V + v0 + r]; });
+  for_each(acc, 0, 0, [&](int r, int c, float& x) {
+    x = src == nullptr ? 0.f : src[base + static_cast<std::int64_t>(c) * p.V + v0 + r];
+  });
+  store(acc, copy, 0, 0);
 }
 template <int NT>
 __device__ __forceinline__ void store_state(float (&acc)[1][NT][4], float* dst, const Params& p, int n, int hv, int v0) {
@@ -93,40 +114,23 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
 
   auto issue = [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
-    const std::int64_t t0 = info.start;
-    load_rows_async<kStateThreads>(L::key_tile(smem, stage, 0), static_cast<const E*>(p.w) + (t0 * p.HV + hv) * K,
-                                   static_cast<std::int64_t>(p.HV) * K, info.length, tid);
-    load_rows_async<kStateThreads>(L::key_tile(smem, stage, 1), keys<E>(p) + (t0 * p.H + h) * K,
-                                   static_cast<std::int64_t>(p.H) * K, info.length, tid);
-    load_rows_async<kStateThreads>(L::chunk_tile(smem, stage, 0),
-                                   static_cast<const E*>(p.u) + (t0 * p.HV + hv) * p.V + v_block,
-                                   static_cast<std::int64_t>(p.HV) * p.V, info.length, tid);
+    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, K, 0, info, tid);
+    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
+    load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 0), p.u, p.HV, hv, p.V, v_block, info, tid);
     if constexpr (!kRecompute) {
-      load_rows_async<kStateThreads>(L::key_tile(smem, stage, 2), queries<E>(p) + (t0 * p.H + h) * K,
-                                     static_cast<std::int64_t>(p.H) * K, info.length, tid);
-      load_rows_async<kStateThreads>(L::chunk_tile(smem, stage, 1),
-                                     static_cast<const E*>(p.p) + (t0 * p.HV + hv) * kChunk,
-                                     static_cast<std::int64_t>(p.HV) * kChunk, info.length, tid);
+      load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
+      load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 1), p.p, p.HV, hv, kChunk, 0, info, tid);
     }
     load_gamma_async(p, L::gamma(smem, stage), hv, info, tid);
   };
 
-  float state[1][K / 8][4];
-  load_state(state, p.h0, p, n, hv, v0);
   const auto s_tile = L::warp_key_tile(smem, warp);
   const auto delta_tile = L::warp_chunk_tile(smem, warp, 0);
   const auto delta_decayed_tile = L::warp_chunk_tile(smem, warp, 1);
-  store(state, s_tile, 0, 0);
+  float state[1][K / 8][4];
+  load_state(state, s_tile, p.h0, p, n, hv, v0);
 
-  for (int s = 0; s < L::stages; ++s) {
-    if (s < chunks.count) issue(s, s);
-    cp_async_commit();
-  }
-#pragma unroll 1
-  for (int j = 0; j < chunks.count; ++j) {
-    const int stage = j % L::stages;
-    cp_async_wait<L::stages - 1>();
-    __syncthreads();
+  sequential_pass<L::stages, false>(chunks.count, issue, [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
     const auto w_tile = L::key_tile(smem, stage, 0), k_tile = L::key_tile(smem, stage, 1);
     const auto u_tile = L::chunk_tile(smem, stage, 0);
@@ -169,10 +173,7 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
     warp_mma(state, plain(delta_decayed_tile), 0, plain(k_tile), 0, 0, kChunk);
     __syncwarp();  // every lane has read the old S^T and Delta^T
     store(state, s_tile, 0, 0);
-    __syncthreads();  // the stage is free
-    if (j + L::stages < chunks.count) issue(j + L::stages, stage);
-    cp_async_commit();
-  }
+  });
   if constexpr (!kRecompute) {
     if (p.ht != nullptr) store_state(state, p.ht, p, n, hv, v0);
   }
@@ -193,44 +194,29 @@ __global__ void __launch_bounds__(kStateThreads) state_backward_kernel(Params p)
 
   auto issue = [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
-    const std::int64_t t0 = info.start;
-    load_rows_async<kStateThreads>(L::key_tile(smem, stage, 0), static_cast<const E*>(p.w) + (t0 * p.HV + hv) * K,
-                                   static_cast<std::int64_t>(p.HV) * K, info.length, tid);
-    load_rows_async<kStateThreads>(L::key_tile(smem, stage, 1), keys<E>(p) + (t0 * p.H + h) * K,
-                                   static_cast<std::int64_t>(p.H) * K, info.length, tid);
-    load_rows_async<kStateThreads>(L::key_tile(smem, stage, 2), queries<E>(p) + (t0 * p.H + h) * K,
-                                   static_cast<std::int64_t>(p.H) * K, info.length, tid);
-    load_rows_async<kStateThreads>(L::chunk_tile(smem, stage, 0), static_cast<const E*>(p.p) + (t0 * p.HV + hv) * kChunk,
-                                   static_cast<std::int64_t>(p.HV) * kChunk, info.length, tid);
-    load_rows_async<kStateThreads>(L::chunk_tile(smem, stage, 1),
-                                   static_cast<const E*>(p.d_o) + (t0 * p.HV + hv) * p.V + v_block,
-                                   static_cast<std::int64_t>(p.HV) * p.V, info.length, tid);
+    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, K, 0, info, tid);
+    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
+    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
+    load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
+    load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 1), p.d_o, p.HV, hv, p.V, v_block, info, tid);
     load_gamma_async(p, L::gamma(smem, stage), hv, info, tid);
   };
 
-  float dstate[1][K / 8][4];
-  load_state(dstate, p.dht, p, n, hv, v0);
   const auto ds_tile = L::warp_key_tile(smem, warp);
   const auto neg_ddelta_tile = L::warp_chunk_tile(smem, warp, 0);
   const auto do_scaled_tile = L::warp_chunk_tile(smem, warp, 1);
-  store(dstate, ds_tile, 0, 0);
+  float dstate[1][K / 8][4];
+  load_state(dstate, ds_tile, p.dht, p, n, hv, v0);
 
-  for (int s = 0; s < L::stages; ++s) {
-    if (chunks.count - 1 - s >= 0) issue(chunks.count - 1 - s, s);
-    cp_async_commit();
-  }
-#pragma unroll 1
-  for (int j = chunks.count - 1; j >= 0; --j) {
-    const int stage = (chunks.count - 1 - j) % L::stages, chunk = chunks.first + j;
-    cp_async_wait<L::stages - 1>();
-    __syncthreads();
+  sequential_pass<L::stages, true>(chunks.count, issue, [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
+    const std::int64_t chunk = chunks.first + j;
     const auto w_tile = L::key_tile(smem, stage, 0), k_tile = L::key_tile(smem, stage, 1);
     const auto q_tile = L::key_tile(smem, stage, 2);
     const auto p_tile = L::chunk_tile(smem, stage, 0), do_tile = L::chunk_tile(smem, stage, 1);
     const float* gamma = L::gamma(smem, stage);
     const float gamma_last = gamma[kChunk - 1];
-    store_rows<32>(ds_tile, static_cast<E*>(p.dstates) + ((static_cast<std::int64_t>(chunk) * p.HV + hv) * p.V + v0) * K,
+    store_rows<32>(ds_tile, static_cast<E*>(p.dstates) + ((chunk * p.HV + hv) * p.V + v0) * K,
                    K, 16, lane);
 
     float ddelta[1][8][4];
@@ -253,10 +239,7 @@ __global__ void __launch_bounds__(kStateThreads) state_backward_kernel(Params p)
     warp_mma(dstate, plain(neg_ddelta_tile), 0, plain(w_tile), 0, 0, kChunk);
     __syncwarp();
     store(dstate, ds_tile, 0, 0);
-    __syncthreads();
-    if (j - L::stages >= 0) issue(j - L::stages, stage);
-    cp_async_commit();
-  }
+  });
   if (p.dh0 != nullptr) store_state(dstate, p.dh0, p, n, hv, v0);
 }
 

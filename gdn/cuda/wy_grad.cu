@@ -59,9 +59,9 @@ __global__ void __launch_bounds__(kWyThreads) wy_grad_kernel(Params p) {
 
   const std::int64_t key_row = (t0 * p.HV + hv) * K, key_stride = static_cast<std::int64_t>(p.HV) * K;
   const std::int64_t c_row = (t0 * p.HV + hv) * kChunk, c_stride = static_cast<std::int64_t>(p.HV) * kChunk;
-  load_rows_async<kWyThreads>(k_tile, keys<E>(p) + (t0 * p.H + h) * K, static_cast<std::int64_t>(p.H) * K, rows, tid);
-  load_rows_async<kWyThreads>(dw_tile, static_cast<const E*>(p.dw) + key_row, key_stride, rows, tid);
-  load_rows_async<kWyThreads>(t_tile, static_cast<const E*>(p.t) + c_row, c_stride, rows, tid);
+  load_chunk_rows<kWyThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
+  load_chunk_rows<kWyThreads>(dw_tile, p.dw, p.HV, hv, K, 0, chunk, tid);
+  load_chunk_rows<kWyThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
   load_gamma_async(p, gamma, hv, chunk, tid);
   cp_async_commit();
   if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct Case {
   DType cu_dtype = DType::i32;
   bool cu_seqlens_on_device = true;
 };
+
+// gtest names a parameter by its bytes unless told otherwise.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 Layout fixed(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t K, std::int64_t V) {
   return Layout{B, T, H, HV, K, V, {}};
@@ -83,26 +87,26 @@ class CudaVsReference : public SeededTest, public ::testing::WithParamInterface<
   }
   DeviceCallOptions call() const { return {GetParam().cu_seqlens_on_device, true, nullptr}; }
   RunOptions reference() const { return {"reference", false, true, 0}; }
+
+  // The chunked forward or the recurrent step: both compute what the reference's recurrence does.
+  void check_forward(bool recurrent) {
+    const Sample s = sample();
+    const ForwardResult ours = cuda_forward(s, call(), recurrent);
+    const ForwardResult expected = run_forward(as_float64(s), reference());
+    const double tol = cuda_tolerance(s.io);
+    EXPECT_TRUE(frobenius_close("o", ours.o.values(), expected.o.values(), tol));
+    EXPECT_TRUE(frobenius_close("final_state", ours.ht.values(), expected.ht.values(), tol));
+  }
 };
 
 TEST_P(CudaVsReference, ChunkedForward) {
   SKIP_WITHOUT_CUDA_BACKEND();
-  const Sample s = sample();
-  const ForwardResult ours = cuda_forward(s, call());
-  const ForwardResult expected = run_forward(as_float64(s), reference());
-  const double tol = cuda_tolerance(s.io);
-  EXPECT_TRUE(frobenius_close("o", ours.o.values(), expected.o.values(), tol));
-  EXPECT_TRUE(frobenius_close("final_state", ours.ht.values(), expected.ht.values(), tol));
+  check_forward(false);
 }
 
 TEST_P(CudaVsReference, RecurrentStep) {
   SKIP_WITHOUT_CUDA_BACKEND();
-  const Sample s = sample();
-  const ForwardResult ours = cuda_forward(s, call(), true);
-  const ForwardResult expected = run_forward(as_float64(s), reference());
-  const double tol = cuda_tolerance(s.io);
-  EXPECT_TRUE(frobenius_close("o", ours.o.values(), expected.o.values(), tol));
-  EXPECT_TRUE(frobenius_close("final_state", ours.ht.values(), expected.ht.values(), tol));
+  check_forward(true);
 }
 
 TEST_P(CudaVsReference, Backward) {
