@@ -35,6 +35,11 @@ def _contiguous(x):
     return None if x is None else x.contiguous()
 
 
+def _state_dtype(q):
+    # States are float32, as in fla; a float64 call is float64 throughout (the library's rule).
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def _stream(x):
     return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
 
@@ -47,7 +52,7 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         o = torch.empty_like(v)
         final_state = None
         if output_final_state:
-            final_state = torch.empty(sequences, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32,
+            final_state = torch.empty(sequences, v.shape[2], q.shape[3], v.shape[3], dtype=_state_dtype(q),
                                       device=q.device)
         options = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                        cu_seqlens_cpu=cu_seqlens_cpu, backend=backend, stream=_stream(q))
@@ -89,8 +94,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         raise TypeError(f"chunk_gated_delta_rule() got unexpected keyword arguments {sorted(kwargs)}")
     if cu_seqlens is not None and cu_seqlens.is_cuda and cu_seqlens_cpu is None:
         cu_seqlens_cpu = cu_seqlens.cpu()
-    if initial_state is not None and initial_state.dtype != torch.float32:
-        initial_state = initial_state.float()  # as fla: states are float32 (differentiable cast)
+    if initial_state is not None and initial_state.dtype != _state_dtype(q):
+        initial_state = initial_state.to(_state_dtype(q))  # as fla casts it to float32 (differentiable)
     return _ChunkGatedDeltaRule.apply(
         _contiguous(q), _contiguous(k), _contiguous(v), _contiguous(g), _contiguous(beta),
         _contiguous(initial_state), scale, output_final_state, use_qk_l2norm_in_kernel,
