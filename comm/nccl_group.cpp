@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "deltatrain/comm/cuda_check.h"
+#include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
 #include "mpi_util.h"

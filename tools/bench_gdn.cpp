@@ -27,6 +27,8 @@
 
 #ifdef DELTATRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "deltatrain/core/cuda_check.h"
 #endif
 
 // OpenBLAS reports its kernel choice; weak, so that another BLAS links too.
@@ -145,18 +147,13 @@ class Buffer {
   Buffer& upload() {
     if (layout_.device.type == DeviceType::cpu) return *this;
 #ifdef DELTATRAIN_WITH_CUDA
-    check(device_memory_ ? cudaSuccess : cudaMalloc(&device_memory_, host_.size()), "cudaMalloc");
-    check(cudaMemcpy(device_memory_, host_.data(), host_.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_check(device_memory_ ? cudaSuccess : cudaMalloc(&device_memory_, host_.size()), "cudaMalloc");
+    cuda_check(cudaMemcpy(device_memory_, host_.data(), host_.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
 #endif
     return *this;
   }
 
  private:
-#ifdef DELTATRAIN_WITH_CUDA
-  static void check(cudaError_t status, const char* call) {
-    if (status != cudaSuccess) throw Failure(std::string(call) + " failed: " + cudaGetErrorString(status));
-  }
-#endif
   TensorView layout_;  // shape, strides, dtype and device; data is set per view
   std::vector<std::uint8_t> host_;
   void* device_memory_ = nullptr;
@@ -165,9 +162,7 @@ class Buffer {
 void synchronize(Device device) {
 #ifdef DELTATRAIN_WITH_CUDA
   if (device.type == DeviceType::cuda) {
-    if (const cudaError_t status = cudaDeviceSynchronize(); status != cudaSuccess) {
-      throw Failure(std::string("cudaDeviceSynchronize failed: ") + cudaGetErrorString(status));
-    }
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 #endif
 }

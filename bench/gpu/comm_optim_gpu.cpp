@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "deltatrain/comm/cuda_check.h"
+#include "deltatrain/core/cuda_check.h"
 #include "deltatrain/comm/nccl_group.h"
 #include "deltatrain/optim/adamw.h"
 #include "deltatrain/optim/checkpoint.h"

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
 #include "deltatrain/gdn/registry.h"
@@ -22,21 +23,16 @@ using cuda::WorkspaceLayout;
 
 constexpr int kMinimumRuntimeMajor = 12;
 
-void check(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) {
-    throw Failure(std::string(call) + " failed: " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
-  }
-}
 
 // Makes `device` current for the call and restores the caller's device afterwards.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
     if (previous_ == device) {
       previous_ = -1;
     } else {
-      check(cudaSetDevice(device), "cudaSetDevice");
+      cuda_check(cudaSetDevice(device), "cudaSetDevice");
     }
   }
   ~DeviceGuard() {
@@ -131,7 +127,7 @@ struct Call {
       // A CPU cu_seqlens is uploaded from the validated host offsets (a small pageable copy); pass it on
       // the GPU, with cu_seqlens_host, for graph capture.
       void* offsets = region(layout.offsets);
-      check(cudaMemcpyAsync(offsets, p.offsets.data(), p.offsets.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice,
+      cuda_check(cudaMemcpyAsync(offsets, p.offsets.data(), p.offsets.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice,
                             stream),
             "cudaMemcpyAsync (cu_seqlens)");
       k.cu_seqlens = offsets;

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
 #include "launch.h"
 #include "params.h"
@@ -60,11 +61,6 @@ struct Buffer {
   std::size_t bytes = 0;
 };
 
-void check(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) {
-    throw Failure(std::string(call) + " failed: " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
-  }
-}
 
 }  // namespace
 
@@ -77,17 +73,17 @@ void* workspace(int device, cudaStream_t stream, std::size_t bytes) {
   if (buffer.bytes >= bytes) return buffer.data;
 
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  cuda_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
   if (capture != cudaStreamCaptureStatusNone) {
     throw StateError("the GDN cuda backend needs " + std::to_string(bytes) +
                      " bytes of workspace on this stream but holds " + std::to_string(buffer.bytes) +
                      ", and the stream is being captured; run the same call once before capturing it");
   }
   // Stream-ordered: the old buffer is released after the work already queued on this stream.
-  if (buffer.data != nullptr) check(cudaFreeAsync(buffer.data, stream), "cudaFreeAsync (GDN workspace)");
+  if (buffer.data != nullptr) cuda_check(cudaFreeAsync(buffer.data, stream), "cudaFreeAsync (GDN workspace)");
   buffer = {};
   const std::size_t grown = bytes + bytes / 4;
-  check(cudaMallocAsync(&buffer.data, grown, stream), "cudaMallocAsync (GDN workspace)");
+  cuda_check(cudaMallocAsync(&buffer.data, grown, stream), "cudaMallocAsync (GDN workspace)");
   buffer.bytes = grown;
   return buffer.data;
 }

@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "deltatrain/comm/cuda_check.h"
+#include "deltatrain/core/cuda_check.h"
 
 namespace deltatrain::optim {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "deltatrain/comm/cuda_check.h"
+#include "deltatrain/core/cuda_check.h"
 
 namespace deltatrain::optim {
 

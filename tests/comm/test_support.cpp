@@ -11,7 +11,7 @@
 #ifdef DELTATRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "deltatrain/comm/cuda_check.h"
+#include "deltatrain/core/cuda_check.h"
 #endif
 
 namespace deltatrain::testing_support {

@@ -6,16 +6,13 @@
 #include <limits>
 #include <utility>
 
+#include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
 #include "deltatrain/gdn/registry.h"
 
 namespace deltatrain::gdn::testing {
 namespace {
-
-void check(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) throw Failure(std::string(call) + ": " + cudaGetErrorString(status));
-}
 
 }  // namespace
 
@@ -31,11 +28,11 @@ std::string cuda_backend_unusable() {
 
 DeviceTensor::DeviceTensor(const HostTensor& host, bool poisoned) : shape_of_(host) {
   const std::size_t bytes = host.bytes().size();
-  check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  cuda_check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc");
   if (poisoned) {
     poison();
   } else {
-    check(cudaMemcpy(data_, host.bytes().data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_check(cudaMemcpy(data_, host.bytes().data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
 }
 
@@ -61,11 +58,11 @@ TensorView DeviceTensor::view() const {
 
 HostTensor DeviceTensor::download() const {
   HostTensor host(shape_of_.dtype(), shape_of_.shape());
-  check(cudaMemcpy(host.view().data, data_, host.bytes().size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cuda_check(cudaMemcpy(host.view().data, data_, host.bytes().size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
   return host;
 }
 
-void DeviceTensor::poison() { check(cudaMemset(data_, 0xff, shape_of_.bytes().size()), "cudaMemset"); }
+void DeviceTensor::poison() { cuda_check(cudaMemset(data_, 0xff, shape_of_.bytes().size()), "cudaMemset"); }
 
 DeviceSample::DeviceSample(const Sample& s, const DeviceCallOptions& options) : sample_(s) {
   const Layout& l = s.layout;
@@ -114,7 +111,7 @@ ForwardResult cuda_forward(const Sample& s, const DeviceCallOptions& options, bo
   } else {
     chunk_forward(device.inputs(), outputs, device.options(options));
   }
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the forward");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the forward");
   ForwardResult result{o.download(), {}};
   if (options.final_state) result.ht = ht.download();
   return result;
@@ -140,7 +137,7 @@ BackwardResult cuda_backward(const Sample& s, const Cotangents& c, const DeviceC
     grads_out.dh0 = dh0.view();
   }
   chunk_backward(device.inputs(), grads_in, grads_out, device.options(options));
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the backward");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the backward");
   BackwardResult r{dq.download(), dk.download(), dv.download(), dg.download(), dbeta.download(), {}};
   if (!s.h0.empty()) r.dh0 = dh0.download();
   return r;
