@@ -346,6 +346,12 @@ void run_bench(const Settings& s) {
     std::printf("sgemm %d^3: %.1f GFLOP/s (best of %d; BLAS core %s, %d threads)\n", s.sgemm_size,
                 sgemm["gflops"].get<double>(), s.repeat, sgemm["blas_core"].get<std::string>().c_str(),
                 sgemm["blas_threads"].get<int>());
+    if (const std::string forced = sgemm["OPENBLAS_CORETYPE"].get<std::string>(); !forced.empty()) {
+      // A forced kernel choice can understate the machine's rate (Haswell kernels halve it on AVX-512 CPUs).
+      std::printf("note: OPENBLAS_CORETYPE=%s forces OpenBLAS's kernels; for the machine's own rate run with "
+                  "`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`\n",
+                  forced.c_str());
+    }
   }
   std::printf("%-10s %-7s %-14s %-4s %10s %12s %9s %9s\n", "backend", "heads", "seqlens", "pass", "ms", "tokens/s",
               "GFLOP/s", "of sgemm");
