@@ -27,6 +27,7 @@ __all__ = [
     "chunk_gated_delta_rule_bwd",
     "fused_recurrent_gated_delta_rule",
     "backends",
+    "parse_version",
 ]
 
 try:
@@ -35,6 +36,10 @@ except _metadata.PackageNotFoundError:  # imported from a build tree
     __version__ = "unknown"
 
 _gdn = _deltatrain.gdn
+
+# Robust version parsing for gating on library, runtime and driver versions:
+# parse_version("2.9.0+cu128").release == (2, 9, 0); parse_version("12.8rc1") >= parse_version("12.8").
+parse_version = _deltatrain.parse_version
 
 
 def backends():

@@ -5,6 +5,7 @@
 
 namespace deltatrain::python {
 
+void bind_core(nanobind::module_& m);
 void bind_gdn(nanobind::module_& m);
 void bind_memsaver(nanobind::module_& m);
 
