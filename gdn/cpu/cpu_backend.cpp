@@ -3,7 +3,7 @@
 // Within a chunk of L tokens entering with state S (K x V), with gamma the chunk-local cumulative
 // log-decay, E_i = exp(gamma_i), D_i = exp(gamma_last - gamma_i), Gamma_ij = exp(gamma_i - gamma_j) (i >= j):
 //   A     = strict_lower(diag(beta) (K K^T .* Gamma))
-//   Delta = (I + A)^-1 diag(beta) (V - diag(E) K S)          pseudo-values, by forward substitution
+//   Delta = (I + A)^-1 diag(beta) (V - diag(E) K S)          pseudo-values, by blocked substitution
 //   O     = scale (diag(E) Q S + (lower(Q K^T) .* Gamma) Delta)
 //   S'    = E_last S + K^T diag(D) Delta
 // The backward differentiates exactly these expressions, chunk by chunk in reverse, replaying the forward
@@ -31,6 +31,8 @@ using cpu::gemm_nn;
 using cpu::gemm_tn;
 using cpu::Matrix;
 using cpu::matrix;
+using cpu::solve_unit_lower;
+using cpu::solve_unit_lower_transposed;
 using cpu::transpose;
 using host::BackwardArrays;
 using host::ForwardArrays;
@@ -101,17 +103,9 @@ class Chunk {
     gemm_nn<T>(mat(qs, L, V), mat(q, L, K), S);
     for (std::int64_t i = 0; i < L; ++i)
       for (std::int64_t c = 0; c < V; ++c) rhs[i * V + c] = beta[i] * (v[i * V + c] - E[i] * ks[i * V + c]);
-    // (I + A) Delta = rhs, A strictly lower: forward substitution, row by row.
+    // (I + A) Delta = rhs, A strictly lower.
     std::copy_n(rhs.begin(), L * V, delta.begin());
-    for (std::int64_t i = 0; i < L; ++i) {
-      T* __restrict row = &delta[i * V];
-      for (std::int64_t c = 0; c < i; ++c) {
-        const T a = A[i * L + c];
-        const T* __restrict prior = &delta[c * V];
-#pragma omp simd
-        for (std::int64_t e = 0; e < V; ++e) row[e] -= a * prior[e];
-      }
-    }
+    solve_unit_lower<T>(mat(A, L, L), mat(delta, L, V));
   }
 
   // O = scale (diag(E) Q S + P Delta), into `out` (L x V).
@@ -227,15 +221,7 @@ void chunk_backward(const Problem& p, Chunk<T>& c, BackwardScratch<T>& s, const 
 
   // Delta = (I + A)^-1 rhs  ->  d_rhs = (I + A)^-T dDelta (back substitution), dA = -d_rhs Delta^T (strict lower)
   std::copy_n(s.d_delta.begin(), L * V, s.d_rhs.begin());
-  for (std::int64_t i = L - 1; i >= 0; --i) {
-    T* __restrict row = &s.d_rhs[i * V];
-    for (std::int64_t later = i + 1; later < L; ++later) {
-      const T a = c.A[later * L + i];
-      const T* __restrict known = &s.d_rhs[later * V];
-#pragma omp simd
-      for (std::int64_t e = 0; e < V; ++e) row[e] -= a * known[e];
-    }
-  }
+  solve_unit_lower_transposed<T>(Ch::mat(c.A, L, L), Ch::mat(s.d_rhs, L, V));
   gemm_nn<T>(Ch::mat(s.dA, L, L), Ch::mat(s.d_rhs, L, V), Ch::mat(s.delta_t, V, L), T(-1));
 
   // rhs = diag(beta) (V - diag(E) K S);  A = strict_lower(diag(beta) (K K^T .* Gamma));  P = lower(Q K^T) .* Gamma

@@ -111,4 +111,53 @@ void transpose(const Matrix<const T>& src, T* dst) {
   }
 }
 
+// Unit lower-triangular solves with a strictly lower A (L x L): X <- (I + A)^-1 X and X <- (I + A)^-T X,
+// X being L x N. Blocks of kSolveBlock rows: the coupling to the rows already solved is one product per
+// block, so only the small diagonal blocks are solved row by row.
+inline constexpr std::int64_t kSolveBlock = 16;
+
+template <class T>
+void solve_unit_lower(const Matrix<const T>& a, const Matrix<T>& x) {
+  const std::int64_t L = a.rows, N = x.cols;
+  for (std::int64_t b0 = 0; b0 < L; b0 += kSolveBlock) {
+    const std::int64_t b1 = std::min(b0 + kSolveBlock, L);
+    const Matrix<T> block{x.row(b0), b1 - b0, N, x.ld};
+    if (b0 > 0) {
+      gemm_nn<T>(block, Matrix<const T>{a.row(b0), b1 - b0, b0, a.ld}, Matrix<const T>{x.data, b0, N, x.ld}, T(-1),
+                 T(1));
+    }
+    for (std::int64_t i = b0 + 1; i < b1; ++i) {
+      T* __restrict row = x.row(i);
+      for (std::int64_t c = b0; c < i; ++c) {
+        const T factor = a(i, c);
+        const T* __restrict solved = x.row(c);
+#pragma omp simd
+        for (std::int64_t e = 0; e < N; ++e) row[e] -= factor * solved[e];
+      }
+    }
+  }
+}
+
+template <class T>
+void solve_unit_lower_transposed(const Matrix<const T>& a, const Matrix<T>& x) {
+  const std::int64_t L = a.rows, N = x.cols;
+  for (std::int64_t b1 = L; b1 > 0; b1 -= kSolveBlock) {
+    const std::int64_t b0 = std::max<std::int64_t>(b1 - kSolveBlock, 0);
+    const Matrix<T> block{x.row(b0), b1 - b0, N, x.ld};
+    if (b1 < L) {
+      gemm_tn<T>(block, Matrix<const T>{a.row(b1) + b0, L - b1, b1 - b0, a.ld},
+                 Matrix<const T>{x.row(b1), L - b1, N, x.ld}, T(-1), T(1));
+    }
+    for (std::int64_t i = b1 - 2; i >= b0; --i) {
+      T* __restrict row = x.row(i);
+      for (std::int64_t later = i + 1; later < b1; ++later) {
+        const T factor = a(later, i);
+        const T* __restrict solved = x.row(later);
+#pragma omp simd
+        for (std::int64_t e = 0; e < N; ++e) row[e] -= factor * solved[e];
+      }
+    }
+  }
+}
+
 }  // namespace deltatrain::gdn::cpu
