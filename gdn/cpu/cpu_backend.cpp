@@ -36,9 +36,7 @@ using cpu::solve_unit_lower_transposed;
 using cpu::transpose;
 using host::BackwardArrays;
 using host::ForwardArrays;
-using host::InputArray;
 using host::InputArrays;
-using host::OutputArray;
 
 constexpr std::int64_t kChunk = 64;
 // The backward keeps the forward intermediates of up to this many bytes of chunks per thread from its
@@ -139,9 +137,7 @@ class Chunk {
 template <class T>
 void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
   const InputArrays<T> a(in);
-  ForwardArrays<T> out_arrays(out);
-  OutputArray<T>& o = out_arrays.o;
-  auto& final_state = out_arrays.final_state;
+  ForwardArrays<T> outputs(out);
   const std::int64_t K = p.K, V = p.V;
 
 #pragma omp parallel num_threads(thread_count(p))
@@ -157,13 +153,13 @@ void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
         chunk.load(first, length, j);
         chunk.solve(state.data());
         chunk.output(block.data());
-        for (std::int64_t i = 0; i < length; ++i) std::copy_n(&block[i * V], V, &o[((first + i) * p.HV + j) * V]);
+        for (std::int64_t i = 0; i < length; ++i) std::copy_n(&block[i * V], V, &outputs.o[((first + i) * p.HV + j) * V]);
         chunk.advance(state.data(), scaled.data());
       }
-      if (final_state) std::copy(state.begin(), state.end(), &(*final_state)[(n * p.HV + j) * K * V]);
+      outputs.store_final_state(p, n, j, state.data());
     }
   }
-  out_arrays.commit();
+  outputs.commit();
 }
 
 // Scratch of the backward for one chunk, allocated once per thread.
@@ -332,7 +328,7 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
           chunk_backward(p, chunk_at(c, j, false), scratch, &states[c * K * V], d_state.data(), first, j,
                          &dq_hat[(first - begin) * K], &dk_hat[(first - begin) * K], grads);
         }
-        if (grads.dh0) std::copy(d_state.begin(), d_state.end(), &(*grads.dh0)[(n * p.HV + j) * K * V]);
+        grads.store_initial_state_gradient(p, n, j, d_state.data());
       }
       for (std::int64_t t = 0; t < length; ++t) {
         const std::int64_t offset = ((begin + t) * p.H + qk_head) * K;
@@ -354,9 +350,7 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
 template <class T>
 void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
   const InputArrays<T> a(in);
-  ForwardArrays<T> out_arrays(out);
-  OutputArray<T>& o = out_arrays.o;
-  auto& final_state = out_arrays.final_state;
+  ForwardArrays<T> outputs(out);
   const std::int64_t K = p.K, V = p.V;
 
 #pragma omp parallel num_threads(thread_count(p))
@@ -385,7 +379,7 @@ void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
 #pragma omp simd
           for (std::int64_t c = 0; c < V; ++c) correction[c] += h[i * V + c] * kn[i];
         for (std::int64_t c = 0; c < V; ++c) correction[c] = beta * (vrow[c] - correction[c]);
-        T* orow = &o[(token * p.HV + j) * V];
+        T* orow = &outputs.o[(token * p.HV + j) * V];
         std::fill_n(orow, V, T(0));
         for (std::int64_t i = 0; i < K; ++i) {
           const T qi = static_cast<T>(p.scale) * qn[i];
@@ -396,10 +390,10 @@ void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
           }
         }
       }
-      if (final_state) std::copy(h.begin(), h.end(), &(*final_state)[(n * p.HV + j) * K * V]);
+      outputs.store_final_state(p, n, j, h.data());
     }
   }
-  out_arrays.commit();
+  outputs.commit();
 }
 
 class CpuBackend final : public host::HostBackend {

@@ -143,6 +143,10 @@ struct ForwardArrays {
   explicit ForwardArrays(const ForwardOutputs& out) : o(out.o) {
     if (out.final_state) final_state.emplace(*out.final_state);
   }
+  // Records the state sequence n's value head j ends in, when the caller asked for final states.
+  void store_final_state(const Problem& p, std::int64_t n, std::int64_t j, const T* state) {
+    if (final_state) std::copy_n(state, p.K * p.V, &(*final_state)[(n * p.HV + j) * p.K * p.V]);
+  }
   void commit() {
     o.commit();
     if (final_state) final_state->commit();
@@ -168,6 +172,10 @@ struct BackwardArrays {
     } else {
       std::fill_n(d_state, p.K * p.V, T(0));
     }
+  }
+  // Records the gradient of the state sequence n's value head j starts from, when there is an initial state.
+  void store_initial_state_gradient(const Problem& p, std::int64_t n, std::int64_t j, const T* d_state) {
+    if (dh0) std::copy_n(d_state, p.K * p.V, &(*dh0)[(n * p.HV + j) * p.K * p.V]);
   }
   void commit() {
     for (auto* array : {&dq, &dk, &dv, &dg, &dbeta}) array->commit();

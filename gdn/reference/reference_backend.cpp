@@ -96,7 +96,7 @@ void run_forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) 
     const Pair seq(p, a, n, j);
     State h = initial_state(p, a, n, j);
     for (std::int64_t t = 0; t < seq.length(); ++t) seq.step(h, t, &outputs.o[seq.v_offset(t)]);
-    if (outputs.final_state) std::copy(h.begin(), h.end(), &(*outputs.final_state)[(n * p.HV + j) * p.K * p.V]);
+    outputs.store_final_state(p, n, j, h.data());
   }
   outputs.commit();
 }
@@ -199,7 +199,7 @@ void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, 
           dg[seq.gate_offset(t)] = d_gate;
         }
       }
-      if (grads.dh0) std::copy(dh.begin(), dh.end(), &(*grads.dh0)[(n * p.HV + j) * K * V]);
+      grads.store_initial_state_gradient(p, n, j, dh.data());
     }
 
     // Through the L2 norm to the raw q and k, once per q/k head.
