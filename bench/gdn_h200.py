@@ -11,7 +11,8 @@ fla's gated backward guard for Triton 3.4-3.7.0 on Hopper is lifted here only (a
 the same kernels with it lifted) and its dispatch to other backends is off (FLA_DISABLE_BACKEND_DISPATCH).
 
 Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out (gdn_report.py).
-Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--limit-s SECONDS]
+Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--only I ...] [--limit-s SECONDS]
+       [--ours-only]
 """
 
 import argparse
@@ -217,6 +218,8 @@ def main():
     parser.add_argument("--cells", default="all", choices=["fwd", "bwd", "all"])
     parser.add_argument("--only", type=int, nargs="*", help="indices into GRID (0-17) to run")
     parser.add_argument("--limit-s", type=float, default=240.0, help="stop starting new cells after this long")
+    parser.add_argument("--ours-only", action="store_true",
+                        help="time deltatrain alone (a quick look while iterating; writes no report)")
     args = parser.parse_args()
     started = time.time()
 
@@ -249,7 +252,8 @@ def main():
             expected = list(torch.autograd.grad((o64, ht64), leaves64, (x64["do"], x64["dht"])))
         del o64, ht64, leaves64
         row = {"pass": pass_, "h_qk": h_qk, "h_v": h_v, "seqlens": seqlens}
-        for name, fn in (("ours", ours_torch.chunk_gated_delta_rule), ("fla", fla_gdn)):
+        impls = [("ours", ours_torch.chunk_gated_delta_rule)] + ([] if args.ours_only else [("fla", fla_gdn)])
+        for name, fn in impls:
             impl = Impl(fn, x, scale)
             out, kernel, by_name, host = measure(impl, pass_)
             print(f"  {name} kernels (ms per call): " +
@@ -261,8 +265,10 @@ def main():
         torch.cuda.empty_cache()
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
+        if not args.ours_only:
+            write(result, args.out)
+    if not args.ours_only:
         write(result, args.out)
-    write(result, args.out)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,8 @@ struct Call {
     k.q_rstd = static_cast<float*>(region(layout.q_rstd));
     k.k_rstd = static_cast<float*>(region(layout.k_rstd));
     k.gamma = static_cast<float*>(region(layout.gamma));
+    k.gate_in = static_cast<float*>(region(layout.gate_in));
+    k.gate_out = static_cast<float*>(region(layout.gate_out));
     k.w = region(layout.w);
     k.u = region(layout.u);
     k.p = region(layout.p);

@@ -57,21 +57,40 @@ __device__ __forceinline__ void load_gamma_async(const Params& p, float* gamma, 
   }
 }
 
-// Writes column c of a warp-private 16 x 64 tile (16 consecutive channels of token c) to
-// dst + c * stride, for c < rows_valid, with 16-byte stores; `sign` multiplies each value.
-template <class E>
-__device__ __forceinline__ void store_columns(Tile<E, 16, kChunk> tile, E* dst, std::int64_t stride, int rows_valid,
-                                              float sign = 1.f) {
-  const int lane = threadIdx.x & 31;
-  constexpr int kPerVec = 16 / static_cast<int>(sizeof(E));
-  for (int c = lane; c < rows_valid; c += 32) {
-#pragma unroll
-    for (int v0 = 0; v0 < 16; v0 += kPerVec) {
-      alignas(16) E packed[kPerVec];
-#pragma unroll
-      for (int i = 0; i < kPerVec; ++i) packed[i] = from_float<E>(sign * to_float(tile(v0 + i, c)));
-      *reinterpret_cast<uint4*>(dst + c * stride + v0) = *reinterpret_cast<const uint4*>(packed);
+// Starts copying the chunk's gate vectors e^gamma and e^(gamma_last - gamma) of value head hv into
+// gate_in[0..63] and gate_out[0..63]; rows past the chunk's end repeat the last one, so gate_in[63] is the
+// decay over the whole chunk. Threads 0..127 call it.
+__device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in, float* gate_out, int hv,
+                                                 const ChunkInfo& chunk, int thread) {
+  if (thread < 2 * kChunk) {
+    const int i = thread % kChunk, row = i < chunk.length ? i : chunk.length - 1;
+    const std::int64_t at = static_cast<std::int64_t>(hv) * p.tokens + chunk.start + row;
+    if (thread < kChunk) {
+      cp_async_4(&gate_in[i], p.gate_in + at, true);
+    } else {
+      cp_async_4(&gate_out[i], p.gate_out + at, true);
     }
+  }
+}
+
+// Writes a warp's 16 x 64 accumulator (rows: 16 consecutive channels; columns: the chunk's tokens),
+// times `factor` and rounded to E, to token-major memory: token c's 16 channels at dst + c * stride, for
+// c < rows_valid. The transpose goes through the warp's shared `staging` tile, so that the global stores
+// are 16-byte vectors.
+template <class E>
+__device__ __forceinline__ void store_token_rows(const float (&acc)[1][kChunk / 8][4], Tile<E, kChunk, 16> staging,
+                                                 E* dst, std::int64_t stride, int rows_valid, float factor) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  __syncwarp();  // the previous store has read the staging tile
+#pragma unroll
+  for (int ni = 0; ni < kChunk / 8; ++ni)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) staging(8 * ni + 2 * t + (r & 1), g + (r >> 1) * 8) = from_float<E>(factor * acc[0][ni][r]);
+  __syncwarp();
+  constexpr int kPerVec = 16 / static_cast<int>(sizeof(E)), kVecPerRow = 16 / kPerVec;
+  for (int i = lane; i < rows_valid * kVecPerRow; i += 32) {
+    const int c = i / kVecPerRow, v0 = (i % kVecPerRow) * kPerVec;
+    *reinterpret_cast<uint4*>(dst + c * stride + v0) = *reinterpret_cast<const uint4*>(&staging(c, v0));
   }
 }
 

@@ -266,6 +266,169 @@ __device__ __forceinline__ void row_sums(const float (&values)[MT][NT][4], float
   }
 }
 
+// ---- register operands ---------------------------------------------------------------------------------
+
+// Two values as one 32-bit register of the 16-bit type E (the lower column in the low half), and back.
+template <class E>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+}
+template <class E>
+__device__ __forceinline__ float2 unpack2(std::uint32_t bits) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+  }
+}
+
+// A 16 x COLS matrix one warp produced as an accumulator and uses next as the A operand of a product.
+// For 16-bit E it stays in registers: the accumulator layout of two adjacent 16 x 8 tiles is the A
+// fragment of one 16 x 16 block (FlashAttention-2's trick), so no shared-memory round trip is needed.
+// For float (3xTF32, whose fragments do not line up) it goes through a warp-private shared tile of
+// kSmemBytes at the address given to the constructor.
+template <class E, int COLS>
+struct WarpOperand {
+  static constexpr int kSmemBytes = 0;
+  std::uint32_t frag[COLS / 16][4];
+  __device__ explicit WarpOperand(char*) {}
+
+  // this = factor * acc, times columns[c] on column c when columns is given (shared memory).
+  __device__ __forceinline__ void set(const float (&acc)[1][COLS / 8][4], float factor,
+                                      const float* columns = nullptr) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int ni = 0; ni < COLS / 8; ++ni) {
+      float2 s{factor, factor};
+      if (columns != nullptr) {
+        const float2 c = *reinterpret_cast<const float2*>(&columns[8 * ni + 2 * t]);
+        s = {factor * c.x, factor * c.y};
+      }
+      frag[ni / 2][2 * (ni & 1)] = pack2<E>(s.x * acc[0][ni][0], s.y * acc[0][ni][1]);
+      frag[ni / 2][2 * (ni & 1) + 1] = pack2<E>(s.x * acc[0][ni][2], s.y * acc[0][ni][3]);
+    }
+  }
+};
+template <int COLS>
+struct WarpOperand<float, COLS> {
+  using TileT = Tile<float, 16, COLS>;
+  static constexpr int kSmemBytes = TileT::kBytes;
+  TileT tile;
+  __device__ explicit WarpOperand(char* smem) : tile{reinterpret_cast<float*>(smem)} {}
+
+  __device__ __forceinline__ void set(const float (&acc)[1][COLS / 8][4], float factor,
+                                      const float* columns = nullptr) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    __syncwarp();  // earlier products have read the tile
+#pragma unroll
+    for (int ni = 0; ni < COLS / 8; ++ni) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int c = 8 * ni + 2 * t + (r & 1);
+        tile(g + (r >> 1) * 8, c) = factor * (columns != nullptr ? columns[c] : 1.f) * acc[0][ni][r];
+      }
+    }
+    __syncwarp();
+  }
+};
+
+// acc (16 x 8 NT tiles at column n0) += A * B[0..COLS, n0..), A held by the warp.
+template <int NT, class E, int COLS, class VB>
+__device__ __forceinline__ void warp_mma(float (&acc)[1][NT][4], const WarpOperand<E, COLS>& a, const VB& b, int n0) {
+  if constexpr (std::is_same_v<E, float>) {
+    warp_mma(acc, plain(a.tile), 0, b, n0, 0, COLS);
+  } else {
+    static_assert(NT % 2 == 0, "B fragments are loaded two n-tiles at a time");
+    constexpr int kPairsPerBatch = NT / 2 < 4 ? NT / 2 : 4;  // bounds the live B fragments
+#pragma unroll
+    for (int kb = 0; kb < COLS / 16; ++kb) {
+#pragma unroll
+      for (int batch = 0; batch < NT / 2; batch += kPairsPerBatch) {
+        std::uint32_t bf[kPairsPerBatch][4];
+#pragma unroll
+        for (int j = 0; j < kPairsPerBatch; ++j) load_b16(bf[j], b, 16 * kb, n0 + 16 * (batch + j));
+#pragma unroll
+        for (int j = 0; j < kPairsPerBatch; ++j) {
+          mma_16816<E>(acc[0][2 * (batch + j)], a.frag[kb], bf[j][0], bf[j][1]);
+          mma_16816<E>(acc[0][2 * (batch + j) + 1], a.frag[kb], bf[j][2], bf[j][3]);
+        }
+      }
+    }
+  }
+}
+
+// acc = rows m0..m0+15, columns 0..8 NT of a view, in the accumulator layout (16-bit E: by ldmatrix, whose
+// A fragment has that layout).
+template <int NT, class TileT, bool kT>
+__device__ __forceinline__ void load_accumulator(float (&acc)[1][NT][4], const View<TileT, kT>& v, int m0) {
+  using E = typename TileT::Element;
+  if constexpr (std::is_same_v<E, float>) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[0][ni][r] = v.at(m0 + g + (r >> 1) * 8, 8 * ni + 2 * t + (r & 1));
+  } else {
+#pragma unroll
+    for (int kb = 0; kb < NT / 2; ++kb) {
+      std::uint32_t a[4];
+      load_a16(a, v, m0, 16 * kb);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float2 top = unpack2<E>(a[2 * half]), bottom = unpack2<E>(a[2 * half + 1]);
+        acc[0][2 * kb + half][0] = top.x;
+        acc[0][2 * kb + half][1] = top.y;
+        acc[0][2 * kb + half][2] = bottom.x;
+        acc[0][2 * kb + half][3] = bottom.y;
+      }
+    }
+  }
+}
+
+// acc(r, c) *= factor * columns[c] (columns in shared memory).
+template <int MT, int NT>
+__device__ __forceinline__ void scale_columns(float (&acc)[MT][NT][4], const float* columns, float factor) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int ni = 0; ni < NT; ++ni) {
+    const float2 c = *reinterpret_cast<const float2*>(&columns[8 * ni + 2 * t]);
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+      acc[mi][ni][0] *= factor * c.x;
+      acc[mi][ni][1] *= factor * c.y;
+      acc[mi][ni][2] *= factor * c.x;
+      acc[mi][ni][3] *= factor * c.y;
+    }
+  }
+}
+
+// Stores a warp's accumulators, rounded to E, to a row-major global matrix (leading dimension ld) with
+// one store per pair of adjacent columns.
+template <class E, int MT, int NT>
+__device__ __forceinline__ void store_pairs(const float (&acc)[MT][NT][4], E* dst, std::int64_t ld) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        E* at = dst + (16 * mi + g + 8 * half) * ld + 8 * ni + 2 * t;
+        const float lo = acc[mi][ni][2 * half], hi = acc[mi][ni][2 * half + 1];
+        if constexpr (std::is_same_v<E, float>) {
+          *reinterpret_cast<float2*>(at) = float2{lo, hi};
+        } else {
+          *reinterpret_cast<std::uint32_t*>(at) = pack2<E>(lo, hi);
+        }
+      }
+}
+
 // ---- asynchronous copies ------------------------------------------------------------------------------
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {

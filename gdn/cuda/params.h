@@ -65,6 +65,8 @@ struct Params {
   float* q_rstd = nullptr;               // [tokens, H] (l2norm only)
   float* k_rstd = nullptr;               // [tokens, H] (l2norm only)
   float* gamma = nullptr;                // [HV, tokens]: in-chunk cumulative log decay
+  float* gate_in = nullptr;              // [HV, tokens]: e^gamma, the decay from the chunk's start
+  float* gate_out = nullptr;             // [HV, tokens]: e^(gamma_last - gamma), the decay to its end
   void* w = nullptr;                     // io [tokens, HV, K]
   void* u = nullptr;                     // io [tokens, HV, V]
   void* p = nullptr;                     // io [tokens, HV, C]: scale * tril(Q K^T) * Gamma

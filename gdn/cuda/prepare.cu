@@ -184,7 +184,12 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   __syncthreads();
   if (tid >= 32 && tid < kChunk) gamma[tid] += gamma[31];
   __syncthreads();
-  if (tid < rows) p.gamma[static_cast<std::int64_t>(hv) * p.tokens + t0 + tid] = gamma[tid];
+  if (tid < rows) {
+    const std::int64_t at = static_cast<std::int64_t>(hv) * p.tokens + t0 + tid;
+    p.gamma[at] = gamma[tid];
+    p.gate_in[at] = __expf(gamma[tid]);
+    p.gate_out[at] = __expf(gamma[rows - 1] - gamma[tid]);
+  }
 
   cp_async_wait<0>();
   __syncthreads();

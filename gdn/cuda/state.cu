@@ -2,6 +2,9 @@
 // (gdn-kernels.md section 2) and the state gradient backward (section 3, step 3). One CTA owns 64 columns
 // of V; each of its four warps keeps 16 columns of the state transposed (S^T, 16 x K) in float32 registers
 // and walks the chunks in order, while the next chunk's tiles arrive by cp.async into the other stage.
+// Every product of a step has the warp's own 16 rows as its A operand (S^T, Delta^T, dS^T, D^T), so the
+// operand passes from accumulator to product in registers (WarpOperand) and warps never wait on each other
+// within a step; only the shared chunk tiles (B operands) come from shared memory.
 #include "chunk.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -13,16 +16,18 @@ constexpr int kStateThreads = 128;
 constexpr int kStateColumns = 64;       // V columns of one CTA
 constexpr int kSmemLimit = 227 * 1024;  // per-block opt-in limit of sm_80 and sm_90
 
-// Shared memory of a sequential pass: `kKeyTiles` chunk tiles 64 x K and `kChunkTiles` 64 x 64 per stage,
-// plus per warp `kWarpTiles` 16 x 64 tiles and one 16 x K tile. Two stages when they fit.
-template <class E, int K, int kKeyTiles, int kChunkTiles, int kWarpTiles>
+// Shared memory of a sequential pass: per stage `kKeyTiles` chunk tiles 64 x K, `kChunkTiles` 64 x 64 and
+// the chunk's two gate vectors; per warp the staging tile of its token-major stores and the shared backing
+// of its two operands (float32 only). Two stages when they fit.
+template <class E, int K, int kKeyTiles, int kChunkTiles>
 struct SequentialSmem {
   using KeyTile = Tile<E, kChunk, K>;
   using ChunkTile = Tile<E, kChunk, kChunk>;
-  using WarpKeyTile = Tile<E, 16, K>;
-  using WarpChunkTile = Tile<E, 16, kChunk>;
-  static constexpr int stage_bytes = kKeyTiles * KeyTile::kBytes + kChunkTiles * ChunkTile::kBytes + kChunk * 4;
-  static constexpr int warp_bytes = WarpKeyTile::kBytes + kWarpTiles * WarpChunkTile::kBytes;
+  using TokenTile = Tile<E, kChunk, 16>;
+  static constexpr int gates_bytes = 2 * kChunk * 4;
+  static constexpr int stage_bytes = kKeyTiles * KeyTile::kBytes + kChunkTiles * ChunkTile::kBytes + gates_bytes;
+  static constexpr int key_operand_bytes = WarpOperand<E, K>::kSmemBytes;
+  static constexpr int warp_bytes = TokenTile::kBytes + key_operand_bytes + WarpOperand<E, kChunk>::kSmemBytes;
   static constexpr int stages = 2 * stage_bytes + 4 * warp_bytes <= kSmemLimit ? 2 : 1;
   static constexpr int bytes = stages * stage_bytes + 4 * warp_bytes;
   static_assert(bytes <= kSmemLimit, "a sequential pass needs more shared memory than an SM has");
@@ -33,15 +38,17 @@ struct SequentialSmem {
   __device__ static ChunkTile chunk_tile(char* smem, int stage, int i) {
     return {smem_at<E>(smem, stage * stage_bytes + kKeyTiles * KeyTile::kBytes + i * ChunkTile::kBytes)};
   }
-  __device__ static float* gamma(char* smem, int stage) {
+  __device__ static float* gate_in(char* smem, int stage) {
     return smem_at<float>(smem, stage * stage_bytes + kKeyTiles * KeyTile::kBytes + kChunkTiles * ChunkTile::kBytes);
   }
-  __device__ static WarpKeyTile warp_key_tile(char* smem, int warp) {
+  __device__ static float* gate_out(char* smem, int stage) { return gate_in(smem, stage) + kChunk; }
+  __device__ static TokenTile token_tile(char* smem, int warp) {
     return {smem_at<E>(smem, stages * stage_bytes + warp * warp_bytes)};
   }
-  __device__ static WarpChunkTile warp_chunk_tile(char* smem, int warp, int i) {
-    return {smem_at<E>(smem, stages * stage_bytes + warp * warp_bytes + WarpKeyTile::kBytes + i * WarpChunkTile::kBytes)};
+  __device__ static char* key_operand(char* smem, int warp) {
+    return smem + stages * stage_bytes + warp * warp_bytes + TokenTile::kBytes;
   }
+  __device__ static char* chunk_operand(char* smem, int warp) { return key_operand(smem, warp) + key_operand_bytes; }
 };
 
 // The chunks of sequence n: contiguous, 64 tokens each but the last. Computed rather than read from the
@@ -81,21 +88,25 @@ __device__ __forceinline__ void sequential_pass(int count, Issue&& issue, Body&&
   }
 }
 
-// The 16 x K state block of this warp in a [N, HV, K, V] float32 tensor (zero when absent), read into acc
-// and into the warp's operand copy.
-template <int NT, class TileT>
-__device__ __forceinline__ void load_state(float (&acc)[1][NT][4], TileT copy, const float* src, const Params& p, int n,
-                                           int hv, int v0) {
+// The warp's 16 x K block of a [N, HV, K, V] float32 state (zero when absent), as S^T in acc.
+template <int NT>
+__device__ __forceinline__ void load_state(float (&acc)[1][NT][4], const float* src, const Params& p, int n, int hv,
+                                           int v0) {
   const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
   for_each(acc, 0, 0, [&](int r, int c, float& x) {
     x = src == nullptr ? 0.f : src[base + static_cast<std::int64_t>(c) * p.V + v0 + r];
   });
-  store(acc, copy, 0, 0);
 }
 template <int NT>
 __device__ __forceinline__ void store_state(float (&acc)[1][NT][4], float* dst, const Params& p, int n, int hv, int v0) {
   const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
   for_each(acc, 0, 0, [&](int r, int c, float& x) { dst[base + static_cast<std::int64_t>(c) * p.V + v0 + r] = x; });
+}
+
+// The warp's rows of a per-chunk [chunks, HV, V, K] tensor of states.
+template <class E>
+__device__ __forceinline__ E* chunk_state_rows(void* base, const Params& p, std::int64_t chunk, int hv, int v0) {
+  return static_cast<E*>(base) + ((chunk * p.HV + hv) * p.V + v0) * p.K;
 }
 
 // Forward: per chunk, with S^T the warp's state block entering it,
@@ -106,10 +117,10 @@ __device__ __forceinline__ void store_state(float (&acc)[1][NT][4], float* dst, 
 template <class E, int K, bool kRecompute>
 __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) {
   // stage tiles: W, K (, Q) and U (, P)
-  using L = SequentialSmem<E, K, kRecompute ? 2 : 3, kRecompute ? 1 : 2, kRecompute ? 2 : 3>;
+  using L = SequentialSmem<E, K, kRecompute ? 2 : 3, kRecompute ? 1 : 2>;
   extern __shared__ __align__(16) char smem[];
   const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kStateColumns, h = hv / p.group;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, v0 = v_block + 16 * warp;
+  const int tid = threadIdx.x, warp = tid / 32, v0 = v_block + 16 * warp;
   const SequenceChunks chunks(p, n);
 
   auto issue = [&](int j, int stage) {
@@ -121,58 +132,48 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
       load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
       load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 1), p.p, p.HV, hv, kChunk, 0, info, tid);
     }
-    load_gamma_async(p, L::gamma(smem, stage), hv, info, tid);
+    load_gates_async(p, L::gate_in(smem, stage), L::gate_out(smem, stage), hv, info, tid);
   };
 
-  const auto s_tile = L::warp_key_tile(smem, warp);
-  const auto delta_tile = L::warp_chunk_tile(smem, warp, 0);
-  const auto delta_decayed_tile = L::warp_chunk_tile(smem, warp, 1);
+  const auto token_tile = L::token_tile(smem, warp);
+  WarpOperand<E, K> s_operand(L::key_operand(smem, warp));
+  WarpOperand<E, kChunk> delta_operand(L::chunk_operand(smem, warp));
+  const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
   float state[1][K / 8][4];
-  load_state(state, s_tile, p.h0, p, n, hv, v0);
+  load_state(state, p.h0, p, n, hv, v0);
 
   sequential_pass<L::stages, false>(chunks.count, issue, [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
     const auto w_tile = L::key_tile(smem, stage, 0), k_tile = L::key_tile(smem, stage, 1);
     const auto u_tile = L::chunk_tile(smem, stage, 0);
-    const float* gamma = L::gamma(smem, stage);
-    const float gamma_last = gamma[kChunk - 1];
-    if constexpr (kRecompute) {
-      const std::int64_t chunk = chunks.first + j;
-      store_rows<32>(s_tile, static_cast<E*>(p.states) + ((chunk * p.HV + hv) * p.V + v0) * K,
-                     K, 16, lane);
-    }
+    const float *gate_in = L::gate_in(smem, stage), *gate_out = L::gate_out(smem, stage);
+    E* const token_rows = static_cast<E*>(kRecompute ? p.delta : p.o) +
+                          (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + v0;
+    if constexpr (kRecompute) store_pairs(state, chunk_state_rows<E>(p.states, p, chunks.first + j, hv, v0), K);
 
-    float delta[1][8][4];
-    zero(delta);
-    warp_mma(delta, plain(s_tile), 0, transposed(w_tile), 0, 0, K);
-    for_each(delta, 0, 0, [&](int r, int c, float& x) {
-      x = to_float(u_tile(c, 16 * warp + r)) - x;
-      delta_tile(r, c) = from_float<E>(x);
-      delta_decayed_tile(r, c) = from_float<E>(x * __expf(gamma_last - gamma[c]));
-    });
-    __syncwarp();
-    const std::int64_t token_row = (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + v0;
+    s_operand.set(state, 1.f);
+    float minus_delta[1][kChunk / 8][4];  // S^T W^T - U^T
+    load_accumulator(minus_delta, transposed(u_tile), 16 * warp);
+    for_each(minus_delta, 0, 0, [](int, int, float& x) { x = -x; });
+    warp_mma(minus_delta, s_operand, transposed(w_tile), 0);
     if constexpr (kRecompute) {
-      store_columns(delta_tile, static_cast<E*>(p.delta) + token_row, static_cast<std::int64_t>(p.HV) * p.V, info.length);
+      store_token_rows(minus_delta, token_tile, token_rows, token_stride, info.length, -1.f);
     } else {
       const auto q_tile = L::key_tile(smem, stage, 2);
       const auto p_tile = L::chunk_tile(smem, stage, 1);
-      const auto o_tile = L::warp_chunk_tile(smem, warp, 2);
-      float out[1][8][4];
+      float out[1][kChunk / 8][4];
       zero(out);
-      warp_mma(out, plain(s_tile), 0, transposed(q_tile), 0, 0, K);
-      for_each(out, 0, 0, [&](int, int c, float& x) { x *= p.scale * __expf(gamma[c]); });
-      warp_mma(out, plain(delta_tile), 0, transposed(p_tile), 0, 0, kChunk);
-      store(out, o_tile, 0, 0);
-      __syncwarp();
-      store_columns(o_tile, static_cast<E*>(p.o) + token_row, static_cast<std::int64_t>(p.HV) * p.V, info.length);
+      warp_mma(out, s_operand, transposed(q_tile), 0);
+      scale_columns(out, gate_in, p.scale);
+      delta_operand.set(minus_delta, -1.f);
+      warp_mma(out, delta_operand, transposed(p_tile), 0);
+      store_token_rows(out, token_tile, token_rows, token_stride, info.length, 1.f);
     }
 
-    const float decay = __expf(gamma_last);
+    const float decay = gate_in[kChunk - 1];
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
-    warp_mma(state, plain(delta_decayed_tile), 0, plain(k_tile), 0, 0, kChunk);
-    __syncwarp();  // every lane has read the old S^T and Delta^T
-    store(state, s_tile, 0, 0);
+    delta_operand.set(minus_delta, -1.f, gate_out);
+    warp_mma(state, delta_operand, plain(k_tile), 0);
   });
   if constexpr (!kRecompute) {
     if (p.ht != nullptr) store_state(state, p.ht, p, n, hv, v0);
@@ -181,15 +182,14 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
 
 // Backward, chunks in reverse; dS^T is the warp's block of the gradient of the state after the chunk:
 //   D^T  = (dS^T K^T) diag(e^(gamma_last - gamma)) + dO^T P                (D = dDelta, stored)
-//   dS^T = e^gamma_last dS^T + (dO^T scale e^gamma) Q - D^T W            (the gradient entering the chunk)
+//   dS^T = e^gamma_last dS^T + (dO^T diag(scale e^gamma)) Q - D^T W      (the gradient entering the chunk)
 // The gradient after each chunk is stored for the chunk-gradient kernel; what enters chunk 0 is dh0.
 template <class E, int K>
 __global__ void __launch_bounds__(kStateThreads) state_backward_kernel(Params p) {
-  // stage tiles: W, K, Q and P, dO; warp tiles: -D^T, scaled dO^T
-  using L = SequentialSmem<E, K, 3, 2, 2>;
+  using L = SequentialSmem<E, K, 3, 2>;  // stage tiles: W, K, Q and P, dO
   extern __shared__ __align__(16) char smem[];
   const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kStateColumns, h = hv / p.group;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, v0 = v_block + 16 * warp;
+  const int tid = threadIdx.x, warp = tid / 32, v0 = v_block + 16 * warp;
   const SequenceChunks chunks(p, n);
 
   auto issue = [&](int j, int stage) {
@@ -199,46 +199,41 @@ __global__ void __launch_bounds__(kStateThreads) state_backward_kernel(Params p)
     load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
     load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
     load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 1), p.d_o, p.HV, hv, p.V, v_block, info, tid);
-    load_gamma_async(p, L::gamma(smem, stage), hv, info, tid);
+    load_gates_async(p, L::gate_in(smem, stage), L::gate_out(smem, stage), hv, info, tid);
   };
 
-  const auto ds_tile = L::warp_key_tile(smem, warp);
-  const auto neg_ddelta_tile = L::warp_chunk_tile(smem, warp, 0);
-  const auto do_scaled_tile = L::warp_chunk_tile(smem, warp, 1);
+  const auto token_tile = L::token_tile(smem, warp);
+  WarpOperand<E, K> ds_operand(L::key_operand(smem, warp));
+  WarpOperand<E, kChunk> chunk_operand(L::chunk_operand(smem, warp));
   float dstate[1][K / 8][4];
-  load_state(dstate, ds_tile, p.dht, p, n, hv, v0);
+  load_state(dstate, p.dht, p, n, hv, v0);
 
   sequential_pass<L::stages, true>(chunks.count, issue, [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
-    const std::int64_t chunk = chunks.first + j;
     const auto w_tile = L::key_tile(smem, stage, 0), k_tile = L::key_tile(smem, stage, 1);
     const auto q_tile = L::key_tile(smem, stage, 2);
     const auto p_tile = L::chunk_tile(smem, stage, 0), do_tile = L::chunk_tile(smem, stage, 1);
-    const float* gamma = L::gamma(smem, stage);
-    const float gamma_last = gamma[kChunk - 1];
-    store_rows<32>(ds_tile, static_cast<E*>(p.dstates) + ((chunk * p.HV + hv) * p.V + v0) * K,
-                   K, 16, lane);
+    const float *gate_in = L::gate_in(smem, stage), *gate_out = L::gate_out(smem, stage);
+    store_pairs(dstate, chunk_state_rows<E>(p.dstates, p, chunks.first + j, hv, v0), K);
 
-    float ddelta[1][8][4];
+    ds_operand.set(dstate, 1.f);
+    float ddelta[1][kChunk / 8][4];
     zero(ddelta);
-    warp_mma(ddelta, plain(ds_tile), 0, transposed(k_tile), 0, 0, K);
-    for_each(ddelta, 0, 0, [&](int, int c, float& x) { x *= __expf(gamma_last - gamma[c]); });
+    warp_mma(ddelta, ds_operand, transposed(k_tile), 0);
+    scale_columns(ddelta, gate_out, 1.f);
     warp_mma(ddelta, transposed(do_tile), 16 * warp, plain(p_tile), 0, 0, kChunk);
-    for_each(ddelta, 0, 0, [&](int r, int c, float& x) { neg_ddelta_tile(r, c) = from_float<E>(-x); });
-    for (int i = lane; i < 16 * kChunk; i += 32) {
-      const int r = i / kChunk, c = i % kChunk;
-      do_scaled_tile(r, c) = from_float<E>(to_float(do_tile(c, 16 * warp + r)) * p.scale * __expf(gamma[c]));
-    }
-    __syncwarp();
-    store_columns(neg_ddelta_tile, static_cast<E*>(p.ddelta) + (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + v0,
-                  static_cast<std::int64_t>(p.HV) * p.V, info.length, -1.f);
+    store_token_rows(ddelta, token_tile,
+                     static_cast<E*>(p.ddelta) + (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + v0,
+                     static_cast<std::int64_t>(p.HV) * p.V, info.length, 1.f);
 
-    const float decay = __expf(gamma_last);
+    const float decay = gate_in[kChunk - 1];
     for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
-    warp_mma(dstate, plain(do_scaled_tile), 0, plain(q_tile), 0, 0, kChunk);
-    warp_mma(dstate, plain(neg_ddelta_tile), 0, plain(w_tile), 0, 0, kChunk);
-    __syncwarp();
-    store(dstate, ds_tile, 0, 0);
+    float do_t[1][kChunk / 8][4];
+    load_accumulator(do_t, transposed(do_tile), 16 * warp);
+    chunk_operand.set(do_t, p.scale, gate_in);
+    warp_mma(dstate, chunk_operand, plain(q_tile), 0);
+    chunk_operand.set(ddelta, -1.f);
+    warp_mma(dstate, chunk_operand, plain(w_tile), 0);
   });
   if (p.dh0 != nullptr) store_state(dstate, p.dh0, p, n, hv, v0);
 }
@@ -250,10 +245,10 @@ void launch_state_forward(const Params& p, DType io, bool recompute, cudaStream_
     const dim3 grid(p.sequences, p.HV, p.V / kStateColumns);
     if (recompute) {
       launch<state_forward_kernel<E, K, true>>("gdn state_forward_kernel (recompute)", grid, dim3(kStateThreads),
-             SequentialSmem<E, K, 2, 1, 2>::bytes, stream, p);
+             SequentialSmem<E, K, 2, 1>::bytes, stream, p);
     } else {
       launch<state_forward_kernel<E, K, false>>("gdn state_forward_kernel", grid, dim3(kStateThreads),
-             SequentialSmem<E, K, 3, 2, 3>::bytes, stream, p);
+             SequentialSmem<E, K, 3, 2>::bytes, stream, p);
     }
   });
 }
@@ -261,7 +256,7 @@ void launch_state_forward(const Params& p, DType io, bool recompute, cudaStream_
 void launch_state_backward(const Params& p, DType io, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
     launch<state_backward_kernel<E, K>>("gdn state_backward_kernel", dim3(p.sequences, p.HV, p.V / kStateColumns),
-           dim3(kStateThreads), SequentialSmem<E, K, 3, 2, 2>::bytes, stream, p);
+           dim3(kStateThreads), SequentialSmem<E, K, 3, 2>::bytes, stream, p);
   });
 }
 

@@ -35,6 +35,8 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
     take(layout.k_rstd, tokens * H * f32);
   }
   take(layout.gamma, tokens * HV * f32);
+  take(layout.gate_in, tokens * HV * f32);
+  take(layout.gate_out, tokens * HV * f32);
   take(layout.w, tokens * HV * K * io);
   take(layout.u, tokens * HV * V * io);
   take(layout.p, tokens * HV * C * io);

@@ -20,7 +20,7 @@ struct WorkspaceLayout {
   Region offsets;  // int64 [N + 1]: cu_seqlens uploaded when the caller's copy is on the CPU
   Region chunk_table, sequence_chunks;
   Region q_normed, k_normed, q_rstd, k_rstd;
-  Region gamma, w, u, p, t;
+  Region gamma, gate_in, gate_out, w, u, p, t;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dt_from_v, dgamma_part, dbeta_part;
   std::size_t bytes = 0;
 };
