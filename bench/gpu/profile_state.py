@@ -1,5 +1,5 @@
-"""One forward of the cuda backend on fwd 2/8 1x8192 (the state pass dominates), to run under ncu:
-ncu --kernel-name regex:state_forward --launch-skip 2 --launch-count 1 python3 bench/gpu/profile_state.py"""
+"""A few forwards (or backwards) of the cuda backend on one anchor shape, to run under ncu, e.g.
+ncu --kernel-name regex:state_forward --launch-skip 2 --launch-count 1 python3 bench/gpu/profile_state.py 2 8 8192 fwd"""
 import os
 import sys
 
@@ -10,8 +10,14 @@ from gdn_h200 import Impl, make_inputs  # noqa: E402
 
 import deltatrain.torch as ours  # noqa: E402
 
-x = make_inputs(2, 8, [8192], seed=0)
+h_qk, h_v, length = (int(a) for a in sys.argv[1:4]) if len(sys.argv) > 3 else (2, 8, 8192)
+pass_ = sys.argv[4] if len(sys.argv) > 4 else "fwd"
+x = make_inputs(h_qk, h_v, [length], seed=0)
 impl = Impl(ours.chunk_gated_delta_rule, x, 128 ** -0.5)
 for _ in range(3):
-    impl.forward()
+    if pass_ == "fwd":
+        impl.forward()
+    else:
+        impl.prepare_backward()
+        impl.backward()
 torch.cuda.synchronize()

@@ -47,10 +47,14 @@ if [[ $steps == *,bench,* ]]; then
 fi
 
 if [[ $steps == *,profile,* ]]; then
+  # ncu on the kernels named by PROFILE_KERNELS (regex, default the forward state pass) on PROFILE_SHAPE
+  # ("h_qk h_v tokens pass", default 2 8 8192 fwd).
   python_env
-  ncu --clock-control none --kernel-name regex:state_forward --launch-skip 2 --launch-count 1 \
+  ncu --clock-control none --kernel-name "regex:${PROFILE_KERNELS:-state_forward}" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-    python3 bench/gpu/profile_state.py > "$out/ncu-state.txt" 2>&1
+    --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    python3 bench/gpu/profile_state.py ${PROFILE_SHAPE:-2 8 8192 fwd} > "$out/ncu.txt" 2>&1
   echo "ncu exit $?"
-  grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|No Eligible|One or More" "$out/ncu-state.txt" | head -40
+  grep -E "^  [a-z_]+.*kernel|issue_stalled|Duration|Throughput|Stall|Warp Cycles|Issued Ipc|Eligible|Active Warps|No Eligible|Registers|Shared Memory Configuration Size|Dynamic Shared" "$out/ncu.txt" | awk '$NF+0 > 0.05 || !/issue_stalled/' | head -70
 fi

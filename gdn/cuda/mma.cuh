@@ -445,33 +445,44 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Calls f(row, column) for the 16-byte vectors of a tile that thread `thread` of NTHREADS handles: vector
+// i = thread + j * NTHREADS for j = 0, 1, ..., row-major. Fully unrolled, with the row stepping by a
+// constant when NTHREADS is a multiple of the vectors per row, so that the copy loops of the sequential
+// passes cost a few instructions per vector.
+template <int NTHREADS, class TileT, class F>
+__device__ __forceinline__ void for_each_vector(int thread, F&& f) {
+  constexpr int kPerVec = 16 / static_cast<int>(sizeof(typename TileT::Element));
+  constexpr int kVecPerRow = TileT::kCols / kPerVec;
+  constexpr int kTotal = TileT::kRows * kVecPerRow;
+  constexpr bool kRowStep = NTHREADS % kVecPerRow == 0;
+#pragma unroll
+  for (int j = 0; j < (kTotal + NTHREADS - 1) / NTHREADS; ++j) {
+    const int i = thread + j * NTHREADS;
+    if (kTotal % NTHREADS != 0 && i >= kTotal) break;
+    const int r = kRowStep ? thread / kVecPerRow + j * (NTHREADS / kVecPerRow) : i / kVecPerRow;
+    f(r, (kRowStep ? thread : i) % kVecPerRow * kPerVec);
+  }
+}
+
 // Starts copying rows [0, TileT::kRows) of a row-major global matrix (row stride `stride` elements,
 // first row at `src`) into `tile`; rows at or past `rows_valid` are zero-filled. Threads 0..NTHREADS-1 of
 // the cooperating group call it, each with its index `thread`.
 template <int NTHREADS, class TileT>
 __device__ __forceinline__ void load_rows_async(TileT tile, const typename TileT::Element* src, std::int64_t stride,
                                                 int rows_valid, int thread) {
-  using E = typename TileT::Element;
-  constexpr int kVecPerRow = TileT::kCols * static_cast<int>(sizeof(E)) / 16;
-  constexpr int kElemsPerVec = 16 / static_cast<int>(sizeof(E));
-  for (int i = thread; i < TileT::kRows * kVecPerRow; i += NTHREADS) {
-    const int r = i / kVecPerRow, c = (i % kVecPerRow) * kElemsPerVec;
+  for_each_vector<NTHREADS, TileT>(thread, [&](int r, int c) {
     const bool valid = r < rows_valid;
     cp_async_16(&tile(r, c), src + (valid ? r * stride + c : 0), valid);
-  }
+  });
 }
 
 // Copies rows [0, rows_valid) of `tile` to a row-major global matrix with 16-byte stores.
 template <int NTHREADS, class TileT>
 __device__ __forceinline__ void store_rows(TileT tile, typename TileT::Element* dst, std::int64_t stride,
                                            int rows_valid, int thread) {
-  using E = typename TileT::Element;
-  constexpr int kVecPerRow = TileT::kCols * static_cast<int>(sizeof(E)) / 16;
-  constexpr int kElemsPerVec = 16 / static_cast<int>(sizeof(E));
-  for (int i = thread; i < rows_valid * kVecPerRow; i += NTHREADS) {
-    const int r = i / kVecPerRow, c = (i % kVecPerRow) * kElemsPerVec;
-    *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(&tile(r, c));
-  }
+  for_each_vector<NTHREADS, TileT>(thread, [&](int r, int c) {
+    if (r < rows_valid) *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(&tile(r, c));
+  });
 }
 
 }  // namespace deltatrain::gdn::cuda

@@ -151,28 +151,28 @@ __global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) 
                           (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + v0;
     if constexpr (kRecompute) store_pairs(state, chunk_state_rows<E>(p.states, p, chunks.first + j, hv, v0), K);
 
-    s_operand.set(state, 1.f);
-    float minus_delta[1][kChunk / 8][4];  // S^T W^T - U^T
-    load_accumulator(minus_delta, transposed(u_tile), 16 * warp);
-    for_each(minus_delta, 0, 0, [](int, int, float& x) { x = -x; });
-    warp_mma(minus_delta, s_operand, transposed(w_tile), 0);
+    // The operand is -S^T, so that Delta^T = U^T + (-S^T) W^T accumulates onto U^T as loaded.
+    s_operand.set(state, -1.f);
+    float delta[1][kChunk / 8][4];
+    load_accumulator(delta, transposed(u_tile), 16 * warp);
+    warp_mma(delta, s_operand, transposed(w_tile), 0);
     if constexpr (kRecompute) {
-      store_token_rows(minus_delta, token_tile, token_rows, token_stride, info.length, -1.f);
+      store_token_rows(delta, token_tile, token_rows, token_stride, info.length, 1.f);
     } else {
       const auto q_tile = L::key_tile(smem, stage, 2);
       const auto p_tile = L::chunk_tile(smem, stage, 1);
       float out[1][kChunk / 8][4];
       zero(out);
       warp_mma(out, s_operand, transposed(q_tile), 0);
-      scale_columns(out, gate_in, p.scale);
-      delta_operand.set(minus_delta, -1.f);
+      scale_columns(out, gate_in, -p.scale);
+      delta_operand.set(delta, 1.f);
       warp_mma(out, delta_operand, transposed(p_tile), 0);
       store_token_rows(out, token_tile, token_rows, token_stride, info.length, 1.f);
     }
 
     const float decay = gate_in[kChunk - 1];
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
-    delta_operand.set(minus_delta, -1.f, gate_out);
+    delta_operand.set(delta, 1.f, gate_out);
     warp_mma(state, delta_operand, plain(k_tile), 0);
   });
   if constexpr (!kRecompute) {
