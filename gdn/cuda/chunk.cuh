@@ -73,17 +73,17 @@ __device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in
   }
 }
 
-// Writes a warp's 16 x 64 accumulator (rows: 16 consecutive channels; columns: the chunk's tokens),
+// Writes a warp's 16 x 8 NT accumulator (rows: 16 consecutive channels; columns: consecutive tokens),
 // times `factor` and rounded to E, to token-major memory: token c's 16 channels at dst + c * stride, for
 // c < rows_valid. The transpose goes through the warp's shared `staging` tile, so that the global stores
 // are 16-byte vectors.
-template <class E>
-__device__ __forceinline__ void store_token_rows(const float (&acc)[1][kChunk / 8][4], Tile<E, kChunk, 16> staging,
-                                                 E* dst, std::int64_t stride, int rows_valid, float factor) {
+template <class E, int NT>
+__device__ __forceinline__ void store_token_rows(const float (&acc)[1][NT][4], Tile<E, 8 * NT, 16> staging, E* dst,
+                                                 std::int64_t stride, int rows_valid, float factor) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   __syncwarp();  // the previous store has read the staging tile
 #pragma unroll
-  for (int ni = 0; ni < kChunk / 8; ++ni)
+  for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
     for (int r = 0; r < 4; ++r) staging(8 * ni + 2 * t + (r & 1), g + (r >> 1) * 8) = from_float<E>(factor * acc[0][ni][r]);
   __syncwarp();

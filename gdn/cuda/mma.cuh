@@ -338,9 +338,17 @@ struct WarpOperand<float, COLS> {
   }
 };
 
-// acc (16 x 8 NT tiles at column n0) += A * B[0..COLS, n0..), A held by the warp.
+// The view of B's rows k0, k0 + 1, ... as rows 0, 1, ...
+template <class TileT, bool kT>
+__device__ __forceinline__ View<TileT, kT> from_row(const View<TileT, kT>& b, int k0) {
+  return {TileT{kT ? b.tile.ptr + k0 : b.tile.ptr + k0 * TileT::kLd}};
+}
+
+// acc (16 x 8 NT tiles at column n0) += A * B[k0..k0 + COLS, n0..), A held by the warp.
 template <int NT, class E, int COLS, class VB>
-__device__ __forceinline__ void warp_mma(float (&acc)[1][NT][4], const WarpOperand<E, COLS>& a, const VB& b, int n0) {
+__device__ __forceinline__ void warp_mma(float (&acc)[1][NT][4], const WarpOperand<E, COLS>& a, const VB& b_all, int n0,
+                                         int k0 = 0) {
+  const VB b = from_row(b_all, k0);
   if constexpr (std::is_same_v<E, float>) {
     warp_mma(acc, plain(a.tile), 0, b, n0, 0, COLS);
   } else {
@@ -470,10 +478,9 @@ __device__ __forceinline__ void for_each_vector(int thread, F&& f) {
 template <int NTHREADS, class TileT>
 __device__ __forceinline__ void load_rows_async(TileT tile, const typename TileT::Element* src, std::int64_t stride,
                                                 int rows_valid, int thread) {
-  for_each_vector<NTHREADS, TileT>(thread, [&](int r, int c) {
-    const bool valid = r < rows_valid;
-    cp_async_16(&tile(r, c), src + (valid ? r * stride + c : 0), valid);
-  });
+  // A row past rows_valid copies 0 bytes (zero fill) and reads nothing, so its address need not be valid.
+  for_each_vector<NTHREADS, TileT>(thread,
+                                   [&](int r, int c) { cp_async_16(&tile(r, c), src + r * stride + c, r < rows_valid); });
 }
 
 // Copies rows [0, rows_valid) of `tile` to a row-major global matrix with 16-byte stores.

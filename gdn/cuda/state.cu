@@ -1,10 +1,21 @@
 // The two sequential passes over the chunks of each (sequence, value head): the state recurrence forward
-// (gdn-kernels.md section 2) and the state gradient backward (section 3, step 3). One CTA owns 64 columns
-// of V; each of its four warps keeps 16 columns of the state transposed (S^T, 16 x K) in float32 registers
-// and walks the chunks in order, while the next chunk's tiles arrive by cp.async into the other stage.
-// Every product of a step has the warp's own 16 rows as its A operand (S^T, Delta^T, dS^T, D^T), so the
-// operand passes from accumulator to product in registers (WarpOperand) and warps never wait on each other
-// within a step; only the shared chunk tiles (B operands) come from shared memory.
+// (gdn-kernels.md section 2) and the state gradient backward (section 3, step 3), walking the chunks in
+// order while the next chunk's tiles arrive by cp.async into the other stage.
+//
+// Work split. A CTA owns 16 x kGroups columns of V. Each group of 16 columns is held by a pair of warps,
+// one per half of the key dimension: the warp keeps its 16 x K/2 block of the state, transposed (S^T), in
+// float32 registers. Per chunk a pair sums its two partial products over keys through shared memory (the
+// two warps' fragments have equal layouts, so the exchange is lane-to-same-lane) and splits the chunk's
+// tokens for the outputs. A step thus has half the tensor-core work of one warp holding all keys, and two
+// warps per scheduler hide each other's latencies. Every A operand is the warp's own rows (S^T, Delta^T,
+// dS^T, D^T) and passes from accumulator to product in registers (WarpOperand); only the chunk tiles (B
+// operands) are shared.
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdlib>
+#include <type_traits>
+
 #include "chunk.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -12,24 +23,30 @@
 namespace deltatrain::gdn::cuda {
 namespace {
 
-constexpr int kStateThreads = 128;
-constexpr int kStateColumns = 64;       // V columns of one CTA
 constexpr int kSmemLimit = 227 * 1024;  // per-block opt-in limit of sm_80 and sm_90
+constexpr int kHalfChunk = kChunk / 2;  // tokens of a chunk each warp of a pair writes out
 
-// Shared memory of a sequential pass: per stage `kKeyTiles` chunk tiles 64 x K, `kChunkTiles` 64 x 64 and
-// the chunk's two gate vectors; per warp the staging tile of its token-major stores and the shared backing
+// Shared memory of a sequential pass of kGroups warp pairs: per stage `kKeyTiles` chunk tiles 64 x K,
+// `kChunkTiles` 64 x 64 (P), one 64 x 16 kGroups tile of the CTA's columns of V (U or dO) and the chunk's
+// two gate vectors; per warp its partial sums for the partner
+// (kExchange accumulator tiles 16 x 8), the staging tile of its token-major stores and the shared backing
 // of its two operands (float32 only). Two stages when they fit.
-template <class E, int K, int kKeyTiles, int kChunkTiles>
+template <class E, int K, int kGroups, int kKeyTiles, int kChunkTiles, int kExchange>
 struct SequentialSmem {
   using KeyTile = Tile<E, kChunk, K>;
   using ChunkTile = Tile<E, kChunk, kChunk>;
-  using TokenTile = Tile<E, kChunk, 16>;
+  using ColumnTile = Tile<E, kChunk, 16 * kGroups>;
+  using TokenTile = Tile<E, kHalfChunk, 16>;
+  static constexpr int kWarps = 2 * kGroups;
   static constexpr int gates_bytes = 2 * kChunk * 4;
-  static constexpr int stage_bytes = kKeyTiles * KeyTile::kBytes + kChunkTiles * ChunkTile::kBytes + gates_bytes;
-  static constexpr int key_operand_bytes = WarpOperand<E, K>::kSmemBytes;
-  static constexpr int warp_bytes = TokenTile::kBytes + key_operand_bytes + WarpOperand<E, kChunk>::kSmemBytes;
-  static constexpr int stages = 2 * stage_bytes + 4 * warp_bytes <= kSmemLimit ? 2 : 1;
-  static constexpr int bytes = stages * stage_bytes + 4 * warp_bytes;
+  static constexpr int column_tile_at = kKeyTiles * KeyTile::kBytes + kChunkTiles * ChunkTile::kBytes;
+  static constexpr int stage_bytes = column_tile_at + ColumnTile::kBytes + gates_bytes;
+  static constexpr int exchange_bytes = kExchange * 32 * 16;
+  static constexpr int key_operand_bytes = WarpOperand<E, K / 2>::kSmemBytes;
+  static constexpr int warp_bytes =
+      exchange_bytes + TokenTile::kBytes + key_operand_bytes + WarpOperand<E, kChunk>::kSmemBytes;
+  static constexpr int stages = 2 * stage_bytes + kWarps * warp_bytes <= kSmemLimit ? 2 : 1;
+  static constexpr int bytes = stages * stage_bytes + kWarps * warp_bytes;
   static_assert(bytes <= kSmemLimit, "a sequential pass needs more shared memory than an SM has");
 
   __device__ static KeyTile key_tile(char* smem, int stage, int i) {
@@ -38,18 +55,71 @@ struct SequentialSmem {
   __device__ static ChunkTile chunk_tile(char* smem, int stage, int i) {
     return {smem_at<E>(smem, stage * stage_bytes + kKeyTiles * KeyTile::kBytes + i * ChunkTile::kBytes)};
   }
+  __device__ static ColumnTile column_tile(char* smem, int stage) {
+    return {smem_at<E>(smem, stage * stage_bytes + column_tile_at)};
+  }
   __device__ static float* gate_in(char* smem, int stage) {
-    return smem_at<float>(smem, stage * stage_bytes + kKeyTiles * KeyTile::kBytes + kChunkTiles * ChunkTile::kBytes);
+    return smem_at<float>(smem, stage * stage_bytes + column_tile_at + ColumnTile::kBytes);
   }
   __device__ static float* gate_out(char* smem, int stage) { return gate_in(smem, stage) + kChunk; }
+  __device__ static char* warp_area(char* smem, int warp) { return smem + stages * stage_bytes + warp * warp_bytes; }
+  __device__ static float4* exchange(char* smem, int warp) { return reinterpret_cast<float4*>(warp_area(smem, warp)); }
   __device__ static TokenTile token_tile(char* smem, int warp) {
-    return {smem_at<E>(smem, stages * stage_bytes + warp * warp_bytes)};
+    return {reinterpret_cast<E*>(warp_area(smem, warp) + exchange_bytes)};
   }
   __device__ static char* key_operand(char* smem, int warp) {
-    return smem + stages * stage_bytes + warp * warp_bytes + TokenTile::kBytes;
+    return warp_area(smem, warp) + exchange_bytes + TokenTile::kBytes;
   }
   __device__ static char* chunk_operand(char* smem, int warp) { return key_operand(smem, warp) + key_operand_bytes; }
 };
+
+// Where a warp sits: its pair (16 columns of V from v0) and its half of the keys (from k0).
+struct WarpPlace {
+  int warp, lane, pair, half, v0, k0;
+  __device__ WarpPlace(int columns_per_cta, int K)
+      : warp(threadIdx.x / 32), lane(threadIdx.x & 31), pair(warp / 2), half(warp & 1),
+        v0(blockIdx.z * columns_per_cta + 16 * pair), k0(half * K / 2) {}
+
+  // Waits until both warps of the pair arrive (named barrier 1 + pair; 0 is __syncthreads).
+  __device__ void pair_sync() const { asm volatile("bar.sync %0, 64;\n" ::"r"(pair + 1) : "memory"); }
+  __device__ int partner() const { return warp ^ 1; }
+};
+
+// f(first tile of the token half `half`) with the tile index a compile-time constant in each branch, so
+// that the register arrays it indexes stay in registers.
+template <class F>
+__device__ __forceinline__ void with_token_half(int half, F&& f) {
+  if (half == 0) {
+    f(std::integral_constant<int, 0>{});
+  } else {
+    f(std::integral_constant<int, kHalfChunk / 8>{});
+  }
+}
+
+// Accumulator tiles [n_begin, n_begin + N) to and from a pair's exchange buffer, one float4 per lane and
+// tile, at the same place for both warps.
+template <int N, int NT>
+__device__ __forceinline__ void put_partial(float4* buffer, const float (&acc)[1][NT][4], int n_begin, int lane) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float* x = acc[0][n_begin + i];
+    buffer[i * 32 + lane] = float4{x[0], x[1], x[2], x[3]};
+  }
+}
+// acc[i] = mine[n_begin + i] + the partner's tile i, for i < N: the pair's sum over both key halves (both
+// warps get the same bits, addition being commutative).
+template <int N, int NA, int NT>
+__device__ __forceinline__ void sum_partials(float (&acc)[1][NA][4], const float (&mine)[1][NT][4], int n_begin,
+                                             const float4* partner, int lane) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float4 other = partner[i * 32 + lane];
+    acc[0][i][0] = mine[0][n_begin + i][0] + other.x;
+    acc[0][i][1] = mine[0][n_begin + i][1] + other.y;
+    acc[0][i][2] = mine[0][n_begin + i][2] + other.z;
+    acc[0][i][3] = mine[0][n_begin + i][3] + other.w;
+  }
+}
 
 // The chunks of sequence n: contiguous, 64 tokens each but the last. Computed rather than read from the
 // chunk table so that no global load sits on the sequential path.
@@ -88,175 +158,275 @@ __device__ __forceinline__ void sequential_pass(int count, Issue&& issue, Body&&
   }
 }
 
-// The warp's 16 x K block of a [N, HV, K, V] float32 state (zero when absent), as S^T in acc.
+// The warp's 16 x K/2 block of a [N, HV, K, V] float32 state (zero when absent), as S^T in acc.
 template <int NT>
 __device__ __forceinline__ void load_state(float (&acc)[1][NT][4], const float* src, const Params& p, int n, int hv,
-                                           int v0) {
+                                           const WarpPlace& at) {
   const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
   for_each(acc, 0, 0, [&](int r, int c, float& x) {
-    x = src == nullptr ? 0.f : src[base + static_cast<std::int64_t>(c) * p.V + v0 + r];
+    x = src == nullptr ? 0.f : src[base + static_cast<std::int64_t>(at.k0 + c) * p.V + at.v0 + r];
   });
 }
 template <int NT>
-__device__ __forceinline__ void store_state(float (&acc)[1][NT][4], float* dst, const Params& p, int n, int hv, int v0) {
+__device__ __forceinline__ void store_state(float (&acc)[1][NT][4], float* dst, const Params& p, int n, int hv,
+                                            const WarpPlace& at) {
   const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
-  for_each(acc, 0, 0, [&](int r, int c, float& x) { dst[base + static_cast<std::int64_t>(c) * p.V + v0 + r] = x; });
+  for_each(acc, 0, 0,
+           [&](int r, int c, float& x) { dst[base + static_cast<std::int64_t>(at.k0 + c) * p.V + at.v0 + r] = x; });
 }
 
-// The warp's rows of a per-chunk [chunks, HV, V, K] tensor of states.
+// The warp's block of a per-chunk [chunks, HV, V, K] tensor of states.
 template <class E>
-__device__ __forceinline__ E* chunk_state_rows(void* base, const Params& p, std::int64_t chunk, int hv, int v0) {
-  return static_cast<E*>(base) + ((chunk * p.HV + hv) * p.V + v0) * p.K;
+__device__ __forceinline__ E* chunk_state_block(void* base, const Params& p, std::int64_t chunk, int hv,
+                                                const WarpPlace& at) {
+  return static_cast<E*>(base) + ((chunk * p.HV + hv) * p.V + at.v0) * p.K + at.k0;
 }
 
-// Forward: per chunk, with S^T the warp's state block entering it,
-//   Delta^T = U^T - S^T W^T
-//   O^T     = scale e^gamma (S^T Q^T) + Delta^T P^T                (kRecompute: not computed)
-//   S^T     = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K
+// The warp's half of the chunk's tokens in a token-major [tokens, HV, V] tensor, and how many are real.
+template <class E>
+__device__ __forceinline__ E* token_half(void* base, const Params& p, const ChunkInfo& info, int hv,
+                                         const WarpPlace& at) {
+  return static_cast<E*>(base) + ((static_cast<std::int64_t>(info.start) + kHalfChunk * at.half) * p.HV + hv) * p.V +
+         at.v0;
+}
+__device__ __forceinline__ int tokens_in_half(const ChunkInfo& info, const WarpPlace& at) {
+  return max(0, min(kHalfChunk, info.length - kHalfChunk * at.half));
+}
+
+// The accumulator tiles [n_begin, n_begin + N) of acc as their own accumulator.
+template <int N, int NT>
+__device__ __forceinline__ void take_tiles(float (&part)[1][N][4], const float (&acc)[1][NT][4], int n_begin) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) part[0][i][r] = acc[0][n_begin + i][r];
+}
+
+// Forward: per chunk, with S^T the pair's state block entering it (each warp holding its key half),
+//   Delta^T = U^T - S^T W^T                                              (key halves summed by the pair)
+//   O^T     = scale e^gamma (S^T Q^T) + Delta^T P^T                      (each warp: its half of the tokens)
+//   S^T     = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K  (each warp: its key half)
 // kRecompute (for the backward) stores S^T entering each chunk and Delta instead of O.
-template <class E, int K, bool kRecompute>
-__global__ void __launch_bounds__(kStateThreads) state_forward_kernel(Params p) {
-  // stage tiles: W, K (, Q) and U (, P)
-  using L = SequentialSmem<E, K, kRecompute ? 2 : 3, kRecompute ? 1 : 2>;
+template <class E, int K, int kGroups, bool kRecompute>
+struct ForwardPass {
+  // stage tiles: W, K (, Q), (P,) U; exchanged: the W product, and the Q product's other token half
+  using L = SequentialSmem<E, K, kGroups, kRecompute ? 2 : 3, kRecompute ? 0 : 1, kRecompute ? 8 : 12>;
+};
+
+template <class E, int K, int kGroups, bool kRecompute>
+__global__ void __launch_bounds__(64 * kGroups) state_forward_kernel(Params p) {
+  using L = typename ForwardPass<E, K, kGroups, kRecompute>::L;
+  constexpr int kThreads = 64 * kGroups, kColumns = 16 * kGroups;
   extern __shared__ __align__(16) char smem[];
-  const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kStateColumns, h = hv / p.group;
-  const int tid = threadIdx.x, warp = tid / 32, v0 = v_block + 16 * warp;
+  const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kColumns, h = hv / p.group;
+  const int tid = threadIdx.x;
+  const WarpPlace at(kColumns, K);
   const SequenceChunks chunks(p, n);
 
   auto issue = [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
-    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, K, 0, info, tid);
-    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
-    load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 0), p.u, p.HV, hv, p.V, v_block, info, tid);
+    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, K, 0, info, tid);
+    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
+    load_chunk_rows<kThreads>(L::column_tile(smem, stage), p.u, p.HV, hv, p.V, v_block, info, tid);
     if constexpr (!kRecompute) {
-      load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
-      load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 1), p.p, p.HV, hv, kChunk, 0, info, tid);
+      load_chunk_rows<kThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
+      load_chunk_rows<kThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
     }
     load_gates_async(p, L::gate_in(smem, stage), L::gate_out(smem, stage), hv, info, tid);
   };
 
-  const auto token_tile = L::token_tile(smem, warp);
-  WarpOperand<E, K> s_operand(L::key_operand(smem, warp));
-  WarpOperand<E, kChunk> delta_operand(L::chunk_operand(smem, warp));
+  const auto token_tile = L::token_tile(smem, at.warp);
+  float4* const mine = L::exchange(smem, at.warp);
+  const float4* const theirs = L::exchange(smem, at.partner());
+  WarpOperand<E, K / 2> s_operand(L::key_operand(smem, at.warp));
+  WarpOperand<E, kChunk> delta_operand(L::chunk_operand(smem, at.warp));
   const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  float state[1][K / 8][4];
-  load_state(state, p.h0, p, n, hv, v0);
+  float state[1][K / 16][4];
+  load_state(state, p.h0, p, n, hv, at);
 
   sequential_pass<L::stages, false>(chunks.count, issue, [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
     const auto w_tile = L::key_tile(smem, stage, 0), k_tile = L::key_tile(smem, stage, 1);
-    const auto u_tile = L::chunk_tile(smem, stage, 0);
+    const auto u_tile = L::column_tile(smem, stage);
     const float *gate_in = L::gate_in(smem, stage), *gate_out = L::gate_out(smem, stage);
-    E* const token_rows = static_cast<E*>(kRecompute ? p.delta : p.o) +
-                          (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + v0;
-    if constexpr (kRecompute) store_pairs(state, chunk_state_rows<E>(p.states, p, chunks.first + j, hv, v0), K);
+    if constexpr (kRecompute) store_pairs(state, chunk_state_block<E>(p.states, p, chunks.first + j, hv, at), K);
 
-    // The operand is -S^T, so that Delta^T = U^T + (-S^T) W^T accumulates onto U^T as loaded.
+    // The operand is -S^T, so that the partial products sum onto U^T, which the first warp starts from.
     s_operand.set(state, -1.f);
-    float delta[1][kChunk / 8][4];
-    load_accumulator(delta, transposed(u_tile), 16 * warp);
-    warp_mma(delta, s_operand, transposed(w_tile), 0);
-    if constexpr (kRecompute) {
-      store_token_rows(delta, token_tile, token_rows, token_stride, info.length, 1.f);
+    float w_part[1][kChunk / 8][4];
+    if (at.half == 0) {
+      load_accumulator(w_part, transposed(u_tile), at.v0 - v_block);
     } else {
-      const auto q_tile = L::key_tile(smem, stage, 2);
-      const auto p_tile = L::chunk_tile(smem, stage, 1);
-      float out[1][kChunk / 8][4];
-      zero(out);
-      warp_mma(out, s_operand, transposed(q_tile), 0);
-      scale_columns(out, gate_in, -p.scale);
+      zero(w_part);
+    }
+    warp_mma(w_part, s_operand, transposed(w_tile), 0, at.k0);
+    put_partial<8>(mine, w_part, 0, at.lane);
+    float q_part[1][kChunk / 8][4];
+    if constexpr (!kRecompute) {
+      zero(q_part);
+      warp_mma(q_part, s_operand, transposed(L::key_tile(smem, stage, 2)), 0, at.k0);
+      with_token_half(at.half ^ 1, [&](auto tile) {  // the partner's tokens
+        put_partial<4>(mine + 8 * 32, q_part, decltype(tile)::value, at.lane);
+      });
+    }
+    at.pair_sync();
+
+    float delta[1][kChunk / 8][4];
+    sum_partials<8>(delta, w_part, 0, theirs, at.lane);
+    if constexpr (kRecompute) {
+      float half_delta[1][kHalfChunk / 8][4];
+      with_token_half(at.half, [&](auto tile) { take_tiles(half_delta, delta, decltype(tile)::value); });
+      store_token_rows(half_delta, token_tile, token_half<E>(p.delta, p, info, hv, at), token_stride,
+                       tokens_in_half(info, at), 1.f);
+    } else {
+      float out[1][kHalfChunk / 8][4];
+      with_token_half(at.half, [&](auto tile) {
+        sum_partials<4>(out, q_part, decltype(tile)::value, theirs + 8 * 32, at.lane);
+      });
+      scale_columns(out, gate_in + kHalfChunk * at.half, -p.scale);
       delta_operand.set(delta, 1.f);
-      warp_mma(out, delta_operand, transposed(p_tile), 0);
-      store_token_rows(out, token_tile, token_rows, token_stride, info.length, 1.f);
+      warp_mma(out, delta_operand, transposed(L::chunk_tile(smem, stage, 0)), kHalfChunk * at.half);
+      store_token_rows(out, token_tile, token_half<E>(p.o, p, info, hv, at), token_stride, tokens_in_half(info, at),
+                       1.f);
     }
 
     const float decay = gate_in[kChunk - 1];
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
     delta_operand.set(delta, 1.f, gate_out);
-    warp_mma(state, delta_operand, plain(k_tile), 0);
+    warp_mma(state, delta_operand, plain(k_tile), at.k0);
   });
   if constexpr (!kRecompute) {
-    if (p.ht != nullptr) store_state(state, p.ht, p, n, hv, v0);
+    if (p.ht != nullptr) store_state(state, p.ht, p, n, hv, at);
   }
 }
 
-// Backward, chunks in reverse; dS^T is the warp's block of the gradient of the state after the chunk:
-//   D^T  = (dS^T K^T) diag(e^(gamma_last - gamma)) + dO^T P                (D = dDelta, stored)
-//   dS^T = e^gamma_last dS^T + (dO^T diag(scale e^gamma)) Q - D^T W      (the gradient entering the chunk)
+// Backward, chunks in reverse; dS^T is the pair's block of the gradient of the state after the chunk:
+//   D^T  = (dS^T K^T) diag(e^(gamma_last - gamma)) + dO^T P      (key halves and P's row halves summed by the pair)
+//   dS^T = e^gamma_last dS^T + (dO^T diag(scale e^gamma)) Q - D^T W      (each warp: its key half)
 // The gradient after each chunk is stored for the chunk-gradient kernel; what enters chunk 0 is dh0.
-template <class E, int K>
-__global__ void __launch_bounds__(kStateThreads) state_backward_kernel(Params p) {
-  using L = SequentialSmem<E, K, 3, 2>;  // stage tiles: W, K, Q and P, dO
+template <class E, int K, int kGroups>
+struct BackwardPass {
+  using L = SequentialSmem<E, K, kGroups, 3, 1, 8>;  // stage tiles: W, K, Q, P, dO; exchanged: D's partial
+};
+
+template <class E, int K, int kGroups>
+__global__ void __launch_bounds__(64 * kGroups) state_backward_kernel(Params p) {
+  using L = typename BackwardPass<E, K, kGroups>::L;
+  constexpr int kThreads = 64 * kGroups, kColumns = 16 * kGroups;
   extern __shared__ __align__(16) char smem[];
-  const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kStateColumns, h = hv / p.group;
-  const int tid = threadIdx.x, warp = tid / 32, v0 = v_block + 16 * warp;
+  const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kColumns, h = hv / p.group;
+  const int tid = threadIdx.x;
+  const WarpPlace at(kColumns, K);
   const SequenceChunks chunks(p, n);
 
   auto issue = [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
-    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, K, 0, info, tid);
-    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
-    load_chunk_rows<kStateThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
-    load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
-    load_chunk_rows<kStateThreads>(L::chunk_tile(smem, stage, 1), p.d_o, p.HV, hv, p.V, v_block, info, tid);
+    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, K, 0, info, tid);
+    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
+    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
+    load_chunk_rows<kThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
+    load_chunk_rows<kThreads>(L::column_tile(smem, stage), p.d_o, p.HV, hv, p.V, v_block, info, tid);
     load_gates_async(p, L::gate_in(smem, stage), L::gate_out(smem, stage), hv, info, tid);
   };
 
-  const auto token_tile = L::token_tile(smem, warp);
-  WarpOperand<E, K> ds_operand(L::key_operand(smem, warp));
-  WarpOperand<E, kChunk> chunk_operand(L::chunk_operand(smem, warp));
-  float dstate[1][K / 8][4];
-  load_state(dstate, p.dht, p, n, hv, v0);
+  const auto token_tile = L::token_tile(smem, at.warp);
+  float4* const mine = L::exchange(smem, at.warp);
+  const float4* const theirs = L::exchange(smem, at.partner());
+  WarpOperand<E, K / 2> ds_operand(L::key_operand(smem, at.warp));
+  WarpOperand<E, kChunk> chunk_operand(L::chunk_operand(smem, at.warp));
+  float dstate[1][K / 16][4];
+  load_state(dstate, p.dht, p, n, hv, at);
 
   sequential_pass<L::stages, true>(chunks.count, issue, [&](int j, int stage) {
     const ChunkInfo info = chunks[j];
     const auto w_tile = L::key_tile(smem, stage, 0), k_tile = L::key_tile(smem, stage, 1);
     const auto q_tile = L::key_tile(smem, stage, 2);
-    const auto p_tile = L::chunk_tile(smem, stage, 0), do_tile = L::chunk_tile(smem, stage, 1);
+    const auto p_tile = L::chunk_tile(smem, stage, 0);
+    const auto do_tile = L::column_tile(smem, stage);
     const float *gate_in = L::gate_in(smem, stage), *gate_out = L::gate_out(smem, stage);
-    store_pairs(dstate, chunk_state_rows<E>(p.dstates, p, chunks.first + j, hv, v0), K);
+    store_pairs(dstate, chunk_state_block<E>(p.dstates, p, chunks.first + j, hv, at), K);
 
     ds_operand.set(dstate, 1.f);
+    float part[1][kChunk / 8][4];
+    zero(part);
+    warp_mma(part, ds_operand, transposed(k_tile), 0, at.k0);
+    scale_columns(part, gate_out, 1.f);
+    const int t0 = kHalfChunk * at.half;  // this warp's rows of P
+    warp_mma(part, transposed(do_tile), at.v0 - v_block, plain(p_tile), 0, t0, t0 + kHalfChunk);
+    put_partial<8>(mine, part, 0, at.lane);
+    at.pair_sync();
     float ddelta[1][kChunk / 8][4];
-    zero(ddelta);
-    warp_mma(ddelta, ds_operand, transposed(k_tile), 0);
-    scale_columns(ddelta, gate_out, 1.f);
-    warp_mma(ddelta, transposed(do_tile), 16 * warp, plain(p_tile), 0, 0, kChunk);
-    store_token_rows(ddelta, token_tile,
-                     static_cast<E*>(p.ddelta) + (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + v0,
-                     static_cast<std::int64_t>(p.HV) * p.V, info.length, 1.f);
+    sum_partials<8>(ddelta, part, 0, theirs, at.lane);
+    float half_ddelta[1][kHalfChunk / 8][4];
+    with_token_half(at.half, [&](auto tile) { take_tiles(half_ddelta, ddelta, decltype(tile)::value); });
+    store_token_rows(half_ddelta, token_tile, token_half<E>(p.ddelta, p, info, hv, at),
+                     static_cast<std::int64_t>(p.HV) * p.V, tokens_in_half(info, at), 1.f);
 
     const float decay = gate_in[kChunk - 1];
     for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
     float do_t[1][kChunk / 8][4];
-    load_accumulator(do_t, transposed(do_tile), 16 * warp);
+    load_accumulator(do_t, transposed(do_tile), at.v0 - v_block);
     chunk_operand.set(do_t, p.scale, gate_in);
-    warp_mma(dstate, chunk_operand, plain(q_tile), 0);
+    warp_mma(dstate, chunk_operand, plain(q_tile), at.k0);
     chunk_operand.set(ddelta, -1.f);
-    warp_mma(dstate, chunk_operand, plain(w_tile), 0);
+    warp_mma(dstate, chunk_operand, plain(w_tile), at.k0);
   });
-  if (p.dh0 != nullptr) store_state(dstate, p.dh0, p, n, hv, v0);
+  if (p.dh0 != nullptr) store_state(dstate, p.dh0, p, n, hv, at);
+}
+
+// Warp pairs per CTA: 2 (32 columns of V) when the grid then still fits on the GPU in one wave, so that
+// each SM runs one pair per scheduler couple and none waits for a second wave; else 4 (64 columns), so
+// that the chunk tiles are loaded once for more columns. float32 inputs always use 2 (shared memory).
+int groups_for(const Params& p, int element_bytes) {
+  static std::array<int, 64> sm_count{};  // per device, queried once
+  int device = 0;
+  cudaGetDevice(&device);
+  int sms = device >= 0 && device < 64 ? sm_count[device] : 0;
+  if (sms == 0) {
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (device >= 0 && device < 64) sm_count[device] = sms;
+  }
+  const long long narrow_ctas = static_cast<long long>(p.sequences) * p.HV * (p.V / 32);
+  if (const char* forced = std::getenv("DT_GROUPS_EXPERIMENT")) return element_bytes == 4 ? 2 : std::atoi(forced);
+  return element_bytes == 4 || narrow_ctas <= sms ? 2 : 4;
+}
+
+template <class E, int K, int kGroups, bool kRecompute>
+void launch_forward(const Params& p, cudaStream_t stream) {
+  const dim3 grid(p.sequences, p.HV, p.V / (16 * kGroups));
+  launch<state_forward_kernel<E, K, kGroups, kRecompute>>(
+      kRecompute ? "gdn state_forward_kernel (recompute)" : "gdn state_forward_kernel", grid, dim3(64 * kGroups),
+      ForwardPass<E, K, kGroups, kRecompute>::L::bytes, stream, p);
+}
+
+template <class E, int K, int kGroups>
+void launch_backward(const Params& p, cudaStream_t stream) {
+  launch<state_backward_kernel<E, K, kGroups>>("gdn state_backward_kernel",
+                                              dim3(p.sequences, p.HV, p.V / (16 * kGroups)), dim3(64 * kGroups),
+                                              BackwardPass<E, K, kGroups>::L::bytes, stream, p);
 }
 
 }  // namespace
 
 void launch_state_forward(const Params& p, DType io, bool recompute, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    const dim3 grid(p.sequences, p.HV, p.V / kStateColumns);
-    if (recompute) {
-      launch<state_forward_kernel<E, K, true>>("gdn state_forward_kernel (recompute)", grid, dim3(kStateThreads),
-             SequentialSmem<E, K, 2, 1>::bytes, stream, p);
+    if constexpr (sizeof(E) == 4) {
+      recompute ? launch_forward<E, K, 2, true>(p, stream) : launch_forward<E, K, 2, false>(p, stream);
+    } else if (groups_for(p, sizeof(E)) == 2) {
+      recompute ? launch_forward<E, K, 2, true>(p, stream) : launch_forward<E, K, 2, false>(p, stream);
     } else {
-      launch<state_forward_kernel<E, K, false>>("gdn state_forward_kernel", grid, dim3(kStateThreads),
-             SequentialSmem<E, K, 3, 2>::bytes, stream, p);
+      recompute ? launch_forward<E, K, 4, true>(p, stream) : launch_forward<E, K, 4, false>(p, stream);
     }
   });
 }
 
 void launch_state_backward(const Params& p, DType io, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    launch<state_backward_kernel<E, K>>("gdn state_backward_kernel", dim3(p.sequences, p.HV, p.V / kStateColumns),
-           dim3(kStateThreads), SequentialSmem<E, K, 3, 2>::bytes, stream, p);
+    if (sizeof(E) == 4 || groups_for(p, sizeof(E)) == 2) {
+      launch_backward<E, K, 2>(p, stream);
+    } else if constexpr (sizeof(E) == 2) {
+      launch_backward<E, K, 4>(p, stream);
+    }
   });
 }
 
