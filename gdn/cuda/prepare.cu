@@ -67,20 +67,23 @@ __global__ void __launch_bounds__(256) l2norm_kernel(Params p) {
   }
 }
 
+// Regions are reused as their contents die, so that three CTAs fit on an SM:
+//   q:    Q, then the staging of T (backward), then of W, then of U blocks
+//   k:    K
+//   a:    A (float32), then T diag(beta e^gamma) and T diag(beta)
+//   t:    the staging of P, then T (float32), then V blocks
 template <class E, int K>
 struct PrepareSmem {
   using KeyTile = Tile<E, kChunk, K>;
   using ChunkTile = Tile<E, kChunk, kChunk>;
   using FloatTile = Tile<float, kChunk, kChunk>;
-  static constexpr int q = 0;  // later the staging of W
+  static constexpr int q = 0;
   static constexpr int k = q + KeyTile::kBytes;
   static constexpr int a = k + KeyTile::kBytes;
-  static constexpr int t = a + FloatTile::kBytes;
-  static constexpr int t_beta_decay = t + FloatTile::kBytes;  // T diag(beta e^gamma)
-  static constexpr int t_beta = t_beta_decay + ChunkTile::kBytes;  // T diag(beta)
-  static constexpr int staging = t_beta + ChunkTile::kBytes;  // P, then T, then U blocks
-  static constexpr int v = staging + ChunkTile::kBytes;
-  static constexpr int gamma = v + ChunkTile::kBytes;
+  static constexpr int t_beta_decay = a;
+  static constexpr int t_beta = a + ChunkTile::kBytes;
+  static constexpr int t = a + (FloatTile::kBytes > 2 * ChunkTile::kBytes ? FloatTile::kBytes : 2 * ChunkTile::kBytes);
+  static constexpr int gamma = t + FloatTile::kBytes;
   static constexpr int beta = gamma + kChunk * 4;
   static constexpr int solve = beta + kChunk * 4;  // 3 blocks of 16 x 16
   static constexpr int bytes = solve + 3 * 256 * 4;
@@ -152,7 +155,8 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   const typename L::KeyTile q_tile{smem_at<E>(smem, L::q)}, k_tile{smem_at<E>(smem, L::k)};
   const typename L::FloatTile a_tile{smem_at<float>(smem, L::a)}, t_tile{smem_at<float>(smem, L::t)};
   const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
-  const typename L::ChunkTile staging{smem_at<E>(smem, L::staging)}, v_tile{smem_at<E>(smem, L::v)};
+  const typename L::ChunkTile p_staging{smem_at<E>(smem, L::t)}, v_tile{smem_at<E>(smem, L::t)};
+  const typename L::ChunkTile staging{smem_at<E>(smem, L::q)};
   float* gamma = smem_at<float>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
 
@@ -164,9 +168,6 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
 
   load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
   load_chunk_rows<kPrepareThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
-  // The first block of V travels with q and k, so that U's first product need not wait for it.
-  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
   cp_async_commit();
 
   // Gate cumsum: two warps scan 32 rows each; rows past the end add zero.
@@ -204,14 +205,16 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
       a_tile(r, c) = r > c ? beta[r] * x * __expf(gamma[r] - gamma[c]) : 0.f;
     });
     for_each(qk, m0, n_half, [&](int r, int c, float& x) {
-      staging(r, c) = from_float<E>(r >= c ? p.scale * x * __expf(gamma[r] - gamma[c]) : 0.f);
+      p_staging(r, c) = from_float<E>(r >= c ? p.scale * x * __expf(gamma[r] - gamma[c]) : 0.f);
     });
   }
   __syncthreads();
   const std::int64_t chunk_row = (t0 * p.HV + hv) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
-  store_rows<kPrepareThreads>(staging, static_cast<E*>(p.p) + chunk_row, chunk_stride, rows, tid);
+  store_rows<kPrepareThreads>(p_staging, static_cast<E*>(p.p) + chunk_row, chunk_stride, rows, tid);
+  __syncthreads();  // P's staging is read before T overwrites it
   invert_unit_lower<kPrepareThreads>(a_tile, t_tile, smem_at<float>(smem, L::solve));
 
+  // A is dead: its region takes T diag(beta e^gamma) and T diag(beta); Q is dead: its region stages T.
   for (int i = tid; i < kChunk * kChunk; i += kPrepareThreads) {
     const int r = i / kChunk, c = i % kChunk;
     const float x = t_tile(r, c);
@@ -220,9 +223,16 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
     if (with_t) staging(r, c) = from_float<E>(x);
   }
   __syncthreads();
-  if (with_t) store_rows<kPrepareThreads>(staging, static_cast<E*>(p.t) + chunk_row, chunk_stride, rows, tid);
+  // T (float) is dead: the first block of V comes into its region while W is computed.
+  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
+  load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
+  cp_async_commit();
+  if (with_t) {
+    store_rows<kPrepareThreads>(staging, static_cast<E*>(p.t) + chunk_row, chunk_stride, rows, tid);
+    __syncthreads();  // T's staging is read before W's overwrites it
+  }
 
-  // W = (T diag(beta e^gamma)) K, staged in q's tile; T is lower triangular, so rows m0.. need k < m0 + 16.
+  // W = (T diag(beta e^gamma)) K, staged in q's region; T is lower triangular, so rows m0.. need k < m0 + 16.
   const typename L::KeyTile w_stage = q_tile;
 #pragma unroll 1
   for (int n0 = 0; n0 < K; n0 += 64) {
@@ -235,16 +245,16 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
                               rows, tid);
 
-  // U = (T diag(beta)) V, one 64-wide block of V at a time.
+  // U = (T diag(beta)) V, one 64-wide block of V at a time, staged in q's region.
 #pragma unroll 1
   for (int vb = 0; vb < p.V; vb += 64) {
-    __syncthreads();  // the previous block's staging is stored and its V read
+    __syncthreads();  // the previous staging is stored and its V read
     if (vb > 0) {
       load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
       cp_async_commit();
-      cp_async_wait<0>();
-      __syncthreads();
     }
+    cp_async_wait<0>();
+    __syncthreads();
     float acc[1][4][4];
     zero(acc);
     warp_mma(acc, plain(tb_tile), m0, plain(v_tile), n_half, 0, m0 + 16);
