@@ -2,7 +2,7 @@
 # On the GPU machine (through the device tool), from the repository root: the cuda backend's GPU tests,
 # compute-sanitizer on small cases, and the benchmark beside fla. Carried along: build-cuda/carry (the
 # test binary, the Python module, libgomp and libcudart built on the development machine) and .whl (fla).
-# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,bench,profile
+# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,host,bench,profile
 set -uo pipefail
 steps=",$1,"
 commit=$2
@@ -31,6 +31,11 @@ if [[ $steps == *,sanitize,* ]]; then
       > "$out/sanitize-$tool.log" 2>&1
     echo "compute-sanitizer $tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
   done
+fi
+
+if [[ $steps == *,host,* ]]; then
+  "$carry/bench_gdn_cuda_host" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_out="$out/host.json" --benchmark_out_format=json 2>&1 | tee "$out/host.txt" | grep -E "median|ERROR"
 fi
 
 python_env() {
