@@ -13,7 +13,6 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
-#include <cstdlib>
 #include <type_traits>
 
 #include "chunk.cuh"
@@ -387,7 +386,6 @@ int groups_for(const Params& p, int element_bytes) {
     if (device >= 0 && device < 64) sm_count[device] = sms;
   }
   const long long narrow_ctas = static_cast<long long>(p.sequences) * p.HV * (p.V / 32);
-  if (const char* forced = std::getenv("DT_GROUPS_EXPERIMENT")) return element_bytes == 4 ? 2 : std::atoi(forced);
   return element_bytes == 4 || narrow_ctas <= sms ? 2 : 4;
 }
 
