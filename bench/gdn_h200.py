@@ -216,7 +216,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--cells", default="all", choices=["fwd", "bwd", "all"])
-    parser.add_argument("--only", type=int, nargs="*", help="indices into GRID (0-17) to run")
+    parser.add_argument("--only", type=int, nargs="*", help="indices into GRID (0-17) to run, in this order")
     parser.add_argument("--limit-s", type=float, default=240.0, help="stop starting new cells after this long")
     parser.add_argument("--ours-only", action="store_true",
                         help="time deltatrain alone (a quick look while iterating; writes no report)")
@@ -235,8 +235,9 @@ def main():
 
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "commit": args.commit, "gpu": torch.cuda.get_device_name(0), "versions": versions(fla), "rows": []}
-    for index, (pass_, h_qk, h_v, seqlens, lengths) in enumerate(GRID):
-        if (args.cells != "all" and pass_ != args.cells) or (args.only and index not in args.only):
+    for index in args.only if args.only else range(len(GRID)):
+        pass_, h_qk, h_v, seqlens, lengths = GRID[index]
+        if args.cells != "all" and pass_ != args.cells:
             continue
         if time.time() - started > args.limit_s:
             print(f"time limit: skipping {pass_} {h_qk}/{h_v} {seqlens} and later cells", flush=True)
@@ -264,6 +265,7 @@ def main():
             del impl, out
         torch.cuda.empty_cache()
         result["rows"].append(row)
+        result["rows"].sort(key=lambda r: next(i for i, c in enumerate(GRID) if c[:4] == (r["pass"], r["h_qk"], r["h_v"], r["seqlens"])))
         print(json.dumps(row), flush=True)
         if not args.ours_only:
             write(result, args.out)
