@@ -172,8 +172,7 @@ struct Call {
 
   // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes.
   void prepare(DType io) const {
-    cuda::launch_schedule(params, stream);
-    if (params.l2norm) cuda::launch_l2norm(params, io, stream);
+    cuda::launch_start(params, io, stream);
     cuda::launch_prepare(params, io, stream);
   }
 };

@@ -85,7 +85,9 @@ __device__ __forceinline__ void store_token_rows(const float (&acc)[1][NT][4], T
 #pragma unroll
   for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) staging(8 * ni + 2 * t + (r & 1), g + (r >> 1) * 8) = from_float<E>(factor * acc[0][ni][r]);
+    for (int r = 0; r < 4; ++r) {
+      staging(8 * ni + 2 * t + (r & 1), g + (r >> 1) * 8) = from_float<E>(factor * acc[0][ni][r]);
+    }
   __syncwarp();
   constexpr int kPerVec = 16 / static_cast<int>(sizeof(E)), kVecPerRow = 16 / kPerVec;
   for (int i = lane; i < rows_valid * kVecPerRow; i += 32) {

@@ -15,8 +15,8 @@ bool have_kernels(DType io, int K);
 // Shared-memory columns of one key slice in the chunk-gradient kernel (the workspace sizes slices by it).
 int key_slice_width(DType io, int K);
 
-void launch_schedule(const Params& p, cudaStream_t stream);
-void launch_l2norm(const Params& p, DType io, cudaStream_t stream);
+// The chunk schedule and, when p.l2norm, the L2 norm of q and k (one launch).
+void launch_start(const Params& p, DType io, cudaStream_t stream);
 // gamma, W, U, P, and T when p.t is set (the backward).
 void launch_prepare(const Params& p, DType io, cudaStream_t stream);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk

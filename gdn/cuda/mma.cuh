@@ -212,16 +212,27 @@ __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
       for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
 }
 
-// Calls f(row, col, value&) for every accumulator element of a warp tile placed at (m0, n0).
+// Calls f(row, col, lo&, hi&) for every pair of adjacent accumulator elements (columns col and col + 1) of
+// a warp tile placed at (m0, n0).
 template <int MT, int NT, class F>
-__device__ __forceinline__ void for_each(float (&acc)[MT][NT][4], int m0, int n0, F&& f) {
+__device__ __forceinline__ void for_each_pair(float (&acc)[MT][NT][4], int m0, int n0, F&& f) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) f(m0 + 16 * mi + g + (r >> 1) * 8, n0 + 8 * ni + 2 * t + (r & 1), acc[mi][ni][r]);
+      for (int half = 0; half < 2; ++half)
+        f(m0 + 16 * mi + g + 8 * half, n0 + 8 * ni + 2 * t, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
+}
+
+// Calls f(row, col, value&) for every accumulator element of a warp tile placed at (m0, n0).
+template <int MT, int NT, class F>
+__device__ __forceinline__ void for_each(float (&acc)[MT][NT][4], int m0, int n0, F&& f) {
+  for_each_pair(acc, m0, n0, [&](int r, int c, float& lo, float& hi) {
+    f(r, c, lo);
+    f(r, c + 1, hi);
+  });
 }
 
 // The same for two accumulators of one shape: f(row, col, a, b).
@@ -419,22 +430,15 @@ __device__ __forceinline__ void scale_columns(float (&acc)[MT][NT][4], const flo
 // Stores a warp's accumulators, rounded to E, to a row-major global matrix (leading dimension ld) with
 // one store per pair of adjacent columns.
 template <class E, int MT, int NT>
-__device__ __forceinline__ void store_pairs(const float (&acc)[MT][NT][4], E* dst, std::int64_t ld) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        E* at = dst + (16 * mi + g + 8 * half) * ld + 8 * ni + 2 * t;
-        const float lo = acc[mi][ni][2 * half], hi = acc[mi][ni][2 * half + 1];
-        if constexpr (std::is_same_v<E, float>) {
-          *reinterpret_cast<float2*>(at) = float2{lo, hi};
-        } else {
-          *reinterpret_cast<std::uint32_t*>(at) = pack2<E>(lo, hi);
-        }
-      }
+__device__ __forceinline__ void store_pairs(float (&acc)[MT][NT][4], E* dst, std::int64_t ld) {
+  for_each_pair(acc, 0, 0, [&](int r, int c, float& lo, float& hi) {
+    E* at = dst + r * ld + c;
+    if constexpr (std::is_same_v<E, float>) {
+      *reinterpret_cast<float2*>(at) = float2{lo, hi};
+    } else {
+      *reinterpret_cast<std::uint32_t*>(at) = pack2<E>(lo, hi);
+    }
+  });
 }
 
 // ---- asynchronous copies ------------------------------------------------------------------------------
@@ -479,8 +483,8 @@ template <int NTHREADS, class TileT>
 __device__ __forceinline__ void load_rows_async(TileT tile, const typename TileT::Element* src, std::int64_t stride,
                                                 int rows_valid, int thread) {
   // A row past rows_valid copies 0 bytes (zero fill) and reads nothing, so its address need not be valid.
-  for_each_vector<NTHREADS, TileT>(thread,
-                                   [&](int r, int c) { cp_async_16(&tile(r, c), src + r * stride + c, r < rows_valid); });
+  for_each_vector<NTHREADS, TileT>(
+      thread, [&](int r, int c) { cp_async_16(&tile(r, c), src + r * stride + c, r < rows_valid); });
 }
 
 // Copies rows [0, rows_valid) of `tile` to a row-major global matrix with 16-byte stores.

@@ -9,12 +9,12 @@
 namespace deltatrain::gdn::cuda {
 namespace {
 
-constexpr int kScheduleThreads = 256;
+constexpr int kStartThreads = 256;
 
-// The chunks of every sequence, in order: sequence_chunks[n] is the first chunk of sequence n.
-__global__ void __launch_bounds__(kScheduleThreads) schedule_kernel(Params p) {
-  __shared__ int first_chunk[kScheduleThreads];
-  const int per_thread = (p.sequences + kScheduleThreads - 1) / kScheduleThreads;
+// The chunks of every sequence, in order: sequence_chunks[n] is the first chunk of sequence n. One block.
+__device__ void schedule(const Params& p) {
+  __shared__ int first_chunk[kStartThreads];
+  const int per_thread = (p.sequences + kStartThreads - 1) / kStartThreads;
   const int begin = min(p.sequences, static_cast<int>(threadIdx.x) * per_thread);
   const int end = min(p.sequences, begin + per_thread);
   int count = 0;
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kScheduleThreads) schedule_kernel(Params p) {
   __syncthreads();
   if (threadIdx.x == 0) {
     int total = 0;
-    for (int i = 0; i < kScheduleThreads; ++i) {
+    for (int i = 0; i < kStartThreads; ++i) {
       const int c = first_chunk[i];
       first_chunk[i] = total;
       total += c;
@@ -38,15 +38,17 @@ __global__ void __launch_bounds__(kScheduleThreads) schedule_kernel(Params p) {
     p.sequence_chunks[n] = chunk;
     const std::int64_t start = sequence_start(p, n), stop = sequence_start(p, n + 1);
     for (std::int64_t s = start; s < stop; s += kChunk) {
-      p.chunk_table[chunk++] = ChunkInfo{static_cast<std::int32_t>(s), static_cast<std::int32_t>(stop - s < kChunk ? stop - s : kChunk), n, 0};
+      const auto length = static_cast<std::int32_t>(stop - s < kChunk ? stop - s : kChunk);
+      p.chunk_table[chunk++] = ChunkInfo{static_cast<std::int32_t>(s), length, n, 0};
     }
   }
 }
 
-// One warp per (token, head) row of q and of k: x / sqrt(sum x^2 + eps), and 1 / sqrt(...) for the backward.
+// One warp per (token, head) row of q and of k, 8 rows per block: x / sqrt(sum x^2 + eps), and
+// 1 / sqrt(...) for the backward.
 template <class E, int K>
-__global__ void __launch_bounds__(256) l2norm_kernel(Params p) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+__device__ void l2norm_rows(const Params& p, std::int64_t block) {
+  const std::int64_t row = block * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<std::int64_t>(p.tokens) * p.H) return;
   constexpr int kPerLane = K / 32;
@@ -67,11 +69,17 @@ __global__ void __launch_bounds__(256) l2norm_kernel(Params p) {
   }
 }
 
-// Regions are reused as their contents die, so that three CTAs fit on an SM:
-//   q:    Q, then the staging of T (backward), then of W, then of U blocks
-//   k:    K
-//   a:    A (float32), then T diag(beta e^gamma) and T diag(beta)
-//   t:    the staging of P, then T (float32), then V blocks
+// The first launch of both chunked passes: the chunk schedule in block 0 and, when the norm is on, the L2
+// norm of q and k in the other blocks. The two are independent, and one launch costs the host less.
+template <class E, int K>
+__global__ void __launch_bounds__(kStartThreads) start_kernel(Params p) {
+  if (blockIdx.x == 0) {
+    schedule(p);
+  } else {
+    l2norm_rows<E, K>(p, blockIdx.x - 1);
+  }
+}
+
 template <class E, int K>
 struct PrepareSmem {
   using KeyTile = Tile<E, kChunk, K>;
@@ -274,17 +282,14 @@ bool have_kernels(DType io, int K) {
 
 cudaError_t probe_kernel_image() {
   cudaFuncAttributes attributes{};
-  return cudaFuncGetAttributes(&attributes, schedule_kernel);
+  return cudaFuncGetAttributes(&attributes, start_kernel<__nv_bfloat16, 128>);
 }
 
-void launch_schedule(const Params& p, cudaStream_t stream) {
-  launch<schedule_kernel>("gdn schedule_kernel", dim3(1), dim3(kScheduleThreads), 0, stream, p);
-}
-
-void launch_l2norm(const Params& p, DType io, cudaStream_t stream) {
+void launch_start(const Params& p, DType io, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
-    launch<l2norm_kernel<E, K>>("gdn l2norm_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(256), 0, stream, p);
+    const std::int64_t norm_blocks = p.l2norm ? (static_cast<std::int64_t>(p.tokens) * p.H + 7) / 8 : 0;
+    launch<start_kernel<E, K>>("gdn start_kernel", dim3(static_cast<unsigned>(1 + norm_blocks)), dim3(kStartThreads), 0,
+                               stream, p);
   });
 }
 

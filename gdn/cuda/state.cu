@@ -201,6 +201,37 @@ __device__ __forceinline__ void take_tiles(float (&part)[1][N][4], const float (
     for (int r = 0; r < 4; ++r) part[0][i][r] = acc[0][n_begin + i][r];
 }
 
+// Starts copying chunk `info`'s tiles into a stage: W and K, with Q and P when kQueries, the CTA's
+// columns of `columns` (U or dO), and the gate vectors.
+template <class L, int kThreads, bool kQueries, class E>
+__device__ __forceinline__ void issue_chunk(char* smem, int stage, const Params& p, const ChunkInfo& info, int hv,
+                                            int v_block, const void* columns) {
+  const int h = hv / p.group, tid = threadIdx.x;
+  load_chunk_rows<kThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, L::KeyTile::kCols, 0, info, tid);
+  load_chunk_rows<kThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, L::KeyTile::kCols, 0, info, tid);
+  if constexpr (kQueries) {
+    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, L::KeyTile::kCols, 0, info, tid);
+    load_chunk_rows<kThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
+  }
+  load_chunk_rows<kThreads>(L::column_tile(smem, stage), columns, p.HV, hv, p.V, v_block, info, tid);
+  load_gates_async(p, L::gate_in(smem, stage), L::gate_out(smem, stage), hv, info, tid);
+}
+
+// A warp's private shared memory in a pass: its token-major staging tile, its exchange buffer and its
+// partner's, and its two operands (key-wide and chunk-wide).
+template <class L, class E, int K>
+struct WarpScratch {
+  typename L::TokenTile token_tile;
+  float4* mine;
+  const float4* theirs;
+  WarpOperand<E, K / 2> key_operand;
+  WarpOperand<E, kChunk> chunk_operand;
+  __device__ WarpScratch(char* smem, const WarpPlace& at)
+      : token_tile(L::token_tile(smem, at.warp)), mine(L::exchange(smem, at.warp)),
+        theirs(L::exchange(smem, at.partner())), key_operand(L::key_operand(smem, at.warp)),
+        chunk_operand(L::chunk_operand(smem, at.warp)) {}
+};
+
 // Forward: per chunk, with S^T the pair's state block entering it (each warp holding its key half),
 //   Delta^T = U^T - S^T W^T                                              (key halves summed by the pair)
 //   O^T     = scale e^gamma (S^T Q^T) + Delta^T P^T                      (each warp: its half of the tokens)
@@ -217,28 +248,14 @@ __global__ void __launch_bounds__(64 * kGroups) state_forward_kernel(Params p) {
   using L = typename ForwardPass<E, K, kGroups, kRecompute>::L;
   constexpr int kThreads = 64 * kGroups, kColumns = 16 * kGroups;
   extern __shared__ __align__(16) char smem[];
-  const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kColumns, h = hv / p.group;
-  const int tid = threadIdx.x;
+  const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kColumns;
   const WarpPlace at(kColumns, K);
   const SequenceChunks chunks(p, n);
 
   auto issue = [&](int j, int stage) {
-    const ChunkInfo info = chunks[j];
-    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, K, 0, info, tid);
-    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
-    load_chunk_rows<kThreads>(L::column_tile(smem, stage), p.u, p.HV, hv, p.V, v_block, info, tid);
-    if constexpr (!kRecompute) {
-      load_chunk_rows<kThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
-      load_chunk_rows<kThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
-    }
-    load_gates_async(p, L::gate_in(smem, stage), L::gate_out(smem, stage), hv, info, tid);
+    issue_chunk<L, kThreads, !kRecompute, E>(smem, stage, p, chunks[j], hv, v_block, p.u);
   };
-
-  const auto token_tile = L::token_tile(smem, at.warp);
-  float4* const mine = L::exchange(smem, at.warp);
-  const float4* const theirs = L::exchange(smem, at.partner());
-  WarpOperand<E, K / 2> s_operand(L::key_operand(smem, at.warp));
-  WarpOperand<E, kChunk> delta_operand(L::chunk_operand(smem, at.warp));
+  WarpScratch<L, E, K> scratch(smem, at);
   const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
   float state[1][K / 16][4];
   load_state(state, p.h0, p, n, hv, at);
@@ -251,48 +268,48 @@ __global__ void __launch_bounds__(64 * kGroups) state_forward_kernel(Params p) {
     if constexpr (kRecompute) store_pairs(state, chunk_state_block<E>(p.states, p, chunks.first + j, hv, at), K);
 
     // The operand is -S^T, so that the partial products sum onto U^T, which the first warp starts from.
-    s_operand.set(state, -1.f);
+    scratch.key_operand.set(state, -1.f);
     float w_part[1][kChunk / 8][4];
     if (at.half == 0) {
       load_accumulator(w_part, transposed(u_tile), at.v0 - v_block);
     } else {
       zero(w_part);
     }
-    warp_mma(w_part, s_operand, transposed(w_tile), 0, at.k0);
-    put_partial<8>(mine, w_part, 0, at.lane);
+    warp_mma(w_part, scratch.key_operand, transposed(w_tile), 0, at.k0);
+    put_partial<8>(scratch.mine, w_part, 0, at.lane);
     float q_part[1][kChunk / 8][4];
     if constexpr (!kRecompute) {
       zero(q_part);
-      warp_mma(q_part, s_operand, transposed(L::key_tile(smem, stage, 2)), 0, at.k0);
+      warp_mma(q_part, scratch.key_operand, transposed(L::key_tile(smem, stage, 2)), 0, at.k0);
       with_token_half(at.half ^ 1, [&](auto tile) {  // the partner's tokens
-        put_partial<4>(mine + 8 * 32, q_part, decltype(tile)::value, at.lane);
+        put_partial<4>(scratch.mine + 8 * 32, q_part, decltype(tile)::value, at.lane);
       });
     }
     at.pair_sync();
 
     float delta[1][kChunk / 8][4];
-    sum_partials<8>(delta, w_part, 0, theirs, at.lane);
+    sum_partials<8>(delta, w_part, 0, scratch.theirs, at.lane);
     if constexpr (kRecompute) {
       float half_delta[1][kHalfChunk / 8][4];
       with_token_half(at.half, [&](auto tile) { take_tiles(half_delta, delta, decltype(tile)::value); });
-      store_token_rows(half_delta, token_tile, token_half<E>(p.delta, p, info, hv, at), token_stride,
+      store_token_rows(half_delta, scratch.token_tile, token_half<E>(p.delta, p, info, hv, at), token_stride,
                        tokens_in_half(info, at), 1.f);
     } else {
       float out[1][kHalfChunk / 8][4];
       with_token_half(at.half, [&](auto tile) {
-        sum_partials<4>(out, q_part, decltype(tile)::value, theirs + 8 * 32, at.lane);
+        sum_partials<4>(out, q_part, decltype(tile)::value, scratch.theirs + 8 * 32, at.lane);
       });
       scale_columns(out, gate_in + kHalfChunk * at.half, -p.scale);
-      delta_operand.set(delta, 1.f);
-      warp_mma(out, delta_operand, transposed(L::chunk_tile(smem, stage, 0)), kHalfChunk * at.half);
-      store_token_rows(out, token_tile, token_half<E>(p.o, p, info, hv, at), token_stride, tokens_in_half(info, at),
-                       1.f);
+      scratch.chunk_operand.set(delta, 1.f);
+      warp_mma(out, scratch.chunk_operand, transposed(L::chunk_tile(smem, stage, 0)), kHalfChunk * at.half);
+      store_token_rows(out, scratch.token_tile, token_half<E>(p.o, p, info, hv, at), token_stride,
+                       tokens_in_half(info, at), 1.f);
     }
 
     const float decay = gate_in[kChunk - 1];
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
-    delta_operand.set(delta, 1.f, gate_out);
-    warp_mma(state, delta_operand, plain(k_tile), at.k0);
+    scratch.chunk_operand.set(delta, 1.f, gate_out);
+    warp_mma(state, scratch.chunk_operand, plain(k_tile), at.k0);
   });
   if constexpr (!kRecompute) {
     if (p.ht != nullptr) store_state(state, p.ht, p, n, hv, at);
@@ -313,26 +330,14 @@ __global__ void __launch_bounds__(64 * kGroups) state_backward_kernel(Params p) 
   using L = typename BackwardPass<E, K, kGroups>::L;
   constexpr int kThreads = 64 * kGroups, kColumns = 16 * kGroups;
   extern __shared__ __align__(16) char smem[];
-  const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kColumns, h = hv / p.group;
-  const int tid = threadIdx.x;
+  const int n = blockIdx.x, hv = blockIdx.y, v_block = blockIdx.z * kColumns;
   const WarpPlace at(kColumns, K);
   const SequenceChunks chunks(p, n);
 
   auto issue = [&](int j, int stage) {
-    const ChunkInfo info = chunks[j];
-    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 0), p.w, p.HV, hv, K, 0, info, tid);
-    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
-    load_chunk_rows<kThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
-    load_chunk_rows<kThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
-    load_chunk_rows<kThreads>(L::column_tile(smem, stage), p.d_o, p.HV, hv, p.V, v_block, info, tid);
-    load_gates_async(p, L::gate_in(smem, stage), L::gate_out(smem, stage), hv, info, tid);
+    issue_chunk<L, kThreads, true, E>(smem, stage, p, chunks[j], hv, v_block, p.d_o);
   };
-
-  const auto token_tile = L::token_tile(smem, at.warp);
-  float4* const mine = L::exchange(smem, at.warp);
-  const float4* const theirs = L::exchange(smem, at.partner());
-  WarpOperand<E, K / 2> ds_operand(L::key_operand(smem, at.warp));
-  WarpOperand<E, kChunk> chunk_operand(L::chunk_operand(smem, at.warp));
+  WarpScratch<L, E, K> scratch(smem, at);
   float dstate[1][K / 16][4];
   load_state(dstate, p.dht, p, n, hv, at);
 
@@ -345,30 +350,30 @@ __global__ void __launch_bounds__(64 * kGroups) state_backward_kernel(Params p) 
     const float *gate_in = L::gate_in(smem, stage), *gate_out = L::gate_out(smem, stage);
     store_pairs(dstate, chunk_state_block<E>(p.dstates, p, chunks.first + j, hv, at), K);
 
-    ds_operand.set(dstate, 1.f);
+    scratch.key_operand.set(dstate, 1.f);
     float part[1][kChunk / 8][4];
     zero(part);
-    warp_mma(part, ds_operand, transposed(k_tile), 0, at.k0);
+    warp_mma(part, scratch.key_operand, transposed(k_tile), 0, at.k0);
     scale_columns(part, gate_out, 1.f);
     const int t0 = kHalfChunk * at.half;  // this warp's rows of P
     warp_mma(part, transposed(do_tile), at.v0 - v_block, plain(p_tile), 0, t0, t0 + kHalfChunk);
-    put_partial<8>(mine, part, 0, at.lane);
+    put_partial<8>(scratch.mine, part, 0, at.lane);
     at.pair_sync();
     float ddelta[1][kChunk / 8][4];
-    sum_partials<8>(ddelta, part, 0, theirs, at.lane);
+    sum_partials<8>(ddelta, part, 0, scratch.theirs, at.lane);
     float half_ddelta[1][kHalfChunk / 8][4];
     with_token_half(at.half, [&](auto tile) { take_tiles(half_ddelta, ddelta, decltype(tile)::value); });
-    store_token_rows(half_ddelta, token_tile, token_half<E>(p.ddelta, p, info, hv, at),
+    store_token_rows(half_ddelta, scratch.token_tile, token_half<E>(p.ddelta, p, info, hv, at),
                      static_cast<std::int64_t>(p.HV) * p.V, tokens_in_half(info, at), 1.f);
 
     const float decay = gate_in[kChunk - 1];
     for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
     float do_t[1][kChunk / 8][4];
     load_accumulator(do_t, transposed(do_tile), at.v0 - v_block);
-    chunk_operand.set(do_t, p.scale, gate_in);
-    warp_mma(dstate, chunk_operand, plain(q_tile), at.k0);
-    chunk_operand.set(ddelta, -1.f);
-    warp_mma(dstate, chunk_operand, plain(w_tile), at.k0);
+    scratch.chunk_operand.set(do_t, p.scale, gate_in);
+    warp_mma(dstate, scratch.chunk_operand, plain(q_tile), at.k0);
+    scratch.chunk_operand.set(ddelta, -1.f);
+    warp_mma(dstate, scratch.chunk_operand, plain(w_tile), at.k0);
   });
   if (p.dh0 != nullptr) store_state(dstate, p.dh0, p, n, hv, at);
 }
