@@ -12,10 +12,11 @@
 // operands) are shared.
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <type_traits>
 
 #include "chunk.cuh"
+#include "deltatrain/core/cuda_check.h"
+#include "deltatrain/core/system.h"
 #include "dispatch.cuh"
 #include "launch.h"
 
@@ -380,18 +381,29 @@ __global__ void __launch_bounds__(64 * kGroups) state_backward_kernel(Params p) 
 
 // Warp pairs per CTA: 2 (32 columns of V) when the grid then still fits on the GPU in one wave, so that
 // each SM runs one pair per scheduler couple and none waits for a second wave; else 4 (64 columns), so
-// that the chunk tiles are loaded once for more columns. float32 inputs always use 2 (shared memory).
-int groups_for(const Params& p, int element_bytes) {
-  static std::array<int, 64> sm_count{};  // per device, queried once
+// that the chunk tiles are loaded once for more columns.
+int groups_for(const Params& p) {
   int device = 0;
-  cudaGetDevice(&device);
-  int sms = device >= 0 && device < 64 ? sm_count[device] : 0;
-  if (sms == 0) {
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (device >= 0 && device < 64) sm_count[device] = sms;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  int multiprocessors = 0;
+  for (const GpuInfo& gpu : cuda_info().gpus) {
+    if (gpu.index == device) multiprocessors = gpu.multiprocessors;
   }
   const long long narrow_ctas = static_cast<long long>(p.sequences) * p.HV * (p.V / 32);
-  return element_bytes == 4 || narrow_ctas <= sms ? 2 : 4;
+  return narrow_ctas <= multiprocessors ? 2 : 4;
+}
+
+// Calls f.template operator()<kGroups>() with the warp pairs per CTA of the call; float32 inputs always take
+// 2 (shared memory), so their 4-pair kernels are never built.
+template <class E, class F>
+void with_groups(const Params& p, F&& f) {
+  if constexpr (sizeof(E) == 4) {
+    f.template operator()<2>();
+  } else if (groups_for(p) == 2) {
+    f.template operator()<2>();
+  } else {
+    f.template operator()<4>();
+  }
 }
 
 template <class E, int K, int kGroups, bool kRecompute>
@@ -413,23 +425,15 @@ void launch_backward(const Params& p, cudaStream_t stream) {
 
 void launch_state_forward(const Params& p, DType io, bool recompute, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    if constexpr (sizeof(E) == 4) {
-      recompute ? launch_forward<E, K, 2, true>(p, stream) : launch_forward<E, K, 2, false>(p, stream);
-    } else if (groups_for(p, sizeof(E)) == 2) {
-      recompute ? launch_forward<E, K, 2, true>(p, stream) : launch_forward<E, K, 2, false>(p, stream);
-    } else {
-      recompute ? launch_forward<E, K, 4, true>(p, stream) : launch_forward<E, K, 4, false>(p, stream);
-    }
+    with_groups<E>(p, [&]<int kGroups>() {
+      recompute ? launch_forward<E, K, kGroups, true>(p, stream) : launch_forward<E, K, kGroups, false>(p, stream);
+    });
   });
 }
 
 void launch_state_backward(const Params& p, DType io, cudaStream_t stream) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    if (sizeof(E) == 4 || groups_for(p, sizeof(E)) == 2) {
-      launch_backward<E, K, 2>(p, stream);
-    } else if constexpr (sizeof(E) == 2) {
-      launch_backward<E, K, 4>(p, stream);
-    }
+    with_groups<E>(p, [&]<int kGroups>() { launch_backward<E, K, kGroups>(p, stream); });
   });
 }
 
