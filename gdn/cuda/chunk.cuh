@@ -74,26 +74,22 @@ __device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in
 }
 
 // Writes a warp's 16 x 8 NT accumulator (rows: 16 consecutive channels; columns: consecutive tokens),
-// times `factor` and rounded to E, to token-major memory: token c's 16 channels at dst + c * stride, for
+// rounded to E, to token-major memory: token c's 16 channels at dst + c * stride, for
 // c < rows_valid. The transpose goes through the warp's shared `staging` tile, so that the global stores
 // are 16-byte vectors.
 template <class E, int NT>
 __device__ __forceinline__ void store_token_rows(const float (&acc)[1][NT][4], Tile<E, 8 * NT, 16> staging, E* dst,
-                                                 std::int64_t stride, int rows_valid, float factor) {
+                                                 std::int64_t stride, int rows_valid) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   __syncwarp();  // the previous store has read the staging tile
 #pragma unroll
   for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      staging(8 * ni + 2 * t + (r & 1), g + (r >> 1) * 8) = from_float<E>(factor * acc[0][ni][r]);
+      staging(8 * ni + 2 * t + (r & 1), g + (r >> 1) * 8) = from_float<E>(acc[0][ni][r]);
     }
   __syncwarp();
-  constexpr int kPerVec = 16 / static_cast<int>(sizeof(E)), kVecPerRow = 16 / kPerVec;
-  for (int i = lane; i < rows_valid * kVecPerRow; i += 32) {
-    const int c = i / kVecPerRow, v0 = (i % kVecPerRow) * kPerVec;
-    *reinterpret_cast<uint4*>(dst + c * stride + v0) = *reinterpret_cast<const uint4*>(&staging(c, v0));
-  }
+  store_rows<32>(staging, dst, stride, rows_valid, lane);
 }
 
 __device__ __forceinline__ float warp_sum(float x) {

@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(64 * kGroups) state_forward_kernel(Params p) {
       float half_delta[1][kHalfChunk / 8][4];
       with_token_half(at.half, [&](auto tile) { take_tiles(half_delta, delta, decltype(tile)::value); });
       store_token_rows(half_delta, scratch.token_tile, token_half<E>(p.delta, p, info, hv, at), token_stride,
-                       tokens_in_half(info, at), 1.f);
+                       tokens_in_half(info, at));
     } else {
       float out[1][kHalfChunk / 8][4];
       with_token_half(at.half, [&](auto tile) {
@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(64 * kGroups) state_forward_kernel(Params p) {
       scratch.chunk_operand.set(delta, 1.f);
       warp_mma(out, scratch.chunk_operand, transposed(L::chunk_tile(smem, stage, 0)), kHalfChunk * at.half);
       store_token_rows(out, scratch.token_tile, token_half<E>(p.o, p, info, hv, at), token_stride,
-                       tokens_in_half(info, at), 1.f);
+                       tokens_in_half(info, at));
     }
 
     const float decay = gate_in[kChunk - 1];
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(64 * kGroups) state_backward_kernel(Params p) 
     float half_ddelta[1][kHalfChunk / 8][4];
     with_token_half(at.half, [&](auto tile) { take_tiles(half_ddelta, ddelta, decltype(tile)::value); });
     store_token_rows(half_ddelta, scratch.token_tile, token_half<E>(p.ddelta, p, info, hv, at),
-                     static_cast<std::int64_t>(p.HV) * p.V, tokens_in_half(info, at), 1.f);
+                     static_cast<std::int64_t>(p.HV) * p.V, tokens_in_half(info, at));
 
     const float decay = gate_in[kChunk - 1];
     for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
