@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,7 +21,6 @@ using cuda::Params;
 using cuda::WorkspaceLayout;
 
 constexpr int kMinimumRuntimeMajor = 12;
-
 
 // Makes `device` current for the call and restores the caller's device afterwards.
 class DeviceGuard {
@@ -127,9 +125,9 @@ struct Call {
       // A CPU cu_seqlens is uploaded from the validated host offsets (a small pageable copy); pass it on
       // the GPU, with cu_seqlens_host, for graph capture.
       void* offsets = region(layout.offsets);
-      cuda_check(cudaMemcpyAsync(offsets, p.offsets.data(), p.offsets.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice,
-                            stream),
-            "cudaMemcpyAsync (cu_seqlens)");
+      cuda_check(cudaMemcpyAsync(offsets, p.offsets.data(), p.offsets.size() * sizeof(std::int64_t),
+                                 cudaMemcpyHostToDevice, stream),
+                 "cudaMemcpyAsync (cu_seqlens)");
       k.cu_seqlens = offsets;
       k.cu_seqlens_int64 = true;
     } else if (p.varlen) {

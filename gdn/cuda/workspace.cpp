@@ -63,7 +63,6 @@ struct Buffer {
   std::size_t bytes = 0;
 };
 
-
 }  // namespace
 
 void* workspace(int device, cudaStream_t stream, std::size_t bytes) {
