@@ -3,14 +3,15 @@
 # compute-sanitizer on small cases, and the benchmark beside fla. Carried along: build-cuda/carry (the
 # test binary, the Python module, libgomp and libcudart built on the development machine) and .whl (fla).
 # usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,host,bench,profile
+# CARRY=dir runs the binaries of another build (a branch being compared) carried in that folder.
 set -uo pipefail
 steps=",$1,"
 commit=$2
 shift 2
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-carry=$PWD/build-cuda/carry
-export LD_LIBRARY_PATH=$carry/lib:${LD_LIBRARY_PATH:-}
+carry=$(realpath "${CARRY:-build-cuda/carry}")
+export LD_LIBRARY_PATH=$carry/lib:$PWD/build-cuda/carry/lib:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 
 if [[ $steps == *,info,* ]]; then
