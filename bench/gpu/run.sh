@@ -54,9 +54,9 @@ fi
 
 if [[ $steps == *,profile,* ]]; then
   # ncu on the kernels named by PROFILE_KERNELS (regex, default the forward state pass) on PROFILE_SHAPE
-  # ("h_qk h_v tokens pass", default 2 8 8192 fwd).
+  # ("h_qk h_v tokens pass", default 2 8 8192 fwd), PROFILE_COUNT launches of them after skipping two.
   python_env
-  ncu --clock-control none --kernel-name "regex:${PROFILE_KERNELS:-state_forward}" --launch-skip 2 --launch-count 1 \
+  ncu --clock-control none --kernel-name "regex:${PROFILE_KERNELS:-state_forward}" --launch-skip 2 --launch-count ${PROFILE_COUNT:-1} \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
     --section LaunchStats --section MemoryWorkloadAnalysis --section InstructionStats \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
