@@ -169,9 +169,9 @@ struct Call {
   }
 
   // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes.
-  void prepare(DType io) const {
-    cuda::launch_start(params, io, stream);
-    cuda::launch_prepare(params, io, stream);
+  void prepare(DType io, cuda::KernelSequence& kernels) const {
+    cuda::launch_start(params, io, kernels);
+    cuda::launch_prepare(params, io, kernels);
   }
 };
 
@@ -240,8 +240,10 @@ class CudaBackend final : public Backend {
     expect_aligned("o", out.o.data);
     call.params.o = out.o.data;
     call.params.ht = out.final_state ? out.final_state->ptr<float>() : nullptr;
-    call.prepare(p.io_dtype);
-    cuda::launch_state_forward(call.params, p.io_dtype, false, call.stream);
+    cuda::KernelSequence kernels;
+    call.prepare(p.io_dtype, kernels);
+    cuda::launch_state_forward(call.params, p.io_dtype, false, kernels);
+    kernels.run(call.params, call.stream);
   }
 
   void backward(const Problem& p, const Inputs& in, const BackwardInputs& grads_in,
@@ -257,19 +259,23 @@ class CudaBackend final : public Backend {
     k.dg = grads_out.dg.data;
     k.dbeta = grads_out.dbeta.data;
     k.dh0 = grads_out.dh0 ? grads_out.dh0->ptr<float>() : nullptr;
-    call.prepare(p.io_dtype);
-    cuda::launch_state_forward(k, p.io_dtype, true, call.stream);
-    cuda::launch_state_backward(k, p.io_dtype, call.stream);
-    cuda::launch_chunk_grad(k, p.io_dtype, call.stream);
-    cuda::launch_wy_grad(k, p.io_dtype, call.stream);
-    cuda::launch_qk_grad(k, p.io_dtype, call.stream);
+    cuda::KernelSequence kernels;
+    call.prepare(p.io_dtype, kernels);
+    cuda::launch_state_forward(k, p.io_dtype, true, kernels);
+    cuda::launch_state_backward(k, p.io_dtype, kernels);
+    cuda::launch_chunk_grad(k, p.io_dtype, kernels);
+    cuda::launch_wy_grad(k, p.io_dtype, kernels);
+    cuda::launch_qk_grad(k, p.io_dtype, kernels);
+    kernels.run(k, call.stream);
   }
 
   void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) const override {
     Call call(p, in);
     call.params.o = out.o.data;
     call.params.ht = out.final_state ? out.final_state->ptr<float>() : nullptr;
-    cuda::launch_recurrent(call.params, p.io_dtype, call.stream);
+    cuda::KernelSequence kernels;
+    cuda::launch_recurrent(call.params, p.io_dtype, kernels);
+    kernels.run(call.params, call.stream);
   }
 };
 

@@ -206,11 +206,11 @@ __global__ void __launch_bounds__(kGradThreads) chunk_grad_kernel(Params p) {
 
 }  // namespace
 
-void launch_chunk_grad(const Params& p, DType io, cudaStream_t stream) {
+void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     using L = ChunkGradSmem<E, K>;
     launch<chunk_grad_kernel<E, K>>("gdn chunk_grad_kernel", dim3(p.chunks, p.HV, K / L::kSlice), dim3(kGradThreads),
-           L::bytes, stream, p);
+           L::bytes, kernels);
   });
 }
 

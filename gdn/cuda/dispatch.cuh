@@ -1,5 +1,5 @@
-// Host-side helpers of the kernel launchers: one template instance per (io dtype, head dim), a launch
-// that raises the dynamic shared-memory limit once per device, and launch errors as Failure.
+// Host-side helpers of the kernel launchers: one template instance per (io dtype, head dim), and the
+// recording of a launch that raises the dynamic shared-memory limit once per device.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,21 +10,15 @@
 
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/tensor.h"
+#include "kernel_sequence.h"
 #include "params.h"
 
 namespace deltatrain::gdn::cuda {
 
-inline void check_launch(const char* kernel) {
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) {
-    throw Failure(std::string("CUDA launch of ") + kernel + " failed: " + cudaGetErrorString(status) + " (" +
-                  cudaGetErrorName(status) + ")");
-  }
-}
-
-// Launches kKernel<<<grid, block, smem, stream>>>(p); a kernel over 48 KiB of shared memory gets its
-// limit raised the first time it runs on a device.
+// Appends kKernel<<<grid, block, smem>>>(Params) to `kernels`; a kernel over 48 KiB of shared memory gets
+// its limit raised the first time it is recorded on a device.
 template <auto kKernel>
-void launch(const char* name, dim3 grid, dim3 block, int smem, cudaStream_t stream, const Params& p) {
+void launch(const char* name, dim3 grid, dim3 block, int smem, KernelSequence& kernels) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   if (smem > 48 * 1024) {
     static std::array<std::atomic<bool>, 64> raised{};  // per device, for this kernel
@@ -40,8 +34,7 @@ void launch(const char* name, dim3 grid, dim3 block, int smem, cudaStream_t stre
       if (tracked) raised[device].store(true, std::memory_order_release);
     }
   }
-  kKernel<<<grid, block, smem, stream>>>(p);
-  check_launch(name);
+  kernels.add(reinterpret_cast<const void*>(kKernel), name, grid, block, smem);
 }
 
 // Calls f.template operator()<E, K>() for the io dtype and head dim of the call.

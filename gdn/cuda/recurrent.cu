@@ -99,10 +99,10 @@ __global__ void __launch_bounds__(kRecurrentThreads) recurrent_kernel(Params p) 
 
 }  // namespace
 
-void launch_recurrent(const Params& p, DType io, cudaStream_t stream) {
+void launch_recurrent(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     launch<recurrent_kernel<E, K>>("gdn recurrent_kernel", dim3(p.sequences, p.HV, p.V / 32), dim3(kRecurrentThreads), 0,
-           stream, p);
+           kernels);
   });
 }
 

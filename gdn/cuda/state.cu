@@ -407,33 +407,33 @@ void with_groups(const Params& p, F&& f) {
 }
 
 template <class E, int K, int kGroups, bool kRecompute>
-void launch_forward(const Params& p, cudaStream_t stream) {
+void launch_forward(const Params& p, KernelSequence& kernels) {
   const dim3 grid(p.sequences, p.HV, p.V / (16 * kGroups));
   launch<state_forward_kernel<E, K, kGroups, kRecompute>>(
       kRecompute ? "gdn state_forward_kernel (recompute)" : "gdn state_forward_kernel", grid, dim3(64 * kGroups),
-      ForwardPass<E, K, kGroups, kRecompute>::L::bytes, stream, p);
+      ForwardPass<E, K, kGroups, kRecompute>::L::bytes, kernels);
 }
 
 template <class E, int K, int kGroups>
-void launch_backward(const Params& p, cudaStream_t stream) {
+void launch_backward(const Params& p, KernelSequence& kernels) {
   launch<state_backward_kernel<E, K, kGroups>>("gdn state_backward_kernel",
                                               dim3(p.sequences, p.HV, p.V / (16 * kGroups)), dim3(64 * kGroups),
-                                              BackwardPass<E, K, kGroups>::L::bytes, stream, p);
+                                              BackwardPass<E, K, kGroups>::L::bytes, kernels);
 }
 
 }  // namespace
 
-void launch_state_forward(const Params& p, DType io, bool recompute, cudaStream_t stream) {
+void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     with_groups<E>(p, [&]<int kGroups>() {
-      recompute ? launch_forward<E, K, kGroups, true>(p, stream) : launch_forward<E, K, kGroups, false>(p, stream);
+      recompute ? launch_forward<E, K, kGroups, true>(p, kernels) : launch_forward<E, K, kGroups, false>(p, kernels);
     });
   });
 }
 
-void launch_state_backward(const Params& p, DType io, cudaStream_t stream) {
+void launch_state_backward(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    with_groups<E>(p, [&]<int kGroups>() { launch_backward<E, K, kGroups>(p, stream); });
+    with_groups<E>(p, [&]<int kGroups>() { launch_backward<E, K, kGroups>(p, kernels); });
   });
 }
 

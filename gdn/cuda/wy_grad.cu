@@ -197,18 +197,18 @@ __global__ void __launch_bounds__(kQkThreads) qk_grad_kernel(Params p) {
 
 }  // namespace
 
-void launch_wy_grad(const Params& p, DType io, cudaStream_t stream) {
+void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     launch<wy_grad_kernel<E, K>>("gdn wy_grad_kernel", dim3(p.chunks, p.HV), dim3(kWyThreads), WyGradSmem<E, K>::bytes,
-           stream, p);
+           kernels);
   });
 }
 
-void launch_qk_grad(const Params& p, DType io, cudaStream_t stream) {
+void launch_qk_grad(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
     launch<qk_grad_kernel<E, K>>("gdn qk_grad_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(kQkThreads),
-           0, stream, p);
+           0, kernels);
   });
 }
 
