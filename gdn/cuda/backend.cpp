@@ -163,9 +163,7 @@ struct Call {
     k.dw = region(layout.dw);
     k.dq_head = static_cast<float*>(region(layout.dq_head));
     k.dk_head = static_cast<float*>(region(layout.dk_head));
-    k.dt_from_v = static_cast<float*>(region(layout.dt_from_v));
     k.dgamma_part = static_cast<float*>(region(layout.dgamma_part));
-    k.dbeta_part = static_cast<float*>(region(layout.dbeta_part));
   }
 
   // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes.

@@ -9,13 +9,6 @@
 
 namespace deltatrain::gdn::cuda {
 
-// Key columns one CTA of the chunk-gradient kernel holds (shared memory bounds it); K / key_slice CTAs
-// split a chunk's key dimension.
-template <class E, int K>
-__host__ __device__ constexpr int key_slice() {
-  return sizeof(E) == 4 ? 64 : (K < 128 ? K : 128);
-}
-
 // g and beta are float32 or the io dtype E.
 template <class E>
 __device__ __forceinline__ float load_gate(const void* base, std::int64_t index, bool is_float) {
@@ -118,6 +111,47 @@ __device__ __forceinline__ void row_dots(float (&acc)[MT][NT][4], TileT tile, in
   float products[MT][NT][4];
   for_each(acc, products, m0, n0, [&](int r, int c, float& x, float& product) { product = x * to_float(tile(r, c)); });
   row_sums(products, sums);
+}
+
+// Per-row values of a 64-row matrix held by 8 warps as 16 x 32 accumulators (warp w: rows m0 = 16 (w % 4),
+// columns n0 = 32 (w / 4)), one per column half: rows[0] and rows[1] (rows m0 + g and m0 + g + 8, equal
+// across the lane quad) go to sums[n0 / 32][64].
+__device__ __forceinline__ void store_row_pair(const float (&rows)[2], float* sums, int m0, int n0) {
+  const int lane = threadIdx.x & 31;
+  if ((lane & 3) == 0) {
+    sums[2 * n0 + m0 + (lane >> 2)] = rows[0];
+    sums[2 * n0 + m0 + (lane >> 2) + 8] = rows[1];
+  }
+}
+
+// The in-chunk decay terms of dgamma: a factor e^(gamma_i - gamma_j) on entry (i, j) of a 64 x 64 matrix X
+// gives X(i, j) to dgamma_i and -X(i, j) to dgamma_j, so row r gets rowsum(X)_r - colsum(X)_r. X is held by
+// 8 warps as 16 x 32 accumulators (warp w: rows m0 = 16 (w % 4), columns n0 = 32 (w / 4)); each warp writes
+// its partial sums to `parts` (6 x 64 floats: row sums per column half, then column sums per row block),
+// and decay_balance adds them up in a fixed order once the block has synchronised.
+__device__ __forceinline__ void store_row_column_sums(const float (&x)[1][4][4], int m0, int n0, float* parts) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float rows[2];
+  row_sums(x, rows);
+  store_row_pair(rows, parts, m0, n0);
+  float* columns = parts + 2 * kChunk + m0 * 4;  // m0 / 16 * kChunk
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni) {
+    float lo = x[0][ni][0] + x[0][ni][2], hi = x[0][ni][1] + x[0][ni][3];
+#pragma unroll
+    for (int offset = 4; offset < 32; offset <<= 1) {
+      lo += __shfl_xor_sync(0xffffffffu, lo, offset);
+      hi += __shfl_xor_sync(0xffffffffu, hi, offset);
+    }
+    if (g == 0) {
+      columns[n0 + 8 * ni + 2 * t] = lo;
+      columns[n0 + 8 * ni + 2 * t + 1] = hi;
+    }
+  }
+}
+__device__ __forceinline__ float decay_balance(const float* parts, int r) {
+  return parts[r] + parts[kChunk + r] -
+         (parts[2 * kChunk + r] + parts[3 * kChunk + r] + parts[4 * kChunk + r] + parts[5 * kChunk + r]);
 }
 
 // Starts copying a chunk's rows of a token-major tensor [tokens, heads, width] (head `head`, columns from

@@ -13,8 +13,6 @@ namespace deltatrain::gdn::cuda {
 
 // Whether kernels for the io dtype and head dim K are compiled in (float32 needs K <= 128).
 bool have_kernels(DType io, int K);
-// Shared-memory columns of one key slice in the chunk-gradient kernel (the workspace sizes slices by it).
-int key_slice_width(DType io, int K);
 
 // The chunk schedule and, when p.l2norm, the L2 norm of q and k (one launch).
 void launch_start(const Params& p, DType io, KernelSequence& kernels);

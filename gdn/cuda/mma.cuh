@@ -255,6 +255,12 @@ __device__ __forceinline__ void store(float (&acc)[MT][NT][4], TileT tile, int m
   for_each(acc, m0, n0, [&](int r, int c, float& x) { tile(r, c) = from_float<E>(x); });
 }
 
+// The sum over the four lanes of a quad (the lanes holding one accumulator row), in every lane of it.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // Sums over the columns a warp tile holds, per row: returns, for this lane, the partial sums of rows
 // m0 + 16 mi + g (index 2 mi) and + 8 (index 2 mi + 1), complete over the warp's columns.
 template <int MT, int NT>
@@ -267,13 +273,8 @@ __device__ __forceinline__ void row_sums(const float (&values)[MT][NT][4], float
       lo += values[mi][ni][0] + values[mi][ni][1];
       hi += values[mi][ni][2] + values[mi][ni][3];
     }
-#pragma unroll
-    for (int offset = 1; offset < 4; offset <<= 1) {
-      lo += __shfl_xor_sync(0xffffffffu, lo, offset);
-      hi += __shfl_xor_sync(0xffffffffu, hi, offset);
-    }
-    sums[2 * mi] = lo;
-    sums[2 * mi + 1] = hi;
+    sums[2 * mi] = quad_sum(lo);
+    sums[2 * mi + 1] = quad_sum(hi);
   }
 }
 
@@ -428,16 +429,31 @@ __device__ __forceinline__ void scale_columns(float (&acc)[MT][NT][4], const flo
 }
 
 // Stores a warp's accumulators, rounded to E, to a row-major global matrix (leading dimension ld) with
-// one store per pair of adjacent columns.
+// one store per pair of adjacent columns; rows at or past rows_valid (counted from the tile's first row)
+// are left alone.
 template <class E, int MT, int NT>
-__device__ __forceinline__ void store_pairs(float (&acc)[MT][NT][4], E* dst, std::int64_t ld) {
+__device__ __forceinline__ void store_pairs(float (&acc)[MT][NT][4], E* dst, std::int64_t ld,
+                                            int rows_valid = 16 * MT) {
   for_each_pair(acc, 0, 0, [&](int r, int c, float& lo, float& hi) {
+    if (r >= rows_valid) return;
     E* at = dst + r * ld + c;
     if constexpr (std::is_same_v<E, float>) {
       *reinterpret_cast<float2*>(at) = float2{lo, hi};
     } else {
       *reinterpret_cast<std::uint32_t*>(at) = pack2<E>(lo, hi);
     }
+  });
+}
+
+// acc = a row-major float32 global matrix at the warp tile's positions (one load per pair of adjacent
+// columns), zero on rows at or past rows_valid.
+template <int MT, int NT>
+__device__ __forceinline__ void load_pairs(float (&acc)[MT][NT][4], const float* src, std::int64_t ld,
+                                           int rows_valid) {
+  for_each_pair(acc, 0, 0, [&](int r, int c, float& lo, float& hi) {
+    const float2 v = r < rows_valid ? *reinterpret_cast<const float2*>(src + r * ld + c) : float2{0.f, 0.f};
+    lo = v.x;
+    hi = v.y;
   });
 }
 

@@ -9,6 +9,9 @@
 namespace deltatrain::gdn::cuda {
 
 inline constexpr int kChunk = 64;  // tokens per chunk: the unit of the WY/UT transform
+// Key columns one CTA of the chunk-gradient kernel covers: K / kKeySlice CTAs split a chunk's keys, so that
+// its accumulators and tiles leave room for two CTAs per SM.
+inline constexpr int kKeySlice = 64;
 
 // One chunk of one sequence: tokens [start, start + length) of the flattened B*T tokens.
 struct ChunkInfo {
@@ -78,9 +81,7 @@ struct Params {
   void* dw = nullptr;                    // io [tokens, HV, K]
   float* dq_head = nullptr;              // [tokens, HV, K]: dq of each value head (before the GVA sum)
   float* dk_head = nullptr;              // [tokens, HV, K]
-  float* dt_from_v = nullptr;            // [tokens, HV, C]: the U-part of dT
-  float* dgamma_part = nullptr;          // [K / 128 slices, tokens, HV]
-  float* dbeta_part = nullptr;           // [tokens, HV]
+  float* dgamma_part = nullptr;          // [K / kKeySlice slices, tokens, HV]
 };
 
 }  // namespace deltatrain::gdn::cuda

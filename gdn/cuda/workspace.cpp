@@ -41,7 +41,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   take(layout.u, tokens * HV * V * io);
   take(layout.p, tokens * HV * C * io);
   if (problem.op != Operation::chunk_backward) return layout;
-  const auto slices = static_cast<std::size_t>(problem.K / key_slice_width(problem.io_dtype, static_cast<int>(problem.K)));
+  const auto slices = static_cast<std::size_t>(problem.K / kKeySlice);
   take(layout.t, tokens * HV * C * io);
   take(layout.states, n_chunks * HV * V * K * io);
   take(layout.delta, tokens * HV * V * io);
@@ -50,9 +50,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   take(layout.dw, tokens * HV * K * io);
   take(layout.dq_head, tokens * HV * K * f32);
   take(layout.dk_head, tokens * HV * K * f32);
-  take(layout.dt_from_v, tokens * HV * C * f32);
   take(layout.dgamma_part, slices * tokens * HV * f32);
-  take(layout.dbeta_part, tokens * HV * f32);
   return layout;
 }
 

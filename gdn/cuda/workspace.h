@@ -21,7 +21,7 @@ struct WorkspaceLayout {
   Region chunk_table, sequence_chunks;
   Region q_normed, k_normed, q_rstd, k_rstd;
   Region gamma, gate_in, gate_out, w, u, p, t;
-  Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dt_from_v, dgamma_part, dbeta_part;
+  Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
   std::size_t bytes = 0;
 };
 

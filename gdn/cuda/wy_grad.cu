@@ -1,7 +1,8 @@
 // Per (chunk, value head): the backward of the WY/UT transform (gdn-kernels.md section 3, step 5) and the
 // final per-token gradients of g and beta; then, per (token, q/k head), dq and dk summed over the GVA group
-// in a fixed order and taken through the L2 norm.
-//   dT  = dW (diag(beta e^gamma) K)^T + dT_U          dKb = T^T dW
+// in a fixed order and taken through the L2 norm. With D = dDelta, the gradient of U = T diag(beta) V:
+//   dV  = diag(beta) T^T D,  dbeta += rowsum((T^T D) * V)
+//   dT  = (dW K^T diag(e^gamma) + D V^T) diag(beta)    dKb = T^T dW
 //   dK += diag(beta e^gamma) dKb,  dbeta += e^gamma rowdot(dKb, K),  dgamma += beta e^gamma rowdot(dKb, K)
 //   dA  = -(T^T dT T^T), strictly lower;  E = dA * (K K^T) * Gamma,  F = dA * diag(beta) Gamma
 //   dbeta += rowsum(E),  dK += F K + F^T K,  dgamma += rowsum(beta E) - colsum(beta E)
@@ -18,133 +19,145 @@ constexpr int kWyThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halve
 template <class E, int K>
 struct WyGradSmem {
   using KeyTile = Tile<E, kChunk, K>;
-  using ChunkTile = Tile<E, kChunk, kChunk>;
-  using FloatTile = Tile<float, kChunk, kChunk>;
+  using Square = Tile<E, kChunk, kChunk>;
   static constexpr int k = 0;
   static constexpr int dw = k + KeyTile::kBytes;
   static constexpr int t = dw + KeyTile::kBytes;
-  static constexpr int dt = t + ChunkTile::kBytes;
-  static constexpr int x = dt + ChunkTile::kBytes;
-  static constexpr int f = x + ChunkTile::kBytes;
-  static constexpr int e = f + ChunkTile::kBytes;  // beta E, for its row and column sums
-  static constexpr int gamma = e + FloatTile::kBytes;
+  static constexpr int dt = t + Square::kBytes;
+  static constexpr int x = dt + Square::kBytes;  // first the 64-column blocks of D
+  static constexpr int f = x + Square::kBytes;   // first the 64-column blocks of V
+  static constexpr int gamma = f + Square::kBytes;
   static constexpr int beta = gamma + kChunk * 4;
   static constexpr int dgamma = beta + kChunk * 4;
   static constexpr int k_dots = dgamma + kChunk * 4;  // [2 column halves][64 rows]
   static constexpr int e_sums = k_dots + 2 * kChunk * 4;
-  static constexpr int bytes = e_sums + 2 * kChunk * 4;
+  static constexpr int beta_dots = e_sums + 2 * kChunk * 4;
+  static constexpr int e_parts = beta_dots + 2 * kChunk * 4;  // store_row_column_sums of beta E
+  static constexpr int bytes = e_parts + 6 * kChunk * 4;
 };
 
+// Two CTAs per SM where the registers allow it: at K = 256 dK and dKb alone are 128 floats per thread.
 template <class E, int K>
-__global__ void __launch_bounds__(kWyThreads) wy_grad_kernel(Params p) {
+__global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(Params p) {
   using L = WyGradSmem<E, K>;
   constexpr int kHalf = K / 2;
   extern __shared__ __align__(16) char smem[];
   const typename L::KeyTile k_tile{smem_at<E>(smem, L::k)}, dw_tile{smem_at<E>(smem, L::dw)};
-  const typename L::ChunkTile t_tile{smem_at<E>(smem, L::t)}, dt_tile{smem_at<E>(smem, L::dt)};
-  const typename L::ChunkTile x_tile{smem_at<E>(smem, L::x)}, f_tile{smem_at<E>(smem, L::f)};
-  const typename L::FloatTile e_tile{smem_at<float>(smem, L::e)};
+  const typename L::Square t_tile{smem_at<E>(smem, L::t)}, dt_tile{smem_at<E>(smem, L::dt)};
+  const typename L::Square x_tile{smem_at<E>(smem, L::x)}, f_tile{smem_at<E>(smem, L::f)};
+  const typename L::Square d_tile = x_tile, v_tile = f_tile;
   float* gamma = smem_at<float>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
   float* dgamma = smem_at<float>(smem, L::dgamma);
   float* k_dots = smem_at<float>(smem, L::k_dots);
   float* e_sums = smem_at<float>(smem, L::e_sums);
+  float* beta_dots = smem_at<float>(smem, L::beta_dots);
+  float* e_parts = smem_at<float>(smem, L::e_parts);
 
   const int hv = blockIdx.y, h = hv / p.group;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
-  const int m0 = 16 * (warp % 4), half = warp / 4, g = lane >> 2;
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), k0 = (warp / 4) * kHalf;
   const ChunkInfo chunk = p.chunk_table[blockIdx.x];
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
-  const std::int64_t key_row = (t0 * p.HV + hv) * K, key_stride = static_cast<std::int64_t>(p.HV) * K;
-  const std::int64_t c_row = (t0 * p.HV + hv) * kChunk, c_stride = static_cast<std::int64_t>(p.HV) * kChunk;
   load_chunk_rows<kWyThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
   load_chunk_rows<kWyThreads>(dw_tile, p.dw, p.HV, hv, K, 0, chunk, tid);
   load_chunk_rows<kWyThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
   load_gamma_async(p, gamma, hv, chunk, tid);
-  cp_async_commit();
   if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
-  cp_async_wait<0>();
-  __syncthreads();
+  // dK so far (chunk_grad's part), read first so that its latency hides behind the V side.
+  const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
+  float* const dk_head = p.dk_head + ((t0 + m0) * p.HV + hv) * K + k0;
+  float dk[1][kHalf / 8][4];
+  load_pairs(dk, dk_head, key_stride, rows - m0);
+
+  // The V side, 64 columns of V at a time: dV, its dbeta term, and D V^T for dT.
+  float dt_from_v[1][4][4], beta_dot[2] = {0.f, 0.f};
+  zero(dt_from_v);
+  const std::int64_t v_stride = static_cast<std::int64_t>(p.HV) * p.V;
+  E* const dv = static_cast<E*>(p.dv) + ((t0 + m0) * p.HV + hv) * p.V + n0;
+#pragma unroll 1
+  for (int vb = 0; vb < p.V; vb += 64) {
+    load_chunk_rows<kWyThreads>(d_tile, p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
+    load_chunk_rows<kWyThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    warp_mma(dt_from_v, plain(d_tile), m0, transposed(v_tile), n0, 0, 64);
+    float tdd[1][4][4];  // T^T D; T^T is upper triangular, so rows m0.. need k >= m0
+    zero(tdd);
+    warp_mma(tdd, transposed(t_tile), m0, plain(d_tile), n0, m0, kChunk);
+    float sums[2];
+    row_dots(tdd, v_tile, m0, n0, sums);
+    beta_dot[0] += sums[0];
+    beta_dot[1] += sums[1];
+    for_each(tdd, m0, n0, [&](int r, int, float& x) { x *= beta[r]; });
+    store_pairs(tdd, dv + vb, v_stride, rows - m0);
+    __syncthreads();  // the D and V blocks are free
+  }
+  store_row_pair(beta_dot, beta_dots, m0, n0);
 
   {  // dT
     float dt[1][4][4];
     zero(dt);
-    warp_mma(dt, plain(dw_tile), m0, transposed(k_tile), 32 * half, 0, K);
-    for_each(dt, m0, 32 * half, [&](int r, int c, float& x) {
-      const float from_u = r < rows ? p.dt_from_v[c_row + r * c_stride + c] : 0.f;
-      dt_tile(r, c) = from_float<E>(x * beta[c] * __expf(gamma[c]) + from_u);
+    warp_mma(dt, plain(dw_tile), m0, transposed(k_tile), n0, 0, K);
+    for_each(dt, dt_from_v, m0, n0, [&](int r, int c, float& x, float& from_v) {
+      dt_tile(r, c) = from_float<E>(beta[c] * (x * __expf(gamma[c]) + from_v));
     });
   }
-  // dKb = T^T dW (T^T is upper triangular: rows m0.. need k >= m0).
-  float dk[1][kHalf / 8][4];
-  zero(dk);
-  warp_mma(dk, transposed(t_tile), m0, plain(dw_tile), half * kHalf, m0, kChunk);
-  float sums[2];
-  row_dots(dk, k_tile, m0, half * kHalf, sums);
-  if ((lane & 3) == 0) {
-    k_dots[half * kChunk + m0 + g] = sums[0];
-    k_dots[half * kChunk + m0 + g + 8] = sums[1];
+  {  // dKb = T^T dW (rows m0.. again need k >= m0)
+    float dkb[1][kHalf / 8][4];
+    zero(dkb);
+    warp_mma(dkb, transposed(t_tile), m0, plain(dw_tile), k0, m0, kChunk);
+    float sums[2];
+    row_dots(dkb, k_tile, m0, k0, sums);
+    store_row_pair(sums, k_dots, m0, n0);
+    for_each(dk, dkb, m0, k0, [&](int r, int, float& x, float& b) { x += beta[r] * __expf(gamma[r]) * b; });
   }
-  for_each(dk, m0, half * kHalf, [&](int r, int, float& x) { x *= beta[r] * __expf(gamma[r]); });
   __syncthreads();  // dT complete
 
   {  // X = T^T dT
     float x[1][4][4];
     zero(x);
-    warp_mma(x, transposed(t_tile), m0, plain(dt_tile), 32 * half, m0, kChunk);
-    store(x, x_tile, m0, 32 * half);
+    warp_mma(x, transposed(t_tile), m0, plain(dt_tile), n0, m0, kChunk);
+    store(x, x_tile, m0, n0);
   }
   __syncthreads();
 
-  {  // dA = -X T^T (strictly lower), with K K^T: E, F and the beta E sums
+  {  // dA = -X T^T (strictly lower), with K K^T: F, E and beta E's sums
     float da[1][4][4], kk[1][4][4];
     zero(da);
     zero(kk);
-    warp_mma(da, plain(x_tile), m0, transposed(t_tile), 32 * half, 0, kChunk);
-    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), 32 * half, 0, K);
-    float e_row[2] = {0.f, 0.f};
-    for_each(da, kk, m0, 32 * half, [&](int r, int c, float& x, float& kdot) {
-      if (r > c) {
-        const float decay = __expf(gamma[r] - gamma[c]);
-        const float e = -x * kdot * decay;
-        e_row[(r - m0) / 8] += e;
-        e_tile(r, c) = beta[r] * e;
-        f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
-      } else {
-        e_tile(r, c) = 0.f;
-        f_tile(r, c) = from_float<E>(0.f);
-      }
+    warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
+    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
+    for_each(da, kk, m0, n0, [&](int r, int c, float& x, float& kdot) {
+      const float decay = r > c ? __expf(gamma[r] - gamma[c]) : 0.f;
+      f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
+      x = -x * kdot * decay;  // E
+      kdot = beta[r] * x;     // beta E
     });
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      e_row[i] += __shfl_xor_sync(0xffffffffu, e_row[i], 1);
-      e_row[i] += __shfl_xor_sync(0xffffffffu, e_row[i], 2);
-    }
-    if ((lane & 3) == 0) {
-      e_sums[half * kChunk + m0 + g] = e_row[0];
-      e_sums[half * kChunk + m0 + g + 8] = e_row[1];
-    }
+    float sums[2];
+    row_sums(da, sums);
+    store_row_pair(sums, e_sums, m0, n0);
+    store_row_column_sums(kk, m0, n0, e_parts);
   }
   __syncthreads();
 
-  warp_mma(dk, plain(f_tile), m0, plain(k_tile), half * kHalf, 0, kChunk);
-  warp_mma(dk, transposed(f_tile), m0, plain(k_tile), half * kHalf, 0, kChunk);
-  for_each(dk, m0, half * kHalf, [&](int r, int c, float& x) {
-    if (r < rows) p.dk_head[key_row + r * key_stride + c] += x;
-  });
+  warp_mma(dk, plain(f_tile), m0, plain(k_tile), k0, 0, kChunk);
+  warp_mma(dk, transposed(f_tile), m0, plain(k_tile), k0, 0, kChunk);
+  store_pairs(dk, dk_head, key_stride, rows - m0);
 
-  constexpr int slices = K / key_slice<E, K>();
   if (tid < kChunk) {
     const int r = tid;
     float dg = 0.f, db = 0.f;
     if (r < rows) {
-      for (int s = 0; s < slices; ++s) dg += p.dgamma_part[(static_cast<std::int64_t>(s) * p.tokens + t0 + r) * p.HV + hv];
+      for (int s = 0; s < K / kKeySlice; ++s) {
+        dg += p.dgamma_part[(static_cast<std::int64_t>(s) * p.tokens + t0 + r) * p.HV + hv];
+      }
       const float x = k_dots[r] + k_dots[kChunk + r], decay = __expf(gamma[r]);
-      for (int c = 0; c < kChunk; ++c) dg += e_tile(r, c) - e_tile(c, r);
-      dg += beta[r] * decay * x;
-      db = p.dbeta_part[(t0 + r) * p.HV + hv] + decay * x + e_sums[r] + e_sums[kChunk + r];
+      dg += decay_balance(e_parts, r) + beta[r] * decay * x;
+      db = beta_dots[r] + beta_dots[kChunk + r] + decay * x + e_sums[r] + e_sums[kChunk + r];
     }
     dgamma[r] = dg;
     if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
