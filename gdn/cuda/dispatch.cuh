@@ -2,6 +2,8 @@
 // recording of a launch that raises the dynamic shared-memory limit once per device.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <array>

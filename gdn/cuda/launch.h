@@ -21,6 +21,9 @@ void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels);
+// The same pass with wgmma (state_hopper.cu) where the device and the call allow it; false where not,
+// recording nothing.
+bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);
 // The reverse sequential pass: the state gradient after each chunk, ddelta and dh0.
 void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: dq, dk (state and intra-chunk parts), dv, dW, the U-part of dT, partial dgamma and dbeta.

@@ -19,11 +19,11 @@
 #include "deltatrain/core/system.h"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "sequential.cuh"
 
 namespace deltatrain::gdn::cuda {
 namespace {
 
-constexpr int kSmemLimit = 227 * 1024;  // per-block opt-in limit of sm_80 and sm_90
 constexpr int kHalfChunk = kChunk / 2;  // tokens of a chunk each warp of a pair writes out
 
 // Shared memory of a sequential pass of kGroups warp pairs: per stage `kKeyTiles` chunk tiles 64 x K,
@@ -119,67 +119,6 @@ __device__ __forceinline__ void sum_partials(float (&acc)[1][NA][4], const float
     acc[0][i][2] = mine[0][n_begin + i][2] + other.z;
     acc[0][i][3] = mine[0][n_begin + i][3] + other.w;
   }
-}
-
-// The chunks of sequence n: contiguous, 64 tokens each but the last. Computed rather than read from the
-// chunk table so that no global load sits on the sequential path.
-struct SequenceChunks {
-  std::int64_t begin, end;
-  int first;  // global index of the first chunk (per-chunk workspace rows)
-  int count;
-  __device__ SequenceChunks(const Params& p, int n)
-      : begin(sequence_start(p, n)), end(sequence_start(p, n + 1)), first(p.sequence_chunks[n]),
-        count(static_cast<int>((end - begin + kChunk - 1) / kChunk)) {}
-  __device__ ChunkInfo operator[](int j) const {
-    const std::int64_t start = begin + static_cast<std::int64_t>(j) * kChunk;
-    return ChunkInfo{static_cast<std::int32_t>(start), static_cast<std::int32_t>(end - start < kChunk ? end - start : kChunk),
-                     0, 0};
-  }
-};
-
-// Walks the chunks of a sequence (in order, or last to first) with `stages` chunks in flight:
-// issue(j, stage) starts chunk j's copies into a stage, body(j, stage) consumes them once they landed.
-template <int kStages, bool kReverse, class Issue, class Body>
-__device__ __forceinline__ void sequential_pass(int count, Issue&& issue, Body&& body) {
-  auto chunk = [&](int i) { return kReverse ? count - 1 - i : i; };
-  for (int s = 0; s < kStages; ++s) {
-    if (s < count) issue(chunk(s), s);
-    cp_async_commit();
-  }
-#pragma unroll 1
-  for (int i = 0; i < count; ++i) {
-    const int stage = i % kStages;
-    cp_async_wait<kStages - 1>();
-    __syncthreads();
-    body(chunk(i), stage);
-    __syncthreads();  // the stage is free
-    if (i + kStages < count) issue(chunk(i + kStages), stage);
-    cp_async_commit();
-  }
-}
-
-// The warp's 16 x K/2 block of a [N, HV, K, V] float32 state (zero when absent), as S^T in acc.
-template <int NT>
-__device__ __forceinline__ void load_state(float (&acc)[1][NT][4], const float* src, const Params& p, int n, int hv,
-                                           const WarpPlace& at) {
-  const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
-  for_each(acc, 0, 0, [&](int r, int c, float& x) {
-    x = src == nullptr ? 0.f : src[base + static_cast<std::int64_t>(at.k0 + c) * p.V + at.v0 + r];
-  });
-}
-template <int NT>
-__device__ __forceinline__ void store_state(float (&acc)[1][NT][4], float* dst, const Params& p, int n, int hv,
-                                            const WarpPlace& at) {
-  const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
-  for_each(acc, 0, 0,
-           [&](int r, int c, float& x) { dst[base + static_cast<std::int64_t>(at.k0 + c) * p.V + at.v0 + r] = x; });
-}
-
-// The warp's block of a per-chunk [chunks, HV, V, K] tensor of states.
-template <class E>
-__device__ __forceinline__ E* chunk_state_block(void* base, const Params& p, std::int64_t chunk, int hv,
-                                                const WarpPlace& at) {
-  return static_cast<E*>(base) + ((chunk * p.HV + hv) * p.V + at.v0) * p.K + at.k0;
 }
 
 // The warp's half of the chunk's tokens in a token-major [tokens, HV, V] tensor, and how many are real.
@@ -424,6 +363,7 @@ void launch_backward(const Params& p, KernelSequence& kernels) {
 }  // namespace
 
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels) {
+  if (launch_state_forward_hopper(p, io, recompute, kernels)) return;
   dispatch(io, p.K, [&]<class E, int K>() {
     with_groups<E>(p, [&]<int kGroups>() {
       recompute ? launch_forward<E, K, kGroups, true>(p, kernels) : launch_forward<E, K, kGroups, false>(p, kernels);

@@ -1,0 +1,76 @@
+// Pieces of the sequential passes over a sequence's chunks shared by the mma.sync kernels (state.cu) and
+// the Hopper ones (state_hopper.cu): the chunk walk with its copy pipeline, and the state blocks.
+#pragma once
+
+#include "chunk.cuh"
+
+namespace deltatrain::gdn::cuda {
+
+inline constexpr int kSmemLimit = 227 * 1024;  // per-block opt-in limit of sm_80 and sm_90
+
+// The chunks of sequence n: contiguous, 64 tokens each but the last. Computed rather than read from the
+// chunk table so that no global load sits on the sequential path.
+struct SequenceChunks {
+  std::int64_t begin, end;
+  int first;  // global index of the first chunk (per-chunk workspace rows)
+  int count;
+  __device__ SequenceChunks(const Params& p, int n)
+      : begin(sequence_start(p, n)), end(sequence_start(p, n + 1)), first(p.sequence_chunks[n]),
+        count(static_cast<int>((end - begin + kChunk - 1) / kChunk)) {}
+  __device__ ChunkInfo operator[](int j) const {
+    const std::int64_t start = begin + static_cast<std::int64_t>(j) * kChunk;
+    return ChunkInfo{static_cast<std::int32_t>(start), static_cast<std::int32_t>(end - start < kChunk ? end - start : kChunk),
+                     0, 0};
+  }
+};
+
+// Walks the chunks of a sequence (in order, or last to first) with `stages` chunks in flight:
+// issue(j, stage) starts chunk j's copies into a stage, body(j, stage) consumes them once they landed.
+// kAsyncProxy: the body reads the tiles with wgmma, which reads shared memory through the async proxy, so
+// each thread's copies are fenced for it before the barrier.
+template <int kStages, bool kReverse, bool kAsyncProxy = false, class Issue, class Body>
+__device__ __forceinline__ void sequential_pass(int count, Issue&& issue, Body&& body) {
+  auto chunk = [&](int i) { return kReverse ? count - 1 - i : i; };
+  for (int s = 0; s < kStages; ++s) {
+    if (s < count) issue(chunk(s), s);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int i = 0; i < count; ++i) {
+    const int stage = i % kStages;
+    cp_async_wait<kStages - 1>();
+    if constexpr (kAsyncProxy) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    body(chunk(i), stage);
+    __syncthreads();  // the stage is free
+    if (i + kStages < count) issue(chunk(i + kStages), stage);
+    cp_async_commit();
+  }
+}
+
+// A warp's block of a [N, HV, K, V] float32 state (zero when absent), as S^T in acc: rows (columns of V)
+// from at.v0, columns (keys) from at.k0.
+template <int NT, class Place>
+__device__ __forceinline__ void load_state(float (&acc)[1][NT][4], const float* src, const Params& p, int n, int hv,
+                                           const Place& at) {
+  const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
+  for_each(acc, 0, 0, [&](int r, int c, float& x) {
+    x = src == nullptr ? 0.f : src[base + static_cast<std::int64_t>(at.k0 + c) * p.V + at.v0 + r];
+  });
+}
+template <int NT, class Place>
+__device__ __forceinline__ void store_state(float (&acc)[1][NT][4], float* dst, const Params& p, int n, int hv,
+                                            const Place& at) {
+  const std::int64_t base = (static_cast<std::int64_t>(n) * p.HV + hv) * p.K * p.V;
+  for_each(acc, 0, 0,
+           [&](int r, int c, float& x) { dst[base + static_cast<std::int64_t>(at.k0 + c) * p.V + at.v0 + r] = x; });
+}
+
+// The warp's block of a per-chunk [chunks, HV, V, K] tensor of states.
+template <class E, class Place>
+__device__ __forceinline__ E* chunk_state_block(void* base, const Params& p, std::int64_t chunk, int hv,
+                                                const Place& at) {
+  return static_cast<E*>(base) + ((chunk * p.HV + hv) * p.V + at.v0) * p.K + at.k0;
+}
+
+}  // namespace deltatrain::gdn::cuda

@@ -1,0 +1,123 @@
+// Hopper warpgroup products (wgmma, sm_90a only). A warpgroup of four warps computes acc += A * B for a
+// 64 x 64 accumulator: warp w holds rows 16w..16w+15 in exactly the mma.sync "C" layout of eight 16 x 8
+// tiles (acc[0][0..7] of mma.cuh), and gives A from registers in the mma.sync "A" layout, so WarpOperand's
+// fragments and every accumulator helper of mma.cuh carry over. B is read from shared memory by the
+// tensor cores through a descriptor; it must be stored in 128-byte-swizzled blocks (SwizzledTile), the
+// layout TMA writes, here written by cp.async.
+#pragma once
+
+#include <cstdint>
+
+#include "mma.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DELTATRAIN_WGMMA 1
+#endif
+
+namespace deltatrain::gdn::cuda {
+
+// ROWS x COLS 16-bit elements as COLS / 64 blocks of ROWS rows x 128 bytes; in each block the 16-byte chunk
+// c of row r sits at chunk position c ^ (r % 8), so that eight consecutive rows read at one column hit
+// eight different bank groups. Blocks must start 1024-byte aligned (the swizzle's repeat).
+template <class E, int ROWS, int COLS>
+struct SwizzledTile {
+  static_assert(sizeof(E) == 2 && COLS % 64 == 0 && ROWS % 8 == 0);
+  using Element = E;
+  static constexpr int kRows = ROWS;
+  static constexpr int kBlockBytes = ROWS * 128;
+  static constexpr int kBytes = COLS / 64 * kBlockBytes;
+  char* base;
+
+  // Byte offset of element (r, c); c % 8 == 0 gives the start of its 16-byte chunk.
+  __device__ __forceinline__ static int offset(int r, int c) {
+    return c / 64 * kBlockBytes + r * 128 + ((((c % 64) / 8) ^ (r % 8)) << 4) + (c % 8) * 2;
+  }
+};
+
+// load_rows_async (mma.cuh) for a swizzled tile: starts copying rows [0, ROWS) of a row-major global matrix
+// (row stride `stride` elements); rows at or past rows_valid are zero-filled. Threads 0..NTHREADS-1 call it.
+template <int NTHREADS, class E, int ROWS, int COLS>
+__device__ __forceinline__ void load_rows_async(SwizzledTile<E, ROWS, COLS> tile, const E* src, std::int64_t stride,
+                                                   int rows_valid, int thread) {
+  constexpr int kVectors = ROWS * COLS / 8;
+#pragma unroll
+  for (int i = thread; i < kVectors; i += NTHREADS) {
+    const int r = i / (COLS / 8), c = i % (COLS / 8) * 8;
+    cp_async_16(tile.base + tile.offset(r, c), src + r * stride + c, r < rows_valid);
+  }
+}
+
+// A shared-memory matrix descriptor of a 128-byte-swizzled operand starting at `start`: leading and stride
+// byte offsets in units of 16 bytes, swizzle mode 1 (128 B) in bits 62-63.
+__device__ __forceinline__ std::uint64_t smem_descriptor(const char* start, std::uint32_t leading_bytes,
+                                                         std::uint32_t stride_bytes) {
+  return static_cast<std::uint64_t>((smem_address(start) & 0x3FFFF) >> 4) |
+         static_cast<std::uint64_t>(leading_bytes >> 4) << 16 | static_cast<std::uint64_t>(stride_bytes >> 4) << 32 |
+         1ull << 62;
+}
+
+// B = tile^T, k = tile columns k0..k0+15, n = tile rows 0..63 (a tile of 64 rows stored [n][k]: K-major).
+// Within a 128-byte row the k step moves the start by 32 bytes; the hardware applies the swizzle to the
+// final addresses, so the start stays inside the row's first chunk pattern.
+template <class E, int COLS>
+__device__ __forceinline__ std::uint64_t k_major(SwizzledTile<E, 64, COLS> tile, int k0) {
+  return smem_descriptor(tile.base + k0 / 64 * tile.kBlockBytes + (k0 % 64) * 2, 16, 8 * 128);
+}
+// B = tile, k = tile rows k0..k0+15, n = tile columns n0..n0+63 (stored [k][n]: MN-major, transposed).
+template <class E, int ROWS, int COLS>
+__device__ __forceinline__ std::uint64_t mn_major(SwizzledTile<E, ROWS, COLS> tile, int k0, int n0) {
+  return smem_descriptor(tile.base + n0 / 64 * tile.kBlockBytes + k0 * 128, tile.kBlockBytes, 8 * 128);
+}
+
+// Orders the warpgroup's earlier register writes (accumulators, A fragments) before the next wgmma.
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Closes the group of wgmma issued so far and waits until at most kPending groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_commit_and_wait() {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// Makes each accumulator register a fresh value at this point of the program, so that the compiler neither
+// reads it before the wait that completes the asynchronous product nor moves its writes past the fence.
+template <int NT>
+__device__ __forceinline__ void hold(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(acc[i][r])::"memory");
+}
+
+// acc (64 x 64, this warp's rows) += A (64 x 16, this warp's fragment) * B (16 x 64 by descriptor).
+// kTransposeB: B is stored MN-major.
+template <class E, bool kTransposeB>
+__device__ __forceinline__ void wgmma_64x64x16(float (&acc)[8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
+#ifdef DELTATRAIN_WGMMA
+  float* d = &acc[0][0];
+#define DELTATRAIN_WGMMA_ASM(TYPE)                                                                                    \
+  asm volatile(                                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE                                                     \
+      " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28," \
+      "%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"                                                     \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),  \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                    \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(kTransposeB ? 1 : 0))
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    DELTATRAIN_WGMMA_ASM("bf16");
+  } else {
+    DELTATRAIN_WGMMA_ASM("f16");
+  }
+#undef DELTATRAIN_WGMMA_ASM
+#endif
+}
+
+}  // namespace deltatrain::gdn::cuda
