@@ -459,9 +459,11 @@ __device__ __forceinline__ void load_pairs(float (&acc)[MT][NT][4], const float*
 
 // ---- asynchronous copies ------------------------------------------------------------------------------
 
+__device__ __forceinline__ void cp_async_16(std::uint32_t smem, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(global), "r"(valid ? 16 : 0));
+}
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(global),
-               "r"(valid ? 16 : 0));
+  cp_async_16(smem_address(smem), global, valid);
 }
 __device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)), "l"(global),

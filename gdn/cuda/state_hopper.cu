@@ -56,13 +56,16 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
   extern __shared__ __align__(16) char smem_raw[];
   const int raw = static_cast<int>(smem_address(smem_raw));
   char* const smem = smem_raw + (round_up(raw, 1024) - raw);
+  const std::uint32_t smem_base = round_up(raw, 1024);
   const int n = blockIdx.x, hv = blockIdx.y, h = hv / p.group, v_block = blockIdx.z * kColumns;
   const int tid = threadIdx.x, m0 = 16 * (tid / 32);
   const StateRows at{v_block + m0, 0};
   const SequenceChunks chunks(p, n);
 
-  auto key_tile = [&](int stage, int i) { return typename L::KeyTile{smem + stage * L::stage_bytes + i * L::KeyTile::kBytes}; };
-  auto p_tile = [&](int stage) { return typename L::ChunkTile{smem + stage * L::stage_bytes + L::p_at}; };
+  auto key_tile = [&](int stage, int i) {
+    return typename L::KeyTile{smem_base + stage * L::stage_bytes + i * L::KeyTile::kBytes};
+  };
+  auto p_tile = [&](int stage) { return typename L::ChunkTile{smem_base + stage * L::stage_bytes + L::p_at}; };
   auto u_tile = [&](int stage) { return typename L::ColumnTile{smem_at<E>(smem, stage * L::stage_bytes + L::u_at)}; };
   auto gate_in = [&](int stage) { return smem_at<float>(smem, stage * L::stage_bytes + L::gates_at); };
   const typename L::TokenTile staging{smem_at<E>(smem, L::staging_at + (tid / 32) * L::TokenTile::kBytes)};
@@ -110,36 +113,36 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
     hold(delta[0]);
     hold(out[0]);
 
-    WarpOperand<E, kChunk> chunk_operand(nullptr);
+    // The P product and the state update both need only Delta: one group, one wait.
+    const float decay = gates_in[kChunk - 1];
+    for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
+    WarpOperand<E, kChunk> update(nullptr), delta_operand(nullptr);
+    update.set(delta, 1.f, gates_out);
     if constexpr (kRecompute) {
       store_token_rows(delta, staging, token_rows, token_stride, info.length);
     } else {
       scale_columns(out, gates_in, -p.scale);
-      chunk_operand.set(delta, 1.f);
-      wgmma_fence();
+      delta_operand.set(delta, 1.f);
+    }
+    wgmma_fence();
+    if constexpr (!kRecompute) {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
-        wgmma_64x64x16<E, false>(out[0], chunk_operand.frag[kb], k_major(p_tile(stage), 16 * kb));
+        wgmma_64x64x16<E, false>(out[0], delta_operand.frag[kb], k_major(p_tile(stage), 16 * kb));
       }
-      wgmma_commit_and_wait<0>();
-      hold(out[0]);
-      store_token_rows(out, staging, token_rows, token_stride, info.length);
     }
-
-    const float decay = gates_in[kChunk - 1];
-    for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
-    chunk_operand.set(delta, 1.f, gates_out);
-    wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb) {
 #pragma unroll
       for (int nb = 0; nb < K / 64; ++nb) {
-        wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&state[0][8 * nb]), chunk_operand.frag[kb],
+        wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&state[0][8 * nb]), update.frag[kb],
                                 mn_major(key_tile(stage, 1), 16 * kb, 64 * nb));
       }
     }
     wgmma_commit_and_wait<0>();
+    hold(out[0]);
     hold(state[0]);
+    if constexpr (!kRecompute) store_token_rows(out, staging, token_rows, token_stride, info.length);
   });
   if constexpr (!kRecompute) {
     if (p.ht != nullptr) store_state(state, p.ht, p, n, hv, at);

@@ -26,7 +26,7 @@ struct SwizzledTile {
   static constexpr int kRows = ROWS;
   static constexpr int kBlockBytes = ROWS * 128;
   static constexpr int kBytes = COLS / 64 * kBlockBytes;
-  char* base;
+  std::uint32_t base;  // shared-window address
 
   // Byte offset of element (r, c); c % 8 == 0 gives the start of its 16-byte chunk.
   __device__ __forceinline__ static int offset(int r, int c) {
@@ -35,25 +35,29 @@ struct SwizzledTile {
 };
 
 // load_rows_async (mma.cuh) for a swizzled tile: starts copying rows [0, ROWS) of a row-major global matrix
-// (row stride `stride` elements); rows at or past rows_valid are zero-filled. Threads 0..NTHREADS-1 call it.
+// (row stride `stride` elements); rows at or past rows_valid are zero-filled. Threads 0..NTHREADS-1 call
+// it. NTHREADS covers whole groups of 8 rows per step, so a thread's row modulo 8, and with it its chunk
+// permutation, is the same in every step: the offsets are the first step's plus constants.
 template <int NTHREADS, class E, int ROWS, int COLS>
 __device__ __forceinline__ void load_rows_async(SwizzledTile<E, ROWS, COLS> tile, const E* src, std::int64_t stride,
-                                                   int rows_valid, int thread) {
-  constexpr int kVectors = ROWS * COLS / 8;
+                                                int rows_valid, int thread) {
+  constexpr int kPerRow = COLS / 8, kRowsPerStep = NTHREADS / kPerRow;
+  static_assert(NTHREADS % kPerRow == 0 && kRowsPerStep % 8 == 0 && ROWS % kRowsPerStep == 0);
+  const int r = thread / kPerRow, c = thread % kPerRow * 8;
+  const std::uint32_t to = tile.base + tile.offset(r, c);
+  const E* from = src + r * stride + c;
 #pragma unroll
-  for (int i = thread; i < kVectors; i += NTHREADS) {
-    const int r = i / (COLS / 8), c = i % (COLS / 8) * 8;
-    cp_async_16(tile.base + tile.offset(r, c), src + r * stride + c, r < rows_valid);
+  for (int step = 0; step < ROWS / kRowsPerStep; ++step) {
+    cp_async_16(to + step * kRowsPerStep * 128, from + step * kRowsPerStep * stride, r + step * kRowsPerStep < rows_valid);
   }
 }
 
-// A shared-memory matrix descriptor of a 128-byte-swizzled operand starting at `start`: leading and stride
-// byte offsets in units of 16 bytes, swizzle mode 1 (128 B) in bits 62-63.
-__device__ __forceinline__ std::uint64_t smem_descriptor(const char* start, std::uint32_t leading_bytes,
+// A shared-memory matrix descriptor of a 128-byte-swizzled operand starting at shared address `start`:
+// leading and stride byte offsets in units of 16 bytes, swizzle mode 1 (128 B) in bits 62-63.
+__device__ __forceinline__ std::uint64_t smem_descriptor(std::uint32_t start, std::uint32_t leading_bytes,
                                                          std::uint32_t stride_bytes) {
-  return static_cast<std::uint64_t>((smem_address(start) & 0x3FFFF) >> 4) |
-         static_cast<std::uint64_t>(leading_bytes >> 4) << 16 | static_cast<std::uint64_t>(stride_bytes >> 4) << 32 |
-         1ull << 62;
+  return static_cast<std::uint64_t>((start & 0x3FFFF) >> 4) | static_cast<std::uint64_t>(leading_bytes >> 4) << 16 |
+         static_cast<std::uint64_t>(stride_bytes >> 4) << 32 | 1ull << 62;
 }
 
 // B = tile^T, k = tile columns k0..k0+15, n = tile rows 0..63 (a tile of 64 rows stored [n][k]: K-major).
