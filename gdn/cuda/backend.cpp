@@ -105,7 +105,8 @@ struct Call {
     expect_aligned("v", in.v.data);
     const bool upload = p.varlen && in.cu_seqlens->device.type == DeviceType::cpu;
     const std::int64_t chunks = count_chunks(p);
-    const WorkspaceLayout layout = cuda::plan_workspace(p, chunks, upload);
+    const int segments = p.op == Operation::recurrent ? 1 : cuda::state_segments(p, chunks);
+    const WorkspaceLayout layout = cuda::plan_workspace(p, chunks, upload, segments);
     char* base = static_cast<char*>(cuda::workspace(p.device.index, stream, layout.bytes));
     auto region = [&](const WorkspaceLayout::Region& r) -> void* { return r.bytes == 0 ? nullptr : base + r.offset; };
 
@@ -119,6 +120,7 @@ struct Call {
     k.group = static_cast<int>(p.group());
     k.sequences = static_cast<int>(p.N);
     k.chunks = static_cast<int>(chunks);
+    k.segments = segments;
     k.scale = static_cast<float>(p.scale);
     k.l2norm = p.l2norm;
     if (upload) {
@@ -164,6 +166,8 @@ struct Call {
     k.dq_head = static_cast<float*>(region(layout.dq_head));
     k.dk_head = static_cast<float*>(region(layout.dk_head));
     k.dgamma_part = static_cast<float*>(region(layout.dgamma_part));
+    k.segment_ends = static_cast<float*>(region(layout.segment_ends));
+    k.segment_starts = static_cast<float*>(region(layout.segment_starts));
   }
 
   // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes.

@@ -16,7 +16,7 @@ namespace deltatrain::gdn::cuda {
 
 class KernelSequence {
  public:
-  static constexpr int kMaxKernels = 8;
+  static constexpr int kMaxKernels = 12;
 
   // Appends a kernel `void function(Params)`; `name` names it in errors.
   void add(const void* function, const char* name, dim3 grid, dim3 block, int smem);

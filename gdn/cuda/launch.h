@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "deltatrain/core/tensor.h"
+#include "deltatrain/gdn/backend.h"
 #include "kernel_sequence.h"
 #include "params.h"
 
@@ -21,6 +22,8 @@ void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels);
+// Runs per sequence the wgmma forward state pass splits into for this call (1: none).
+int state_segments(const Problem& problem, std::int64_t chunks);
 // The same pass with wgmma (state_hopper.cu) where the device and the call allow it; false where not,
 // recording nothing.
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);

@@ -29,6 +29,7 @@ struct Params {
   int group = 1;       // HV / H
   int sequences = 0;   // N
   int chunks = 0;      // chunks over all sequences
+  int segments = 1;    // runs of chunks per sequence the forward state pass splits into (state_hopper.cu)
   float scale = 1.f;
   bool l2norm = false;
 
@@ -82,6 +83,8 @@ struct Params {
   float* dq_head = nullptr;              // [tokens, HV, K]: dq of each value head (before the GVA sum)
   float* dk_head = nullptr;              // [tokens, HV, K]
   float* dgamma_part = nullptr;          // [K / kKeySlice slices, tokens, HV]
+  float* segment_ends = nullptr;         // [N, segments - 1, HV, V + K, K]: R_s rows, then M_s rows
+  float* segment_starts = nullptr;       // [N, segments, HV, V, K]: S^T entering each segment
 };
 
 }  // namespace deltatrain::gdn::cuda

@@ -22,6 +22,15 @@ struct SequenceChunks {
     return ChunkInfo{static_cast<std::int32_t>(start), static_cast<std::int32_t>(end - start < kChunk ? end - start : kChunk),
                      0, 0};
   }
+  // Segment s of `segments` near-equal runs of chunks (the last ones may be short or empty).
+  __device__ SequenceChunks segment(int s, int segments) const {
+    const int per = (count + segments - 1) / segments, skip = min(count, s * per);
+    SequenceChunks part = *this;
+    part.begin += static_cast<std::int64_t>(skip) * kChunk;
+    part.first += skip;
+    part.count = min(per, count - skip);
+    return part;
+  }
 };
 
 // Walks the chunks of a sequence (in order, or last to first) with `stages` chunks in flight:

@@ -12,7 +12,7 @@
 
 namespace deltatrain::gdn::cuda {
 
-WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets) {
+WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, int segments) {
   WorkspaceLayout layout;
   auto take = [&](WorkspaceLayout::Region& region, std::size_t bytes) {
     region = {layout.bytes, bytes};
@@ -40,6 +40,11 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   take(layout.w, tokens * HV * K * io);
   take(layout.u, tokens * HV * V * io);
   take(layout.p, tokens * HV * C * io);
+  if (segments > 1) {
+    const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(segments);
+    take(layout.segment_ends, N * (S - 1) * HV * (V + K) * K * f32);
+    take(layout.segment_starts, N * S * HV * V * K * f32);
+  }
   if (problem.op != Operation::chunk_backward) return layout;
   const auto slices = static_cast<std::size_t>(problem.K / kKeySlice);
   take(layout.t, tokens * HV * C * io);

@@ -22,11 +22,13 @@ struct WorkspaceLayout {
   Region q_normed, k_normed, q_rstd, k_rstd;
   Region gamma, gate_in, gate_out, w, u, p, t;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
+  Region segment_ends, segment_starts;
   std::size_t bytes = 0;
 };
 
-// chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must be copied to the GPU.
-WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets);
+// chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must be copied to the GPU;
+// segments: runs per sequence of the forward state pass (state_segments).
+WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, int segments);
 
 // The calling thread's device's workspace for `stream`, at least `bytes` long. Growing it while the
 // stream is being captured would bake a soon-freed buffer into the graph, so that throws StateError.
