@@ -167,6 +167,7 @@ struct Call {
     k.dk_head = static_cast<float*>(region(layout.dk_head));
     k.dgamma_part = static_cast<float*>(region(layout.dgamma_part));
     k.segment_ends = static_cast<float*>(region(layout.segment_ends));
+    k.segment_maps = region(layout.segment_maps);
     k.segment_starts = static_cast<float*>(region(layout.segment_starts));
   }
 

@@ -29,6 +29,8 @@ int state_segments(const Problem& problem, std::int64_t chunks);
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);
 // The reverse sequential pass: the state gradient after each chunk, ddelta and dh0.
 void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
+// The same pass with wgmma, as launch_state_forward_hopper.
+bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: dq, dk (state and intra-chunk parts), dv, dW, the U-part of dT, partial dgamma and dbeta.
 void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: the WY/UT-transform backward, then dg (reverse cumsum) and dbeta.

@@ -83,7 +83,8 @@ struct Params {
   float* dq_head = nullptr;              // [tokens, HV, K]: dq of each value head (before the GVA sum)
   float* dk_head = nullptr;              // [tokens, HV, K]
   float* dgamma_part = nullptr;          // [K / kKeySlice slices, tokens, HV]
-  float* segment_ends = nullptr;         // [N, segments - 1, HV, V + K, K]: R_s rows, then M_s rows
+  float* segment_ends = nullptr;         // [N, segments - 1, HV, V, K]: R_s (S^T rows)
+  void* segment_maps = nullptr;          // io [N, segments - 1, HV, K, K]: M_s
   float* segment_starts = nullptr;       // [N, segments, HV, V, K]: S^T entering each segment
 };
 

@@ -372,6 +372,7 @@ void launch_state_forward(const Params& p, DType io, bool recompute, KernelSeque
 }
 
 void launch_state_backward(const Params& p, DType io, KernelSequence& kernels) {
+  if (launch_state_backward_hopper(p, io, kernels)) return;
   dispatch(io, p.K, [&]<class E, int K>() {
     with_groups<E>(p, [&]<int kGroups>() { launch_backward<E, K, kGroups>(p, kernels); });
   });

@@ -14,8 +14,8 @@
 //   1. Pass::segment_ends, every segment but the last in parallel: its end state from a zero start (segment
 //      0 from h0), R_s, and the product M_s of its chunks' A, computed as K more state rows that start at
 //      the identity with U = 0 (the same step: Delta^T = -X W^T, X' = e^gamma_last X + Delta^T diag(..) K);
-//   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s, in
-//      float32 (3xTF32);
+//   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s (sums
+//      in float32, product operands rounded to 16 bits as in every chunk step);
 //   3. the forward (or recompute) pass of every segment in parallel from its true start.
 // bench/prototypes/segmented_state.py checks this algebra in float64 against the token recurrence.
 #include <cuda_runtime_api.h>
@@ -39,19 +39,21 @@ constexpr int kColumns = 64;  // of V per CTA: the wgmma row count
 
 __host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
-enum class Pass { forward, recompute, segment_ends };
+enum class Pass { forward, recompute, backward, segment_ends };
 
-template <class E, int K, Pass kPass>
-struct HopperForwardSmem {
-  static constexpr bool kQueries = kPass == Pass::forward;
+// Per stage: W and K, with Q and P when the pass reads them, as swizzled tiles (B operands); the CTA's 64
+// columns of U or dO as a padded tile (read into accumulators); the gate vectors. Then per warp the
+// staging tile of its token-major stores.
+template <class E, int K, bool kQueries>
+struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
   using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P: [token][token]
-  using ColumnTile = Tile<E, kChunk, kColumns>;        // U: [token][column of V], read into accumulators
-  using TokenTile = Tile<E, kChunk, 16>;               // a warp's staging for token-major stores
+  using ColumnTile = Tile<E, kChunk, kColumns>;        // U or dO: [token][column of V]
+  using TokenTile = Tile<E, kChunk, 16>;
   static constexpr int kKeyTiles = kQueries ? 3 : 2;
   static constexpr int p_at = kKeyTiles * KeyTile::kBytes;
-  static constexpr int u_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
-  static constexpr int gates_at = u_at + ColumnTile::kBytes;
+  static constexpr int columns_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
+  static constexpr int gates_at = columns_at + ColumnTile::kBytes;
   static constexpr int stage_bytes = round_up(gates_at + 2 * kChunk * 4, 1024);
   static constexpr int stages = 2;
   static constexpr int staging_at = stages * stage_bytes;
@@ -65,91 +67,143 @@ struct StateRows {
   int v0, k0;
 };
 
-// A segment's float32 row blocks in the workspace: [sequence, segment, HV, rows, K] with `rows` rows.
-__device__ __forceinline__ float* segment_rows(float* base, const Params& p, int n, int s, int segments, int hv,
-                                               int rows) {
-  return base + ((static_cast<std::int64_t>(n) * segments + s) * p.HV + hv) * rows * p.K;
+// A segment's row blocks in the workspace: [sequence, run, HV, rows, K] with `rows` rows.
+template <class T>
+__device__ __forceinline__ T* segment_rows(void* base, const Params& p, int n, int run, int runs, int hv, int rows) {
+  return static_cast<T*>(base) + ((static_cast<std::int64_t>(n) * runs + run) * p.HV + hv) * rows * p.K;
 }
 
-// grid: forward and recompute (sequences x segments, HV, V / 64); segment_ends (sequences x (segments - 1),
-// HV, (V + K) / 64), the row blocks past V being those of M.
-template <class E, int K, Pass kPass>
-__global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Params p) {
-#ifdef DELTATRAIN_WGMMA
-  using L = HopperForwardSmem<E, K, kPass>;
-  extern __shared__ __align__(16) char smem_raw[];
-  const int raw = static_cast<int>(smem_address(smem_raw));
-  char* const smem = smem_raw + (round_up(raw, 1024) - raw);
-  const std::uint32_t smem_base = round_up(raw, 1024);
-  const int segments = kPass == Pass::segment_ends ? p.segments - 1 : p.segments;
-  const int n = blockIdx.x / segments, segment = blockIdx.x % segments;
-  const int hv = blockIdx.y, h = hv / p.group, row_block = blockIdx.z * kColumns;
-  const int tid = threadIdx.x, m0 = 16 * (tid / 32);
-  // Rows of M (segment_ends only) carry no U: their Delta starts at zero.
-  const bool transition_rows = row_block >= p.V;
-  const StateRows at{row_block + m0, 0};
-  const SequenceChunks chunks = SequenceChunks(p, n).segment(segment, p.segments);
+// What the forward and the backward kernels share: the CTA's place, its chunks, its tiles and their copies,
+// and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64): runs
+// are the sequence's segments in the order the pass walks them (the backward walks the last one first);
+// Pass::segment_ends has one run fewer (the last walked needs no end) and (V + K) / 64 row blocks, those
+// past V being rows of M, which start at the identity and carry no U or dO.
+template <class E, int K, Pass kPass, bool kReverse>
+struct HopperPass {
+  using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse)>;
+  char* smem;
+  std::uint32_t smem_base;
+  const Params& p;
+  int runs, n, run, hv, h, row_block, tid, m0;
+  bool transition_rows;
+  StateRows at;
+  SequenceChunks chunks;
 
-  auto key_tile = [&](int stage, int i) {
-    return typename L::KeyTile{smem_base + stage * L::stage_bytes + i * L::KeyTile::kBytes};
-  };
-  auto p_tile = [&](int stage) { return typename L::ChunkTile{smem_base + stage * L::stage_bytes + L::p_at}; };
-  auto u_tile = [&](int stage) { return typename L::ColumnTile{smem_at<E>(smem, stage * L::stage_bytes + L::u_at)}; };
-  auto gate_in = [&](int stage) { return smem_at<float>(smem, stage * L::stage_bytes + L::gates_at); };
-  const typename L::TokenTile staging{smem_at<E>(smem, L::staging_at + (tid / 32) * L::TokenTile::kBytes)};
+  __device__ HopperPass(char* smem_raw, const Params& params)
+      : p(params), runs(kPass == Pass::segment_ends ? params.segments - 1 : params.segments),
+        n(blockIdx.x / runs), run(blockIdx.x % runs), hv(blockIdx.y), h(hv / params.group),
+        row_block(blockIdx.z * kColumns), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)),
+        transition_rows(row_block >= params.V), at{row_block + m0, 0},
+        chunks(SequenceChunks(params, n).segment(kReverse ? params.segments - 1 - run : run, params.segments)) {
+    const int raw = static_cast<int>(smem_address(smem_raw));
+    smem = smem_raw + (round_up(raw, 1024) - raw);
+    smem_base = round_up(raw, 1024);
+  }
 
-  auto issue = [&](int j, int stage) {
+  __device__ typename L::KeyTile key_tile(int stage, int i) const {
+    return {smem_base + stage * L::stage_bytes + i * L::KeyTile::kBytes};
+  }
+  __device__ typename L::ChunkTile p_tile(int stage) const { return {smem_base + stage * L::stage_bytes + L::p_at}; }
+  __device__ typename L::ColumnTile column_tile(int stage) const {
+    return {smem_at<E>(smem, stage * L::stage_bytes + L::columns_at)};
+  }
+  __device__ float* gate_in(int stage) const { return smem_at<float>(smem, stage * L::stage_bytes + L::gates_at); }
+  __device__ typename L::TokenTile staging() const {
+    return {smem_at<E>(smem, L::staging_at + (tid / 32) * L::TokenTile::kBytes)};
+  }
+  // The warp's rows of a token-major [tokens, HV, V] tensor at the chunk's first token.
+  __device__ E* token_rows(void* base, const ChunkInfo& info) const {
+    return static_cast<E*>(base) + (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + at.v0;
+  }
+
+  // Starts copying chunk j's tiles into a stage: W, K (, Q, P), and U or dO (`columns`) for rows of S^T.
+  __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
     load_chunk_rows<kWarpgroup>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
     load_chunk_rows<kWarpgroup>(key_tile(stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
-    if constexpr (L::kQueries) {
+    if constexpr (L::kKeyTiles == 3) {
       load_chunk_rows<kWarpgroup>(key_tile(stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
       load_chunk_rows<kWarpgroup>(p_tile(stage), static_cast<const E*>(p.p), p.HV, hv, kChunk, 0, info, tid);
     }
-    if (!transition_rows) load_chunk_rows<kWarpgroup>(u_tile(stage), p.u, p.HV, hv, p.V, row_block, info, tid);
+    if (!transition_rows) load_chunk_rows<kWarpgroup>(column_tile(stage), columns, p.HV, hv, p.V, row_block, info, tid);
     load_gates_async(p, gate_in(stage), gate_in(stage) + kChunk, hv, info, tid);
-  };
-
-  const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  float state[1][K / 8][4];
-  if (kPass == Pass::segment_ends && transition_rows) {
-    const int first_row = at.v0 - p.V;
-    for_each(state, 0, 0, [&](int r, int c, float& x) { x = first_row + r == c ? 1.f : 0.f; });
-  } else if (segment == 0) {
-    load_state(state, p.h0, p, n, hv, at);
-  } else if constexpr (kPass == Pass::segment_ends) {
-    zero(state);
-  } else {
-    load_pairs(state, segment_rows(p.segment_starts, p, n, segment, p.segments, hv, p.V) + at.v0 * K, K, 16);
   }
 
-  sequential_pass<L::stages, false, true>(chunks.count, issue, [&](int j, int stage) {
-    const ChunkInfo info = chunks[j];
-    const float *gates_in = gate_in(stage), *gates_out = gates_in + kChunk;
-    E* const token_rows = static_cast<E*>(kPass == Pass::recompute ? p.delta : p.o) +
-                          (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + at.v0;
+  // The rows at the start of the run: the identity (rows of M), the caller's state (h0 or dht) for the
+  // first run, zero for the other runs of segment_ends, else the start step 2 computed.
+  template <int NT>
+  __device__ void start_rows(float (&state)[1][NT][4], const float* initial) const {
+    if (kPass == Pass::segment_ends && transition_rows) {
+      const int first_row = at.v0 - p.V;
+      for_each(state, 0, 0, [&](int r, int c, float& x) { x = first_row + r == c ? 1.f : 0.f; });
+    } else if (run == 0) {
+      load_state(state, initial, p, n, hv, at);
+    } else if constexpr (kPass == Pass::segment_ends) {
+      zero(state);
+    } else {
+      load_pairs(state, segment_rows<float>(p.segment_starts, p, n, run, p.segments, hv, p.V) + at.v0 * K, K, 16);
+    }
+  }
+  // segment_ends: the run's end rows, R in float32 and M in the io type (the B operand of step 2's products,
+  // as the chunk tiles are of the steps).
+  template <int NT>
+  __device__ void store_end_rows(float (&state)[1][NT][4]) const {
+    if (transition_rows) {
+      store_pairs(state, segment_rows<E>(p.segment_maps, p, n, run, runs, hv, K) + (at.v0 - p.V) * K, K);
+    } else {
+      store_pairs(state, segment_rows<float>(p.segment_ends, p, n, run, runs, hv, p.V) + at.v0 * K, K);
+    }
+  }
+};
+
+// The four warps' products with B = the 64 x (64 nb) block of a MN-major tile, onto a state of K columns.
+template <class E, int K, class KeyTile>
+__device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const std::uint32_t (&a)[4], KeyTile tile,
+                                             int k0) {
+#pragma unroll
+  for (int nb = 0; nb < K / 64; ++nb) {
+    wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&state[0][8 * nb]), a, mn_major(tile, k0, 64 * nb));
+  }
+}
+
+// Forward (Pass::forward, recompute, or segment_ends with M's rows): see the top of the file.
+template <class E, int K, Pass kPass>
+__global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Params p) {
+#ifdef DELTATRAIN_WGMMA
+  extern __shared__ __align__(16) char smem_raw[];
+  const HopperPass<E, K, kPass, false> pass(smem_raw, p);
+  constexpr bool kQueries = kPass == Pass::forward;
+  const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
+  const auto staging = pass.staging();
+  float state[1][K / 8][4];
+  pass.start_rows(state, p.h0);
+
+  sequential_pass<2, false, true>(pass.chunks.count, [&](int j, int stage) { pass.issue(j, stage, p.u); },
+                                  [&](int j, int stage) {
+    const ChunkInfo info = pass.chunks[j];
+    const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
     if constexpr (kPass == Pass::recompute) {
-      store_pairs(state, chunk_state_block<E>(p.states, p, chunks.first + j, hv, at), K);
+      store_pairs(state, chunk_state_block<E>(p.states, p, pass.chunks.first + j, pass.hv, pass.at), K);
     }
 
     WarpOperand<E, K> neg_state(nullptr);  // -S^T, so that the W product lands on U^T
     neg_state.set(state, -1.f);
     float delta[1][kChunk / 8][4], out[1][kChunk / 8][4];
-    if (transition_rows) {
+    if (pass.transition_rows) {
       zero(delta);
     } else {
-      load_accumulator(delta, transposed(u_tile(stage)), m0);
+      load_accumulator(delta, transposed(pass.column_tile(stage)), pass.m0);
     }
     zero(out);
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
-      wgmma_64x64x16<E, false>(delta[0], neg_state.frag[kb], k_major(key_tile(stage, 0), 16 * kb));
+      wgmma_64x64x16<E, false>(delta[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 0), 16 * kb));
     }
-    if constexpr (L::kQueries) {
+    if constexpr (kQueries) {
 #pragma unroll
       for (int kb = 0; kb < K / 16; ++kb) {
-        wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(key_tile(stage, 2), 16 * kb));
+        wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 2), 16 * kb));
       }
     }
     wgmma_commit_and_wait<0>();
@@ -161,76 +215,153 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
     WarpOperand<E, kChunk> update(nullptr), delta_operand(nullptr);
     update.set(delta, 1.f, gates_out);
-    if constexpr (kPass == Pass::recompute) store_token_rows(delta, staging, token_rows, token_stride, info.length);
-    if constexpr (L::kQueries) {
+    if constexpr (kPass == Pass::recompute) {
+      store_token_rows(delta, staging, pass.token_rows(p.delta, info), token_stride, info.length);
+    }
+    if constexpr (kQueries) {
       scale_columns(out, gates_in, -p.scale);
       delta_operand.set(delta, 1.f);
     }
     wgmma_fence();
-    if constexpr (L::kQueries) {
+    if constexpr (kQueries) {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
-        wgmma_64x64x16<E, false>(out[0], delta_operand.frag[kb], k_major(p_tile(stage), 16 * kb));
+        wgmma_64x64x16<E, false>(out[0], delta_operand.frag[kb], k_major(pass.p_tile(stage), 16 * kb));
       }
     }
 #pragma unroll
-    for (int kb = 0; kb < kChunk / 16; ++kb) {
-#pragma unroll
-      for (int nb = 0; nb < K / 64; ++nb) {
-        wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&state[0][8 * nb]), update.frag[kb],
-                                mn_major(key_tile(stage, 1), 16 * kb, 64 * nb));
-      }
-    }
+    for (int kb = 0; kb < kChunk / 16; ++kb) update_state<E, K>(state, update.frag[kb], pass.key_tile(stage, 1), 16 * kb);
     wgmma_commit_and_wait<0>();
     hold(out[0]);
     hold(state[0]);
-    if constexpr (L::kQueries) store_token_rows(out, staging, token_rows, token_stride, info.length);
+    if constexpr (kQueries) store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);
   });
   if constexpr (kPass == Pass::segment_ends) {
-    store_pairs(state, segment_rows(p.segment_ends, p, n, segment, p.segments - 1, hv, p.V + K) + at.v0 * K, K);
+    pass.store_end_rows(state);
   } else if constexpr (kPass == Pass::forward) {
-    if (p.ht != nullptr && segment == p.segments - 1) store_state(state, p.ht, p, n, hv, at);
+    if (p.ht != nullptr && pass.run == p.segments - 1) store_state(state, p.ht, p, pass.n, pass.hv, pass.at);
+  }
+#endif
+}
+
+// Backward (Pass::backward, or segment_ends with M's rows), chunks in reverse; dS^T is the warpgroup's
+// block of the gradient of the state after the chunk:
+//   D^T  = (dS^T K^T) diag(e^(gamma_last - gamma)) + dO^T P
+//   dS^T = e^gamma_last dS^T + (dO^T diag(scale e^gamma)) Q - D^T W
+// The gradient after each chunk and D are stored for the chunk-gradient kernels; what enters chunk 0 is dh0.
+template <class E, int K, Pass kPass>
+__global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Params p) {
+#ifdef DELTATRAIN_WGMMA
+  extern __shared__ __align__(16) char smem_raw[];
+  const HopperPass<E, K, kPass, true> pass(smem_raw, p);
+  const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
+  const auto staging = pass.staging();
+  float dstate[1][K / 8][4];
+  pass.start_rows(dstate, p.dht);
+
+  sequential_pass<2, true, true>(pass.chunks.count, [&](int j, int stage) { pass.issue(j, stage, p.d_o); },
+                                 [&](int j, int stage) {
+    const ChunkInfo info = pass.chunks[j];
+    const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
+    if constexpr (kPass == Pass::backward) {
+      store_pairs(dstate, chunk_state_block<E>(p.dstates, p, pass.chunks.first + j, pass.hv, pass.at), K);
+    }
+
+    WarpOperand<E, K> state_operand(nullptr);
+    state_operand.set(dstate, 1.f);
+    float do_t[1][kChunk / 8][4];
+    WarpOperand<E, kChunk> do_operand(nullptr), d_operand(nullptr);
+    if (!pass.transition_rows) {
+      load_accumulator(do_t, transposed(pass.column_tile(stage)), pass.m0);
+      do_operand.set(do_t, 1.f);
+    }
+    float ddelta[1][kChunk / 8][4], from_do[1][kChunk / 8][4];
+    zero(ddelta);
+    zero(from_do);
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < K / 16; ++kb) {
+      wgmma_64x64x16<E, false>(ddelta[0], state_operand.frag[kb], k_major(pass.key_tile(stage, 1), 16 * kb));
+    }
+    if (!pass.transition_rows) {
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+        wgmma_64x64x16<E, true>(from_do[0], do_operand.frag[kb], mn_major(pass.p_tile(stage), 16 * kb, 0));
+      }
+    }
+    wgmma_commit_and_wait<0>();
+    hold(ddelta[0]);
+    hold(from_do[0]);
+    scale_columns(ddelta, gates_out, 1.f);
+    for_each(ddelta, from_do, 0, 0, [](int, int, float& d, float& x) { d += x; });
+    if constexpr (kPass == Pass::backward) {
+      store_token_rows(ddelta, staging, pass.token_rows(p.ddelta, info), token_stride, info.length);
+    }
+
+    const float decay = gates_in[kChunk - 1];
+    for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
+    d_operand.set(ddelta, -1.f);
+    if (!pass.transition_rows) do_operand.set(do_t, p.scale, gates_in);
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) {
+      if (!pass.transition_rows) update_state<E, K>(dstate, do_operand.frag[kb], pass.key_tile(stage, 2), 16 * kb);
+      update_state<E, K>(dstate, d_operand.frag[kb], pass.key_tile(stage, 0), 16 * kb);
+    }
+    wgmma_commit_and_wait<0>();
+    hold(dstate[0]);
+  });
+  if constexpr (kPass == Pass::segment_ends) {
+    pass.store_end_rows(dstate);
+  } else {
+    if (p.dh0 != nullptr && pass.run == p.segments - 1) store_state(dstate, p.dh0, p, pass.n, pass.hv, pass.at);
   }
 #endif
 }
 
 // Step 2 of the segmented pass, per (sequence, value head, 64 columns of V): the true state entering every
-// segment, start_(s+1) = start_s M_s + R_s with start_1 = R_0 (segment 0 started from h0), in float32.
-template <int K>
+// segment, start_(s+1) = start_s M_s + R_s with start_1 = R_0 (segment 0 started from h0); the sum is
+// float32, the product's operands are rounded to E like those of every chunk step. The next M arrives by
+// cp.async while the current product runs.
+template <class E, int K>
 struct SegmentStartsSmem {
-  using StartTile = Tile<float, kColumns, K>;
-  using MapTile = Tile<float, K, K>;
+  using StartTile = Tile<E, kColumns, K>;
+  using MapTile = Tile<E, K, K>;
   static constexpr int map_at = StartTile::kBytes;
-  static constexpr int bytes = map_at + MapTile::kBytes;
+  static constexpr int bytes = map_at + 2 * MapTile::kBytes;
 };
 
-template <int K>
+template <class E, int K>
 __global__ void __launch_bounds__(kWarpgroup) segment_starts_kernel(Params p) {
-  using L = SegmentStartsSmem<K>;
+  using L = SegmentStartsSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
-  const typename L::StartTile start_tile{smem_at<float>(smem, 0)};
-  const typename L::MapTile map_tile{smem_at<float>(smem, L::map_at)};
+  const typename L::StartTile start_tile{smem_at<E>(smem, 0)};
+  auto map_tile = [&](int s) { return typename L::MapTile{smem_at<E>(smem, L::map_at + s % 2 * L::MapTile::kBytes)}; };
   const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * kColumns;
   const int tid = threadIdx.x, m0 = 16 * (tid / 32);
-  const int ends = p.segments - 1, rows = p.V + K;
-  auto end_rows = [&](int s) { return segment_rows(p.segment_ends, p, n, s, ends, hv, rows); };
-  auto start_rows = [&](int s) { return segment_rows(p.segment_starts, p, n, s, p.segments, hv, p.V); };
+  const int ends = p.segments - 1;
+  auto end_rows = [&](int s) { return segment_rows<float>(p.segment_ends, p, n, s, ends, hv, p.V) + (v0 + m0) * K; };
+  auto start_rows = [&](int s) {
+    return segment_rows<float>(p.segment_starts, p, n, s, p.segments, hv, p.V) + (v0 + m0) * K;
+  };
+  auto load_map = [&](int s) {
+    if (s < ends) load_rows_async<kWarpgroup>(map_tile(s), segment_rows<const E>(p.segment_maps, p, n, s, ends, hv, K), K, K, tid);
+    cp_async_commit();
+  };
 
   float start[1][K / 8][4];
-  load_pairs(start, end_rows(0) + (v0 + m0) * K, K, 16);
-  store_pairs(start, start_rows(1) + (v0 + m0) * K, K);
+  load_pairs(start, end_rows(0), K, 16);
+  store_pairs(start, start_rows(1), K);
+  load_map(1);
 #pragma unroll 1
   for (int s = 1; s < ends; ++s) {
-    load_rows_async<kWarpgroup>(map_tile, end_rows(s) + p.V * K, K, K, tid);
-    cp_async_commit();
+    load_map(s + 1);
     store(start, start_tile, m0, 0);
-    float next[1][K / 8][4];
-    load_pairs(next, end_rows(s) + (v0 + m0) * K, K, 16);
-    cp_async_wait<0>();
+    load_pairs(start, end_rows(s), K, 16);
+    cp_async_wait<1>();
     __syncthreads();
-    warp_mma(next, plain(start_tile), m0, plain(map_tile), 0, 0, K);
-    store_pairs(next, start_rows(s + 1) + (v0 + m0) * K, K);
-    for_each(start, next, 0, 0, [](int, int, float& to, float& from) { to = from; });
+    warp_mma(start, plain(start_tile), m0, plain(map_tile(s)), 0, 0, K);
+    store_pairs(start, start_rows(s + 1), K);
     __syncthreads();  // the tiles are free for the next segment
   }
 }
@@ -255,10 +386,24 @@ bool hopper_applies(DType io, std::int64_t K, std::int64_t V) {
   return io != DType::f32 && K <= 128 && V % kColumns == 0 && wgmma_ready();
 }
 
-template <class E, int K, Pass kPass>
-void launch_pass(const Params& p, const char* name, int segments, int row_blocks, KernelSequence& kernels) {
-  launch<state_forward_hopper_kernel<E, K, kPass>>(name, dim3(p.sequences * segments, p.HV, row_blocks),
-                                                  dim3(kWarpgroup), HopperForwardSmem<E, K, kPass>::bytes, kernels);
+// Records one run of kernels: the forward or (kReverse) backward kernel of pass kPass over `runs` runs of
+// each sequence and `row_blocks` blocks of 64 rows.
+template <class E, int K, Pass kPass, bool kReverse>
+void launch_run(const Params& p, const char* name, int runs, int row_blocks, KernelSequence& kernels) {
+  constexpr auto kernel = kReverse ? state_backward_hopper_kernel<E, K, kPass> : state_forward_hopper_kernel<E, K, kPass>;
+  launch<kernel>(name, dim3(p.sequences * runs, p.HV, row_blocks), dim3(kWarpgroup),
+                 HopperPass<E, K, kPass, kReverse>::L::bytes, kernels);
+}
+
+// A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments.
+template <class E, int K, Pass kPass, bool kReverse>
+void launch_pass(const Params& p, const char* name, const char* ends_name, KernelSequence& kernels) {
+  if (p.segments > 1) {
+    launch_run<E, K, Pass::segment_ends, kReverse>(p, ends_name, p.segments - 1, (p.V + K) / kColumns, kernels);
+    launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / kColumns),
+                                        dim3(kWarpgroup), SegmentStartsSmem<E, K>::bytes, kernels);
+  }
+  launch_run<E, K, kPass, kReverse>(p, name, p.segments, p.V / kColumns, kernels);
 }
 
 }  // namespace
@@ -282,18 +427,23 @@ bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, Kern
   if (!hopper_applies(io, p.K, p.V)) return false;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
-      if (p.segments > 1) {
-        launch_pass<E, K, Pass::segment_ends>(p, "gdn state_forward_hopper_kernel (segment ends)", p.segments - 1,
-                                              (p.V + K) / kColumns, kernels);
-        launch<segment_starts_kernel<K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / kColumns),
-                                         dim3(kWarpgroup), SegmentStartsSmem<K>::bytes, kernels);
-      }
+      constexpr const char* kEnds = "gdn state_forward_hopper_kernel (segment ends)";
       if (recompute) {
-        launch_pass<E, K, Pass::recompute>(p, "gdn state_forward_hopper_kernel (recompute)", p.segments,
-                                           p.V / kColumns, kernels);
+        launch_pass<E, K, Pass::recompute, false>(p, "gdn state_forward_hopper_kernel (recompute)", kEnds, kernels);
       } else {
-        launch_pass<E, K, Pass::forward>(p, "gdn state_forward_hopper_kernel", p.segments, p.V / kColumns, kernels);
+        launch_pass<E, K, Pass::forward, false>(p, "gdn state_forward_hopper_kernel", kEnds, kernels);
       }
+    }
+  });
+  return true;
+}
+
+bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels) {
+  if (!hopper_applies(io, p.K, p.V)) return false;
+  dispatch(io, p.K, [&]<class E, int K>() {
+    if constexpr (sizeof(E) == 2 && K <= 128) {
+      launch_pass<E, K, Pass::backward, true>(p, "gdn state_backward_hopper_kernel",
+                                              "gdn state_backward_hopper_kernel (segment ends)", kernels);
     }
   });
   return true;

@@ -42,7 +42,8 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   take(layout.p, tokens * HV * C * io);
   if (segments > 1) {
     const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(segments);
-    take(layout.segment_ends, N * (S - 1) * HV * (V + K) * K * f32);
+    take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
+    take(layout.segment_maps, N * (S - 1) * HV * K * K * io);
     take(layout.segment_starts, N * S * HV * V * K * f32);
   }
   if (problem.op != Operation::chunk_backward) return layout;

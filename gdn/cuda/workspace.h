@@ -22,7 +22,7 @@ struct WorkspaceLayout {
   Region q_normed, k_normed, q_rstd, k_rstd;
   Region gamma, gate_in, gate_out, w, u, p, t;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
-  Region segment_ends, segment_starts;
+  Region segment_ends, segment_maps, segment_starts;
   std::size_t bytes = 0;
 };
 
