@@ -390,9 +390,13 @@ bool hopper_applies(DType io, std::int64_t K, std::int64_t V) {
 // each sequence and `row_blocks` blocks of 64 rows.
 template <class E, int K, Pass kPass, bool kReverse>
 void launch_run(const Params& p, const char* name, int runs, int row_blocks, KernelSequence& kernels) {
-  constexpr auto kernel = kReverse ? state_backward_hopper_kernel<E, K, kPass> : state_forward_hopper_kernel<E, K, kPass>;
-  launch<kernel>(name, dim3(p.sequences * runs, p.HV, row_blocks), dim3(kWarpgroup),
-                 HopperPass<E, K, kPass, kReverse>::L::bytes, kernels);
+  const dim3 grid(p.sequences * runs, p.HV, row_blocks);
+  constexpr int kBytes = HopperPass<E, K, kPass, kReverse>::L::bytes;
+  if constexpr (kReverse) {
+    launch<state_backward_hopper_kernel<E, K, kPass>>(name, grid, dim3(kWarpgroup), kBytes, kernels);
+  } else {
+    launch<state_forward_hopper_kernel<E, K, kPass>>(name, grid, dim3(kWarpgroup), kBytes, kernels);
+  }
 }
 
 // A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments.
