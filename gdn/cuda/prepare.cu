@@ -93,7 +93,8 @@ struct PrepareSmem {
   static constexpr int t = a + (FloatTile::kBytes > 2 * ChunkTile::kBytes ? FloatTile::kBytes : 2 * ChunkTile::kBytes);
   static constexpr int gamma = t + FloatTile::kBytes;
   static constexpr int beta = gamma + kChunk * 4;
-  static constexpr int solve = beta + kChunk * 4;  // 3 blocks of 16 x 16
+  static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
+  static constexpr int solve = beta_decay + kChunk * 4;  // 3 blocks of 16 x 16
   static constexpr int bytes = solve + 3 * 256 * 4;
 };
 
@@ -153,6 +154,16 @@ __device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kCh
   }
 }
 
+// Four values rounded to E at dst (8-byte aligned for 16-bit E), in one store.
+template <class E>
+__device__ __forceinline__ void store4(E* dst, float a, float b, float c, float d) {
+  if constexpr (std::is_same_v<E, float>) {
+    *reinterpret_cast<float4*>(dst) = float4{a, b, c, d};
+  } else {
+    *reinterpret_cast<uint2*>(dst) = uint2{pack2<E>(a, b), pack2<E>(c, d)};
+  }
+}
+
 constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
 
 template <class E, int K>
@@ -167,6 +178,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   const typename L::ChunkTile staging{smem_at<E>(smem, L::q)};
   float* gamma = smem_at<float>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
+  float* beta_decay = smem_at<float>(smem, L::beta_decay);
 
   const int hv = blockIdx.y, h = hv / p.group, tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n_half = 32 * (warp / 4);
@@ -193,11 +205,15 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   __syncthreads();
   if (tid >= 32 && tid < kChunk) gamma[tid] += gamma[31];
   __syncthreads();
-  if (tid < rows) {
-    const std::int64_t at = static_cast<std::int64_t>(hv) * p.tokens + t0 + tid;
-    p.gamma[at] = gamma[tid];
-    p.gate_in[at] = __expf(gamma[tid]);
-    p.gate_out[at] = __expf(gamma[rows - 1] - gamma[tid]);
+  if (tid < kChunk) {
+    const float decay = __expf(gamma[tid]);
+    beta_decay[tid] = beta[tid] * decay;
+    if (tid < rows) {
+      const std::int64_t at = static_cast<std::int64_t>(hv) * p.tokens + t0 + tid;
+      p.gamma[at] = gamma[tid];
+      p.gate_in[at] = decay;
+      p.gate_out[at] = __expf(gamma[rows - 1] - gamma[tid]);
+    }
   }
 
   cp_async_wait<0>();
@@ -223,12 +239,14 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   invert_unit_lower<kPrepareThreads>(a_tile, t_tile, smem_at<float>(smem, L::solve));
 
   // A is dead: its region takes T diag(beta e^gamma) and T diag(beta); Q is dead: its region stages T.
-  for (int i = tid; i < kChunk * kChunk; i += kPrepareThreads) {
-    const int r = i / kChunk, c = i % kChunk;
-    const float x = t_tile(r, c);
-    tbd_tile(r, c) = from_float<E>(x * beta[c] * __expf(gamma[c]));
-    tb_tile(r, c) = from_float<E>(x * beta[c]);
-    if (with_t) staging(r, c) = from_float<E>(x);
+  // Each thread converts runs of four columns.
+  for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
+    const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;
+    const float4 x = *reinterpret_cast<const float4*>(&t_tile(r, c));
+    const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
+    store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
+    store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
+    if (with_t) store4(&staging(r, c), x.x, x.y, x.z, x.w);
   }
   __syncthreads();
   // T (float) is dead: the first block of V comes into its region while W is computed.

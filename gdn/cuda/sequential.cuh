@@ -19,8 +19,8 @@ struct SequenceChunks {
         count(static_cast<int>((end - begin + kChunk - 1) / kChunk)) {}
   __device__ ChunkInfo operator[](int j) const {
     const std::int64_t start = begin + static_cast<std::int64_t>(j) * kChunk;
-    return ChunkInfo{static_cast<std::int32_t>(start), static_cast<std::int32_t>(end - start < kChunk ? end - start : kChunk),
-                     0, 0};
+    const std::int64_t length = end - start < kChunk ? end - start : kChunk;
+    return ChunkInfo{static_cast<std::int32_t>(start), static_cast<std::int32_t>(length), 0, 0};
   }
   // Segment s of `segments` near-equal runs of chunks (the last ones may be short or empty).
   __device__ SequenceChunks segment(int s, int segments) const {

@@ -156,13 +156,17 @@ struct HopperPass {
   }
 };
 
-// The four warps' products with B = the 64 x (64 nb) block of a MN-major tile, onto a state of K columns.
+// state (64 x K) += a (64 x 64 tokens, the warpgroup's operand) * tile (64 tokens x K, MN-major).
 template <class E, int K, class KeyTile>
-__device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const std::uint32_t (&a)[4], KeyTile tile,
-                                             int k0) {
+__device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const WarpOperand<E, kChunk>& a,
+                                             KeyTile tile) {
 #pragma unroll
-  for (int nb = 0; nb < K / 64; ++nb) {
-    wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&state[0][8 * nb]), a, mn_major(tile, k0, 64 * nb));
+  for (int kb = 0; kb < kChunk / 16; ++kb) {
+#pragma unroll
+    for (int nb = 0; nb < K / 64; ++nb) {
+      wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&state[0][8 * nb]), a.frag[kb],
+                              mn_major(tile, 16 * kb, 64 * nb));
+    }
   }
 }
 
@@ -195,43 +199,48 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
       load_accumulator(delta, transposed(pass.column_tile(stage)), pass.m0);
     }
     zero(out);
+    // Groups in flight, in order: Delta's product, then the Q product; the state update is issued as soon
+    // as Delta is complete, and runs while the Q product's result is scaled and the P product issued.
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
       wgmma_64x64x16<E, false>(delta[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 0), 16 * kb));
     }
+    wgmma_commit();
     if constexpr (kQueries) {
 #pragma unroll
       for (int kb = 0; kb < K / 16; ++kb) {
         wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 2), 16 * kb));
       }
+      wgmma_commit();
     }
-    wgmma_commit_and_wait<0>();
+    wgmma_wait<kQueries ? 1 : 0>();
     hold(delta[0]);
-    hold(out[0]);
 
-    // The P product and the state update both need only Delta: one group, one wait.
     const float decay = gates_in[kChunk - 1];
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
-    WarpOperand<E, kChunk> update(nullptr), delta_operand(nullptr);
+    WarpOperand<E, kChunk> update(nullptr);
     update.set(delta, 1.f, gates_out);
+    wgmma_fence();
+    update_state<E, K>(state, update, pass.key_tile(stage, 1));
+    wgmma_commit();
     if constexpr (kPass == Pass::recompute) {
       store_token_rows(delta, staging, pass.token_rows(p.delta, info), token_stride, info.length);
     }
     if constexpr (kQueries) {
+      wgmma_wait<1>();
+      hold(out[0]);
       scale_columns(out, gates_in, -p.scale);
+      WarpOperand<E, kChunk> delta_operand(nullptr);
       delta_operand.set(delta, 1.f);
-    }
-    wgmma_fence();
-    if constexpr (kQueries) {
+      wgmma_fence();
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         wgmma_64x64x16<E, false>(out[0], delta_operand.frag[kb], k_major(pass.p_tile(stage), 16 * kb));
       }
+      wgmma_commit();
     }
-#pragma unroll
-    for (int kb = 0; kb < kChunk / 16; ++kb) update_state<E, K>(state, update.frag[kb], pass.key_tile(stage, 1), 16 * kb);
-    wgmma_commit_and_wait<0>();
+    wgmma_wait<0>();
     hold(out[0]);
     hold(state[0]);
     if constexpr (kQueries) store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);
@@ -270,14 +279,17 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
     WarpOperand<E, K> state_operand(nullptr);
     state_operand.set(dstate, 1.f);
     float do_t[1][kChunk / 8][4];
-    WarpOperand<E, kChunk> do_operand(nullptr), d_operand(nullptr);
+    WarpOperand<E, kChunk> do_operand(nullptr), scaled_do(nullptr);
     if (!pass.transition_rows) {
       load_accumulator(do_t, transposed(pass.column_tile(stage)), pass.m0);
       do_operand.set(do_t, 1.f);
+      scaled_do.set(do_t, p.scale, gates_in);
     }
     float ddelta[1][kChunk / 8][4], from_do[1][kChunk / 8][4];
     zero(ddelta);
     zero(from_do);
+    // Groups in flight, in order: D's two products, then the dO part of the update, which needs no D and
+    // runs while D is formed; the D part of the update last.
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
@@ -289,26 +301,26 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
         wgmma_64x64x16<E, true>(from_do[0], do_operand.frag[kb], mn_major(pass.p_tile(stage), 16 * kb, 0));
       }
     }
-    wgmma_commit_and_wait<0>();
+    wgmma_commit();
+    const float decay = gates_in[kChunk - 1];
+    for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
+    wgmma_fence();
+    if (!pass.transition_rows) update_state<E, K>(dstate, scaled_do, pass.key_tile(stage, 2));
+    wgmma_commit();
+    wgmma_wait<1>();
     hold(ddelta[0]);
     hold(from_do[0]);
     scale_columns(ddelta, gates_out, 1.f);
     for_each(ddelta, from_do, 0, 0, [](int, int, float& d, float& x) { d += x; });
+    WarpOperand<E, kChunk> d_operand(nullptr);
+    d_operand.set(ddelta, -1.f);
+    wgmma_fence();
+    update_state<E, K>(dstate, d_operand, pass.key_tile(stage, 0));
+    wgmma_commit();
     if constexpr (kPass == Pass::backward) {
       store_token_rows(ddelta, staging, pass.token_rows(p.ddelta, info), token_stride, info.length);
     }
-
-    const float decay = gates_in[kChunk - 1];
-    for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
-    d_operand.set(ddelta, -1.f);
-    if (!pass.transition_rows) do_operand.set(do_t, p.scale, gates_in);
-    wgmma_fence();
-#pragma unroll
-    for (int kb = 0; kb < kChunk / 16; ++kb) {
-      if (!pass.transition_rows) update_state<E, K>(dstate, do_operand.frag[kb], pass.key_tile(stage, 2), 16 * kb);
-      update_state<E, K>(dstate, d_operand.frag[kb], pass.key_tile(stage, 0), 16 * kb);
-    }
-    wgmma_commit_and_wait<0>();
+    wgmma_wait<0>();
     hold(dstate[0]);
   });
   if constexpr (kPass == Pass::segment_ends) {
@@ -345,7 +357,9 @@ __global__ void __launch_bounds__(kWarpgroup) segment_starts_kernel(Params p) {
     return segment_rows<float>(p.segment_starts, p, n, s, p.segments, hv, p.V) + (v0 + m0) * K;
   };
   auto load_map = [&](int s) {
-    if (s < ends) load_rows_async<kWarpgroup>(map_tile(s), segment_rows<const E>(p.segment_maps, p, n, s, ends, hv, K), K, K, tid);
+    if (s < ends) {
+      load_rows_async<kWarpgroup>(map_tile(s), segment_rows<const E>(p.segment_maps, p, n, s, ends, hv, K), K, K, tid);
+    }
     cp_async_commit();
   };
 

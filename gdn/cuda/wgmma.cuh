@@ -48,7 +48,8 @@ __device__ __forceinline__ void load_rows_async(SwizzledTile<E, ROWS, COLS> tile
   const E* from = src + r * stride + c;
 #pragma unroll
   for (int step = 0; step < ROWS / kRowsPerStep; ++step) {
-    cp_async_16(to + step * kRowsPerStep * 128, from + step * kRowsPerStep * stride, r + step * kRowsPerStep < rows_valid);
+    const int row = r + step * kRowsPerStep;
+    cp_async_16(to + step * kRowsPerStep * 128, from + step * kRowsPerStep * stride, row < rows_valid);
   }
 }
 
@@ -79,11 +80,16 @@ __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
-// Closes the group of wgmma issued so far and waits until at most kPending groups are in flight.
-template <int kPending>
-__device__ __forceinline__ void wgmma_commit_and_wait() {
+// Closes the group of the wgmma issued since the last one.
+__device__ __forceinline__ void wgmma_commit() {
 #ifdef DELTATRAIN_WGMMA
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most kPending groups are in flight (groups complete in the order they were committed).
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef DELTATRAIN_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
