@@ -199,47 +199,43 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
       load_accumulator(delta, transposed(pass.column_tile(stage)), pass.m0);
     }
     zero(out);
-    // Groups in flight, in order: Delta's product, then the Q product; the state update is issued as soon
-    // as Delta is complete, and runs while the Q product's result is scaled and the P product issued.
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
       wgmma_64x64x16<E, false>(delta[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 0), 16 * kb));
     }
-    wgmma_commit();
     if constexpr (kQueries) {
 #pragma unroll
       for (int kb = 0; kb < K / 16; ++kb) {
         wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 2), 16 * kb));
       }
-      wgmma_commit();
     }
-    wgmma_wait<kQueries ? 1 : 0>();
+    wgmma_commit();
+    wgmma_wait<0>();
     hold(delta[0]);
+    hold(out[0]);
 
+    // The P product and the state update both need only Delta: one group, one wait.
     const float decay = gates_in[kChunk - 1];
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
-    WarpOperand<E, kChunk> update(nullptr);
+    WarpOperand<E, kChunk> update(nullptr), delta_operand(nullptr);
     update.set(delta, 1.f, gates_out);
-    wgmma_fence();
-    update_state<E, K>(state, update, pass.key_tile(stage, 1));
-    wgmma_commit();
     if constexpr (kPass == Pass::recompute) {
       store_token_rows(delta, staging, pass.token_rows(p.delta, info), token_stride, info.length);
     }
     if constexpr (kQueries) {
-      wgmma_wait<1>();
-      hold(out[0]);
       scale_columns(out, gates_in, -p.scale);
-      WarpOperand<E, kChunk> delta_operand(nullptr);
       delta_operand.set(delta, 1.f);
-      wgmma_fence();
+    }
+    wgmma_fence();
+    if constexpr (kQueries) {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         wgmma_64x64x16<E, false>(out[0], delta_operand.frag[kb], k_major(pass.p_tile(stage), 16 * kb));
       }
-      wgmma_commit();
     }
+    update_state<E, K>(state, update, pass.key_tile(stage, 1));
+    wgmma_commit();
     wgmma_wait<0>();
     hold(out[0]);
     hold(state[0]);
@@ -279,17 +275,14 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
     WarpOperand<E, K> state_operand(nullptr);
     state_operand.set(dstate, 1.f);
     float do_t[1][kChunk / 8][4];
-    WarpOperand<E, kChunk> do_operand(nullptr), scaled_do(nullptr);
+    WarpOperand<E, kChunk> do_operand(nullptr), d_operand(nullptr);
     if (!pass.transition_rows) {
       load_accumulator(do_t, transposed(pass.column_tile(stage)), pass.m0);
       do_operand.set(do_t, 1.f);
-      scaled_do.set(do_t, p.scale, gates_in);
     }
     float ddelta[1][kChunk / 8][4], from_do[1][kChunk / 8][4];
     zero(ddelta);
     zero(from_do);
-    // Groups in flight, in order: D's two products, then the dO part of the update, which needs no D and
-    // runs while D is formed; the D part of the update last.
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
@@ -302,24 +295,23 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
       }
     }
     wgmma_commit();
-    const float decay = gates_in[kChunk - 1];
-    for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
-    wgmma_fence();
-    if (!pass.transition_rows) update_state<E, K>(dstate, scaled_do, pass.key_tile(stage, 2));
-    wgmma_commit();
-    wgmma_wait<1>();
+    wgmma_wait<0>();
     hold(ddelta[0]);
     hold(from_do[0]);
     scale_columns(ddelta, gates_out, 1.f);
     for_each(ddelta, from_do, 0, 0, [](int, int, float& d, float& x) { d += x; });
-    WarpOperand<E, kChunk> d_operand(nullptr);
-    d_operand.set(ddelta, -1.f);
-    wgmma_fence();
-    update_state<E, K>(dstate, d_operand, pass.key_tile(stage, 0));
-    wgmma_commit();
     if constexpr (kPass == Pass::backward) {
       store_token_rows(ddelta, staging, pass.token_rows(p.ddelta, info), token_stride, info.length);
     }
+
+    const float decay = gates_in[kChunk - 1];
+    for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
+    d_operand.set(ddelta, -1.f);
+    if (!pass.transition_rows) do_operand.set(do_t, p.scale, gates_in);
+    wgmma_fence();
+    if (!pass.transition_rows) update_state<E, K>(dstate, do_operand, pass.key_tile(stage, 2));
+    update_state<E, K>(dstate, d_operand, pass.key_tile(stage, 0));
+    wgmma_commit();
     wgmma_wait<0>();
     hold(dstate[0]);
   });
