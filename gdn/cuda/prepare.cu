@@ -90,8 +90,11 @@ struct PrepareSmem {
   static constexpr int a = k + KeyTile::kBytes;
   static constexpr int t_beta_decay = a;
   static constexpr int t_beta = a + ChunkTile::kBytes;
+  // V comes in blocks of up to 128 columns (at most K, so that U's staging fits in q's region).
+  static constexpr int kMaxVBlock = K < 128 ? K : 128;
+  using VTile = Tile<E, kChunk, kMaxVBlock>;
   static constexpr int t = a + (FloatTile::kBytes > 2 * ChunkTile::kBytes ? FloatTile::kBytes : 2 * ChunkTile::kBytes);
-  static constexpr int gamma = t + FloatTile::kBytes;
+  static constexpr int gamma = t + (FloatTile::kBytes > VTile::kBytes ? FloatTile::kBytes : VTile::kBytes);
   static constexpr int beta = gamma + kChunk * 4;
   static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
   static constexpr int solve = beta_decay + kChunk * 4;  // 3 blocks of 16 x 16
@@ -166,6 +169,54 @@ __device__ __forceinline__ void store4(E* dst, float a, float b, float c, float 
 
 constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
 
+// The end of prepare, once T diag(beta e^gamma) and T diag(beta) are in shared memory:
+//   W = (T diag(beta e^gamma)) K  and  U = (T diag(beta)) V,
+// each staged in q's region and stored with 16-byte rows. V comes in blocks of kVBlock columns into T's
+// (dead) region, the first block while W is computed. T is lower triangular, so rows m0.. need k < m0 + 16.
+template <class E, int K, int kVBlock>
+__device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, int hv, int tid) {
+  using L = PrepareSmem<E, K>;
+  using VTile = Tile<E, kChunk, kVBlock>;
+  static_assert(VTile::kBytes <= L::KeyTile::kBytes && kVBlock <= L::kMaxVBlock);
+  const typename L::KeyTile k_tile{smem_at<E>(smem, L::k)}, w_stage{smem_at<E>(smem, L::q)};
+  const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
+  const VTile v_tile{smem_at<E>(smem, L::t)}, u_stage{smem_at<E>(smem, L::q)};
+  const int warp = tid / 32, m0 = 16 * (warp % 4), n_half = warp / 4;
+  const std::int64_t t0 = chunk.start;
+  const int rows = chunk.length;
+  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
+  load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
+  cp_async_commit();
+
+#pragma unroll 1
+  for (int n0 = 0; n0 < K; n0 += 64) {
+    float acc[1][4][4];
+    zero(acc);
+    warp_mma(acc, plain(tbd_tile), m0, plain(k_tile), n0 + 32 * n_half, 0, m0 + 16);
+    store(acc, w_stage, m0, n0 + 32 * n_half);
+  }
+  __syncthreads();
+  store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
+                              rows, tid);
+
+#pragma unroll 1
+  for (int vb = 0; vb < p.V; vb += kVBlock) {
+    __syncthreads();  // the previous staging is stored and its V read
+    if (vb > 0) {
+      load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float acc[1][kVBlock / 16][4];
+    zero(acc);
+    warp_mma(acc, plain(tb_tile), m0, plain(v_tile), kVBlock / 2 * n_half, 0, m0 + 16);
+    store(acc, u_stage, m0, kVBlock / 2 * n_half);
+    __syncthreads();
+    store_rows<kPrepareThreads>(u_stage, static_cast<E*>(p.u) + v_row + vb, v_stride, rows, tid);
+  }
+}
+
 template <class E, int K>
 __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   const bool with_t = p.t != nullptr;  // the backward keeps T
@@ -174,7 +225,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
   const typename L::KeyTile q_tile{smem_at<E>(smem, L::q)}, k_tile{smem_at<E>(smem, L::k)};
   const typename L::FloatTile a_tile{smem_at<float>(smem, L::a)}, t_tile{smem_at<float>(smem, L::t)};
   const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
-  const typename L::ChunkTile p_staging{smem_at<E>(smem, L::t)}, v_tile{smem_at<E>(smem, L::t)};
+  const typename L::ChunkTile p_staging{smem_at<E>(smem, L::t)};
   const typename L::ChunkTile staging{smem_at<E>(smem, L::q)};
   float* gamma = smem_at<float>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
@@ -249,44 +300,14 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
     if (with_t) store4(&staging(r, c), x.x, x.y, x.z, x.w);
   }
   __syncthreads();
-  // T (float) is dead: the first block of V comes into its region while W is computed.
-  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
-  cp_async_commit();
   if (with_t) {
     store_rows<kPrepareThreads>(staging, static_cast<E*>(p.t) + chunk_row, chunk_stride, rows, tid);
     __syncthreads();  // T's staging is read before W's overwrites it
   }
-
-  // W = (T diag(beta e^gamma)) K, staged in q's region; T is lower triangular, so rows m0.. need k < m0 + 16.
-  const typename L::KeyTile w_stage = q_tile;
-#pragma unroll 1
-  for (int n0 = 0; n0 < K; n0 += 64) {
-    float acc[1][4][4];
-    zero(acc);
-    warp_mma(acc, plain(tbd_tile), m0, plain(k_tile), n0 + n_half, 0, m0 + 16);
-    store(acc, w_stage, m0, n0 + n_half);
-  }
-  __syncthreads();
-  store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
-                              rows, tid);
-
-  // U = (T diag(beta)) V, one 64-wide block of V at a time, staged in q's region.
-#pragma unroll 1
-  for (int vb = 0; vb < p.V; vb += 64) {
-    __syncthreads();  // the previous staging is stored and its V read
-    if (vb > 0) {
-      load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
-      cp_async_commit();
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    float acc[1][4][4];
-    zero(acc);
-    warp_mma(acc, plain(tb_tile), m0, plain(v_tile), n_half, 0, m0 + 16);
-    store(acc, staging, m0, n_half);
-    __syncthreads();
-    store_rows<kPrepareThreads>(staging, static_cast<E*>(p.u) + v_row + vb, v_stride, rows, tid);
+  if (L::kMaxVBlock == 128 && p.V % 128 == 0) {
+    write_w_u<E, K, L::kMaxVBlock>(p, smem, chunk, hv, tid);
+  } else {
+    write_w_u<E, K, 64>(p, smem, chunk, hv, tid);
   }
 }
 
