@@ -1,12 +1,14 @@
-// The forward state pass on Hopper (sm_90a), used on sm_90 devices for 16-bit inputs with K <= 128: one
-// warpgroup per 64 columns of V of a (sequence, value head) holds S^T (64 x K) in float32 registers, warp w
-// rows 16w..16w+15 with all K keys, so no partial sums are exchanged (state.cu splits keys between the
-// warps of a pair). Every product is a wgmma with A in registers (the state, or Delta^T, rounded to 16
-// bits in the A layout) and B read by the tensor cores from 128-byte-swizzled chunk tiles. Per chunk:
+// The sequential state passes on Hopper (sm_90a), used on sm_90 devices for 16-bit inputs with K <= 128 in
+// place of state.cu's: the forward (and its recompute for the backward) and the backward. One warpgroup per
+// 64 columns of V of a (sequence, value head) holds S^T or dS^T (64 x K) in float32 registers, warp w rows
+// 16w..16w+15 with all K keys, so no partial sums are exchanged (state.cu splits keys between the warps of
+// a pair). Every product is a wgmma with A in registers (the state, Delta^T, dO^T or D^T, rounded to 16
+// bits in the A layout) and B read by the tensor cores from 128-byte-swizzled chunk tiles. Forward, per chunk:
 //   Delta^T = U^T - S^T W^T
 //   O^T     = scale e^gamma (S^T Q^T) + Delta^T P^T
 //   S^T     = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K
-// Pass::recompute (for the backward) stores S^T entering each chunk and Delta instead of O.
+// Pass::recompute (for the backward) stores S^T entering each chunk and Delta instead of O. The backward
+// (state_backward_hopper_kernel) walks the chunks in reverse with the transposed map.
 //
 // Few long sequences over few heads leave most SMs idle while the chain of chunks is long, so such calls
 // split each sequence into p.segments runs of chunks (gdn-kernels.md: the chunk map is affine,
@@ -16,7 +18,9 @@
 //      the identity with U = 0 (the same step: Delta^T = -X W^T, X' = e^gamma_last X + Delta^T diag(..) K);
 //   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s (sums
 //      in float32, product operands rounded to 16 bits as in every chunk step);
-//   3. the forward (or recompute) pass of every segment in parallel from its true start.
+//   3. the pass proper of every segment in parallel from its true start.
+// The backward segments the same way in its own order (the last segment is its first run): its chunk map is
+// dS^T' = dS^T (e^gamma_last I - K^T diag(..) W) + (terms of dO), so M's rows there carry no dO.
 // bench/prototypes/segmented_state.py checks this algebra in float64 against the token recurrence.
 #include <cuda_runtime_api.h>
 
