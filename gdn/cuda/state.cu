@@ -15,8 +15,6 @@
 #include <type_traits>
 
 #include "chunk.cuh"
-#include "deltatrain/core/cuda_check.h"
-#include "deltatrain/core/system.h"
 #include "dispatch.cuh"
 #include "launch.h"
 #include "sequential.cuh"
@@ -322,14 +320,8 @@ __global__ void __launch_bounds__(64 * kGroups) state_backward_kernel(Params p) 
 // each SM runs one pair per scheduler couple and none waits for a second wave; else 4 (64 columns), so
 // that the chunk tiles are loaded once for more columns.
 int groups_for(const Params& p) {
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  int multiprocessors = 0;
-  for (const GpuInfo& gpu : cuda_info().gpus) {
-    if (gpu.index == device) multiprocessors = gpu.multiprocessors;
-  }
   const long long narrow_ctas = static_cast<long long>(p.sequences) * p.HV * (p.V / 32);
-  return narrow_ctas <= multiprocessors ? 2 : 4;
+  return narrow_ctas <= current_multiprocessors() ? 2 : 4;
 }
 
 // Calls f.template operator()<kGroups>() with the warp pairs per CTA of the call; float32 inputs always take

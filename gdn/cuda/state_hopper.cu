@@ -29,7 +29,6 @@
 #include <atomic>
 
 #include "deltatrain/core/cuda_check.h"
-#include "deltatrain/core/system.h"
 #include "dispatch.cuh"
 #include "launch.h"
 #include "sequential.cuh"
@@ -214,8 +213,7 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
         wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 2), 16 * kb));
       }
     }
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_commit_and_wait();
     hold(delta[0]);
     hold(out[0]);
 
@@ -239,8 +237,7 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
       }
     }
     update_state<E, K>(state, update, pass.key_tile(stage, 1));
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_commit_and_wait();
     hold(out[0]);
     hold(state[0]);
     if constexpr (kQueries) store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);
@@ -298,8 +295,7 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
         wgmma_64x64x16<E, true>(from_do[0], do_operand.frag[kb], mn_major(pass.p_tile(stage), 16 * kb, 0));
       }
     }
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_commit_and_wait();
     hold(ddelta[0]);
     hold(from_do[0]);
     scale_columns(ddelta, gates_out, 1.f);
@@ -315,8 +311,7 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
     wgmma_fence();
     if (!pass.transition_rows) update_state<E, K>(dstate, do_operand, pass.key_tile(stage, 2));
     update_state<E, K>(dstate, d_operand, pass.key_tile(stage, 0));
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_commit_and_wait();
     hold(dstate[0]);
   });
   if constexpr (kPass == Pass::segment_ends) {
@@ -424,16 +419,10 @@ void launch_pass(const Params& p, const char* name, const char* ends_name, Kerne
 
 int state_segments(const Problem& problem, std::int64_t chunks) {
   if (!hopper_applies(problem.io_dtype, problem.K, problem.V)) return 1;
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  int multiprocessors = 0;
-  for (const GpuInfo& gpu : cuda_info().gpus) {
-    if (gpu.index == device) multiprocessors = gpu.multiprocessors;
-  }
   // Each segment costs its chain of chunks twice (ends, then the pass proper, the first with K more rows),
   // so fewer than four segments gain nothing; a segment of a handful of chunks is mostly pipeline fill.
   const std::int64_t units = problem.N * problem.HV * (problem.V / kColumns);
-  const std::int64_t segments = std::min<std::int64_t>({16, multiprocessors / units, chunks / problem.N / 4});
+  const std::int64_t segments = std::min<std::int64_t>({16, current_multiprocessors() / units, chunks / problem.N / 4});
   return segments >= 4 ? static_cast<int>(segments) : 1;
 }
 

@@ -80,17 +80,12 @@ __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
-// Closes the group of the wgmma issued since the last one.
-__device__ __forceinline__ void wgmma_commit() {
+// Closes the group of the wgmma issued so far and waits until it is complete: every step of the passes
+// needs its products' results before it goes on.
+__device__ __forceinline__ void wgmma_commit_and_wait() {
 #ifdef DELTATRAIN_WGMMA
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-// Waits until at most kPending groups are in flight (groups complete in the order they were committed).
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-#ifdef DELTATRAIN_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
 
