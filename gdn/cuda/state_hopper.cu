@@ -52,7 +52,10 @@ struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
   using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P: [token][token]
   using ColumnTile = Tile<E, kChunk, kColumns>;        // U or dO: [token][column of V]
-  using TokenTile = Tile<E, kChunk, 16>;
+  using TokenTile = Tile<E, kChunk, 16>;                // 64 tokens x a warp's 16 columns of V
+  using StateRowsTile = Tile<E, 16, K>;                 // a warp's 16 rows of S^T or dS^T
+  static constexpr int kWarpStaging =
+      TokenTile::kBytes > StateRowsTile::kBytes ? TokenTile::kBytes : StateRowsTile::kBytes;
   static constexpr int kKeyTiles = kQueries ? 3 : 2;
   static constexpr int p_at = kKeyTiles * KeyTile::kBytes;
   static constexpr int columns_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
@@ -61,7 +64,7 @@ struct HopperSmem {
   static constexpr int stages = 2;
   static constexpr int staging_at = stages * stage_bytes;
   // The swizzled blocks need 1024-byte alignment, which dynamic shared memory does not promise.
-  static constexpr int bytes = staging_at + 4 * TokenTile::kBytes + 1024;
+  static constexpr int bytes = staging_at + 4 * kWarpStaging + 1024;
   static_assert(bytes <= kSmemLimit);
 };
 
@@ -112,7 +115,17 @@ struct HopperPass {
   }
   __device__ float* gate_in(int stage) const { return smem_at<float>(smem, stage * L::stage_bytes + L::gates_at); }
   __device__ typename L::TokenTile staging() const {
-    return {smem_at<E>(smem, L::staging_at + (tid / 32) * L::TokenTile::kBytes)};
+    return {smem_at<E>(smem, L::staging_at + (tid / 32) * L::kWarpStaging)};
+  }
+  // Stores the warp's rows of a state, rounded to E, as chunk j's block of a per-chunk [chunks, HV, V, K]
+  // tensor: through the warp's staging area, so that the global stores are whole 16-byte pieces of rows.
+  template <int NT>
+  __device__ void store_chunk_state(float (&state)[1][NT][4], void* base, int j) const {
+    const typename L::StateRowsTile rows{smem_at<E>(smem, L::staging_at + (tid / 32) * L::kWarpStaging)};
+    __syncwarp();  // the previous store has read the staging area
+    store_pairs(state, rows.ptr, L::StateRowsTile::kLd);
+    __syncwarp();
+    store_rows<32>(rows, chunk_state_block<E>(base, p, chunks.first + j, hv, at), K, 16, tid & 31);
   }
   // The warp's rows of a token-major [tokens, HV, V] tensor at the chunk's first token.
   __device__ E* token_rows(void* base, const ChunkInfo& info) const {
@@ -189,9 +202,7 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
                                   [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
-    if constexpr (kPass == Pass::recompute) {
-      store_pairs(state, chunk_state_block<E>(p.states, p, pass.chunks.first + j, pass.hv, pass.at), K);
-    }
+    if constexpr (kPass == Pass::recompute) pass.store_chunk_state(state, p.states, j);
 
     WarpOperand<E, K> neg_state(nullptr);  // -S^T, so that the W product lands on U^T
     neg_state.set(state, -1.f);
@@ -269,9 +280,7 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
                                  [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
-    if constexpr (kPass == Pass::backward) {
-      store_pairs(dstate, chunk_state_block<E>(p.dstates, p, pass.chunks.first + j, pass.hv, pass.at), K);
-    }
+    if constexpr (kPass == Pass::backward) pass.store_chunk_state(dstate, p.dstates, j);
 
     WarpOperand<E, K> state_operand(nullptr);
     state_operand.set(dstate, 1.f);
