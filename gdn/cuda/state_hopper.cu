@@ -91,7 +91,7 @@ struct HopperPass {
   std::uint32_t smem_base;
   const Params& p;
   int runs, n, run, hv, h, row_block, tid, m0;
-  bool transition_rows;
+  bool transition_rows;  // rows of M: only in segment_ends (a constant false elsewhere: no branch around products)
   StateRows at;
   SequenceChunks chunks;
 
@@ -99,7 +99,7 @@ struct HopperPass {
       : p(params), runs(kPass == Pass::segment_ends ? params.segments - 1 : params.segments),
         n(blockIdx.x / runs), run(blockIdx.x % runs), hv(blockIdx.y), h(hv / params.group),
         row_block(blockIdx.z * kColumns), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)),
-        transition_rows(row_block >= params.V), at{row_block + m0, 0},
+        transition_rows(kPass == Pass::segment_ends && row_block >= params.V), at{row_block + m0, 0},
         chunks(SequenceChunks(params, n).segment(kReverse ? params.segments - 1 - run : run, params.segments)) {
     const int raw = static_cast<int>(smem_address(smem_raw));
     smem = smem_raw + (round_up(raw, 1024) - raw);
@@ -212,7 +212,6 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
     } else {
       load_accumulator(delta, transposed(pass.column_tile(stage)), pass.m0);
     }
-    zero(out);
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
@@ -221,7 +220,7 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
     if constexpr (kQueries) {
 #pragma unroll
       for (int kb = 0; kb < K / 16; ++kb) {
-        wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 2), 16 * kb));
+        wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 2), 16 * kb), kb > 0);
       }
     }
     wgmma_commit_and_wait();
@@ -291,24 +290,22 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
       do_operand.set(do_t, 1.f);
     }
     float ddelta[1][kChunk / 8][4], from_do[1][kChunk / 8][4];
-    zero(ddelta);
-    zero(from_do);
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
-      wgmma_64x64x16<E, false>(ddelta[0], state_operand.frag[kb], k_major(pass.key_tile(stage, 1), 16 * kb));
+      wgmma_64x64x16<E, false>(ddelta[0], state_operand.frag[kb], k_major(pass.key_tile(stage, 1), 16 * kb), kb > 0);
     }
     if (!pass.transition_rows) {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
-        wgmma_64x64x16<E, true>(from_do[0], do_operand.frag[kb], mn_major(pass.p_tile(stage), 16 * kb, 0));
+        wgmma_64x64x16<E, true>(from_do[0], do_operand.frag[kb], mn_major(pass.p_tile(stage), 16 * kb, 0), kb > 0);
       }
     }
     wgmma_commit_and_wait();
     hold(ddelta[0]);
     hold(from_do[0]);
     scale_columns(ddelta, gates_out, 1.f);
-    for_each(ddelta, from_do, 0, 0, [](int, int, float& d, float& x) { d += x; });
+    if (!pass.transition_rows) for_each(ddelta, from_do, 0, 0, [](int, int, float& d, float& x) { d += x; });
     if constexpr (kPass == Pass::backward) {
       store_token_rows(ddelta, staging, pass.token_rows(p.ddelta, info), token_stride, info.length);
     }

@@ -99,10 +99,14 @@ __device__ __forceinline__ void hold(float (&acc)[NT][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(acc[i][r])::"memory");
 }
 
-// acc (64 x 64, this warp's rows) += A (64 x 16, this warp's fragment) * B (16 x 64 by descriptor).
-// kTransposeB: B is stored MN-major.
+// acc (64 x 64, this warp's rows) += A (64 x 16, this warp's fragment) * B (16 x 64 by descriptor), or
+// acc = A * B when `accumulate` is false. kTransposeB: B is stored MN-major.
+// The first product into a fresh accumulator should not accumulate rather than follow a zero fill: the
+// compiler sinks the fill's register moves past wgmma_fence, and ptxas then serialises the warpgroup's
+// products around them (warning C7517, "warpgroup.wait is injected").
 template <class E, bool kTransposeB>
-__device__ __forceinline__ void wgmma_64x64x16(float (&acc)[8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
+__device__ __forceinline__ void wgmma_64x64x16(float (&acc)[8][4], const std::uint32_t (&a)[4], std::uint64_t b,
+                                               bool accumulate = true) {
 #ifdef DELTATRAIN_WGMMA
   float* d = &acc[0][0];
 #define DELTATRAIN_WGMMA_ASM(TYPE)                                                                                    \
@@ -115,7 +119,7 @@ __device__ __forceinline__ void wgmma_64x64x16(float (&acc)[8][4], const std::ui
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                    \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(kTransposeB ? 1 : 0))
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate ? 1 : 0), "n"(kTransposeB ? 1 : 0))
   if constexpr (std::is_same_v<E, __nv_bfloat16>) {
     DELTATRAIN_WGMMA_ASM("bf16");
   } else {
