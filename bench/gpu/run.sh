@@ -2,7 +2,7 @@
 # On the GPU machine (through the device tool), from the repository root: the cuda backend's GPU tests,
 # compute-sanitizer on small cases, and the benchmark beside fla. Carried along: build-cuda/carry (the
 # test binary, the Python module, libgomp and libcudart built on the development machine) and .whl (fla).
-# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,host,bench,profile
+# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,host,bench,profile,source
 # CARRY=dir runs the binaries of another build (a branch being compared) carried in that folder.
 set -uo pipefail
 steps=",$1,"
@@ -63,4 +63,19 @@ if [[ $steps == *,profile,* ]]; then
     python3 bench/gpu/profile_state.py ${PROFILE_SHAPE:-2 8 8192 fwd} > "$out/ncu.txt" 2>&1
   echo "ncu exit $?"
   grep -E "^  [a-z_]+.*kernel|issue_stalled|Duration|Throughput|Stall|Warp Cycles|Issued Ipc|Eligible|Active Warps|No Eligible|Registers|Shared Memory Configuration Size|Dynamic Shared" "$out/ncu.txt" | awk '$NF+0 > 0.05 || !/issue_stalled/' | head -70
+fi
+
+if [[ $steps == *,source,* ]]; then
+  # Warp-state samples per SASS instruction and per source line of the kernel PROFILE_KERNELS names (the
+  # carried module must be built with -lineinfo), for finding where a kernel's time goes.
+  python_env
+  ncu --clock-control none --kernel-name "regex:${PROFILE_KERNELS:-state_forward}" --launch-skip 2 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --import-source yes -f -o "$out/source" \
+    python3 bench/gpu/profile_state.py ${PROFILE_SHAPE:-2 8 8192 fwd} > "$out/source.log" 2>&1
+  echo "ncu exit $?"
+  for view in sass cuda; do
+    ncu --import "$out/source.ncu-rep" --page source --csv --print-source $view > "$out/source-$view.csv" 2>&1
+    echo "source view $view: exit $?, $(wc -l < "$out/source-$view.csv") lines"
+  done
+  gzip -f "$out"/source-*.csv
 fi

@@ -85,8 +85,9 @@ struct PrepareSmem {
   using KeyTile = Tile<E, kChunk, K>;
   using ChunkTile = Tile<E, kChunk, kChunk>;
   using FloatTile = Tile<float, kChunk, kChunk>;
+  // Q's region also holds the inverse's intermediate products (a FloatTile), then W's and U's staging.
   static constexpr int q = 0;
-  static constexpr int k = q + KeyTile::kBytes;
+  static constexpr int k = q + (KeyTile::kBytes > FloatTile::kBytes ? KeyTile::kBytes : FloatTile::kBytes);
   static constexpr int a = k + KeyTile::kBytes;
   static constexpr int t_beta_decay = a;
   static constexpr int t_beta = a + ChunkTile::kBytes;
@@ -97,17 +98,21 @@ struct PrepareSmem {
   static constexpr int gamma = t + (FloatTile::kBytes > VTile::kBytes ? FloatTile::kBytes : VTile::kBytes);
   static constexpr int beta = gamma + kChunk * 4;
   static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
-  static constexpr int solve = beta_decay + kChunk * 4;  // 3 blocks of 16 x 16
-  static constexpr int bytes = solve + 3 * 256 * 4;
+  static constexpr int bytes = beta_decay + kChunk * 4;
+  // CTAs per SM that shared memory admits on sm_90 (228 KiB, 1 KiB reserved per CTA), at most three: the
+  // register budget the kernel is compiled for.
+  static constexpr int ctas_per_sm = 228 * 1024 / (bytes + 1024) < 3 ? 228 * 1024 / (bytes + 1024) : 3;
 };
 
-// T = (I + A)^-1 for strictly lower-triangular A (64 x 64, float32), by 16 x 16 blocks: the diagonal blocks
-// by forward substitution (one lane a column), then T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj by distance i - j,
-// each thread producing four adjacent columns of a row (one broadcast and one 16-byte load per four FMAs).
+// T = (I + A)^-1 for strictly lower-triangular A (64 x 64, float32) by doubling: the four 16 x 16 diagonal
+// blocks by forward substitution (one lane a column), then two merges of neighbouring diagonal blocks,
+// 16 -> 32 and 32 -> 64, each
+//   T_21 = -T_22 (A_21 T_11)
+// as two 3xTF32 tensor-core products (about float32 accuracy) with A_21 T_11 in `scratch` at T's
+// coordinates. Four barriers; the entries of T above its diagonal blocks are left unwritten.
 template <int NTHREADS>
-__device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kChunk, kChunk> t, float* scratch) {
-  for (int i = threadIdx.x; i < kChunk * kChunk; i += NTHREADS) t(i / kChunk, i % kChunk) = 0.f;
-  __syncthreads();
+__device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kChunk, kChunk> t,
+                                  Tile<float, kChunk, kChunk> scratch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (warp < 4 && lane < 16) {
     const int base = 16 * warp;
@@ -123,38 +128,27 @@ __device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kCh
     for (int i = 0; i < 16; ++i) t(base + i, base + lane) = column[i];
   }
   __syncthreads();
-  using Quad = float4;
-  for (int distance = 1; distance < 4; ++distance) {
-    const int quads = (4 - distance) * 64;  // blocks x 16 rows x 4 column quads
-    for (int e = threadIdx.x; e < quads; e += NTHREADS) {
-      const int block = e / 64, bi = distance + block, bj = bi - distance, r = (e % 64) / 4, c = (e % 4) * 4;
-      Quad x{0.f, 0.f, 0.f, 0.f};
-      for (int m = 16 * bj; m < 16 * bi; ++m) {
-        const float am = a(16 * bi + r, m);
-        const Quad tm = *reinterpret_cast<const Quad*>(&t(m, 16 * bj + c));
-        x.x += am * tm.x;
-        x.y += am * tm.y;
-        x.z += am * tm.z;
-        x.w += am * tm.w;
-      }
-      *reinterpret_cast<Quad*>(&scratch[block * 256 + r * 16 + c]) = x;
+  // Merges the diagonal blocks at rows/columns lo and lo + size into one of 2 size; each warp takes the
+  // 16 x 16 output tile at (row, col) of the lower-left block (T_11 and T_22 are lower triangular, so the
+  // products skip their zero blocks).
+  auto merge = [&](int lo, int size, int row, int col, bool active) {
+    float acc[1][2][4];
+    if (active) {
+      zero(acc);
+      warp_mma(acc, plain(a), lo + size + row, plain(t), lo + col, lo + col, lo + size);
+      store_pairs(acc, &scratch(lo + size + row, lo + col), scratch.kLd);
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < quads; e += NTHREADS) {
-      const int block = e / 64, bi = distance + block, bj = bi - distance, r = (e % 64) / 4, c = (e % 4) * 4;
-      Quad y{0.f, 0.f, 0.f, 0.f};
-      for (int m = 0; m <= r; ++m) {
-        const float tm = t(16 * bi + r, 16 * bi + m);
-        const Quad xm = *reinterpret_cast<const Quad*>(&scratch[block * 256 + m * 16 + c]);
-        y.x -= tm * xm.x;
-        y.y -= tm * xm.y;
-        y.z -= tm * xm.z;
-        y.w -= tm * xm.w;
-      }
-      *reinterpret_cast<Quad*>(&t(16 * bi + r, 16 * bj + c)) = y;
+    if (active) {
+      zero(acc);
+      warp_mma(acc, plain(t), lo + size + row, plain(scratch), lo + col, lo + size, lo + size + row + 16);
+      for_each(acc, 0, 0, [](int, int, float& x) { x = -x; });
+      store_pairs(acc, &t(lo + size + row, lo + col), t.kLd);
     }
     __syncthreads();
-  }
+  };
+  merge(32 * (warp & 1), 16, 0, 0, warp < 2);
+  merge(0, 32, 16 * ((warp >> 1) & 1), 16 * (warp & 1), warp < 4);
 }
 
 // Four values rounded to E at dst (8-byte aligned for 16-bit E), in one store.
@@ -218,7 +212,7 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
 }
 
 template <class E, int K>
-__global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
+__global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   const bool with_t = p.t != nullptr;  // the backward keeps T
   using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
@@ -276,24 +270,27 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(Params p) {
     zero(qk);
     warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
     warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
-    for_each(kk, m0, n_half, [&](int r, int c, float& x) {
-      a_tile(r, c) = r > c ? beta[r] * x * __expf(gamma[r] - gamma[c]) : 0.f;
+    // Both are gated by e^(gamma_r - gamma_c): A below the diagonal, P on and below it.
+    for_each(kk, qk, m0, n_half, [&](int r, int c, float& a, float& q) {
+      const float decay = r >= c ? __expf(gamma[r] - gamma[c]) : 0.f;
+      a = r > c ? beta[r] * a * decay : 0.f;
+      q = p.scale * q * decay;
     });
-    for_each(qk, m0, n_half, [&](int r, int c, float& x) {
-      p_staging(r, c) = from_float<E>(r >= c ? p.scale * x * __expf(gamma[r] - gamma[c]) : 0.f);
-    });
+    store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
+    store_pairs(qk, &p_staging(m0, n_half), p_staging.kLd);
   }
   __syncthreads();
   const std::int64_t chunk_row = (t0 * p.HV + hv) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
   store_rows<kPrepareThreads>(p_staging, static_cast<E*>(p.p) + chunk_row, chunk_stride, rows, tid);
   __syncthreads();  // P's staging is read before T overwrites it
-  invert_unit_lower<kPrepareThreads>(a_tile, t_tile, smem_at<float>(smem, L::solve));
+  // Q is dead: its region holds the inverse's intermediate products, then stages T.
+  invert_unit_lower<kPrepareThreads>(a_tile, t_tile, typename L::FloatTile{smem_at<float>(smem, L::q)});
 
-  // A is dead: its region takes T diag(beta e^gamma) and T diag(beta); Q is dead: its region stages T.
-  // Each thread converts runs of four columns.
+  // A is dead: its region takes T diag(beta e^gamma) and T diag(beta). Each thread converts runs of four
+  // columns, writing the zeros above T's diagonal blocks.
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
     const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;
-    const float4 x = *reinterpret_cast<const float4*>(&t_tile(r, c));
+    const float4 x = c < (r / 16 + 1) * 16 ? *reinterpret_cast<const float4*>(&t_tile(r, c)) : float4{0.f, 0.f, 0.f, 0.f};
     const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
     store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
     store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
