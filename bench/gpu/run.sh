@@ -73,9 +73,9 @@ if [[ $steps == *,source,* ]]; then
     --section SourceCounters --section WarpStateStats --import-source yes -f -o "$out/source" \
     python3 bench/gpu/profile_state.py ${PROFILE_SHAPE:-2 8 8192 fwd} > "$out/source.log" 2>&1
   echo "ncu exit $?"
-  for view in sass cuda; do
-    ncu --import "$out/source.ncu-rep" --page source --csv --print-source $view > "$out/source-$view.csv" 2>&1
-    echo "source view $view: exit $?, $(wc -l < "$out/source-$view.csv") lines"
-  done
-  gzip -f "$out"/source-*.csv
+  # Per SASS instruction; map addresses to source lines with nvdisasm -gi on the same build's cubin.
+  ncu --import "$out/source.ncu-rep" --page source --csv --print-source sass > "$out/source-sass.csv" 2>&1
+  echo "source view: exit $?, $(wc -l < "$out/source-sass.csv") lines"
+  gzip -f "$out/source-sass.csv"
+  rm -f "$out/source.ncu-rep"
 fi

@@ -69,10 +69,9 @@ __device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in
 // Writes a warp's 16 x 8 NT accumulator (rows: 16 consecutive channels; columns: consecutive tokens),
 // rounded to E, to token-major memory: token c's 16 channels at dst + c * stride, for
 // c < rows_valid. The transpose goes through the warp's shared `staging` tile, so that the global stores
-// are 16-byte vectors.
+// are 16-byte vectors; stage_token_rows is the first half, for callers that store later.
 template <class E, int NT>
-__device__ __forceinline__ void store_token_rows(const float (&acc)[1][NT][4], Tile<E, 8 * NT, 16> staging, E* dst,
-                                                 std::int64_t stride, int rows_valid) {
+__device__ __forceinline__ void stage_token_rows(const float (&acc)[1][NT][4], Tile<E, 8 * NT, 16> staging) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   __syncwarp();  // the previous store has read the staging tile
 #pragma unroll
@@ -82,7 +81,12 @@ __device__ __forceinline__ void store_token_rows(const float (&acc)[1][NT][4], T
       staging(8 * ni + 2 * t + (r & 1), g + (r >> 1) * 8) = from_float<E>(acc[0][ni][r]);
     }
   __syncwarp();
-  store_rows<32>(staging, dst, stride, rows_valid, lane);
+}
+template <class E, int NT>
+__device__ __forceinline__ void store_token_rows(const float (&acc)[1][NT][4], Tile<E, 8 * NT, 16> staging, E* dst,
+                                                 std::int64_t stride, int rows_valid) {
+  stage_token_rows(acc, staging);
+  store_rows<32>(staging, dst, stride, rows_valid, threadIdx.x & 31);
 }
 
 __device__ __forceinline__ float warp_sum(float x) {

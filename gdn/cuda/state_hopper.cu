@@ -119,13 +119,24 @@ struct HopperPass {
   }
   // Stores the warp's rows of a state, rounded to E, as chunk j's block of a per-chunk [chunks, HV, V, K]
   // tensor: through the warp's staging area, so that the global stores are whole 16-byte pieces of rows.
+  // Staged first and stored later (store_staged_state), so that the stores can run beside products:
+  // ptxas serialises the products when registers a product wrote are read while another one runs.
+  __device__ typename L::StateRowsTile state_staging() const {
+    return {smem_at<E>(smem, L::staging_at + (tid / 32) * L::kWarpStaging)};
+  }
+  template <int NT>
+  __device__ void stage_state(float (&state)[1][NT][4]) const {
+    __syncwarp();  // the previous store has read the staging area
+    store_pairs(state, state_staging().ptr, L::StateRowsTile::kLd);
+    __syncwarp();
+  }
+  __device__ void store_staged_state(void* base, int j) const {
+    store_rows<32>(state_staging(), chunk_state_block<E>(base, p, chunks.first + j, hv, at), K, 16, tid & 31);
+  }
   template <int NT>
   __device__ void store_chunk_state(float (&state)[1][NT][4], void* base, int j) const {
-    const typename L::StateRowsTile rows{smem_at<E>(smem, L::staging_at + (tid / 32) * L::kWarpStaging)};
-    __syncwarp();  // the previous store has read the staging area
-    store_pairs(state, rows.ptr, L::StateRowsTile::kLd);
-    __syncwarp();
-    store_rows<32>(rows, chunk_state_block<E>(base, p, chunks.first + j, hv, at), K, 16, tid & 31);
+    stage_state(state);
+    store_staged_state(base, j);
   }
   // The warp's rows of a token-major [tokens, HV, V] tensor at the chunk's first token.
   __device__ E* token_rows(void* base, const ChunkInfo& info) const {
@@ -202,8 +213,10 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
                                   [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
-    if constexpr (kPass == Pass::recompute) pass.store_chunk_state(state, p.states, j);
 
+    // The recompute's global stores run while a group of products does (a warp's stores stall it until they
+    // have read the staging tile and their registers); what they store is staged before the group is issued.
+    if constexpr (kPass == Pass::recompute) pass.stage_state(state);
     WarpOperand<E, K> neg_state(nullptr);  // -S^T, so that the W product lands on U^T
     neg_state.set(state, -1.f);
     float delta[1][kChunk / 8][4], out[1][kChunk / 8][4];
@@ -223,22 +236,22 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
         wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 2), 16 * kb), kb > 0);
       }
     }
-    wgmma_commit_and_wait();
+    wgmma_commit();
+    if constexpr (kPass == Pass::recompute) pass.store_staged_state(p.states, j);
+    wgmma_wait();
     hold(delta[0]);
-    hold(out[0]);
+    if constexpr (kQueries) hold(out[0]);
 
     // The P product and the state update both need only Delta: one group, one wait.
     const float decay = gates_in[kChunk - 1];
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
     WarpOperand<E, kChunk> update(nullptr), delta_operand(nullptr);
     update.set(delta, 1.f, gates_out);
-    if constexpr (kPass == Pass::recompute) {
-      store_token_rows(delta, staging, pass.token_rows(p.delta, info), token_stride, info.length);
-    }
     if constexpr (kQueries) {
       scale_columns(out, gates_in, -p.scale);
       delta_operand.set(delta, 1.f);
     }
+    if constexpr (kPass == Pass::recompute) stage_token_rows(delta, staging);
     wgmma_fence();
     if constexpr (kQueries) {
 #pragma unroll
@@ -247,10 +260,16 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
       }
     }
     update_state<E, K>(state, update, pass.key_tile(stage, 1));
-    wgmma_commit_and_wait();
-    hold(out[0]);
+    wgmma_commit();
+    if constexpr (kPass == Pass::recompute) {
+      store_rows<32>(staging, pass.token_rows(p.delta, info), token_stride, info.length, pass.tid & 31);
+    }
+    wgmma_wait();
     hold(state[0]);
-    if constexpr (kQueries) store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);
+    if constexpr (kQueries) {
+      hold(out[0]);
+      store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);
+    }
   });
   if constexpr (kPass == Pass::segment_ends) {
     pass.store_end_rows(state);
@@ -425,11 +444,13 @@ void launch_pass(const Params& p, const char* name, const char* ends_name, Kerne
 
 int state_segments(const Problem& problem, std::int64_t chunks) {
   if (!hopper_applies(problem.io_dtype, problem.K, problem.V)) return 1;
-  // Each segment costs its chain of chunks twice (ends, then the pass proper, the first with K more rows),
-  // so fewer than four segments gain nothing; a segment of a handful of chunks is mostly pipeline fill.
+  // Every segment but the last walks its chunks twice (ends with K more rows, then the pass proper), yet
+  // two segments already pay on the H200: the ends step carries no Q, P or O, and the pass proper halves
+  // (forward 16/32 heads, one sequence of 32768 tokens: 0.837 -> 0.680 ms). A segment of a handful of chunks
+  // is mostly pipeline fill.
   const std::int64_t units = problem.N * problem.HV * (problem.V / kColumns);
   const std::int64_t segments = std::min<std::int64_t>({16, current_multiprocessors() / units, chunks / problem.N / 4});
-  return segments >= 4 ? static_cast<int>(segments) : 1;
+  return segments >= 2 ? static_cast<int>(segments) : 1;
 }
 
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels) {

@@ -80,13 +80,21 @@ __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
-// Closes the group of the wgmma issued so far and waits until it is complete: every step of the passes
-// needs its products' results before it goes on.
-__device__ __forceinline__ void wgmma_commit_and_wait() {
+// Closes the group of the wgmma issued so far; wgmma_wait waits until every group is complete. Work
+// between the two (global stores of values no product reads or writes) overlaps the products.
+__device__ __forceinline__ void wgmma_commit() {
 #ifdef DELTATRAIN_WGMMA
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef DELTATRAIN_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void wgmma_commit_and_wait() {
+  wgmma_commit();
+  wgmma_wait();
 }
 
 // Makes each accumulator register a fresh value at this point of the program, so that the compiler neither
