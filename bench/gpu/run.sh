@@ -73,7 +73,7 @@ if [[ $steps == *,source,* ]]; then
     --section SourceCounters --section WarpStateStats --import-source yes -f -o "$out/source" \
     python3 bench/gpu/profile_state.py ${PROFILE_SHAPE:-2 8 8192 fwd} > "$out/source.log" 2>&1
   echo "ncu exit $?"
-  # Per SASS instruction; map addresses to source lines with nvdisasm -gi on the same build's cubin.
+  # Per SASS instruction; bench/gpu/stall_lines.py charges them to source lines (same build, -lineinfo).
   ncu --import "$out/source.ncu-rep" --page source --csv --print-source sass > "$out/source-sass.csv" 2>&1
   echo "source view: exit $?, $(wc -l < "$out/source-sass.csv") lines"
   gzip -f "$out/source-sass.csv"
