@@ -23,6 +23,11 @@ if [[ $steps == *,tests,* ]]; then
   "$carry/test_gdn_cuda" > "$out/tests.log" 2>&1
   echo "tests exit $?"
   grep -E "^\[  FAILED|exception|PASSED|SKIPPED \]" "$out/tests.log" | head -40
+  # The same checks on the mma.sync passes (as tests/gdn_cuda/CMakeLists.txt registers them).
+  DELTATRAIN_CUDA_WGMMA=0 "$carry/test_gdn_cuda" --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*-*K256*:*float32*:*f32_*' \
+    > "$out/tests-mma-sync.log" 2>&1
+  echo "tests with DELTATRAIN_CUDA_WGMMA=0 exit $?"
+  grep -E "^\[  FAILED|exception|PASSED|SKIPPED \]" "$out/tests-mma-sync.log" | head -20
 fi
 
 if [[ $steps == *,sanitize,* ]]; then

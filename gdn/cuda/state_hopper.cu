@@ -27,6 +27,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <optional>
+#include <string>
 
 #include "deltatrain/core/cuda_check.h"
 #include "dispatch.cuh"
@@ -412,8 +415,25 @@ bool wgmma_ready() {
   return ready;
 }
 
+// DELTATRAIN_CUDA_WGMMA=0 keeps the mma.sync passes on sm_90 devices too (to compare the two, or to test
+// the path the other GPUs take); unset or 1 lets the wgmma passes run where they apply. Read once; any other
+// value fails every call that consults it.
+bool wgmma_allowed() {
+  static const char* const text = std::getenv("DELTATRAIN_CUDA_WGMMA");
+  static const std::optional<bool> allowed = []() -> std::optional<bool> {
+    const std::string value = text == nullptr ? "" : text;
+    if (value.empty() || value == "1") return true;
+    if (value == "0") return false;
+    return std::nullopt;
+  }();
+  if (!allowed) {
+    throw InvalidArgument("DELTATRAIN_CUDA_WGMMA", std::string("must be 0 or 1 (or unset), got \"") + text + "\"");
+  }
+  return *allowed;
+}
+
 bool hopper_applies(DType io, std::int64_t K, std::int64_t V) {
-  return io != DType::f32 && K <= 128 && V % kColumns == 0 && wgmma_ready();
+  return io != DType::f32 && K <= 128 && V % kColumns == 0 && wgmma_allowed() && wgmma_ready();
 }
 
 // Records one run of kernels: the forward or (kReverse) backward kernel of pass kPass over `runs` runs of
