@@ -146,6 +146,15 @@ struct HopperPass {
     return static_cast<E*>(base) + (static_cast<std::int64_t>(info.start) * p.HV + hv) * p.V + at.v0;
   }
 
+  // Walks the run's chunks in the pass's order with their tiles copied ahead: body(j, stage) once chunk j's
+  // tiles, with U or dO (`columns`), are in the stage.
+  template <class Body>
+  __device__ void walk(const void* columns, Body&& body) const {
+    sequential_pass<2, kReverse, true>(chunks.count, [&](int j, int stage) { issue(j, stage, columns); }, body);
+  }
+  // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
+  __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
+
   // Starts copying chunk j's tiles into a stage: W, K (, Q, P), and U or dO (`columns`) for rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
@@ -207,13 +216,12 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
   extern __shared__ __align__(16) char smem_raw[];
   const HopperPass<E, K, kPass, false> pass(smem_raw, p);
   constexpr bool kQueries = kPass == Pass::forward;
-  const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
+  const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float state[1][K / 8][4];
   pass.start_rows(state, p.h0);
 
-  sequential_pass<2, false, true>(pass.chunks.count, [&](int j, int stage) { pass.issue(j, stage, p.u); },
-                                  [&](int j, int stage) {
+  pass.walk(p.u, [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
 
@@ -292,13 +300,12 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Pa
 #ifdef DELTATRAIN_WGMMA
   extern __shared__ __align__(16) char smem_raw[];
   const HopperPass<E, K, kPass, true> pass(smem_raw, p);
-  const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
+  const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float dstate[1][K / 8][4];
   pass.start_rows(dstate, p.dht);
 
-  sequential_pass<2, true, true>(pass.chunks.count, [&](int j, int stage) { pass.issue(j, stage, p.d_o); },
-                                 [&](int j, int stage) {
+  pass.walk(p.d_o, [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
     if constexpr (kPass == Pass::backward) pass.store_chunk_state(dstate, p.dstates, j);
