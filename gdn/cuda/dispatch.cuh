@@ -29,24 +29,40 @@ inline int current_multiprocessors() {
   return 0;
 }
 
+// What a device-dependent query answered on each device (0: not asked yet, 1: true, 2: false); a caller
+// keeps one as a static.
+using DeviceMemo = std::array<std::atomic<int>, 64>;
+
+// compute() for the calling thread's device the first time it is asked there (and returns normally), the
+// remembered answer afterwards; devices past the memo's size are asked every time.
+template <class F>
+bool once_per_device(DeviceMemo& memo, F&& compute) {
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  const bool tracked = device >= 0 && device < static_cast<int>(memo.size());
+  if (tracked) {
+    if (const int known = memo[device].load(std::memory_order_acquire); known != 0) return known == 1;
+  }
+  const bool answer = compute();
+  if (tracked) memo[device].store(answer ? 1 : 2, std::memory_order_release);
+  return answer;
+}
+
 // Appends kKernel<<<grid, block, smem>>>(Params) to `kernels`; a kernel over 48 KiB of shared memory gets
 // its limit raised the first time it is recorded on a device.
 template <auto kKernel>
 void launch(const char* name, dim3 grid, dim3 block, int smem, KernelSequence& kernels) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   if (smem > 48 * 1024) {
-    static std::array<std::atomic<bool>, 64> raised{};  // per device, for this kernel
-    int device = 0;
-    cudaGetDevice(&device);
-    const bool tracked = device >= 0 && device < static_cast<int>(raised.size());
-    if (!tracked || !raised[device].load(std::memory_order_acquire)) {
+    static DeviceMemo raised{};  // for this kernel
+    once_per_device(raised, [&] {
       if (const cudaError_t status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
           status != cudaSuccess) {
         throw Failure(std::string("cudaFuncSetAttribute(") + name + ", " + std::to_string(smem) +
                       " bytes of shared memory) failed: " + cudaGetErrorString(status));
       }
-      if (tracked) raised[device].store(true, std::memory_order_release);
-    }
+      return true;
+    });
   }
   kernels.add(reinterpret_cast<const void*>(kKernel), name, grid, block, smem);
 }

@@ -25,8 +25,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -409,17 +407,13 @@ __global__ void __launch_bounds__(kWarpgroup) segment_starts_kernel(Params p) {
 // Whether this device runs the wgmma kernels: an sm_90 device and a binary built for sm_90a (another
 // build would fall back to its sm_80 image, whose body of these kernels is empty).
 bool wgmma_ready() {
-  static std::array<std::atomic<int>, 64> known{};  // per device: 0 unknown, 1 yes, 2 no
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  const bool tracked = device < static_cast<int>(known.size());
-  if (tracked && known[device].load(std::memory_order_acquire) != 0) return known[device].load() == 1;
-  cudaFuncAttributes attributes{};
-  cuda_check(cudaFuncGetAttributes(&attributes, state_forward_hopper_kernel<__nv_bfloat16, 128, Pass::forward>),
-             "cudaFuncGetAttributes (Hopper state pass)");
-  const bool ready = attributes.binaryVersion == 90;
-  if (tracked) known[device].store(ready ? 1 : 2, std::memory_order_release);
-  return ready;
+  static DeviceMemo known{};
+  return once_per_device(known, [] {
+    cudaFuncAttributes attributes{};
+    cuda_check(cudaFuncGetAttributes(&attributes, state_forward_hopper_kernel<__nv_bfloat16, 128, Pass::forward>),
+               "cudaFuncGetAttributes (Hopper state pass)");
+    return attributes.binaryVersion == 90;
+  });
 }
 
 // DELTATRAIN_CUDA_WGMMA=0 keeps the mma.sync passes on sm_90 devices too (to compare the two, or to test
