@@ -22,7 +22,7 @@ void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels);
-// Runs per sequence the wgmma forward state pass splits into for this call (1: none).
+// Runs per sequence the wgmma state passes (forward and backward) split into for this call (1: none).
 int state_segments(const Problem& problem, std::int64_t chunks);
 // The same pass with wgmma (state_hopper.cu) where the device and the call allow it; false where not,
 // recording nothing.

@@ -29,7 +29,7 @@ struct Params {
   int group = 1;       // HV / H
   int sequences = 0;   // N
   int chunks = 0;      // chunks over all sequences
-  int segments = 1;    // runs of chunks per sequence the forward state pass splits into (state_hopper.cu)
+  int segments = 1;    // runs of chunks per sequence the sequential state passes split into (state_hopper.cu)
   float scale = 1.f;
   bool l2norm = false;
 
