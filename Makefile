@@ -6,7 +6,7 @@
 
 APT_PACKAGES := cmake ninja-build g++ git python3-venv libgtest-dev libbenchmark-dev libcli11-dev \
                 nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas-dev libssl-dev
-PY_PACKAGES  := nanobind scikit-build-core numpy pytest
+PY_PACKAGES  := nanobind scikit-build-core apache-tvm-ffi numpy pytest
 VENV   := .venv
 PY     := $(VENV)/bin/python
 BUILD  := build
@@ -24,7 +24,8 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@$(PY) -c "import nanobind, scikit_build_core, numpy, pytest" 2>/dev/null || \
+	@$(PY) -c "import importlib.util as u, sys; \
+	  sys.exit(any(u.find_spec(m) is None for m in ('nanobind', 'scikit_build_core', 'tvm_ffi', 'numpy', 'pytest')))" || \
 	  $(PY) -m pip install -q $(PY_PACKAGES)
 
 # scikit-build-core drives the one CMake build in build/: the library, the CLI, the tests and the module.

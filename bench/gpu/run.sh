@@ -2,7 +2,7 @@
 # On the GPU machine (through the device tool), from the repository root: the cuda backend's GPU tests,
 # compute-sanitizer on small cases, and the benchmark beside fla. Carried along: build-cuda/carry (the
 # test binary, the Python module, libgomp and libcudart built on the development machine) and .whl (fla).
-# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,host,bench,profile,source
+# usage: bench/gpu/run.sh STEPS COMMIT [BENCH ARGS...]    STEPS: comma list of info,tests,sanitize,host,overhead,bench,profile,source
 # CARRY=dir runs the binaries of another build (a branch being compared) carried in that folder.
 set -uo pipefail
 steps=",$1,"
@@ -55,6 +55,11 @@ python_env() {
 if [[ $steps == *,bench,* ]]; then
   python_env
   python3 bench/gdn_h200.py --out "$out" --commit "$commit" "$@" 2>&1 | tee "$out/bench.log" | grep -v Warning
+fi
+
+if [[ $steps == *,overhead,* ]]; then
+  python_env
+  python3 bench/gpu/host_breakdown.py --json "$out/host-breakdown.json" --profile "$out/host-profile.txt" 2>&1 | grep -v Warning
 fi
 
 if [[ $steps == *,profile,* ]]; then

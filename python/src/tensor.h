@@ -1,7 +1,7 @@
 // Python tensors as TensorViews, and the library's errors as Python exceptions.
 //
 // Any object nanobind can read as an ndarray is accepted: NumPy arrays, and anything with __dlpack__
-// (torch, JAX, CuPy, ...). NumPy has no bfloat16 of its own; arrays of ml_dtypes.bfloat16 are read
+// (torch, JAX, CuPy, ...); types offering DLPack's C exchange API (torch >= 2.10) are read through it. NumPy has no bfloat16 of its own; arrays of ml_dtypes.bfloat16 are read
 // through a uint16 view of the same memory. Bad tensors raise ValueError naming the argument.
 #pragma once
 
@@ -25,7 +25,9 @@ class TensorArgs {
   std::optional<TensorView> optional_output(nanobind::handle object, const char* name);
 
  private:
+  struct Description;
   TensorView view(nanobind::handle object, const char* name, bool writable);
+  void describe_through_nanobind(nanobind::handle object, const char* name, bool writable, Description& d);
 
   std::vector<nanobind::ndarray<nanobind::ro>> read_only_;
   std::vector<nanobind::ndarray<>> writable_;

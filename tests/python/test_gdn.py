@@ -171,7 +171,7 @@ def test_bfloat16_numpy_arrays_through_ml_dtypes(rng):
 
 def test_torch_tensors_in_torch_tensors_out(rng):
     torch = pytest.importorskip("torch")
-    inputs = make_inputs(rng, lengths=[30, 41])
+    inputs = make_inputs(rng, lengths=[30, 41], l2norm=False)  # keys of norm ~1: no in-kernel norm here
     tensors = {name: torch.from_numpy(x) for name, x in inputs.items()}
     o, final_state = dt.chunk_gated_delta_rule(**tensors, output_final_state=True)
     assert isinstance(o, torch.Tensor) and isinstance(final_state, torch.Tensor)
