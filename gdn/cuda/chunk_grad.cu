@@ -87,9 +87,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
     warp_mma(dk, plain(delta_tile), m0, plain(ds_tile), n0, 0, 64);
     warp_mma(dw, plain(ddelta_tile), m0, plain(s_tile), n0, 0, 64);
     warp_mma(dp, plain(do_tile), m0, transposed(delta_tile), n0, 0, 64);
-    for (int i = tid; i < kChunk * kKeySlice; i += kGradThreads) {
-      state_dot += to_float(s_tile(i / kKeySlice, i % kKeySlice)) * to_float(ds_tile(i / kKeySlice, i % kKeySlice));
-    }
+    state_dot += partial_tile_dot<kGradThreads>(s_tile, ds_tile, tid);
     __syncthreads();  // the tiles are free for the next block
   }
 

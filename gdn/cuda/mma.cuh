@@ -505,6 +505,28 @@ __device__ __forceinline__ void load_rows_async(TileT tile, const typename TileT
       thread, [&](int r, int c) { cp_async_16(&tile(r, c), src + r * stride + c, r < rows_valid); });
 }
 
+// This thread's share of sum(a * b) over two tiles of one shape, read as 16-byte vectors; the shares of
+// threads 0..NTHREADS-1 add up to the whole sum.
+template <int NTHREADS, class TileT>
+__device__ __forceinline__ float partial_tile_dot(TileT a, TileT b, int thread) {
+  using E = typename TileT::Element;
+  float sum = 0.f;
+  for_each_vector<NTHREADS, TileT>(thread, [&](int r, int c) {
+    const uint4 x = *reinterpret_cast<const uint4*>(&a(r, c)), y = *reinterpret_cast<const uint4*>(&b(r, c));
+    const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<E, float>) {
+        sum += __uint_as_float(xs[i]) * __uint_as_float(ys[i]);
+      } else {
+        const float2 u = unpack2<E>(xs[i]), v = unpack2<E>(ys[i]);
+        sum += u.x * v.x + u.y * v.y;
+      }
+    }
+  });
+  return sum;
+}
+
 // Copies rows [0, rows_valid) of `tile` to a row-major global matrix with 16-byte stores.
 template <int NTHREADS, class TileT>
 __device__ __forceinline__ void store_rows(TileT tile, typename TileT::Element* dst, std::int64_t stride,

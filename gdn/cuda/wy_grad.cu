@@ -24,9 +24,13 @@ struct WyGradSmem {
   static constexpr int dw = k + KeyTile::kBytes;
   static constexpr int t = dw + KeyTile::kBytes;
   static constexpr int dt = t + Square::kBytes;
-  static constexpr int x = dt + Square::kBytes;  // first the 64-column blocks of D
-  static constexpr int f = x + Square::kBytes;   // first the 64-column blocks of V
-  static constexpr int gamma = f + Square::kBytes;
+  // The 64-column blocks of D and V alternate between two buffers, so that the next block's copies run
+  // while the current one is used; the first buffer then holds X and F.
+  static constexpr int x = dt + Square::kBytes;
+  static constexpr int f = x + Square::kBytes;
+  static constexpr int d_next = f + Square::kBytes;
+  static constexpr int v_next = d_next + Square::kBytes;
+  static constexpr int gamma = v_next + Square::kBytes;
   static constexpr int beta = gamma + kChunk * 4;
   static constexpr int dgamma = beta + kChunk * 4;
   static constexpr int k_dots = dgamma + kChunk * 4;  // [2 column halves][64 rows]
@@ -45,7 +49,9 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   const typename L::KeyTile k_tile{smem_at<E>(smem, L::k)}, dw_tile{smem_at<E>(smem, L::dw)};
   const typename L::Square t_tile{smem_at<E>(smem, L::t)}, dt_tile{smem_at<E>(smem, L::dt)};
   const typename L::Square x_tile{smem_at<E>(smem, L::x)}, f_tile{smem_at<E>(smem, L::f)};
-  const typename L::Square d_tile = x_tile, v_tile = f_tile;
+  // The buffers of the block of D and V that starts at column vb.
+  auto d_block = [&](int vb) { return typename L::Square{smem_at<E>(smem, vb / 64 % 2 == 0 ? L::x : L::d_next)}; };
+  auto v_block = [&](int vb) { return typename L::Square{smem_at<E>(smem, vb / 64 % 2 == 0 ? L::f : L::v_next)}; };
   float* gamma = smem_at<float>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
   float* dgamma = smem_at<float>(smem, L::dgamma);
@@ -65,6 +71,12 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   load_chunk_rows<kWyThreads>(dw_tile, p.dw, p.HV, hv, K, 0, chunk, tid);
   load_chunk_rows<kWyThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
   load_gamma_async(p, gamma, hv, chunk, tid);
+  auto load_v_block = [&](int vb) {
+    load_chunk_rows<kWyThreads>(d_block(vb), p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
+    load_chunk_rows<kWyThreads>(v_block(vb), p.v, p.HV, hv, p.V, vb, chunk, tid);
+    cp_async_commit();
+  };
+  load_v_block(0);
   if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
   // dK so far (chunk_grad's part), read first so that its latency hides behind the V side.
   const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
@@ -79,11 +91,14 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   E* const dv = static_cast<E*>(p.dv) + ((t0 + m0) * p.HV + hv) * p.V + n0;
 #pragma unroll 1
   for (int vb = 0; vb < p.V; vb += 64) {
-    load_chunk_rows<kWyThreads>(d_tile, p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
-    load_chunk_rows<kWyThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
-    cp_async_commit();
-    cp_async_wait<0>();
+    if (vb + 64 < p.V) {
+      load_v_block(vb + 64);  // into the buffer the previous block has left
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    const typename L::Square d_tile = d_block(vb), v_tile = v_block(vb);
     warp_mma(dt_from_v, plain(d_tile), m0, transposed(v_tile), n0, 0, 64);
     float tdd[1][4][4];  // T^T D; T^T is upper triangular, so rows m0.. need k >= m0
     zero(tdd);
