@@ -1,13 +1,14 @@
-// Per (chunk, value head, slice of kKeySlice key columns): the gradients that need the states
-// (gdn-kernels.md section 3, step 4), accumulated over 64-wide blocks of V:
+// Per (chunk, q/k head, slice of kKeySlice key columns), the value heads of its GVA group in turn: the
+// gradients that need the states (gdn-kernels.md section 3, step 4), accumulated over 64-wide blocks of V:
 //   dQ  = scale e^gamma (dO S^T) + M K                 M  = (dO Delta^T) * scale Gamma, lower incl.
 //   dK  = e^(gamma_last - gamma) (Delta dS'^T) + M^T Q
 //   dW  = -D S^T                                        D = dDelta (from the reverse pass)
 //   dgamma: rowdot(dQ_state, Q) - rowdot(dK_state, K) + rowsum(G) - colsum(G), G = (dO Delta^T) * P,
 //           and at the chunk's last row sum(dK_state * K) + e^gamma_last sum(S * dS').
 // S = state entering the chunk, dS' = gradient of the state after it. Every slice forms dO Delta^T (its M
-// is needed against the slice's keys); slice 0 adds the G terms. The V side of the WY backward is in
-// wy_grad.cu, so that the accumulators here fit two CTAs per SM.
+// is needed against the slice's keys); slice 0 adds the G terms. dQ and dK leave summed over the group (in
+// head order), so they are written once per q/k head, not once per value head. The V side of the WY
+// backward is in wy_grad.cu, so that the accumulators here fit two CTAs per SM.
 #include "chunk.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   float* k_dots = smem_at<float>(smem, L::k_dots);
   float* g_parts = smem_at<float>(smem, L::g_parts);
 
-  const int chunk_index = blockIdx.x, hv = blockIdx.y, slice = blockIdx.z, h = hv / p.group;
+  const int chunk_index = blockIdx.x, h = blockIdx.y, slice = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
   const ChunkInfo chunk = p.chunk_table[chunk_index];
@@ -62,85 +63,97 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
 
   load_chunk_rows<kGradThreads>(q_tile, queries<E>(p), p.H, h, K, key0, chunk, tid);
   load_chunk_rows<kGradThreads>(k_tile, keys<E>(p), p.H, h, K, key0, chunk, tid);
-  load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
-  load_gamma_async(p, gamma, hv, chunk, tid);
-
-  float dq[1][4][4], dk[1][4][4], dw[1][4][4], dp[1][4][4];
-  zero(dq);
-  zero(dk);
-  zero(dw);
-  zero(dp);
-  float state_dot = 0.f;
-  const std::int64_t state_row = static_cast<std::int64_t>(chunk_index * p.HV + hv) * p.V;
+  // dQ and dK summed over the value heads of the group, in head order.
+  float dq_sum[1][4][4], dk_sum[1][4][4];
+  zero(dq_sum);
+  zero(dk_sum);
 #pragma unroll 1
-  for (int vb = 0; vb < p.V; vb += 64) {
-    load_chunk_rows<kGradThreads>(do_tile, p.d_o, p.HV, hv, p.V, vb, chunk, tid);
-    load_chunk_rows<kGradThreads>(delta_tile, p.delta, p.HV, hv, p.V, vb, chunk, tid);
-    load_chunk_rows<kGradThreads>(ddelta_tile, p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
-    load_rows_async<kGradThreads>(s_tile, static_cast<const E*>(p.states) + (state_row + vb) * K + key0, K, 64, tid);
-    load_rows_async<kGradThreads>(ds_tile, static_cast<const E*>(p.dstates) + (state_row + vb) * K + key0, K, 64, tid);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
+  for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
+    load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
+    load_gamma_async(p, gamma, hv, chunk, tid);
 
-    warp_mma(dq, plain(do_tile), m0, plain(s_tile), n0, 0, 64);
-    warp_mma(dk, plain(delta_tile), m0, plain(ds_tile), n0, 0, 64);
-    warp_mma(dw, plain(ddelta_tile), m0, plain(s_tile), n0, 0, 64);
-    warp_mma(dp, plain(do_tile), m0, transposed(delta_tile), n0, 0, 64);
-    state_dot += partial_tile_dot<kGradThreads>(s_tile, ds_tile, tid);
-    __syncthreads();  // the tiles are free for the next block
-  }
+    float dq[1][4][4], dk[1][4][4], dw[1][4][4], dp[1][4][4];
+    zero(dq);
+    zero(dk);
+    zero(dw);
+    zero(dp);
+    float state_dot = 0.f;
+    const std::int64_t state_row = static_cast<std::int64_t>(chunk_index * p.HV + hv) * p.V;
+#pragma unroll 1
+    for (int vb = 0; vb < p.V; vb += 64) {
+      load_chunk_rows<kGradThreads>(do_tile, p.d_o, p.HV, hv, p.V, vb, chunk, tid);
+      load_chunk_rows<kGradThreads>(delta_tile, p.delta, p.HV, hv, p.V, vb, chunk, tid);
+      load_chunk_rows<kGradThreads>(ddelta_tile, p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
+      load_rows_async<kGradThreads>(s_tile, static_cast<const E*>(p.states) + (state_row + vb) * K + key0, K, 64, tid);
+      load_rows_async<kGradThreads>(ds_tile, static_cast<const E*>(p.dstates) + (state_row + vb) * K + key0, K, 64,
+                                    tid);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
 
-  // M (into the dead S tile) and G from dP = dO Delta^T. A factor exp(gamma_i - gamma_j) gives +x to
-  // dgamma_i and -x to dgamma_j; for i == j the factor is 1 and the two cancel exactly, so G's diagonal is
-  // left out rather than summed and subtracted (under strong decay the true dgamma is tiny and such
-  // rounding would swamp it).
-  for_each(dp, m0, n0, [&](int r, int c, float& x) {
-    m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * __expf(gamma[r] - gamma[c]) : 0.f);
-    x = r > c ? x * to_float(p_tile(r, c)) : 0.f;
-  });
-  if (slice == 0) store_row_column_sums(dp, m0, n0, g_parts);
-
-  // dQ (state part) and its dgamma term; dK likewise.
-  for_each(dq, m0, n0, [&](int r, int, float& x) { x *= p.scale * __expf(gamma[r]); });
-  float sums[2];
-  row_dots(dq, q_tile, m0, n0, sums);
-  store_row_pair(sums, q_dots, m0, n0);
-  const float gamma_last = gamma[kChunk - 1];
-  for_each(dk, m0, n0, [&](int r, int, float& x) { x *= __expf(gamma_last - gamma[r]); });
-  row_dots(dk, k_tile, m0, n0, sums);
-  store_row_pair(sums, k_dots, m0, n0);
-  __syncthreads();  // M, the G sums and the row dots are complete
-
-  warp_mma(dq, plain(m_tile), m0, plain(k_tile), n0, 0, 64);
-  warp_mma(dk, transposed(m_tile), m0, plain(q_tile), n0, 0, 64);
-  const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
-  const std::int64_t tile_origin = ((t0 + m0) * p.HV + hv) * K + key0 + n0;
-  store_pairs(dq, p.dq_head + tile_origin, key_stride, rows - m0);
-  store_pairs(dk, p.dk_head + tile_origin, key_stride, rows - m0);
-  for_each(dw, m0, n0, [&](int, int, float& x) { x = -x; });
-  store_pairs(dw, static_cast<E*>(p.dw) + tile_origin, key_stride, rows - m0);
-
-  const float total_state_dot = block_sum<kGradThreads>(state_dot, smem_at<float>(smem, L::scratch));
-  if (tid < rows) {
-    const int r = tid, last = rows - 1;
-    float dgamma = q_dots[r] + q_dots[kChunk + r];
-    if (slice == 0) dgamma += decay_balance(g_parts, r);
-    if (r == last) {
-      for (int c = 0; c < last; ++c) dgamma += k_dots[c] + k_dots[kChunk + c];
-      dgamma += __expf(gamma_last) * total_state_dot;
-    } else {
-      dgamma -= k_dots[r] + k_dots[kChunk + r];
+      warp_mma(dq, plain(do_tile), m0, plain(s_tile), n0, 0, 64);
+      warp_mma(dk, plain(delta_tile), m0, plain(ds_tile), n0, 0, 64);
+      warp_mma(dw, plain(ddelta_tile), m0, plain(s_tile), n0, 0, 64);
+      warp_mma(dp, plain(do_tile), m0, transposed(delta_tile), n0, 0, 64);
+      state_dot += partial_tile_dot<kGradThreads>(s_tile, ds_tile, tid);
+      __syncthreads();  // the tiles are free for the next block
     }
-    p.dgamma_part[(static_cast<std::int64_t>(slice) * p.tokens + t0 + r) * p.HV + hv] = dgamma;
+    const std::int64_t head_stride = static_cast<std::int64_t>(p.HV) * K;
+    for_each(dw, m0, n0, [&](int, int, float& x) { x = -x; });
+    store_pairs(dw, static_cast<E*>(p.dw) + ((t0 + m0) * p.HV + hv) * K + key0 + n0, head_stride, rows - m0);
+
+    // M (into the dead S tile) and G from dP = dO Delta^T. A factor exp(gamma_i - gamma_j) gives +x to
+    // dgamma_i and -x to dgamma_j; for i == j the factor is 1 and the two cancel exactly, so G's diagonal is
+    // left out rather than summed and subtracted (under strong decay the true dgamma is tiny and such
+    // rounding would swamp it).
+    for_each(dp, m0, n0, [&](int r, int c, float& x) {
+      m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * __expf(gamma[r] - gamma[c]) : 0.f);
+      x = r > c ? x * to_float(p_tile(r, c)) : 0.f;
+    });
+    if (slice == 0) store_row_column_sums(dp, m0, n0, g_parts);
+
+    // dQ (state part) and its dgamma term; dK likewise.
+    for_each(dq, m0, n0, [&](int r, int, float& x) { x *= p.scale * __expf(gamma[r]); });
+    float sums[2];
+    row_dots(dq, q_tile, m0, n0, sums);
+    store_row_pair(sums, q_dots, m0, n0);
+    const float gamma_last = gamma[kChunk - 1];
+    for_each(dk, m0, n0, [&](int r, int, float& x) { x *= __expf(gamma_last - gamma[r]); });
+    row_dots(dk, k_tile, m0, n0, sums);
+    store_row_pair(sums, k_dots, m0, n0);
+    __syncthreads();  // M, the G sums and the row dots are complete
+
+    warp_mma(dq, plain(m_tile), m0, plain(k_tile), n0, 0, 64);
+    warp_mma(dk, transposed(m_tile), m0, plain(q_tile), n0, 0, 64);
+    for_each(dq_sum, dq, m0, n0, [](int, int, float& sum, float& x) { sum += x; });
+    for_each(dk_sum, dk, m0, n0, [](int, int, float& sum, float& x) { sum += x; });
+
+    const float total_state_dot = block_sum<kGradThreads>(state_dot, smem_at<float>(smem, L::scratch));
+    if (tid < rows) {
+      const int r = tid, last = rows - 1;
+      float dgamma = q_dots[r] + q_dots[kChunk + r];
+      if (slice == 0) dgamma += decay_balance(g_parts, r);
+      if (r == last) {
+        for (int c = 0; c < last; ++c) dgamma += k_dots[c] + k_dots[kChunk + c];
+        dgamma += __expf(gamma_last) * total_state_dot;
+      } else {
+        dgamma -= k_dots[r] + k_dots[kChunk + r];
+      }
+      p.dgamma_part[(static_cast<std::int64_t>(slice) * p.tokens + t0 + r) * p.HV + hv] = dgamma;
+    }
+    __syncthreads();  // this head's P, gamma, M and sums are read; the next head's may overwrite them
   }
+  const std::int64_t key_stride = static_cast<std::int64_t>(p.H) * K;
+  const std::int64_t tile_origin = ((t0 + m0) * p.H + h) * K + key0 + n0;
+  store_pairs(dq_sum, p.dq_head + tile_origin, key_stride, rows - m0);
+  store_pairs(dk_sum, p.dk_head + tile_origin, key_stride, rows - m0);
 }
 
 }  // namespace
 
 void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    launch<chunk_grad_kernel<E, K>>("gdn chunk_grad_kernel", dim3(p.chunks, p.HV, K / kKeySlice), dim3(kGradThreads),
+    launch<chunk_grad_kernel<E, K>>("gdn chunk_grad_kernel", dim3(p.chunks, p.H, K / kKeySlice), dim3(kGradThreads),
                                     ChunkGradSmem<E>::bytes, kernels);
   });
 }

@@ -1,6 +1,7 @@
-// Per (chunk, value head): the backward of the WY/UT transform (gdn-kernels.md section 3, step 5) and the
-// final per-token gradients of g and beta; then, per (token, q/k head), dq and dk summed over the GVA group
-// in a fixed order and taken through the L2 norm. With D = dDelta, the gradient of U = T diag(beta) V:
+// Per (chunk, q/k head), the value heads of its GVA group in turn (in head order, each adding its part to
+// the group's dK): the backward of the WY/UT transform (gdn-kernels.md section 3, step 5) and the final
+// per-token gradients of g and beta; then, per (token, q/k head), dq and dk taken through the L2 norm.
+// With D = dDelta, the gradient of U = T diag(beta) V:
 //   dV  = diag(beta) T^T D,  dbeta += rowsum((T^T D) * V)
 //   dT  = (dW K^T diag(e^gamma) + D V^T) diag(beta)    dKb = T^T dW
 //   dK += diag(beta e^gamma) dKb,  dbeta += e^gamma rowdot(dKb, K),  dgamma += beta e^gamma rowdot(dKb, K)
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   float* beta_dots = smem_at<float>(smem, L::beta_dots);
   float* e_parts = smem_at<float>(smem, L::e_parts);
 
-  const int hv = blockIdx.y, h = hv / p.group;
+  const int h = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), k0 = (warp / 4) * kHalf;
   const ChunkInfo chunk = p.chunk_table[blockIdx.x];
@@ -68,145 +69,143 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   const int rows = chunk.length;
 
   load_chunk_rows<kWyThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
-  load_chunk_rows<kWyThreads>(dw_tile, p.dw, p.HV, hv, K, 0, chunk, tid);
-  load_chunk_rows<kWyThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
-  load_gamma_async(p, gamma, hv, chunk, tid);
-  auto load_v_block = [&](int vb) {
-    load_chunk_rows<kWyThreads>(d_block(vb), p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
-    load_chunk_rows<kWyThreads>(v_block(vb), p.v, p.HV, hv, p.V, vb, chunk, tid);
-    cp_async_commit();
-  };
-  load_v_block(0);
-  if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
-  // dK so far (chunk_grad's part), read first so that its latency hides behind the V side.
-  const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
-  float* const dk_head = p.dk_head + ((t0 + m0) * p.HV + hv) * K + k0;
+  // dK so far (chunk_grad's part, summed over the group), read first so that its latency hides behind the
+  // V side; each value head of the group then adds its own part.
+  const std::int64_t key_stride = static_cast<std::int64_t>(p.H) * K;
+  float* const dk_head = p.dk_head + ((t0 + m0) * p.H + h) * K + k0;
   float dk[1][kHalf / 8][4];
   load_pairs(dk, dk_head, key_stride, rows - m0);
-
-  // The V side, 64 columns of V at a time: dV, its dbeta term, and D V^T for dT.
-  float dt_from_v[1][4][4], beta_dot[2] = {0.f, 0.f};
-  zero(dt_from_v);
-  const std::int64_t v_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  E* const dv = static_cast<E*>(p.dv) + ((t0 + m0) * p.HV + hv) * p.V + n0;
 #pragma unroll 1
-  for (int vb = 0; vb < p.V; vb += 64) {
-    if (vb + 64 < p.V) {
-      load_v_block(vb + 64);  // into the buffer the previous block has left
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
+    load_chunk_rows<kWyThreads>(dw_tile, p.dw, p.HV, hv, K, 0, chunk, tid);
+    load_chunk_rows<kWyThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
+    load_gamma_async(p, gamma, hv, chunk, tid);
+    auto load_v_block = [&](int vb) {
+      load_chunk_rows<kWyThreads>(d_block(vb), p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
+      load_chunk_rows<kWyThreads>(v_block(vb), p.v, p.HV, hv, p.V, vb, chunk, tid);
+      cp_async_commit();
+    };
+    load_v_block(0);
+    if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
+
+    // The V side, 64 columns of V at a time: dV, its dbeta term, and D V^T for dT.
+    float dt_from_v[1][4][4], beta_dot[2] = {0.f, 0.f};
+    zero(dt_from_v);
+    const std::int64_t v_stride = static_cast<std::int64_t>(p.HV) * p.V;
+    E* const dv = static_cast<E*>(p.dv) + ((t0 + m0) * p.HV + hv) * p.V + n0;
+  #pragma unroll 1
+    for (int vb = 0; vb < p.V; vb += 64) {
+      if (vb + 64 < p.V) {
+        load_v_block(vb + 64);  // into the buffer the previous block has left
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const typename L::Square d_tile = d_block(vb), v_tile = v_block(vb);
+      warp_mma(dt_from_v, plain(d_tile), m0, transposed(v_tile), n0, 0, 64);
+      float tdd[1][4][4];  // T^T D; T^T is upper triangular, so rows m0.. need k >= m0
+      zero(tdd);
+      warp_mma(tdd, transposed(t_tile), m0, plain(d_tile), n0, m0, kChunk);
+      float sums[2];
+      row_dots(tdd, v_tile, m0, n0, sums);
+      beta_dot[0] += sums[0];
+      beta_dot[1] += sums[1];
+      for_each(tdd, m0, n0, [&](int r, int, float& x) { x *= beta[r]; });
+      store_pairs(tdd, dv + vb, v_stride, rows - m0);
+      __syncthreads();  // the D and V blocks are free
+    }
+    store_row_pair(beta_dot, beta_dots, m0, n0);
+
+    {  // dT
+      float dt[1][4][4];
+      zero(dt);
+      warp_mma(dt, plain(dw_tile), m0, transposed(k_tile), n0, 0, K);
+      for_each(dt, dt_from_v, m0, n0, [&](int r, int c, float& x, float& from_v) {
+        dt_tile(r, c) = from_float<E>(beta[c] * (x * __expf(gamma[c]) + from_v));
+      });
+    }
+    {  // dKb = T^T dW (rows m0.. again need k >= m0)
+      float dkb[1][kHalf / 8][4];
+      zero(dkb);
+      warp_mma(dkb, transposed(t_tile), m0, plain(dw_tile), k0, m0, kChunk);
+      float sums[2];
+      row_dots(dkb, k_tile, m0, k0, sums);
+      store_row_pair(sums, k_dots, m0, n0);
+      for_each(dk, dkb, m0, k0, [&](int r, int, float& x, float& b) { x += beta[r] * __expf(gamma[r]) * b; });
+    }
+    __syncthreads();  // dT complete
+
+    {  // X = T^T dT
+      float x[1][4][4];
+      zero(x);
+      warp_mma(x, transposed(t_tile), m0, plain(dt_tile), n0, m0, kChunk);
+      store(x, x_tile, m0, n0);
     }
     __syncthreads();
-    const typename L::Square d_tile = d_block(vb), v_tile = v_block(vb);
-    warp_mma(dt_from_v, plain(d_tile), m0, transposed(v_tile), n0, 0, 64);
-    float tdd[1][4][4];  // T^T D; T^T is upper triangular, so rows m0.. need k >= m0
-    zero(tdd);
-    warp_mma(tdd, transposed(t_tile), m0, plain(d_tile), n0, m0, kChunk);
-    float sums[2];
-    row_dots(tdd, v_tile, m0, n0, sums);
-    beta_dot[0] += sums[0];
-    beta_dot[1] += sums[1];
-    for_each(tdd, m0, n0, [&](int r, int, float& x) { x *= beta[r]; });
-    store_pairs(tdd, dv + vb, v_stride, rows - m0);
-    __syncthreads();  // the D and V blocks are free
-  }
-  store_row_pair(beta_dot, beta_dots, m0, n0);
 
-  {  // dT
-    float dt[1][4][4];
-    zero(dt);
-    warp_mma(dt, plain(dw_tile), m0, transposed(k_tile), n0, 0, K);
-    for_each(dt, dt_from_v, m0, n0, [&](int r, int c, float& x, float& from_v) {
-      dt_tile(r, c) = from_float<E>(beta[c] * (x * __expf(gamma[c]) + from_v));
-    });
-  }
-  {  // dKb = T^T dW (rows m0.. again need k >= m0)
-    float dkb[1][kHalf / 8][4];
-    zero(dkb);
-    warp_mma(dkb, transposed(t_tile), m0, plain(dw_tile), k0, m0, kChunk);
-    float sums[2];
-    row_dots(dkb, k_tile, m0, k0, sums);
-    store_row_pair(sums, k_dots, m0, n0);
-    for_each(dk, dkb, m0, k0, [&](int r, int, float& x, float& b) { x += beta[r] * __expf(gamma[r]) * b; });
-  }
-  __syncthreads();  // dT complete
-
-  {  // X = T^T dT
-    float x[1][4][4];
-    zero(x);
-    warp_mma(x, transposed(t_tile), m0, plain(dt_tile), n0, m0, kChunk);
-    store(x, x_tile, m0, n0);
-  }
-  __syncthreads();
-
-  {  // dA = -X T^T (strictly lower), with K K^T: F, E and beta E's sums
-    float da[1][4][4], kk[1][4][4];
-    zero(da);
-    zero(kk);
-    warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
-    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
-    for_each(da, kk, m0, n0, [&](int r, int c, float& x, float& kdot) {
-      const float decay = r > c ? __expf(gamma[r] - gamma[c]) : 0.f;
-      f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
-      x = -x * kdot * decay;  // E
-      kdot = beta[r] * x;     // beta E
-    });
-    float sums[2];
-    row_sums(da, sums);
-    store_row_pair(sums, e_sums, m0, n0);
-    store_row_column_sums(kk, m0, n0, e_parts);
-  }
-  __syncthreads();
-
-  warp_mma(dk, plain(f_tile), m0, plain(k_tile), k0, 0, kChunk);
-  warp_mma(dk, transposed(f_tile), m0, plain(k_tile), k0, 0, kChunk);
-  store_pairs(dk, dk_head, key_stride, rows - m0);
-
-  if (tid < kChunk) {
-    const int r = tid;
-    float dg = 0.f, db = 0.f;
-    if (r < rows) {
-      for (int s = 0; s < K / kKeySlice; ++s) {
-        dg += p.dgamma_part[(static_cast<std::int64_t>(s) * p.tokens + t0 + r) * p.HV + hv];
-      }
-      const float x = k_dots[r] + k_dots[kChunk + r], decay = __expf(gamma[r]);
-      dg += decay_balance(e_parts, r) + beta[r] * decay * x;
-      db = beta_dots[r] + beta_dots[kChunk + r] + decay * x + e_sums[r] + e_sums[kChunk + r];
+    {  // dA = -X T^T (strictly lower), with K K^T: F, E and beta E's sums
+      float da[1][4][4], kk[1][4][4];
+      zero(da);
+      zero(kk);
+      warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
+      warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
+      for_each(da, kk, m0, n0, [&](int r, int c, float& x, float& kdot) {
+        const float decay = r > c ? __expf(gamma[r] - gamma[c]) : 0.f;
+        f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
+        x = -x * kdot * decay;  // E
+        kdot = beta[r] * x;     // beta E
+      });
+      float sums[2];
+      row_sums(da, sums);
+      store_row_pair(sums, e_sums, m0, n0);
+      store_row_column_sums(kk, m0, n0, e_parts);
     }
-    dgamma[r] = dg;
-    if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
+    __syncthreads();
+
+    warp_mma(dk, plain(f_tile), m0, plain(k_tile), k0, 0, kChunk);
+    warp_mma(dk, transposed(f_tile), m0, plain(k_tile), k0, 0, kChunk);
+
+    if (tid < kChunk) {
+      const int r = tid;
+      float dg = 0.f, db = 0.f;
+      if (r < rows) {
+        for (int s = 0; s < K / kKeySlice; ++s) {
+          dg += p.dgamma_part[(static_cast<std::int64_t>(s) * p.tokens + t0 + r) * p.HV + hv];
+        }
+        const float x = k_dots[r] + k_dots[kChunk + r], decay = __expf(gamma[r]);
+        dg += decay_balance(e_parts, r) + beta[r] * decay * x;
+        db = beta_dots[r] + beta_dots[kChunk + r] + decay * x + e_sums[r] + e_sums[kChunk + r];
+      }
+      dgamma[r] = dg;
+      if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
+    }
+    __syncthreads();
+    if (tid < rows) {
+      float dg = 0.f;
+      for (int c = rows - 1; c >= tid; --c) dg += dgamma[c];
+      store_gate<E>(p.dg, (t0 + tid) * p.HV + hv, p.g_float, dg);
+    }
+    __syncthreads();  // this head's tiles and sums are read; the next head's may overwrite them
   }
-  __syncthreads();
-  if (tid < rows) {
-    float dg = 0.f;
-    for (int c = rows - 1; c >= tid; --c) dg += dgamma[c];
-    store_gate<E>(p.dg, (t0 + tid) * p.HV + hv, p.g_float, dg);
-  }
+  store_pairs(dk, dk_head, key_stride, rows - m0);
 }
 
 constexpr int kQkThreads = 256;
 
-// One warp per (token, q/k head): sum the group's per-value-head gradients in head order, then the
-// L2-norm backward dx = rstd (dx_hat - x_hat (x_hat . dx_hat)).
+// One warp per (token, q/k head): the L2-norm backward dx = rstd (dx_hat - x_hat (x_hat . dx_hat)) of the
+// group-summed dq and dk, and their cast to the inputs' dtype.
 template <class E, int K>
 __global__ void __launch_bounds__(kQkThreads) qk_grad_kernel(Params p) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kQkThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<std::int64_t>(p.tokens) * p.H) return;
-  const std::int64_t token = row / p.H;
-  const int h = static_cast<int>(row % p.H);
   constexpr int kPerLane = K / 32;
   for (int which = 0; which < 2; ++which) {
-    const float* per_head = which == 0 ? p.dq_head : p.dk_head;
+    const float* src = (which == 0 ? p.dq_head : p.dk_head) + row * K;
     float grad[kPerLane];
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) grad[i] = 0.f;
-    for (int j = 0; j < p.group; ++j) {
-      const float* src = per_head + (token * p.HV + h * p.group + j) * K;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) grad[i] += src[lane + 32 * i];
-    }
+    for (int i = 0; i < kPerLane; ++i) grad[i] = src[lane + 32 * i];
     if (p.l2norm) {
       const E* x = static_cast<const E*>(which == 0 ? p.q : p.k) + row * K;
       const float rstd = (which == 0 ? p.q_rstd : p.k_rstd)[row];
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(kQkThreads) qk_grad_kernel(Params p) {
 
 void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    launch<wy_grad_kernel<E, K>>("gdn wy_grad_kernel", dim3(p.chunks, p.HV), dim3(kWyThreads), WyGradSmem<E, K>::bytes,
+    launch<wy_grad_kernel<E, K>>("gdn wy_grad_kernel", dim3(p.chunks, p.H), dim3(kWyThreads), WyGradSmem<E, K>::bytes,
            kernels);
   });
 }
