@@ -10,7 +10,8 @@ A trainer that calls fla switches by changing one import::
                                             cu_seqlens=None, cu_seqlens_cpu=None)
 
 Gradients flow to q, k, v, g, beta and initial_state. Tensors reach the kernels through DLPack without
-copies (non-contiguous inputs are made contiguous first, as fla's input_guard does), outputs are allocated
+copies (non-contiguous inputs, and views that start off a 16-byte boundary, are copied first, as fla's
+input_guard makes inputs contiguous), outputs are allocated
 by torch, and the kernels run on torch's current stream. With cu_seqlens on the GPU, pass its host copy
 as cu_seqlens_cpu (as with fla) so that no call waits for the device; without it, one copy per call reads
 the boundaries back.
@@ -32,7 +33,12 @@ _IGNORED = ("chunk_indices", "chunk_size")
 
 
 def _contiguous(x):
-    return None if x is None else x.contiguous()
+    # The cuda backend reads rows as 16-byte vectors; torch allocates at 256-byte boundaries, so only a view
+    # that starts inside its storage can be off (fla takes those, so they are copied here, not refused).
+    if x is None:
+        return None
+    x = x.contiguous()
+    return x.clone() if x.data_ptr() % 16 else x
 
 
 def _state_dtype(q):

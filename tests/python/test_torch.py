@@ -84,10 +84,11 @@ def test_outputs_and_gradients_match_autograd_of_the_recurrence(device, dtype, r
 @pytest.mark.parametrize("device", DEVICES)
 def test_views_are_read_where_they_point(device, rng):
     """A tensor that starts inside a larger storage gives the results of a compact copy; one with gaps between
-    its rows is refused by the binding (it reads the strides) and made contiguous by deltatrain.torch."""
+    its rows is refused by the binding (it reads the strides); deltatrain.torch copies that one, and one that
+    starts off a 16-byte boundary, and gives the same results."""
     leaves, cu = make_leaves(int(rng.integers(2**31)), device, torch.float32)
     x = {n: t.detach() for n, t in leaves.items()}
-    offset = int(rng.integers(1, 100))
+    offset = 4 * int(rng.integers(1, 25))  # floats: 16-byte steps, as the cuda backend's vector loads need
     storage = torch.zeros(offset + x["v"].numel(), device=device)
     storage[offset:] = x["v"].flatten()
     v_offset = storage[offset:].view(x["v"].shape)
@@ -108,9 +109,12 @@ def test_views_are_read_where_they_point(device, rng):
         assert torch.equal(got, want)
     with pytest.raises(ValueError, match="v.*contiguous"):
         forward(v_gapped)
-    o, _ = dtt.chunk_gated_delta_rule(x["q"], x["k"], v_gapped, x["g"], x["beta"], initial_state=x["h0"],
-                                      cu_seqlens=cu)
-    assert torch.equal(o, expected[0])
+    v_shifted = storage[offset - 1:-1].view(x["v"].shape)  # off a 16-byte boundary
+    v_shifted.copy_(x["v"])
+    for v in (v_gapped, v_shifted):
+        o, _ = dtt.chunk_gated_delta_rule(x["q"], x["k"], v, x["g"], x["beta"], initial_state=x["h0"],
+                                          cu_seqlens=cu)
+        assert torch.equal(o, expected[0])
 
 
 def test_a_tensor_of_an_unsupported_dtype_is_refused_by_name():
