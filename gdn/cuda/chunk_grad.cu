@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   zero(dk_sum);
 #pragma unroll 1
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-    load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
+    if (slice == 0) load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);  // for G alone
     load_gamma_async(p, gamma, hv, chunk, tid);
 
     float dq[1][4][4], dk[1][4][4], dw[1][4][4], dp[1][4][4];
@@ -108,9 +108,11 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
     // rounding would swamp it).
     for_each(dp, m0, n0, [&](int r, int c, float& x) {
       m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * __expf(gamma[r] - gamma[c]) : 0.f);
-      x = r > c ? x * to_float(p_tile(r, c)) : 0.f;
     });
-    if (slice == 0) store_row_column_sums(dp, m0, n0, g_parts);
+    if (slice == 0) {
+      for_each(dp, m0, n0, [&](int r, int c, float& x) { x = r > c ? x * to_float(p_tile(r, c)) : 0.f; });
+      store_row_column_sums(dp, m0, n0, g_parts);
+    }
 
     // dQ (state part) and its dgamma term; dK likewise.
     for_each(dq, m0, n0, [&](int r, int, float& x) { x *= p.scale * __expf(gamma[r]); });
