@@ -31,7 +31,7 @@ if [[ $steps == *,tests,* ]]; then
 fi
 
 if [[ $steps == *,sanitize,* ]]; then
-  small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/f16_single_token'
+  small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$carry/test_gdn_cuda" --gtest_filter="$small" \
       > "$out/sanitize-$tool.log" 2>&1

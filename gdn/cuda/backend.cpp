@@ -105,8 +105,8 @@ struct Call {
     expect_aligned("v", in.v.data);
     const bool upload = p.varlen && in.cu_seqlens->device.type == DeviceType::cpu;
     const std::int64_t chunks = count_chunks(p);
-    const int segments = p.op == Operation::recurrent ? 1 : cuda::state_segments(p, chunks);
-    const WorkspaceLayout layout = cuda::plan_workspace(p, chunks, upload, segments);
+    const cuda::PassSplit split = p.op == Operation::recurrent ? cuda::PassSplit{} : cuda::state_split(p, chunks);
+    const WorkspaceLayout layout = cuda::plan_workspace(p, chunks, upload, split.segments);
     char* base = static_cast<char*>(cuda::workspace(p.device.index, stream, layout.bytes));
     auto region = [&](const WorkspaceLayout::Region& r) -> void* { return r.bytes == 0 ? nullptr : base + r.offset; };
 
@@ -120,7 +120,8 @@ struct Call {
     k.group = static_cast<int>(p.group());
     k.sequences = static_cast<int>(p.N);
     k.chunks = static_cast<int>(chunks);
-    k.segments = segments;
+    k.segments = split.segments;
+    k.warpgroups = split.warpgroups;
     k.scale = static_cast<float>(p.scale);
     k.l2norm = p.l2norm;
     if (upload) {

@@ -22,8 +22,13 @@ void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels);
-// Runs per sequence the wgmma state passes (forward and backward) split into for this call (1: none).
-int state_segments(const Problem& problem, std::int64_t chunks);
+// How the wgmma state passes (forward and backward) split this call: runs of chunks per sequence (1: none)
+// and warpgroups per CTA; {1, 1} where they do not apply.
+struct PassSplit {
+  int segments = 1;
+  int warpgroups = 1;
+};
+PassSplit state_split(const Problem& problem, std::int64_t chunks);
 // The same pass with wgmma (state_hopper.cu) where the device and the call allow it; false where not,
 // recording nothing.
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);

@@ -30,6 +30,7 @@ struct Params {
   int sequences = 0;   // N
   int chunks = 0;      // chunks over all sequences
   int segments = 1;    // runs of chunks per sequence the sequential state passes split into (state_hopper.cu)
+  int warpgroups = 1;  // per CTA of the wgmma state passes (state_hopper.cu)
   float scale = 1.f;
   bool l2norm = false;
 

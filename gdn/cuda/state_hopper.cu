@@ -2,8 +2,9 @@
 // place of state.cu's: the forward (and its recompute for the backward) and the backward. One warpgroup per
 // 64 columns of V of a (sequence, value head) holds S^T or dS^T (64 x K) in float32 registers, warp w rows
 // 16w..16w+15 with all K keys, so no partial sums are exchanged (state.cu splits keys between the warps of
-// a pair). Every product is a wgmma with A in registers (the state, Delta^T, dO^T or D^T, rounded to 16
-// bits in the A layout) and B read by the tensor cores from 128-byte-swizzled chunk tiles. Forward, per chunk:
+// a pair); a CTA holds one such warpgroup, or two on adjacent columns (state_split says when). Every
+// product is a wgmma with A in registers (the state, Delta^T, dO^T or D^T, rounded to 16 bits in the A
+// layout) and B read by the tensor cores from 128-byte-swizzled chunk tiles. Forward, per chunk:
 //   Delta^T = U^T - S^T W^T
 //   O^T     = scale e^gamma (S^T Q^T) + Delta^T P^T
 //   S^T     = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K
@@ -39,20 +40,21 @@ namespace deltatrain::gdn::cuda {
 namespace {
 
 constexpr int kWarpgroup = 128;
-constexpr int kColumns = 64;  // of V per CTA: the wgmma row count
+constexpr int kColumns = 64;  // of V per warpgroup: the wgmma row count
+
 
 __host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
 enum class Pass { forward, recompute, backward, segment_ends };
 
-// Per stage: W and K, with Q and P when the pass reads them, as swizzled tiles (B operands); the CTA's 64
-// columns of U or dO as a padded tile (read into accumulators); the gate vectors. Then per warp the
-// staging tile of its token-major stores.
-template <class E, int K, bool kQueries>
+// Per stage: W and K, with Q and P when the pass reads them, as swizzled tiles (B operands); the CTA's
+// columns of U or dO (64 per warpgroup) as a padded tile (read into accumulators); the gate vectors. Then
+// per warp the staging tile of its token-major stores.
+template <class E, int K, bool kQueries, int kGroups>
 struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
   using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P: [token][token]
-  using ColumnTile = Tile<E, kChunk, kColumns>;        // U or dO: [token][column of V]
+  using ColumnTile = Tile<E, kChunk, kColumns * kGroups>;  // U or dO: [token][column of V]
   using TokenTile = Tile<E, kChunk, 16>;                // 64 tokens x a warp's 16 columns of V
   using StateRowsTile = Tile<E, 16, K>;                 // a warp's 16 rows of S^T or dS^T
   static constexpr int kWarpStaging =
@@ -65,7 +67,7 @@ struct HopperSmem {
   static constexpr int stages = 2;
   static constexpr int staging_at = stages * stage_bytes;
   // The swizzled blocks need 1024-byte alignment, which dynamic shared memory does not promise.
-  static constexpr int bytes = staging_at + 4 * kWarpStaging + 1024;
+  static constexpr int bytes = staging_at + 4 * kGroups * kWarpStaging + 1024;
   static_assert(bytes <= kSmemLimit);
 };
 
@@ -81,13 +83,15 @@ __device__ __forceinline__ T* segment_rows(void* base, const Params& p, int n, i
 }
 
 // What the forward and the backward kernels share: the CTA's place, its chunks, its tiles and their copies,
-// and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64): runs
+// and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64 kGroups):
+// runs
 // are the sequence's segments in the order the pass walks them (the backward walks the last one first);
 // Pass::segment_ends has one run fewer (the last walked needs no end) and (V + K) / 64 row blocks, those
 // past V being rows of M, which start at the identity and carry no U or dO.
-template <class E, int K, Pass kPass, bool kReverse>
+template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
-  using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse)>;
+  static constexpr int kThreads = kWarpgroup * kGroups;
+  using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse), kGroups>;
   char* smem;
   std::uint32_t smem_base;
   const Params& p;
@@ -99,7 +103,7 @@ struct HopperPass {
   __device__ HopperPass(char* smem_raw, const Params& params)
       : p(params), runs(kPass == Pass::segment_ends ? params.segments - 1 : params.segments),
         n(blockIdx.x / runs), run(blockIdx.x % runs), hv(blockIdx.y), h(hv / params.group),
-        row_block(blockIdx.z * kColumns), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)),
+        row_block(blockIdx.z * kColumns * kGroups), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)),
         transition_rows(kPass == Pass::segment_ends && row_block >= params.V), at{row_block + m0, 0},
         chunks(SequenceChunks(params, n).segment(kReverse ? params.segments - 1 - run : run, params.segments)) {
     const int raw = static_cast<int>(smem_address(smem_raw));
@@ -156,13 +160,13 @@ struct HopperPass {
   // Starts copying chunk j's tiles into a stage: W, K (, Q, P), and U or dO (`columns`) for rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
-    load_chunk_rows<kWarpgroup>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
-    load_chunk_rows<kWarpgroup>(key_tile(stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
+    load_chunk_rows<kThreads>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
+    load_chunk_rows<kThreads>(key_tile(stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
     if constexpr (L::kKeyTiles == 3) {
-      load_chunk_rows<kWarpgroup>(key_tile(stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
-      load_chunk_rows<kWarpgroup>(p_tile(stage), static_cast<const E*>(p.p), p.HV, hv, kChunk, 0, info, tid);
+      load_chunk_rows<kThreads>(key_tile(stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
+      load_chunk_rows<kThreads>(p_tile(stage), static_cast<const E*>(p.p), p.HV, hv, kChunk, 0, info, tid);
     }
-    if (!transition_rows) load_chunk_rows<kWarpgroup>(column_tile(stage), columns, p.HV, hv, p.V, row_block, info, tid);
+    if (!transition_rows) load_chunk_rows<kThreads>(column_tile(stage), columns, p.HV, hv, p.V, row_block, info, tid);
     load_gates_async(p, gate_in(stage), gate_in(stage) + kChunk, hv, info, tid);
   }
 
@@ -208,11 +212,11 @@ __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const 
 }
 
 // Forward (Pass::forward, recompute, or segment_ends with M's rows): see the top of the file.
-template <class E, int K, Pass kPass>
-__global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Params p) {
+template <class E, int K, Pass kPass, int kGroups>
+__global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_forward_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
   extern __shared__ __align__(16) char smem_raw[];
-  const HopperPass<E, K, kPass, false> pass(smem_raw, p);
+  const HopperPass<E, K, kPass, false, kGroups> pass(smem_raw, p);
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
@@ -293,11 +297,11 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_forward_hopper_kernel(Par
 //   D^T  = (dS^T K^T) diag(e^(gamma_last - gamma)) + dO^T P
 //   dS^T = e^gamma_last dS^T + (dO^T diag(scale e^gamma)) Q - D^T W
 // The gradient after each chunk and D are stored for the chunk-gradient kernels; what enters chunk 0 is dh0.
-template <class E, int K, Pass kPass>
-__global__ void __launch_bounds__(kWarpgroup, 1) state_backward_hopper_kernel(Params p) {
+template <class E, int K, Pass kPass, int kGroups>
+__global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_backward_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
   extern __shared__ __align__(16) char smem_raw[];
-  const HopperPass<E, K, kPass, true> pass(smem_raw, p);
+  const HopperPass<E, K, kPass, true, kGroups> pass(smem_raw, p);
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float dstate[1][K / 8][4];
@@ -410,7 +414,7 @@ bool wgmma_ready() {
   static DeviceMemo known{};
   return once_per_device(known, [] {
     cudaFuncAttributes attributes{};
-    cuda_check(cudaFuncGetAttributes(&attributes, state_forward_hopper_kernel<__nv_bfloat16, 128, Pass::forward>),
+    cuda_check(cudaFuncGetAttributes(&attributes, state_forward_hopper_kernel<__nv_bfloat16, 128, Pass::forward, 1>),
                "cudaFuncGetAttributes (Hopper state pass)");
     return attributes.binaryVersion == 90;
   });
@@ -438,40 +442,60 @@ bool hopper_applies(DType io, std::int64_t K, std::int64_t V) {
 }
 
 // Records one run of kernels: the forward or (kReverse) backward kernel of pass kPass over `runs` runs of
-// each sequence and `row_blocks` blocks of 64 rows.
-template <class E, int K, Pass kPass, bool kReverse>
+// each sequence and `row_blocks` blocks of 64 rows, kGroups blocks per CTA.
+template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 void launch_run(const Params& p, const char* name, int runs, int row_blocks, KernelSequence& kernels) {
-  const dim3 grid(p.sequences * runs, p.HV, row_blocks);
-  constexpr int kBytes = HopperPass<E, K, kPass, kReverse>::L::bytes;
+  const dim3 grid(p.sequences * runs, p.HV, row_blocks / kGroups), block(kWarpgroup * kGroups);
+  constexpr int kBytes = HopperPass<E, K, kPass, kReverse, kGroups>::L::bytes;
   if constexpr (kReverse) {
-    launch<state_backward_hopper_kernel<E, K, kPass>>(name, grid, dim3(kWarpgroup), kBytes, kernels);
+    launch<state_backward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels);
   } else {
-    launch<state_forward_hopper_kernel<E, K, kPass>>(name, grid, dim3(kWarpgroup), kBytes, kernels);
+    launch<state_forward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels);
   }
 }
 
 // A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments.
-template <class E, int K, Pass kPass, bool kReverse>
-void launch_pass(const Params& p, const char* name, const char* ends_name, KernelSequence& kernels) {
+template <class E, int K, Pass kPass, bool kReverse, int kGroups>
+void launch_grouped_pass(const Params& p, const char* name, const char* ends_name, KernelSequence& kernels) {
   if (p.segments > 1) {
-    launch_run<E, K, Pass::segment_ends, kReverse>(p, ends_name, p.segments - 1, (p.V + K) / kColumns, kernels);
+    launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(p, ends_name, p.segments - 1, (p.V + K) / kColumns,
+                                                            kernels);
     launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / kColumns),
                                         dim3(kWarpgroup), SegmentStartsSmem<E, K>::bytes, kernels);
   }
-  launch_run<E, K, kPass, kReverse>(p, name, p.segments, p.V / kColumns, kernels);
+  launch_run<E, K, kPass, kReverse, kGroups>(p, name, p.segments, p.V / kColumns, kernels);
+}
+
+// launch_grouped_pass with the warpgroups per CTA that state_split chose.
+template <class E, int K, Pass kPass, bool kReverse>
+void launch_pass(const Params& p, const char* name, const char* ends_name, KernelSequence& kernels) {
+  if constexpr (K == 128) {
+    if (p.warpgroups == 2) return launch_grouped_pass<E, K, kPass, kReverse, 2>(p, name, ends_name, kernels);
+  }
+  launch_grouped_pass<E, K, kPass, kReverse, 1>(p, name, ends_name, kernels);
 }
 
 }  // namespace
 
-int state_segments(const Problem& problem, std::int64_t chunks) {
-  if (!hopper_applies(problem.io_dtype, problem.K, problem.V)) return 1;
+PassSplit state_split(const Problem& problem, std::int64_t chunks) {
+  if (!hopper_applies(problem.io_dtype, problem.K, problem.V)) return {};
+  const std::int64_t units = problem.N * problem.HV * (problem.V / kColumns);
+  const int multiprocessors = current_multiprocessors();
+  if (units >= multiprocessors) {
+    // The (sequence, head, 64 columns) units fill the GPU by themselves. With K = 128 and V a multiple of 128
+    // a CTA takes two on adjacent columns: the two warpgroups share the chunk tiles (W, K, Q, P, the gates)
+    // and their copies, the SM interleaves their two latency-bound chains of steps, and half as many CTAs
+    // make fewer waves (forward state pass, 16/32 heads, 4 x 8192 tokens: 0.462 -> 0.352 ms on the H200).
+    // Where segments are needed two warpgroups cost more than they give (each step ~1.5x longer, and twice
+    // the segments, whose ends pass then runs in more than one wave: 16/32, 1 x 8192: 0.176 -> 0.194 ms).
+    return {1, problem.K == 128 && problem.V % (2 * kColumns) == 0 ? 2 : 1};
+  }
   // Every segment but the last walks its chunks twice (ends with K more rows, then the pass proper), yet
   // two segments already pay on the H200: the ends step carries no Q, P or O, and the pass proper halves
   // (forward 16/32 heads, one sequence of 32768 tokens: 0.837 -> 0.680 ms). A segment of a handful of chunks
   // is mostly pipeline fill.
-  const std::int64_t units = problem.N * problem.HV * (problem.V / kColumns);
-  const std::int64_t segments = std::min<std::int64_t>({16, current_multiprocessors() / units, chunks / problem.N / 4});
-  return segments >= 2 ? static_cast<int>(segments) : 1;
+  const std::int64_t segments = std::min<std::int64_t>({16, multiprocessors / units, chunks / problem.N / 4});
+  return {segments >= 2 ? static_cast<int>(segments) : 1, 1};
 }
 
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels) {

@@ -27,7 +27,7 @@ struct WorkspaceLayout {
 };
 
 // chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must be copied to the GPU;
-// segments: runs per sequence of the sequential state passes (state_segments).
+// segments: runs per sequence of the sequential state passes (state_split).
 WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, int segments);
 
 // The calling thread's device's workspace for `stream`, at least `bytes` long. Growing it while the

@@ -74,6 +74,9 @@ std::vector<Case> cases() {
                  GateRange{0.0, 0.0}});
   all.push_back({"f32_no_state_K_ne_V", fixed(1, 77, 2, 2, 64, 192), DType::f32, DType::f32, true, false, false});
   all.push_back({"f16_single_token", fixed(3, 1, 1, 2, 128, 128), DType::f16});
+  // Enough (sequence, head, 64 columns) units to fill an H100 or H200 by themselves: the Hopper state passes
+  // run two warpgroups per CTA here.
+  all.push_back({"bf16_many_heads", fixed(8, 100, 8, 32, 128, 128), DType::bf16});
   // Few long sequences over few heads: on a GPU with the Hopper state pass these run in segments.
   all.push_back({"bf16_long_few_heads", fixed(1, 4000, 1, 2, 128, 128), DType::bf16});
   all.push_back({"f16_long_varlen_K64", packed({2900, 37, 2100}, 1, 2, 64, 128), DType::f16, DType::f32, true, false,
