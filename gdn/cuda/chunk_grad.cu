@@ -7,7 +7,8 @@
 //           and at the chunk's last row sum(dK_state * K) + e^gamma_last sum(S * dS').
 // S = state entering the chunk, dS' = gradient of the state after it. Every slice forms dO Delta^T (its M
 // is needed against the slice's keys); slice 0 adds the G terms. dQ and dK leave summed over the group (in
-// head order), so they are written once per q/k head, not once per value head. The V side of the WY
+// head order), so they are written once per q/k head, not once per value head; dQ as the final gradient
+// where there is no L2 norm to take it through. The V side of the WY
 // backward is in wy_grad.cu, so that the accumulators here fit two CTAs per SM.
 #include "chunk.cuh"
 #include "dispatch.cuh"
@@ -147,7 +148,12 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   }
   const std::int64_t key_stride = static_cast<std::int64_t>(p.H) * K;
   const std::int64_t tile_origin = ((t0 + m0) * p.H + h) * K + key0 + n0;
-  store_pairs(dq_sum, p.dq_head + tile_origin, key_stride, rows - m0);
+  // dQ is complete here: without the L2 norm it is the gradient itself, in the inputs' dtype.
+  if (p.l2norm) {
+    store_pairs(dq_sum, p.dq_head + tile_origin, key_stride, rows - m0);
+  } else {
+    store_pairs(dq_sum, static_cast<E*>(p.dq) + tile_origin, key_stride, rows - m0);
+  }
   store_pairs(dk_sum, p.dk_head + tile_origin, key_stride, rows - m0);
 }
 

@@ -40,7 +40,7 @@ bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& ker
 void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: the WY/UT-transform backward, then dg (reverse cumsum) and dbeta.
 void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels);
-// dq, dk: sums over each GVA group in a fixed order, then the L2-norm backward.
+// dq, dk through the L2-norm backward (with the in-kernel L2 norm; without it nothing is launched).
 void launch_qk_grad(const Params& p, DType io, KernelSequence& kernels);
 // The token-by-token recurrence (rollout step).
 void launch_recurrent(const Params& p, DType io, KernelSequence& kernels);

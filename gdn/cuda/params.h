@@ -81,8 +81,8 @@ struct Params {
   void* dstates = nullptr;               // io [chunks, HV, V, K]: gradient of the state after each chunk
   void* ddelta = nullptr;                // io [tokens, HV, V]: gradient of delta
   void* dw = nullptr;                    // io [tokens, HV, K]
-  float* dq_head = nullptr;              // [tokens, H, K]: dq summed over the GVA group, before the L2 norm
-  float* dk_head = nullptr;              // [tokens, H, K]
+  float* dq_head = nullptr;              // [tokens, H, K]: dq before the L2 norm (only with it)
+  float* dk_head = nullptr;              // [tokens, H, K]: dk summed over the GVA group, before the L2 norm
   float* dgamma_part = nullptr;          // [K / kKeySlice slices, tokens, HV]
   float* segment_ends = nullptr;         // [N, segments - 1, HV, V, K]: R_s (S^T rows)
   void* segment_maps = nullptr;          // io [N, segments - 1, HV, K, K]: M_s

@@ -54,7 +54,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   take(layout.dstates, n_chunks * HV * V * K * io);
   take(layout.ddelta, tokens * HV * V * io);
   take(layout.dw, tokens * HV * K * io);
-  take(layout.dq_head, tokens * H * K * f32);
+  if (problem.l2norm) take(layout.dq_head, tokens * H * K * f32);
   take(layout.dk_head, tokens * H * K * f32);
   take(layout.dgamma_part, slices * tokens * HV * f32);
   return layout;

@@ -1,6 +1,7 @@
 // Per (chunk, q/k head), the value heads of its GVA group in turn (in head order, each adding its part to
 // the group's dK): the backward of the WY/UT transform (gdn-kernels.md section 3, step 5) and the final
-// per-token gradients of g and beta; then, per (token, q/k head), dq and dk taken through the L2 norm.
+// per-token gradients of g and beta, and dk where there is no L2 norm; then, with the L2 norm, per (token,
+// q/k head), dq and dk taken through it.
 // With D = dDelta, the gradient of U = T diag(beta) V:
 //   dV  = diag(beta) T^T D,  dbeta += rowsum((T^T D) * V)
 //   dT  = (dW K^T diag(e^gamma) + D V^T) diag(beta)    dKb = T^T dW
@@ -188,7 +189,12 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
     }
     __syncthreads();  // this head's tiles and sums are read; the next head's may overwrite them
   }
-  store_pairs(dk, dk_head, key_stride, rows - m0);
+  // dK is complete here: without the L2 norm it is the gradient itself, in the inputs' dtype.
+  if (p.l2norm) {
+    store_pairs(dk, dk_head, key_stride, rows - m0);
+  } else {
+    store_pairs(dk, static_cast<E*>(p.dk) + ((t0 + m0) * p.H + h) * K + k0, key_stride, rows - m0);
+  }
 }
 
 constexpr int kQkThreads = 256;
@@ -232,6 +238,7 @@ void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels) {
 }
 
 void launch_qk_grad(const Params& p, DType io, KernelSequence& kernels) {
+  if (!p.l2norm) return;  // chunk_grad and wy_grad wrote dq and dk
   dispatch(io, p.K, [&]<class E, int K>() {
     const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
     launch<qk_grad_kernel<E, K>>("gdn qk_grad_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(kQkThreads),
