@@ -55,7 +55,9 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   float* k_dots = smem_at<float>(smem, L::k_dots);
   float* g_parts = smem_at<float>(smem, L::g_parts);
 
-  const int chunk_index = blockIdx.x, h = blockIdx.y, slice = blockIdx.z;
+  // The slices of a chunk are neighbours in the grid, so the second one finds dO, Delta, dDelta and gamma in L2.
+  constexpr int kSlices = K / kKeySlice;
+  const int chunk_index = blockIdx.x / kSlices, slice = blockIdx.x % kSlices, h = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
   const ChunkInfo chunk = p.chunk_table[chunk_index];
@@ -107,9 +109,13 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
     // dgamma_i and -x to dgamma_j; for i == j the factor is 1 and the two cancel exactly, so G's diagonal is
     // left out rather than summed and subtracted (under strong decay the true dgamma is tiny and such
     // rounding would swamp it).
-    for_each(dp, m0, n0, [&](int r, int c, float& x) {
-      m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * __expf(gamma[r] - gamma[c]) : 0.f);
-    });
+    if (n0 > m0 + 15) {  // the warp's block lies above the diagonal, where M is zero
+      for_each(dp, m0, n0, [&](int r, int c, float&) { m_tile(r, c) = from_float<E>(0.f); });
+    } else {
+      for_each(dp, m0, n0, [&](int r, int c, float& x) {
+        m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * __expf(gamma[r] - gamma[c]) : 0.f);
+      });
+    }
     if (slice == 0) {
       for_each(dp, m0, n0, [&](int r, int c, float& x) { x = r > c ? x * to_float(p_tile(r, c)) : 0.f; });
       store_row_column_sums(dp, m0, n0, g_parts);
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
 
 void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    launch<chunk_grad_kernel<E, K>>("gdn chunk_grad_kernel", dim3(p.chunks, p.H, K / kKeySlice), dim3(kGradThreads),
+    launch<chunk_grad_kernel<E, K>>("gdn chunk_grad_kernel", dim3(p.chunks * (K / kKeySlice), p.H), dim3(kGradThreads),
                                     ChunkGradSmem<E>::bytes, kernels);
   });
 }

@@ -34,7 +34,8 @@ struct WyGradSmem {
   static constexpr int v_next = d_next + Square::kBytes;
   static constexpr int gamma = v_next + Square::kBytes;
   static constexpr int beta = gamma + kChunk * 4;
-  static constexpr int dgamma = beta + kChunk * 4;
+  static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
+  static constexpr int dgamma = beta_decay + kChunk * 4;
   static constexpr int k_dots = dgamma + kChunk * 4;  // [2 column halves][64 rows]
   static constexpr int e_sums = k_dots + 2 * kChunk * 4;
   static constexpr int beta_dots = e_sums + 2 * kChunk * 4;
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   auto v_block = [&](int vb) { return typename L::Square{smem_at<E>(smem, vb / 64 % 2 == 0 ? L::f : L::v_next)}; };
   float* gamma = smem_at<float>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
+  float* beta_decay = smem_at<float>(smem, L::beta_decay);
   float* dgamma = smem_at<float>(smem, L::dgamma);
   float* k_dots = smem_at<float>(smem, L::k_dots);
   float* e_sums = smem_at<float>(smem, L::e_sums);
@@ -87,7 +89,11 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
       cp_async_commit();
     };
     load_v_block(0);
-    if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
+    if (tid < kChunk) {  // e^gamma as prepare left it, so that no product's loop takes an exponential
+      const bool valid = tid < rows;
+      beta[tid] = valid ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
+      beta_decay[tid] = valid ? beta[tid] * p.gate_in[static_cast<std::int64_t>(hv) * p.tokens + t0 + tid] : 0.f;
+    }
 
     // The V side, 64 columns of V at a time: dV, its dbeta term, and D V^T for dT.
     float dt_from_v[1][4][4], beta_dot[2] = {0.f, 0.f};
@@ -123,7 +129,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
       zero(dt);
       warp_mma(dt, plain(dw_tile), m0, transposed(k_tile), n0, 0, K);
       for_each(dt, dt_from_v, m0, n0, [&](int r, int c, float& x, float& from_v) {
-        dt_tile(r, c) = from_float<E>(beta[c] * (x * __expf(gamma[c]) + from_v));
+        dt_tile(r, c) = from_float<E>(beta_decay[c] * x + beta[c] * from_v);
       });
     }
     {  // dKb = T^T dW (rows m0.. again need k >= m0)
@@ -133,7 +139,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
       float sums[2];
       row_dots(dkb, k_tile, m0, k0, sums);
       store_row_pair(sums, k_dots, m0, n0);
-      for_each(dk, dkb, m0, k0, [&](int r, int, float& x, float& b) { x += beta[r] * __expf(gamma[r]) * b; });
+      for_each(dk, dkb, m0, k0, [&](int r, int, float& x, float& b) { x += beta_decay[r] * b; });
     }
     __syncthreads();  // dT complete
 
@@ -174,9 +180,9 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
         for (int s = 0; s < K / kKeySlice; ++s) {
           dg += p.dgamma_part[(static_cast<std::int64_t>(s) * p.tokens + t0 + r) * p.HV + hv];
         }
-        const float x = k_dots[r] + k_dots[kChunk + r], decay = __expf(gamma[r]);
-        dg += decay_balance(e_parts, r) + beta[r] * decay * x;
-        db = beta_dots[r] + beta_dots[kChunk + r] + decay * x + e_sums[r] + e_sums[kChunk + r];
+        const float x = k_dots[r] + k_dots[kChunk + r];
+        dg += decay_balance(e_parts, r) + beta_decay[r] * x;
+        db = beta_dots[r] + beta_dots[kChunk + r] + __expf(gamma[r]) * x + e_sums[r] + e_sums[kChunk + r];
       }
       dgamma[r] = dg;
       if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
