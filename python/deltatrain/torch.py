@@ -11,10 +11,9 @@ A trainer that calls fla switches by changing one import::
 
 Gradients flow to q, k, v, g, beta and initial_state. Tensors reach the kernels through DLPack without
 copies (non-contiguous inputs, and views that start off a 16-byte boundary, are copied first, as fla's
-input_guard makes inputs contiguous), outputs are allocated
-by torch, and the kernels run on torch's current stream. With cu_seqlens on the GPU, pass its host copy
-as cu_seqlens_cpu (as with fla) so that no call waits for the device; without it, one copy per call reads
-the boundaries back.
+input_guard makes inputs contiguous), outputs are allocated by torch, and the kernels run on torch's current
+stream. With cu_seqlens on the GPU, pass its host copy as cu_seqlens_cpu (as with fla) so that no call waits
+for the device; without it, one copy per call reads the boundaries back.
 """
 
 import torch
@@ -32,7 +31,7 @@ _UNSUPPORTED = ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_e
 _IGNORED = ("chunk_indices", "chunk_size")
 
 
-def _contiguous(x):
+def _contiguous_aligned(x):
     # The cuda backend reads rows as 16-byte vectors; torch allocates at 256-byte boundaries, so only a view
     # that starts inside its storage can be off (fla takes those, so they are copied here, not refused).
     if x is None:
@@ -76,7 +75,7 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         dh0 = None if initial_state is None else torch.empty_like(initial_state)
         options = dict(ctx.options, stream=_stream(q))
         _gdn.chunk_backward(q.detach(), k.detach(), v.detach(), g.detach(), beta.detach(), do.contiguous(),
-                            dq, dk, dv, dg, dbeta, _contiguous(dht), dh0,
+                            dq, dk, dv, dg, dbeta, _contiguous_aligned(dht), dh0,
                             None if initial_state is None else initial_state.detach(), **options)
         return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None
 
@@ -102,7 +101,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         cu_seqlens_cpu = cu_seqlens.cpu()
     if initial_state is not None and initial_state.dtype != _state_dtype(q):
         initial_state = initial_state.to(_state_dtype(q))  # as fla casts it to float32 (differentiable)
-    return _ChunkGatedDeltaRule.apply(
-        _contiguous(q), _contiguous(k), _contiguous(v), _contiguous(g), _contiguous(beta),
-        _contiguous(initial_state), scale, output_final_state, use_qk_l2norm_in_kernel,
-        _contiguous(cu_seqlens), _contiguous(cu_seqlens_cpu), backend)
+    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu = (
+        _contiguous_aligned(x) for x in (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu))
+    return _ChunkGatedDeltaRule.apply(q, k, v, g, beta, initial_state, scale, output_final_state,
+                                      use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu, backend)
