@@ -79,9 +79,12 @@ def make_inputs(h_qk, h_v, lengths, seed, dim=128):
     return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, do=do, dht=dht, cu_cpu=cu, cu=cu.to(dev))
 
 
-def reference_fp64(q, k, v, g, beta, h0, cu, scale):
-    """The chunked algorithm (gdn-kernels.md section 2) in float64 torch, differentiable: (o, final_state)."""
+def reference_fp64(q, k, v, g, beta, h0, cu, scale, l2norm=False):
+    """The chunked algorithm (gdn-kernels.md section 2) in float64 torch, differentiable: (o, final_state);
+    l2norm: q and k through x / sqrt(sum x^2 + 1e-6) first, as use_qk_l2norm_in_kernel does."""
     q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))  # B = 1
+    if l2norm:
+        q, k = (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
     group = v.shape[1] // q.shape[1]
     q = q.repeat_interleave(group, dim=1)
     k = k.repeat_interleave(group, dim=1)
@@ -120,14 +123,14 @@ def rel_err(actual, expected):
 class Impl:
     """One implementation's forward and backward on a cell's inputs, through torch autograd."""
 
-    def __init__(self, fn, x, scale):
-        self.fn, self.x, self.scale = fn, x, scale
+    def __init__(self, fn, x, scale, l2norm=False):
+        self.fn, self.x, self.scale, self.l2norm = fn, x, scale, l2norm
         self.leaves = [x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta", "h0")]
 
     def forward(self):
         q, k, v, g, beta, h0 = self.leaves
         return self.fn(q, k, v, g, beta, scale=self.scale, initial_state=h0, output_final_state=True,
-                       cu_seqlens=self.x["cu"], cu_seqlens_cpu=self.x["cu_cpu"])
+                       use_qk_l2norm_in_kernel=self.l2norm, cu_seqlens=self.x["cu"], cu_seqlens_cpu=self.x["cu_cpu"])
 
     def prepare_backward(self):
         self.outputs = self.forward()
@@ -220,7 +223,11 @@ def main():
     parser.add_argument("--limit-s", type=float, default=240.0, help="stop starting new cells after this long")
     parser.add_argument("--ours-only", action="store_true",
                         help="time deltatrain alone (a quick look while iterating; writes no report)")
+    parser.add_argument("--l2norm-in-kernel", action="store_true",
+                        help="with --ours-only: use_qk_l2norm_in_kernel=True (the anchors have it off)")
     args = parser.parse_args()
+    if args.l2norm_in_kernel and not args.ours_only:
+        parser.error("--l2norm-in-kernel: only with --ours-only (the report is the anchors' recipe)")
     started = time.time()
 
     import fla
@@ -246,7 +253,7 @@ def main():
         x64 = {n: t.double() if t.is_floating_point() else t for n, t in x.items()}
         leaves64 = [x64[n].requires_grad_(pass_ == "bwd") for n in ("q", "k", "v", "g", "beta", "h0")]
         with torch.set_grad_enabled(pass_ == "bwd"):
-            o64, ht64 = reference_fp64(*leaves64, x["cu_cpu"], scale)
+            o64, ht64 = reference_fp64(*leaves64, x["cu_cpu"], scale, args.l2norm_in_kernel)
         if pass_ == "fwd":
             expected = [o64, ht64]
         else:
@@ -255,7 +262,7 @@ def main():
         row = {"pass": pass_, "h_qk": h_qk, "h_v": h_v, "seqlens": seqlens}
         impls = [("ours", ours_torch.chunk_gated_delta_rule)] + ([] if args.ours_only else [("fla", fla_gdn)])
         for name, fn in impls:
-            impl = Impl(fn, x, scale)
+            impl = Impl(fn, x, scale, args.l2norm_in_kernel)
             out, kernel, by_name, host = measure(impl, pass_)
             print(f"  {name} kernels (ms per call): " +
                   ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])), flush=True)
