@@ -133,8 +133,10 @@ TensorView TensorArgs::view(nb::handle object, const char* name, bool writable) 
   if (const DLPackExchangeAPI* api = exchange_api_of(object)) {
     DLTensor exchanged;  // its shape and strides belong to the tensor, valid while it lives
     if (api->dltensor_from_py_object_no_sync(object.ptr(), &exchanged) != 0) {
-      const nb::python_error cause;
-      throw InvalidArgument(name, std::string("could not be read through DLPack: ") + cause.what());
+      // The exporter should have set a Python error; one that did not still gets a clear error, not a crash.
+      std::string reason = "its type's DLPack exchange API reported a failure";
+      if (PyErr_Occurred() != nullptr) reason += std::string(": ") + nb::python_error().what();
+      throw InvalidArgument(name, "could not be read: " + reason);
     }
     d.dtype = {exchanged.dtype.code, exchanged.dtype.bits, exchanged.dtype.lanes};
     d.ndim = exchanged.ndim;
