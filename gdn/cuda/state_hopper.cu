@@ -42,7 +42,6 @@ namespace {
 constexpr int kWarpgroup = 128;
 constexpr int kColumns = 64;  // of V per warpgroup: the wgmma row count
 
-
 __host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
 enum class Pass { forward, recompute, backward, segment_ends };
@@ -83,11 +82,11 @@ __device__ __forceinline__ T* segment_rows(void* base, const Params& p, int n, i
 }
 
 // What the forward and the backward kernels share: the CTA's place, its chunks, its tiles and their copies,
-// and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64 kGroups):
-// runs
-// are the sequence's segments in the order the pass walks them (the backward walks the last one first);
-// Pass::segment_ends has one run fewer (the last walked needs no end) and (V + K) / 64 row blocks, those
-// past V being rows of M, which start at the identity and carry no U or dO.
+// and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64 kGroups,
+// one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
+// backward walks the last one first); Pass::segment_ends has one run fewer (the last walked needs no end)
+// and (V + K) / 64 blocks of 64 rows, those past V being rows of M, which start at the identity and carry no
+// U or dO.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
   static constexpr int kThreads = kWarpgroup * kGroups;
