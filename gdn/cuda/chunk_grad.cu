@@ -8,8 +8,8 @@
 // S = state entering the chunk, dS' = gradient of the state after it. Every slice forms dO Delta^T (its M
 // is needed against the slice's keys); slice 0 adds the G terms. dQ and dK leave summed over the group (in
 // head order), so they are written once per q/k head, not once per value head; dQ as the final gradient
-// where there is no L2 norm to take it through. The V side of the WY
-// backward is in wy_grad.cu, so that the accumulators here fit two CTAs per SM.
+// where there is no L2 norm to take it through. The V side of the WY backward is in wy_grad.cu, so that the
+// accumulators here fit two CTAs per SM.
 #include "chunk.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
