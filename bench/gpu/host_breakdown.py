@@ -39,24 +39,13 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--profile", help="write torch's CPU profile of 20 forward + backward calls here")
     args = parser.parse_args()
-    gen = torch.Generator(device="cuda").manual_seed(0)
     T, h_qk, h_v, dim = 256, 2, 8, 128
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device="cuda")
-
-    q = torch.nn.functional.normalize(randn(1, T, h_qk, dim), dim=-1).bfloat16()
-    k = torch.nn.functional.normalize(randn(1, T, h_qk, dim), dim=-1).bfloat16()
-    v = randn(1, T, h_v, dim).bfloat16()
-    g = torch.nn.functional.logsigmoid(randn(1, T, h_v)) / 16
-    beta = torch.sigmoid(randn(1, T, h_v))
-    h0 = randn(1, h_v, dim, dim)
-    cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
-    cu_cpu = cu.cpu()
+    inputs = make_inputs(h_qk, h_v, [T], seed=0, dim=dim)
+    q, k, v, g, beta, h0, cu, cu_cpu, do, dht = (inputs[n] for n in ("q", "k", "v", "g", "beta", "h0", "cu", "cu_cpu",
+                                                                 "do", "dht"))
     o, ht = torch.empty_like(v), torch.empty_like(h0)
     stream = torch.cuda.current_stream().cuda_stream
-    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
-    do, dht = torch.randn_like(v), torch.randn_like(h0)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
 
     def call(*inputs):
         return ours.chunk_gated_delta_rule(*inputs[:5], scale=dim ** -0.5, initial_state=inputs[5],
