@@ -41,8 +41,8 @@ def main():
     args = parser.parse_args()
     T, h_qk, h_v, dim = 256, 2, 8, 128
     inputs = make_inputs(h_qk, h_v, [T], seed=0, dim=dim)
-    q, k, v, g, beta, h0, cu, cu_cpu, do, dht = (inputs[n] for n in ("q", "k", "v", "g", "beta", "h0", "cu", "cu_cpu",
-                                                                 "do", "dht"))
+    names = ("q", "k", "v", "g", "beta", "h0", "cu", "cu_cpu", "do", "dht")
+    q, k, v, g, beta, h0, cu, cu_cpu, do, dht = (inputs[n] for n in names)
     o, ht = torch.empty_like(v), torch.empty_like(h0)
     stream = torch.cuda.current_stream().cuda_stream
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta, h0)]
