@@ -269,7 +269,7 @@ class CudaBackend final : public Backend {
     cuda::launch_state_backward(k, p.io_dtype, kernels);
     cuda::launch_chunk_grad(k, p.io_dtype, kernels);
     cuda::launch_wy_grad(k, p.io_dtype, kernels);
-    cuda::launch_qk_grad(k, p.io_dtype, kernels);
+    cuda::launch_q_grad(k, p.io_dtype, kernels);
     kernels.run(k, call.stream);
   }
 

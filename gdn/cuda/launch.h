@@ -38,10 +38,10 @@ void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
 bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: dq, dk (state and intra-chunk parts), dv, dW, the U-part of dT, partial dgamma and dbeta.
 void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels);
-// Per chunk: the WY/UT-transform backward, then dg (reverse cumsum) and dbeta.
+// Per chunk: the WY/UT-transform backward, then dg (reverse cumsum), dbeta and dk.
 void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels);
-// dq, dk through the L2-norm backward (with the in-kernel L2 norm; without it nothing is launched).
-void launch_qk_grad(const Params& p, DType io, KernelSequence& kernels);
+// dq through the L2-norm backward (with the in-kernel L2 norm; without it nothing is launched).
+void launch_q_grad(const Params& p, DType io, KernelSequence& kernels);
 // The token-by-token recurrence (rollout step).
 void launch_recurrent(const Params& p, DType io, KernelSequence& kernels);
 

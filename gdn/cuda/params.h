@@ -82,7 +82,7 @@ struct Params {
   void* ddelta = nullptr;                // io [tokens, HV, V]: gradient of delta
   void* dw = nullptr;                    // io [tokens, HV, K]
   float* dq_head = nullptr;              // [tokens, H, K]: dq before the L2 norm (only with it)
-  float* dk_head = nullptr;              // [tokens, H, K]: dk summed over the GVA group, before the L2 norm
+  float* dk_head = nullptr;              // [tokens, H, K]: chunk_grad's part of dk, summed over the GVA group
   float* dgamma_part = nullptr;          // [K / kKeySlice slices, tokens, HV]
   float* segment_ends = nullptr;         // [N, segments - 1, HV, V, K]: R_s (S^T rows)
   void* segment_maps = nullptr;          // io [N, segments - 1, HV, K, K]: M_s

@@ -1,7 +1,7 @@
 // Per (chunk, q/k head), the value heads of its GVA group in turn (in head order, each adding its part to
 // the group's dK): the backward of the WY/UT transform (gdn-kernels.md section 3, step 5) and the final
-// per-token gradients of g and beta, and dk where there is no L2 norm; then, with the L2 norm, per (token,
-// q/k head), dq and dk taken through it.
+// per-token gradients of g and beta, and dk (through the L2 norm where there is one); then, with the L2 norm,
+// per (token, q/k head), dq taken through it.
 // With D = dDelta, the gradient of U = T diag(beta) V:
 //   dV  = diag(beta) T^T D,  dbeta += rowsum((T^T D) * V)
 //   dT  = (dW K^T diag(e^gamma) + D V^T) diag(beta)    dKb = T^T dW
@@ -195,42 +195,53 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
     }
     __syncthreads();  // this head's tiles and sums are read; the next head's may overwrite them
   }
-  // dK is complete here: without the L2 norm it is the gradient itself, in the inputs' dtype.
+  // dK is complete here. With the L2 norm it goes through its backward, dk = rstd (dk_hat - k_hat (k_hat .
+  // dk_hat)) with k_hat = k rstd: the raw keys in the dead dW tile, their rstd in the dead dgamma vector.
   if (p.l2norm) {
-    store_pairs(dk, dk_head, key_stride, rows - m0);
-  } else {
-    store_pairs(dk, static_cast<E*>(p.dk) + ((t0 + m0) * p.H + h) * K + k0, key_stride, rows - m0);
+    load_chunk_rows<kWyThreads>(dw_tile, p.k, p.H, h, K, 0, chunk, tid);
+    cp_async_commit();
+    float* const rstd = dgamma;
+    if (tid < kChunk) rstd[tid] = tid < rows ? p.k_rstd[(t0 + tid) * p.H + h] : 0.f;
+    cp_async_wait<0>();
+    __syncthreads();
+    float sums[2];
+    row_dots(dk, dw_tile, m0, k0, sums);  // raw k . dk_hat over the warp's half of the keys
+    store_row_pair(sums, k_dots, m0, n0);
+    __syncthreads();
+    for_each(dk, m0, k0, [&](int r, int c, float& x) {
+      const float k_hat_dot = rstd[r] * (k_dots[r] + k_dots[kChunk + r]);
+      x = rstd[r] * (x - to_float(dw_tile(r, c)) * rstd[r] * k_hat_dot);
+    });
   }
+  store_pairs(dk, static_cast<E*>(p.dk) + ((t0 + m0) * p.H + h) * K + k0, key_stride, rows - m0);
 }
 
-constexpr int kQkThreads = 256;
+constexpr int kQGradThreads = 256;
 
-// One warp per (token, q/k head): the L2-norm backward dx = rstd (dx_hat - x_hat (x_hat . dx_hat)) of the
-// group-summed dq and dk, and their cast to the inputs' dtype.
+// One warp per (token, q/k head): the L2-norm backward dq = rstd (dq_hat - q_hat (q_hat . dq_hat)) of the
+// group-summed dq, and its cast to the inputs' dtype (chunk_grad's key slices each hold part of a row, so the
+// row's dot is taken here).
 template <class E, int K>
-__global__ void __launch_bounds__(kQkThreads) qk_grad_kernel(Params p) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kQkThreads / 32) + threadIdx.x / 32;
+__global__ void __launch_bounds__(kQGradThreads) q_grad_kernel(Params p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kQGradThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<std::int64_t>(p.tokens) * p.H) return;
   constexpr int kPerLane = K / 32;
-  for (int which = 0; which < 2; ++which) {
-    const float* src = (which == 0 ? p.dq_head : p.dk_head) + row * K;
-    float grad[kPerLane];
+  const float* grad_hat = p.dq_head + row * K;
+  const E* q = static_cast<const E*>(p.q) + row * K;
+  const float rstd = p.q_rstd[row];
+  float grad[kPerLane];
+  float dot = 0.f;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) grad[i] = src[lane + 32 * i];
-    if (p.l2norm) {
-      const E* x = static_cast<const E*>(which == 0 ? p.q : p.k) + row * K;
-      const float rstd = (which == 0 ? p.q_rstd : p.k_rstd)[row];
-      float dot = 0.f;
+  for (int i = 0; i < kPerLane; ++i) {
+    grad[i] = grad_hat[lane + 32 * i];
+    dot += to_float(q[lane + 32 * i]) * rstd * grad[i];
+  }
+  dot = warp_sum(dot);
+  E* dq = static_cast<E*>(p.dq) + row * K;
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) dot += to_float(x[lane + 32 * i]) * rstd * grad[i];
-      dot = warp_sum(dot);
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) grad[i] = rstd * (grad[i] - to_float(x[lane + 32 * i]) * rstd * dot);
-    }
-    E* dst = static_cast<E*>(which == 0 ? p.dq : p.dk) + row * K;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) dst[lane + 32 * i] = from_float<E>(grad[i]);
+  for (int i = 0; i < kPerLane; ++i) {
+    dq[lane + 32 * i] = from_float<E>(rstd * (grad[i] - to_float(q[lane + 32 * i]) * rstd * dot));
   }
 }
 
@@ -243,12 +254,12 @@ void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels) {
   });
 }
 
-void launch_qk_grad(const Params& p, DType io, KernelSequence& kernels) {
-  if (!p.l2norm) return;  // chunk_grad and wy_grad wrote dq and dk
+void launch_q_grad(const Params& p, DType io, KernelSequence& kernels) {
+  if (!p.l2norm) return;  // chunk_grad wrote dq
   dispatch(io, p.K, [&]<class E, int K>() {
     const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
-    launch<qk_grad_kernel<E, K>>("gdn qk_grad_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(kQkThreads),
-           0, kernels);
+    launch<q_grad_kernel<E, K>>("gdn q_grad_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)),
+                                dim3(kQGradThreads), 0, kernels);
   });
 }
 
