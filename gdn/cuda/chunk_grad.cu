@@ -33,7 +33,8 @@ struct ChunkGradSmem {
   static constexpr int delta = d_o + Square::kBytes;
   static constexpr int ddelta = delta + Square::kBytes;
   static constexpr int gamma = ddelta + Square::kBytes;
-  static constexpr int q_dots = gamma + kChunk * 4;  // [2 column halves][64 rows]
+  static constexpr int gate_in = gamma + kChunk * 4;  // e^gamma, then e^(gamma_last - gamma)
+  static constexpr int q_dots = gate_in + 2 * kChunk * 4;  // [2 column halves][64 rows]
   static constexpr int k_dots = q_dots + 2 * kChunk * 4;
   static constexpr int g_parts = k_dots + 2 * kChunk * 4;  // store_row_column_sums of G
   static constexpr int scratch = g_parts + 6 * kChunk * 4;
@@ -51,6 +52,8 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   const Square ddelta_tile{smem_at<E>(smem, L::ddelta)};
   const Square m_tile = s_tile;
   float* gamma = smem_at<float>(smem, L::gamma);
+  float* gate_in = smem_at<float>(smem, L::gate_in);
+  float* gate_out = gate_in + kChunk;
   float* q_dots = smem_at<float>(smem, L::q_dots);
   float* k_dots = smem_at<float>(smem, L::k_dots);
   float* g_parts = smem_at<float>(smem, L::g_parts);
@@ -74,6 +77,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     if (slice == 0) load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);  // for G alone
     load_gamma_async(p, gamma, hv, chunk, tid);
+    load_gates_async(p, gate_in, gate_out, hv, chunk, tid);
 
     float dq[1][4][4], dk[1][4][4], dw[1][4][4], dp[1][4][4];
     zero(dq);
@@ -122,12 +126,11 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
     }
 
     // dQ (state part) and its dgamma term; dK likewise.
-    for_each(dq, m0, n0, [&](int r, int, float& x) { x *= p.scale * __expf(gamma[r]); });
+    for_each(dq, m0, n0, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
     float sums[2];
     row_dots(dq, q_tile, m0, n0, sums);
     store_row_pair(sums, q_dots, m0, n0);
-    const float gamma_last = gamma[kChunk - 1];
-    for_each(dk, m0, n0, [&](int r, int, float& x) { x *= __expf(gamma_last - gamma[r]); });
+    for_each(dk, m0, n0, [&](int r, int, float& x) { x *= gate_out[r]; });
     row_dots(dk, k_tile, m0, n0, sums);
     store_row_pair(sums, k_dots, m0, n0);
     __syncthreads();  // M, the G sums and the row dots are complete
@@ -144,7 +147,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
       if (slice == 0) dgamma += decay_balance(g_parts, r);
       if (r == last) {
         for (int c = 0; c < last; ++c) dgamma += k_dots[c] + k_dots[kChunk + c];
-        dgamma += __expf(gamma_last) * total_state_dot;
+        dgamma += gate_in[kChunk - 1] * total_state_dot;  // e^gamma_last
       } else {
         dgamma -= k_dots[r] + k_dots[kChunk + r];
       }

@@ -78,6 +78,8 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   float* const dk_head = p.dk_head + ((t0 + m0) * p.H + h) * K + k0;
   float dk[1][kHalf / 8][4];
   load_pairs(dk, dk_head, key_stride, rows - m0);
+  float keys_gram[1][4][4];  // K K^T: the same for every value head of the group, formed with the first
+  zero(keys_gram);
 #pragma unroll 1
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     load_chunk_rows<kWyThreads>(dw_tile, p.dw, p.HV, hv, K, 0, chunk, tid);
@@ -154,9 +156,9 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
     {  // dA = -X T^T (strictly lower), with K K^T: F, E and beta E's sums
       float da[1][4][4], kk[1][4][4];
       zero(da);
-      zero(kk);
       warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
-      warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
+      if (hv == h * p.group) warp_mma(keys_gram, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
+      for_each(kk, keys_gram, m0, n0, [](int, int, float& x, float& gram) { x = gram; });
       for_each(da, kk, m0, n0, [&](int r, int c, float& x, float& kdot) {
         const float decay = r > c ? __expf(gamma[r] - gamma[c]) : 0.f;
         f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
