@@ -109,12 +109,25 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   return total;
 }
 
-// Row sums of acc(r, c) * tile(r, c) over the warp tile's columns (see row_sums).
+// Row sums of acc(r, c) * tile(r, c) over the warp tile's columns (see row_sums; the same order of sums),
+// without a second accumulator-sized array.
 template <int MT, int NT, class TileT>
-__device__ __forceinline__ void row_dots(float (&acc)[MT][NT][4], TileT tile, int m0, int n0, float (&sums)[2 * MT]) {
-  float products[MT][NT][4];
-  for_each(acc, products, m0, n0, [&](int r, int c, float& x, float& product) { product = x * to_float(tile(r, c)); });
-  row_sums(products, sums);
+__device__ __forceinline__ void row_dots(const float (&acc)[MT][NT][4], TileT tile, int m0, int n0,
+                                         float (&sums)[2 * MT]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+    const int r = m0 + 16 * mi + g;
+    float lo = 0.f, hi = 0.f;
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+      const int c = n0 + 8 * ni + 2 * t;
+      lo += acc[mi][ni][0] * to_float(tile(r, c)) + acc[mi][ni][1] * to_float(tile(r, c + 1));
+      hi += acc[mi][ni][2] * to_float(tile(r + 8, c)) + acc[mi][ni][3] * to_float(tile(r + 8, c + 1));
+    }
+    sums[2 * mi] = quad_sum(lo);
+    sums[2 * mi + 1] = quad_sum(hi);
+  }
 }
 
 // Per-row values of a 64-row matrix held by 8 warps as 16 x 32 accumulators (warp w: rows m0 = 16 (w % 4),

@@ -17,7 +17,7 @@
 namespace deltatrain::gdn::cuda {
 namespace {
 
-constexpr int kGradThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves of 32
+constexpr int kGradThreads = 256;  // 8 warps: two sides (dQ and dP, dK and dW) x four 32 x 32 quadrants
 
 template <class E>
 struct ChunkGradSmem {
@@ -38,8 +38,23 @@ struct ChunkGradSmem {
   static constexpr int k_dots = q_dots + 2 * kChunk * 4;
   static constexpr int g_parts = k_dots + 2 * kChunk * 4;  // store_row_column_sums of G
   static constexpr int scratch = g_parts + 6 * kChunk * 4;
-  static constexpr int bytes = scratch + 8 * 4;
+  // Per thread, its 32 values of dQ or dK summed over the group, lane-minor (kept out of the registers,
+  // which two CTAs per SM leave no room for).
+  static constexpr int group_sums = scratch + 8 * 4;
+  static constexpr int bytes = group_sums + kGradThreads * 32 * 4;
 };
+
+// Rows 16 mi.. of a warp's 32 x 32 accumulator as the 16 x 32 block chunk.cuh's row and column sums take.
+template <int kMi>
+__device__ __forceinline__ float (&row_block(float (&acc)[2][4][4]))[1][4][4] {
+  return *reinterpret_cast<float(*)[1][4][4]>(&acc[kMi]);
+}
+
+// The row sums of a warp's 32 x 32 accumulator into a [2 column halves][64 rows] table (store_row_pair).
+__device__ __forceinline__ void store_row_sums(const float (&sums)[4], float* table, int m0, int n0) {
+  store_row_pair({sums[0], sums[1]}, table, m0, n0);
+  store_row_pair({sums[2], sums[3]}, table, m0 + 16, n0);
+}
 
 template <class E, int K>
 __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
@@ -62,28 +77,29 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   constexpr int kSlices = K / kKeySlice;
   const int chunk_index = blockIdx.x / kSlices, slice = blockIdx.x % kSlices, h = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32;
-  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+  // Warps 0-3 hold dQ and dP (dO is the A of both), warps 4-7 dK and dW, each a 32 x 32 quadrant: twice the
+  // products per fragment that 16 x 32 blocks of all four gave, so a third fewer shared-memory loads.
+  const bool queries_side = warp < 4;
+  const int m0 = 32 * (warp % 4 / 2), n0 = 32 * (warp % 2);
   const ChunkInfo chunk = p.chunk_table[chunk_index];
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length, key0 = slice * kKeySlice;
 
   load_chunk_rows<kGradThreads>(q_tile, queries<E>(p), p.H, h, K, key0, chunk, tid);
   load_chunk_rows<kGradThreads>(k_tile, keys<E>(p), p.H, h, K, key0, chunk, tid);
-  // dQ and dK summed over the value heads of the group, in head order.
-  float dq_sum[1][4][4], dk_sum[1][4][4];
-  zero(dq_sum);
-  zero(dk_sum);
+  // first: dQ (queries side) or dK of the current value head; second: dP or dW. Their sum over the group, in
+  // head order, goes to this thread's column of group_sums.
+  float first[2][4][4], second[2][4][4];
+  float* const group_sum = smem_at<float>(smem, L::group_sums) + (warp * 32) * 32 + tid % 32;
+  auto group_sum_at = [&](int mi, int ni, int i) -> float& { return group_sum[32 * (16 * mi + 4 * ni + i)]; };
 #pragma unroll 1
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     if (slice == 0) load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);  // for G alone
     load_gamma_async(p, gamma, hv, chunk, tid);
     load_gates_async(p, gate_in, gate_out, hv, chunk, tid);
 
-    float dq[1][4][4], dk[1][4][4], dw[1][4][4], dp[1][4][4];
-    zero(dq);
-    zero(dk);
-    zero(dw);
-    zero(dp);
+    zero(first);
+    zero(second);
     float state_dot = 0.f;
     const std::int64_t state_row = static_cast<std::int64_t>(chunk_index * p.HV + hv) * p.V;
 #pragma unroll 1
@@ -98,47 +114,65 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
       cp_async_wait<0>();
       __syncthreads();
 
-      warp_mma(dq, plain(do_tile), m0, plain(s_tile), n0, 0, 64);
-      warp_mma(dk, plain(delta_tile), m0, plain(ds_tile), n0, 0, 64);
-      warp_mma(dw, plain(ddelta_tile), m0, plain(s_tile), n0, 0, 64);
-      warp_mma(dp, plain(do_tile), m0, transposed(delta_tile), n0, 0, 64);
+      if (queries_side) {
+        warp_mma(first, plain(do_tile), m0, plain(s_tile), n0, 0, 64);
+        warp_mma(second, plain(do_tile), m0, transposed(delta_tile), n0, 0, 64);
+      } else {
+        warp_mma(first, plain(delta_tile), m0, plain(ds_tile), n0, 0, 64);
+        warp_mma(second, plain(ddelta_tile), m0, plain(s_tile), n0, 0, 64);
+      }
       state_dot += partial_tile_dot<kGradThreads>(s_tile, ds_tile, tid);
       __syncthreads();  // the tiles are free for the next block
     }
-    const std::int64_t head_stride = static_cast<std::int64_t>(p.HV) * K;
-    for_each(dw, m0, n0, [&](int, int, float& x) { x = -x; });
-    store_pairs(dw, static_cast<E*>(p.dw) + ((t0 + m0) * p.HV + hv) * K + key0 + n0, head_stride, rows - m0);
 
-    // M (into the dead S tile) and G from dP = dO Delta^T. A factor exp(gamma_i - gamma_j) gives +x to
-    // dgamma_i and -x to dgamma_j; for i == j the factor is 1 and the two cancel exactly, so G's diagonal is
-    // left out rather than summed and subtracted (under strong decay the true dgamma is tiny and such
-    // rounding would swamp it).
-    if (n0 > m0 + 15) {  // the warp's block lies above the diagonal, where M is zero
-      for_each(dp, m0, n0, [&](int r, int c, float&) { m_tile(r, c) = from_float<E>(0.f); });
+    float row_dot_sums[4];
+    if (queries_side) {
+      // M (into the dead S tile) and G from dP = dO Delta^T. A factor exp(gamma_i - gamma_j) gives +x to
+      // dgamma_i and -x to dgamma_j; for i == j the factor is 1 and the two cancel exactly, so G's diagonal
+      // is left out rather than summed and subtracted (under strong decay the true dgamma is tiny and such
+      // rounding would swamp it).
+      if (n0 > m0) {  // the warp's quadrant lies above the diagonal, where M is zero
+        for_each(second, m0, n0, [&](int r, int c, float&) { m_tile(r, c) = from_float<E>(0.f); });
+      } else {
+        for_each(second, m0, n0, [&](int r, int c, float& x) {
+          m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * __expf(gamma[r] - gamma[c]) : 0.f);
+        });
+      }
+      if (slice == 0) {
+        for_each(second, m0, n0, [&](int r, int c, float& x) { x = r > c ? x * to_float(p_tile(r, c)) : 0.f; });
+        store_row_column_sums(row_block<0>(second), m0, n0, g_parts);
+        store_row_column_sums(row_block<1>(second), m0 + 16, n0, g_parts);
+      }
+      // dQ (state part) and its dgamma term.
+      for_each(first, m0, n0, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
+      row_dots(first, q_tile, m0, n0, row_dot_sums);
+      store_row_sums(row_dot_sums, q_dots, m0, n0);
     } else {
-      for_each(dp, m0, n0, [&](int r, int c, float& x) {
-        m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * __expf(gamma[r] - gamma[c]) : 0.f);
-      });
+      // dW; dK (state part) and its dgamma term.
+      for_each(second, m0, n0, [&](int, int, float& x) { x = -x; });
+      store_pairs(second, static_cast<E*>(p.dw) + ((t0 + m0) * p.HV + hv) * K + key0 + n0,
+                  static_cast<std::int64_t>(p.HV) * K, rows - m0);
+      for_each(first, m0, n0, [&](int r, int, float& x) { x *= gate_out[r]; });
+      row_dots(first, k_tile, m0, n0, row_dot_sums);
+      store_row_sums(row_dot_sums, k_dots, m0, n0);
     }
-    if (slice == 0) {
-      for_each(dp, m0, n0, [&](int r, int c, float& x) { x = r > c ? x * to_float(p_tile(r, c)) : 0.f; });
-      store_row_column_sums(dp, m0, n0, g_parts);
-    }
-
-    // dQ (state part) and its dgamma term; dK likewise.
-    for_each(dq, m0, n0, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
-    float sums[2];
-    row_dots(dq, q_tile, m0, n0, sums);
-    store_row_pair(sums, q_dots, m0, n0);
-    for_each(dk, m0, n0, [&](int r, int, float& x) { x *= gate_out[r]; });
-    row_dots(dk, k_tile, m0, n0, sums);
-    store_row_pair(sums, k_dots, m0, n0);
     __syncthreads();  // M, the G sums and the row dots are complete
 
-    warp_mma(dq, plain(m_tile), m0, plain(k_tile), n0, 0, 64);
-    warp_mma(dk, transposed(m_tile), m0, plain(q_tile), n0, 0, 64);
-    for_each(dq_sum, dq, m0, n0, [](int, int, float& sum, float& x) { sum += x; });
-    for_each(dk_sum, dk, m0, n0, [](int, int, float& sum, float& x) { sum += x; });
+    // dQ += M K and dK += M^T Q; M is lower triangular, so rows m0.. of M need columns below m0 + 32 and
+    // rows m0.. of M^T columns from m0.
+    if (queries_side) {
+      warp_mma(first, plain(m_tile), m0, plain(k_tile), n0, 0, m0 + 32);
+    } else {
+      warp_mma(first, transposed(m_tile), m0, plain(q_tile), n0, m0, 64);
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          group_sum_at(mi, ni, i) = hv == h * p.group ? first[mi][ni][i] : group_sum_at(mi, ni, i) + first[mi][ni][i];
+        }
 
     const float total_state_dot = block_sum<kGradThreads>(state_dot, smem_at<float>(smem, L::scratch));
     if (tid < rows) {
@@ -155,15 +189,21 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
     }
     __syncthreads();  // this head's P, gamma, M and sums are read; the next head's may overwrite them
   }
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) first[mi][ni][i] = group_sum_at(mi, ni, i);
   const std::int64_t key_stride = static_cast<std::int64_t>(p.H) * K;
   const std::int64_t tile_origin = ((t0 + m0) * p.H + h) * K + key0 + n0;
-  // dQ is complete here: without the L2 norm it is the gradient itself, in the inputs' dtype.
-  if (p.l2norm) {
-    store_pairs(dq_sum, p.dq_head + tile_origin, key_stride, rows - m0);
-  } else {
-    store_pairs(dq_sum, static_cast<E*>(p.dq) + tile_origin, key_stride, rows - m0);
+  if (!queries_side) {
+    store_pairs(first, p.dk_head + tile_origin, key_stride, rows - m0);
+  } else if (p.l2norm) {
+    store_pairs(first, p.dq_head + tile_origin, key_stride, rows - m0);
+  } else {  // dQ is complete here: without the L2 norm it is the gradient itself, in the inputs' dtype
+    store_pairs(first, static_cast<E*>(p.dq) + tile_origin, key_stride, rows - m0);
   }
-  store_pairs(dk_sum, p.dk_head + tile_origin, key_stride, rows - m0);
 }
 
 }  // namespace

@@ -157,8 +157,10 @@ __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const VA& a, i
   using E = typename decltype(a.tile)::Element;
   if constexpr (!std::is_same_v<E, float>) {
     // All fragments of a k-step are loaded before its products: ldmatrix is ordered (volatile) and a warp
-    // often has its scheduler to itself, so a load right before its use would stall every product.
-#pragma unroll 2
+    // often has its scheduler to itself, so a load right before its use would stall every product. Two
+    // k-steps at a time for one row block; two row blocks already give each fragment twice the products.
+    constexpr int kStepsUnrolled = MT == 1 ? 2 : 1;
+#pragma unroll kStepsUnrolled
     for (int k = k_begin; k < k_end; k += 16) {
       std::uint32_t af[MT][4], bf[NT / 2][4];
 #pragma unroll
