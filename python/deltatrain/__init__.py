@@ -32,8 +32,8 @@ __all__ = [
 
 try:
     __version__ = _metadata.version("deltatrain")
-except _metadata.PackageNotFoundError:  # imported from a build tree
-    __version__ = "unknown"
+except _metadata.PackageNotFoundError:  # imported from a build tree: the version the native module was built as
+    __version__ = _deltatrain.__version__
 
 _gdn = _deltatrain.gdn
 

@@ -2,6 +2,7 @@
 
 NB_MODULE(_deltatrain, m) {
   m.doc() = "deltatrain: Gated DeltaNet training runtime (native core)";
+  m.attr("__version__") = DELTATRAIN_VERSION;
   deltatrain::python::bind_core(m);
   deltatrain::python::bind_gdn(m);
   deltatrain::python::bind_memsaver(m);

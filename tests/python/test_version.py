@@ -1,6 +1,8 @@
 """deltatrain.parse_version: the spellings drivers, runtimes and libraries use, and garbage as ValueError."""
 
+import pathlib
 import random
+import re
 
 import pytest
 
@@ -43,3 +45,12 @@ def test_garbage_is_a_value_error_quoting_the_text(garbage):
         dt.parse_version(garbage, "torch version")
     assert "torch version" in str(error.value)
     assert f"'{garbage}'" in str(error.value)
+
+
+def test_version_is_the_one_the_build_files_declare():
+    """pyproject.toml and CMakeLists.txt declare one version; the package and its native module report it."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    declared = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M).group(1)
+    assert re.search(r"project\(deltatrain VERSION (\S+)", (root / "CMakeLists.txt").read_text()).group(1) == declared
+    assert dt.__version__ == declared
+    assert dt._deltatrain.__version__ == declared
