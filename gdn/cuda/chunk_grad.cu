@@ -41,7 +41,7 @@ struct ChunkGradSmem {
   // Per thread, its 32 values of dQ or dK summed over the group, lane-minor (kept out of the registers,
   // which two CTAs per SM leave no room for).
   static constexpr int group_sums = scratch + 8 * 4;
-  static constexpr int bytes = group_sums + kGradThreads * 32 * 4;
+  static constexpr int bytes = group_sums + kGradThreads * 32 * 4;  // 32: a warp's 32 x 32 quadrant per lane
 };
 
 // Rows 16 mi.. of a warp's 32 x 32 accumulator as the 16 x 32 block chunk.cuh's row and column sums take.
@@ -88,10 +88,11 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   load_chunk_rows<kGradThreads>(q_tile, queries<E>(p), p.H, h, K, key0, chunk, tid);
   load_chunk_rows<kGradThreads>(k_tile, keys<E>(p), p.H, h, K, key0, chunk, tid);
   // first: dQ (queries side) or dK of the current value head; second: dP or dW. Their sum over the group, in
-  // head order, goes to this thread's column of group_sums.
+  // head order, goes to this thread's column of group_sums (value e of `first` at row e of the column).
   float first[2][4][4], second[2][4][4];
-  float* const group_sum = smem_at<float>(smem, L::group_sums) + (warp * 32) * 32 + tid % 32;
-  auto group_sum_at = [&](int mi, int ni, int i) -> float& { return group_sum[32 * (16 * mi + 4 * ni + i)]; };
+  constexpr int kValues = sizeof(first) / sizeof(float);
+  float* const values = &first[0][0][0];
+  float* const group_sum = smem_at<float>(smem, L::group_sums) + warp * kValues * 32 + tid % 32;
 #pragma unroll 1
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     if (slice == 0) load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);  // for G alone
@@ -166,13 +167,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
       warp_mma(first, transposed(m_tile), m0, plain(q_tile), n0, m0, 64);
     }
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          group_sum_at(mi, ni, i) = hv == h * p.group ? first[mi][ni][i] : group_sum_at(mi, ni, i) + first[mi][ni][i];
-        }
+    for (int e = 0; e < kValues; ++e) group_sum[32 * e] = hv == h * p.group ? values[e] : group_sum[32 * e] + values[e];
 
     const float total_state_dot = block_sum<kGradThreads>(state_dot, smem_at<float>(smem, L::scratch));
     if (tid < rows) {
@@ -190,11 +185,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
     __syncthreads();  // this head's P, gamma, M and sums are read; the next head's may overwrite them
   }
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) first[mi][ni][i] = group_sum_at(mi, ni, i);
+  for (int e = 0; e < kValues; ++e) values[e] = group_sum[32 * e];
   const std::int64_t key_stride = static_cast<std::int64_t>(p.H) * K;
   const std::int64_t tile_origin = ((t0 + m0) * p.H + h) * K + key0 + n0;
   if (!queries_side) {

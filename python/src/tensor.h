@@ -1,8 +1,9 @@
 // Python tensors as TensorViews, and the library's errors as Python exceptions.
 //
 // Any object nanobind can read as an ndarray is accepted: NumPy arrays, and anything with __dlpack__
-// (torch, JAX, CuPy, ...); types offering DLPack's C exchange API (torch >= 2.10) are read through it. NumPy has no bfloat16 of its own; arrays of ml_dtypes.bfloat16 are read
-// through a uint16 view of the same memory. Bad tensors raise ValueError naming the argument.
+// (torch, JAX, CuPy, ...); types offering DLPack's C exchange API (torch >= 2.10) are read through it.
+// NumPy has no bfloat16 of its own; arrays of ml_dtypes.bfloat16 are read through a uint16 view of the same
+// memory. Bad tensors raise ValueError naming the argument.
 #pragma once
 
 #include <nanobind/nanobind.h>
