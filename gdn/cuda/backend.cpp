@@ -122,6 +122,7 @@ struct Call {
     k.chunks = static_cast<int>(chunks);
     k.segments = split.segments;
     k.warpgroups = split.warpgroups;
+    k.paired = split.paired;
     k.scale = static_cast<float>(p.scale);
     k.l2norm = p.l2norm;
     if (upload) {
@@ -265,8 +266,7 @@ class CudaBackend final : public Backend {
     k.dh0 = grads_out.dh0 ? grads_out.dh0->ptr<float>() : nullptr;
     cuda::KernelSequence kernels;
     call.prepare(p.io_dtype, kernels);
-    cuda::launch_state_forward(k, p.io_dtype, true, kernels);
-    cuda::launch_state_backward(k, p.io_dtype, kernels);
+    cuda::launch_backward_state_passes(k, p.io_dtype, kernels);
     cuda::launch_chunk_grad(k, p.io_dtype, kernels);
     cuda::launch_wy_grad(k, p.io_dtype, kernels);
     cuda::launch_q_grad(k, p.io_dtype, kernels);

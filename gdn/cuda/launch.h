@@ -27,6 +27,7 @@ void launch_state_forward(const Params& p, DType io, bool recompute, KernelSeque
 struct PassSplit {
   int segments = 1;
   int warpgroups = 1;
+  bool paired = false;  // the backward's recompute and reverse pass side by side in one launch
 };
 PassSplit state_split(const Problem& problem, std::int64_t chunks);
 // The same pass with wgmma (state_hopper.cu) where the device and the call allow it; false where not,
@@ -34,6 +35,11 @@ PassSplit state_split(const Problem& problem, std::int64_t chunks);
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);
 // The reverse sequential pass: the state gradient after each chunk, ddelta and dh0.
 void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
+// Both sequential passes of the backward: the recompute, then the reverse pass, or the two in one launch
+// where state_split paired them.
+void launch_backward_state_passes(const Params& p, DType io, KernelSequence& kernels);
+// The paired launch with wgmma where p.paired; false otherwise, recording nothing.
+bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence& kernels);
 // The same pass with wgmma, as launch_state_forward_hopper.
 bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: dq, dk (state and intra-chunk parts), dv, dW, the U-part of dT, partial dgamma and dbeta.

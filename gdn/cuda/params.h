@@ -31,6 +31,7 @@ struct Params {
   int chunks = 0;      // chunks over all sequences
   int segments = 1;    // runs of chunks per sequence the sequential state passes split into (state_hopper.cu)
   int warpgroups = 1;  // per CTA of the wgmma state passes (state_hopper.cu)
+  bool paired = false;  // the backward's two wgmma state passes in one launch (state_split)
   float scale = 1.f;
   bool l2norm = false;
 

@@ -99,10 +99,10 @@ struct HopperPass {
   StateRows at;
   SequenceChunks chunks;
 
-  __device__ HopperPass(char* smem_raw, const Params& params)
+  __device__ HopperPass(char* smem_raw, const Params& params, int column_block)
       : p(params), runs(kPass == Pass::segment_ends ? params.segments - 1 : params.segments),
         n(blockIdx.x / runs), run(blockIdx.x % runs), hv(blockIdx.y), h(hv / params.group),
-        row_block(blockIdx.z * kColumns * kGroups), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)),
+        row_block(column_block * kColumns * kGroups), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)),
         transition_rows(kPass == Pass::segment_ends && row_block >= params.V), at{row_block + m0, 0},
         chunks(SequenceChunks(params, n).segment(kReverse ? params.segments - 1 - run : run, params.segments)) {
     const int raw = static_cast<int>(smem_address(smem_raw));
@@ -210,12 +210,11 @@ __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const 
   }
 }
 
-// Forward (Pass::forward, recompute, or segment_ends with M's rows): see the top of the file.
+// Forward (Pass::forward, recompute, or segment_ends with M's rows) of the CTA's column block: see the top of
+// the file.
 template <class E, int K, Pass kPass, int kGroups>
-__global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_forward_hopper_kernel(Params p) {
-#ifdef DELTATRAIN_WGMMA
-  extern __shared__ __align__(16) char smem_raw[];
-  const HopperPass<E, K, kPass, false, kGroups> pass(smem_raw, p);
+__device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, int column_block) {
+  const HopperPass<E, K, kPass, false, kGroups> pass(smem_raw, p, column_block);
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
@@ -288,7 +287,6 @@ __global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_forward_hopper_
   } else if constexpr (kPass == Pass::forward) {
     if (p.ht != nullptr && pass.run == p.segments - 1) store_state(state, p.ht, p, pass.n, pass.hv, pass.at);
   }
-#endif
 }
 
 // Backward (Pass::backward, or segment_ends with M's rows), chunks in reverse; dS^T is the warpgroup's
@@ -297,10 +295,8 @@ __global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_forward_hopper_
 //   dS^T = e^gamma_last dS^T + (dO^T diag(scale e^gamma)) Q - D^T W
 // The gradient after each chunk and D are stored for the chunk-gradient kernels; what enters chunk 0 is dh0.
 template <class E, int K, Pass kPass, int kGroups>
-__global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_backward_hopper_kernel(Params p) {
-#ifdef DELTATRAIN_WGMMA
-  extern __shared__ __align__(16) char smem_raw[];
-  const HopperPass<E, K, kPass, true, kGroups> pass(smem_raw, p);
+__device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, int column_block) {
+  const HopperPass<E, K, kPass, true, kGroups> pass(smem_raw, p, column_block);
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float dstate[1][K / 8][4];
@@ -354,6 +350,37 @@ __global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_backward_hopper
     pass.store_end_rows(dstate);
   } else {
     if (p.dh0 != nullptr && pass.run == p.segments - 1) store_state(dstate, p.dh0, p, pass.n, pass.hv, pass.at);
+  }
+}
+
+template <class E, int K, Pass kPass, int kGroups>
+__global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_forward_hopper_kernel(Params p) {
+#ifdef DELTATRAIN_WGMMA
+  extern __shared__ __align__(16) char smem_raw[];
+  forward_pass<E, K, kPass, kGroups>(p, smem_raw, blockIdx.z);
+#endif
+}
+
+template <class E, int K, Pass kPass, int kGroups>
+__global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_backward_hopper_kernel(Params p) {
+#ifdef DELTATRAIN_WGMMA
+  extern __shared__ __align__(16) char smem_raw[];
+  backward_pass<E, K, kPass, kGroups>(p, smem_raw, blockIdx.z);
+#endif
+}
+
+// The backward's recompute and its reverse pass do not depend on each other (the reverse pass needs no S),
+// so where each has at most half the SMs' worth of units they run side by side in one launch: the first
+// V / 64 column blocks of the grid recompute, the others walk back. See state_split for when this pays.
+template <class E, int K>
+__global__ void __launch_bounds__(kWarpgroup, 1) state_passes_paired_hopper_kernel(Params p) {
+#ifdef DELTATRAIN_WGMMA
+  extern __shared__ __align__(16) char smem_raw[];
+  const int column_blocks = p.V / kColumns;
+  if (static_cast<int>(blockIdx.z) < column_blocks) {
+    forward_pass<E, K, Pass::recompute, 1>(p, smem_raw, blockIdx.z);
+  } else {
+    backward_pass<E, K, Pass::backward, 1>(p, smem_raw, blockIdx.z - column_blocks);
   }
 #endif
 }
@@ -494,6 +521,10 @@ PassSplit state_split(const Problem& problem, std::int64_t chunks) {
   // (forward 16/32 heads, one sequence of 32768 tokens: 0.837 -> 0.680 ms). A segment of a handful of chunks
   // is mostly pipeline fill.
   const std::int64_t segments = std::min<std::int64_t>({16, multiprocessors / units, chunks / problem.N / 4});
+  // The backward runs two passes of L chunk steps each, and s segments make a pass cost about 2 L / s steps
+  // (ends, then the pass proper): 2 L in all for one or two segments, 4 L / 3 for three. Where both passes'
+  // units fit the SMs together they can instead run unsegmented side by side in L steps.
+  if (problem.op == Operation::chunk_backward && 2 * units <= multiprocessors && segments < 4) return {1, 1, true};
   return {segments >= 2 ? static_cast<int>(segments) : 1, 1};
 }
 
@@ -507,6 +538,20 @@ bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, Kern
       } else {
         launch_pass<E, K, Pass::forward, false>(p, "gdn state_forward_hopper_kernel", kEnds, kernels);
       }
+    }
+  });
+  return true;
+}
+
+bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence& kernels) {
+  if (!p.paired || !hopper_applies(io, p.K, p.V)) return false;
+  dispatch(io, p.K, [&]<class E, int K>() {
+    if constexpr (sizeof(E) == 2 && K <= 128) {
+      using Recompute = HopperPass<E, K, Pass::recompute, false, 1>;
+      using Backward = HopperPass<E, K, Pass::backward, true, 1>;
+      launch<state_passes_paired_hopper_kernel<E, K>>(
+          "gdn state_passes_paired_hopper_kernel", dim3(p.sequences, p.HV, 2 * p.V / kColumns), dim3(kWarpgroup),
+          std::max(Recompute::L::bytes, Backward::L::bytes), kernels);
     }
   });
   return true;
