@@ -2,6 +2,8 @@
 // per (chunk, value head) the WY/UT transform (gdn-kernels.md section 2):
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
 //   W = T diag(beta e^gamma) K,  U = T diag(beta) V,  P = scale * tril(Q K^T) * Gamma.
+#include <cub/block/block_scan.cuh>
+
 #include "chunk.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -11,36 +13,47 @@ namespace {
 
 constexpr int kStartThreads = 256;
 
-// The chunks of every sequence, in order: sequence_chunks[n] is the first chunk of sequence n. One block.
+// The chunks of every sequence, in order: sequence_chunks[n] is the first chunk of sequence n. One block:
+// the chunk counts of each thread's run of sequences are scanned by the block, then every thread fills
+// table entries, finding each chunk's sequence by binary search (one long sequence must not leave a single
+// thread to write all of its chunks).
 __device__ void schedule(const Params& p) {
-  __shared__ int first_chunk[kStartThreads];
+  using Scan = cub::BlockScan<int, kStartThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int total_chunks;
   const int per_thread = (p.sequences + kStartThreads - 1) / kStartThreads;
   const int begin = min(p.sequences, static_cast<int>(threadIdx.x) * per_thread);
   const int end = min(p.sequences, begin + per_thread);
+  auto chunks_of = [&](int n) {
+    return static_cast<int>((sequence_start(p, n + 1) - sequence_start(p, n) + kChunk - 1) / kChunk);
+  };
   int count = 0;
+  for (int n = begin; n < end; ++n) count += chunks_of(n);
+  int first = 0, total = 0;
+  Scan(scan_storage).ExclusiveSum(count, first, total);
   for (int n = begin; n < end; ++n) {
-    count += static_cast<int>((sequence_start(p, n + 1) - sequence_start(p, n) + kChunk - 1) / kChunk);
+    p.sequence_chunks[n] = first;
+    first += chunks_of(n);
   }
-  first_chunk[threadIdx.x] = count;
-  __syncthreads();
   if (threadIdx.x == 0) {
-    int total = 0;
-    for (int i = 0; i < kStartThreads; ++i) {
-      const int c = first_chunk[i];
-      first_chunk[i] = total;
-      total += c;
-    }
     p.sequence_chunks[p.sequences] = total;
+    total_chunks = total;
   }
-  __syncthreads();
-  int chunk = first_chunk[threadIdx.x];
-  for (int n = begin; n < end; ++n) {
-    p.sequence_chunks[n] = chunk;
-    const std::int64_t start = sequence_start(p, n), stop = sequence_start(p, n + 1);
-    for (std::int64_t s = start; s < stop; s += kChunk) {
-      const auto length = static_cast<std::int32_t>(stop - s < kChunk ? stop - s : kChunk);
-      p.chunk_table[chunk++] = ChunkInfo{static_cast<std::int32_t>(s), length, n, 0};
+  __syncthreads();  // sequence_chunks is written (global writes are visible within the block after it)
+  for (int chunk = threadIdx.x; chunk < total_chunks; chunk += kStartThreads) {
+    int lo = 0, hi = p.sequences - 1;  // the last sequence whose first chunk is at or before `chunk`
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (p.sequence_chunks[mid] <= chunk) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
     }
+    const std::int64_t start = sequence_start(p, lo) + static_cast<std::int64_t>(chunk - p.sequence_chunks[lo]) * kChunk;
+    const std::int64_t stop = sequence_start(p, lo + 1);
+    const auto length = static_cast<std::int32_t>(stop - start < kChunk ? stop - start : kChunk);
+    p.chunk_table[chunk] = ChunkInfo{static_cast<std::int32_t>(start), length, lo, 0};
   }
 }
 
