@@ -106,7 +106,7 @@ struct Call {
     const bool upload = p.varlen && in.cu_seqlens->device.type == DeviceType::cpu;
     const std::int64_t chunks = count_chunks(p);
     const cuda::PassSplit split = p.op == Operation::recurrent ? cuda::PassSplit{} : cuda::state_split(p, chunks);
-    const WorkspaceLayout layout = cuda::plan_workspace(p, chunks, upload, split.segments);
+    const WorkspaceLayout layout = cuda::plan_workspace(p, chunks, upload, split);
     char* base = static_cast<char*>(cuda::workspace(p.device.index, stream, layout.bytes));
     auto region = [&](const WorkspaceLayout::Region& r) -> void* { return r.bytes == 0 ? nullptr : base + r.offset; };
 
@@ -160,6 +160,7 @@ struct Call {
     k.u = region(layout.u);
     k.p = region(layout.p);
     k.t = region(layout.t);
+    k.t_beta = region(layout.t_beta);
     k.states = region(layout.states);
     k.delta = region(layout.delta);
     k.dstates = region(layout.dstates);

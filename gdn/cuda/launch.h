@@ -17,7 +17,7 @@ bool have_kernels(DType io, int K);
 
 // The chunk schedule and, when p.l2norm, the L2 norm of q and k (one launch).
 void launch_start(const Params& p, DType io, KernelSequence& kernels);
-// gamma, W, U, P, and T when p.t is set (the backward).
+// gamma, W, P, U where p.u is set, and for the backward T (p.t) and T diag(beta) where p.t_beta is set.
 void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).

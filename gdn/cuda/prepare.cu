@@ -192,7 +192,8 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
   const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
+  const bool with_u = p.u != nullptr;  // the paired backward forms U in its recompute
+  if (with_u) load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
   cp_async_commit();
 
 #pragma unroll 1
@@ -206,6 +207,7 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
                               rows, tid);
 
+  if (!with_u) return;
 #pragma unroll 1
   for (int vb = 0; vb < p.V; vb += kVBlock) {
     __syncthreads();  // the previous staging is stored and its V read
@@ -313,6 +315,9 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   __syncthreads();
   if (with_t) {
     store_rows<kPrepareThreads>(staging, static_cast<E*>(p.t) + chunk_row, chunk_stride, rows, tid);
+    if (p.t_beta != nullptr) {
+      store_rows<kPrepareThreads>(tb_tile, static_cast<E*>(p.t_beta) + chunk_row, chunk_stride, rows, tid);
+    }
     __syncthreads();  // T's staging is read before W's overwrites it
   }
   if (L::kMaxVBlock == 128 && p.V % 128 == 0) {

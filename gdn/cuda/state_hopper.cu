@@ -46,21 +46,21 @@ __host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) 
 
 enum class Pass { forward, recompute, backward, segment_ends };
 
-// Per stage: W and K, with Q and P when the pass reads them, as swizzled tiles (B operands); the CTA's
-// columns of U or dO (64 per warpgroup) as a padded tile (read into accumulators); the gate vectors. Then
-// per warp the staging tile of its token-major stores.
-template <class E, int K, bool kQueries, int kGroups>
+// Per stage: W and K, with Q and P when the pass reads them, or T diag(beta) when it forms U itself, as
+// swizzled tiles (B operands); the CTA's columns of U, V or dO (64 per warpgroup) as a padded tile (read
+// into registers); the gate vectors. Then per warp the staging tile of its token-major stores.
+template <class E, int K, bool kQueries, bool kValues, int kGroups>
 struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
-  using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P: [token][token]
-  using ColumnTile = Tile<E, kChunk, kColumns * kGroups>;  // U or dO: [token][column of V]
+  using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P or T diag(beta): [token][token]
+  using ColumnTile = Tile<E, kChunk, kColumns * kGroups>;  // U, V or dO: [token][column of V]
   using TokenTile = Tile<E, kChunk, 16>;                // 64 tokens x a warp's 16 columns of V
   using StateRowsTile = Tile<E, 16, K>;                 // a warp's 16 rows of S^T or dS^T
   static constexpr int kWarpStaging =
       TokenTile::kBytes > StateRowsTile::kBytes ? TokenTile::kBytes : StateRowsTile::kBytes;
   static constexpr int kKeyTiles = kQueries ? 3 : 2;
   static constexpr int p_at = kKeyTiles * KeyTile::kBytes;
-  static constexpr int columns_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
+  static constexpr int columns_at = p_at + (kQueries || kValues ? ChunkTile::kBytes : 0);
   static constexpr int gates_at = columns_at + ColumnTile::kBytes;
   static constexpr int stage_bytes = round_up(gates_at + 2 * kChunk * 4, 1024);
   static constexpr int stages = 2;
@@ -86,11 +86,14 @@ __device__ __forceinline__ T* segment_rows(void* base, const Params& p, int n, i
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
 // backward walks the last one first); Pass::segment_ends has one run fewer (the last walked needs no end)
 // and (V + K) / 64 blocks of 64 rows, those past V being rows of M, which start at the identity and carry no
-// U or dO.
-template <class E, int K, Pass kPass, bool kReverse, int kGroups>
+// U or dO. kValues (the paired recompute): U^T = V^T (T diag(beta))^T is formed per chunk from V's columns
+// instead of read.
+template <class E, int K, Pass kPass, bool kReverse, int kGroups, bool kValues = false>
 struct HopperPass {
+  static_assert(!kValues || kPass == Pass::recompute);
   static constexpr int kThreads = kWarpgroup * kGroups;
-  using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse), kGroups>;
+  using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse), kValues,
+                       kGroups>;
   char* smem;
   std::uint32_t smem_base;
   const Params& p;
@@ -156,7 +159,8 @@ struct HopperPass {
   // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
   __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
 
-  // Starts copying chunk j's tiles into a stage: W, K (, Q, P), and U or dO (`columns`) for rows of S^T.
+  // Starts copying chunk j's tiles into a stage: W, K (, Q, P or T diag(beta)), and U, V or dO (`columns`)
+  // for rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
     load_chunk_rows<kThreads>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
@@ -164,6 +168,9 @@ struct HopperPass {
     if constexpr (L::kKeyTiles == 3) {
       load_chunk_rows<kThreads>(key_tile(stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
       load_chunk_rows<kThreads>(p_tile(stage), static_cast<const E*>(p.p), p.HV, hv, kChunk, 0, info, tid);
+    }
+    if constexpr (kValues) {
+      load_chunk_rows<kThreads>(p_tile(stage), static_cast<const E*>(p.t_beta), p.HV, hv, kChunk, 0, info, tid);
     }
     if (!transition_rows) load_chunk_rows<kThreads>(column_tile(stage), columns, p.HV, hv, p.V, row_block, info, tid);
     load_gates_async(p, gate_in(stage), gate_in(stage) + kChunk, hv, info, tid);
@@ -212,16 +219,16 @@ __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const 
 
 // Forward (Pass::forward, recompute, or segment_ends with M's rows) of the CTA's column block: see the top of
 // the file.
-template <class E, int K, Pass kPass, int kGroups>
+template <class E, int K, Pass kPass, int kGroups, bool kValues = false>
 __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, int column_block) {
-  const HopperPass<E, K, kPass, false, kGroups> pass(smem_raw, p, column_block);
+  const HopperPass<E, K, kPass, false, kGroups, kValues> pass(smem_raw, p, column_block);
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float state[1][K / 8][4];
   pass.start_rows(state, p.h0);
 
-  pass.walk(p.u, [&](int j, int stage) {
+  pass.walk(kValues ? p.v : p.u, [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
 
@@ -231,12 +238,24 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     WarpOperand<E, K> neg_state(nullptr);  // -S^T, so that the W product lands on U^T
     neg_state.set(state, -1.f);
     float delta[1][kChunk / 8][4], out[1][kChunk / 8][4];
-    if (pass.transition_rows) {
+    WarpOperand<E, kChunk> values(nullptr);  // V^T, this warp's columns of V
+    if constexpr (kValues) {
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+        load_a16(values.frag[kb], transposed(pass.column_tile(stage)), pass.m0, 16 * kb);
+      }
+    } else if (pass.transition_rows) {
       zero(delta);
     } else {
       load_accumulator(delta, transposed(pass.column_tile(stage)), pass.m0);
     }
     wgmma_fence();
+    if constexpr (kValues) {
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+        wgmma_64x64x16<E, false>(delta[0], values.frag[kb], k_major(pass.p_tile(stage), 16 * kb), kb > 0);
+      }
+    }
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
       wgmma_64x64x16<E, false>(delta[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 0), 16 * kb));
@@ -372,13 +391,15 @@ __global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_backward_hopper
 // The backward's recompute and its reverse pass do not depend on each other (the reverse pass needs no S),
 // so where each has at most half the SMs' worth of units they run side by side in one launch: the first
 // V / 64 column blocks of the grid recompute, the others walk back. See state_split for when this pays.
+// The reverse pass takes the longer, so the recompute also forms U^T = V^T (T diag(beta))^T per chunk
+// (four more products) rather than have prepare compute, store and reload U.
 template <class E, int K>
 __global__ void __launch_bounds__(kWarpgroup, 1) state_passes_paired_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
   extern __shared__ __align__(16) char smem_raw[];
   const int column_blocks = p.V / kColumns;
   if (static_cast<int>(blockIdx.z) < column_blocks) {
-    forward_pass<E, K, Pass::recompute, 1>(p, smem_raw, blockIdx.z);
+    forward_pass<E, K, Pass::recompute, 1, true>(p, smem_raw, blockIdx.z);
   } else {
     backward_pass<E, K, Pass::backward, 1>(p, smem_raw, blockIdx.z - column_blocks);
   }
@@ -547,7 +568,7 @@ bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence
   if (!p.paired || !hopper_applies(io, p.K, p.V)) return false;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
-      using Recompute = HopperPass<E, K, Pass::recompute, false, 1>;
+      using Recompute = HopperPass<E, K, Pass::recompute, false, 1, true>;
       using Backward = HopperPass<E, K, Pass::backward, true, 1>;
       launch<state_passes_paired_hopper_kernel<E, K>>(
           "gdn state_passes_paired_hopper_kernel", dim3(p.sequences, p.HV, 2 * p.V / kColumns), dim3(kWarpgroup),

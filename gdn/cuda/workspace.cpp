@@ -12,7 +12,7 @@
 
 namespace deltatrain::gdn::cuda {
 
-WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, int segments) {
+WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, const PassSplit& split) {
   WorkspaceLayout layout;
   auto take = [&](WorkspaceLayout::Region& region, std::size_t bytes) {
     region = {layout.bytes, bytes};
@@ -38,10 +38,10 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   take(layout.gate_in, tokens * HV * f32);
   take(layout.gate_out, tokens * HV * f32);
   take(layout.w, tokens * HV * K * io);
-  take(layout.u, tokens * HV * V * io);
+  if (!split.paired) take(layout.u, tokens * HV * V * io);
   take(layout.p, tokens * HV * C * io);
-  if (segments > 1) {
-    const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(segments);
+  if (split.segments > 1) {
+    const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(split.segments);
     take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
     take(layout.segment_maps, N * (S - 1) * HV * K * K * io);
     take(layout.segment_starts, N * S * HV * V * K * f32);
@@ -49,6 +49,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   if (problem.op != Operation::chunk_backward) return layout;
   const auto slices = static_cast<std::size_t>(problem.K / kKeySlice);
   take(layout.t, tokens * HV * C * io);
+  if (split.paired) take(layout.t_beta, tokens * HV * C * io);
   take(layout.states, n_chunks * HV * V * K * io);
   take(layout.delta, tokens * HV * V * io);
   take(layout.dstates, n_chunks * HV * V * K * io);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "deltatrain/gdn/backend.h"
+#include "launch.h"
 
 namespace deltatrain::gdn::cuda {
 
@@ -20,15 +21,15 @@ struct WorkspaceLayout {
   Region offsets;  // int64 [N + 1]: cu_seqlens uploaded when the caller's copy is on the CPU
   Region chunk_table, sequence_chunks;
   Region q_normed, k_normed, q_rstd, k_rstd;
-  Region gamma, gate_in, gate_out, w, u, p, t;
+  Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
   Region segment_ends, segment_maps, segment_starts;
   std::size_t bytes = 0;
 };
 
 // chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must be copied to the GPU;
-// segments: runs per sequence of the sequential state passes (state_split).
-WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, int segments);
+// split: how the sequential state passes run (state_split).
+WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, const PassSplit& split);
 
 // The calling thread's device's workspace for `stream`, at least `bytes` long. Growing it while the
 // stream is being captured would bake a soon-freed buffer into the graph, so that throws StateError.
