@@ -17,7 +17,7 @@ bool have_kernels(DType io, int K);
 
 // The chunk schedule and, when p.l2norm, the L2 norm of q and k (one launch).
 void launch_start(const Params& p, DType io, KernelSequence& kernels);
-// gamma, W, P, U where p.u is set, and for the backward T (p.t) and T diag(beta) where p.t_beta is set.
+// gamma, W, P, U where p.u is set, T diag(beta) where p.t_beta is set, and T for the backward (p.t).
 void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).
@@ -25,6 +25,7 @@ void launch_state_forward(const Params& p, DType io, bool recompute, KernelSeque
 // How the wgmma state passes (forward and backward) split this call: runs of chunks per sequence (1: none)
 // and warpgroups per CTA; {1, 1} where they do not apply.
 struct PassSplit {
+  bool wgmma = false;  // the wgmma passes run (they form U from V and T diag(beta); the others read U)
   int segments = 1;
   int warpgroups = 1;
   bool paired = false;  // the backward's recompute and reverse pass side by side in one launch

@@ -74,10 +74,10 @@ struct Params {
   float* gate_in = nullptr;              // [HV, tokens]: e^gamma, the decay from the chunk's start
   float* gate_out = nullptr;             // [HV, tokens]: e^(gamma_last - gamma), the decay to its end
   void* w = nullptr;                     // io [tokens, HV, K]
-  void* u = nullptr;                     // io [tokens, HV, V] (not where paired: the recompute forms U)
+  void* u = nullptr;                     // io [tokens, HV, V] (the mma.sync passes; the wgmma ones form U)
   void* p = nullptr;                     // io [tokens, HV, C]: scale * tril(Q K^T) * Gamma
   void* t = nullptr;                     // io [tokens, HV, C]: (I + A)^-1 (backward)
-  void* t_beta = nullptr;                // io [tokens, HV, C]: T diag(beta) (backward, where paired)
+  void* t_beta = nullptr;                // io [tokens, HV, C]: T diag(beta) (for the wgmma passes)
   void* states = nullptr;                // io [chunks, HV, V, K]: state entering each chunk (backward)
   void* delta = nullptr;                 // io [tokens, HV, V]: the pseudo-values U - W S (backward)
   void* dstates = nullptr;               // io [chunks, HV, V, K]: gradient of the state after each chunk

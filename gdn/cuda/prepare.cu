@@ -1,7 +1,8 @@
 // The parallel start of the chunked algorithm: the chunk schedule, the optional L2 norm of q and k, and
 // per (chunk, value head) the WY/UT transform (gdn-kernels.md section 2):
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
-//   W = T diag(beta e^gamma) K,  U = T diag(beta) V,  P = scale * tril(Q K^T) * Gamma.
+//   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
+//   mma.sync passes or T diag(beta) for the wgmma passes, which form U themselves (state_hopper.cu).
 #include <cub/block/block_scan.cuh>
 
 #include "chunk.cuh"
@@ -192,7 +193,7 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
   const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  const bool with_u = p.u != nullptr;  // the paired backward forms U in its recompute
+  const bool with_u = p.u != nullptr;  // the wgmma passes form U themselves
   if (with_u) load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
   cp_async_commit();
 
@@ -313,11 +314,11 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     if (with_t) store4(&staging(r, c), x.x, x.y, x.z, x.w);
   }
   __syncthreads();
+  if (p.t_beta != nullptr) {
+    store_rows<kPrepareThreads>(tb_tile, static_cast<E*>(p.t_beta) + chunk_row, chunk_stride, rows, tid);
+  }
   if (with_t) {
     store_rows<kPrepareThreads>(staging, static_cast<E*>(p.t) + chunk_row, chunk_stride, rows, tid);
-    if (p.t_beta != nullptr) {
-      store_rows<kPrepareThreads>(tb_tile, static_cast<E*>(p.t_beta) + chunk_row, chunk_stride, rows, tid);
-    }
     __syncthreads();  // T's staging is read before W's overwrites it
   }
   if (L::kMaxVBlock == 128 && p.V % 128 == 0) {

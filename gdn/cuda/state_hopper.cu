@@ -5,7 +5,7 @@
 // a pair); a CTA holds one such warpgroup, or two on adjacent columns (state_split says when). Every
 // product is a wgmma with A in registers (the state, Delta^T, dO^T or D^T, rounded to 16 bits in the A
 // layout) and B read by the tensor cores from 128-byte-swizzled chunk tiles. Forward, per chunk:
-//   Delta^T = U^T - S^T W^T
+//   Delta^T = V^T (T diag(beta))^T - S^T W^T     (the first term is U^T, formed here rather than read)
 //   O^T     = scale e^gamma (S^T Q^T) + Delta^T P^T
 //   S^T     = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K
 // Pass::recompute (for the backward) stores S^T entering each chunk and Delta instead of O. The backward
@@ -46,21 +46,22 @@ __host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) 
 
 enum class Pass { forward, recompute, backward, segment_ends };
 
-// Per stage: W and K, with Q and P when the pass reads them, or T diag(beta) when it forms U itself, as
-// swizzled tiles (B operands); the CTA's columns of U, V or dO (64 per warpgroup) as a padded tile (read
-// into registers); the gate vectors. Then per warp the staging tile of its token-major stores.
+// Per stage: W and K, with Q and P when the pass reads them and T diag(beta) when it walks forward (and so
+// forms U), as swizzled tiles (B operands); the CTA's columns of V or dO (64 per warpgroup) as a padded tile
+// (read into registers); the gate vectors. Then per warp the staging tile of its token-major stores.
 template <class E, int K, bool kQueries, bool kValues, int kGroups>
 struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
-  using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P or T diag(beta): [token][token]
-  using ColumnTile = Tile<E, kChunk, kColumns * kGroups>;  // U, V or dO: [token][column of V]
+  using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P, T diag(beta): [token][token]
+  using ColumnTile = Tile<E, kChunk, kColumns * kGroups>;  // V or dO: [token][column of V]
   using TokenTile = Tile<E, kChunk, 16>;                // 64 tokens x a warp's 16 columns of V
   using StateRowsTile = Tile<E, 16, K>;                 // a warp's 16 rows of S^T or dS^T
   static constexpr int kWarpStaging =
       TokenTile::kBytes > StateRowsTile::kBytes ? TokenTile::kBytes : StateRowsTile::kBytes;
   static constexpr int kKeyTiles = kQueries ? 3 : 2;
   static constexpr int p_at = kKeyTiles * KeyTile::kBytes;
-  static constexpr int columns_at = p_at + (kQueries || kValues ? ChunkTile::kBytes : 0);
+  static constexpr int t_beta_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
+  static constexpr int columns_at = t_beta_at + (kValues ? ChunkTile::kBytes : 0);
   static constexpr int gates_at = columns_at + ColumnTile::kBytes;
   static constexpr int stage_bytes = round_up(gates_at + 2 * kChunk * 4, 1024);
   static constexpr int stages = 2;
@@ -86,11 +87,11 @@ __device__ __forceinline__ T* segment_rows(void* base, const Params& p, int n, i
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
 // backward walks the last one first); Pass::segment_ends has one run fewer (the last walked needs no end)
 // and (V + K) / 64 blocks of 64 rows, those past V being rows of M, which start at the identity and carry no
-// U or dO. kValues (the paired recompute): U^T = V^T (T diag(beta))^T is formed per chunk from V's columns
-// instead of read.
-template <class E, int K, Pass kPass, bool kReverse, int kGroups, bool kValues = false>
+// U or dO. The forward passes form U^T = V^T (T diag(beta))^T per chunk from V's columns rather than read U:
+// those four products do not wait on the state, and prepare then neither computes nor stores U.
+template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
-  static_assert(!kValues || kPass == Pass::recompute);
+  static constexpr bool kValues = !kReverse;
   static constexpr int kThreads = kWarpgroup * kGroups;
   using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse), kValues,
                        kGroups>;
@@ -117,6 +118,9 @@ struct HopperPass {
     return {smem_base + stage * L::stage_bytes + i * L::KeyTile::kBytes};
   }
   __device__ typename L::ChunkTile p_tile(int stage) const { return {smem_base + stage * L::stage_bytes + L::p_at}; }
+  __device__ typename L::ChunkTile t_beta_tile(int stage) const {
+    return {smem_base + stage * L::stage_bytes + L::t_beta_at};
+  }
   __device__ typename L::ColumnTile column_tile(int stage) const {
     return {smem_at<E>(smem, stage * L::stage_bytes + L::columns_at)};
   }
@@ -159,8 +163,8 @@ struct HopperPass {
   // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
   __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
 
-  // Starts copying chunk j's tiles into a stage: W, K (, Q, P or T diag(beta)), and U, V or dO (`columns`)
-  // for rows of S^T.
+  // Starts copying chunk j's tiles into a stage: W, K (, Q, P, T diag(beta)), and V or dO (`columns`) for
+  // rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
     load_chunk_rows<kThreads>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
@@ -170,7 +174,7 @@ struct HopperPass {
       load_chunk_rows<kThreads>(p_tile(stage), static_cast<const E*>(p.p), p.HV, hv, kChunk, 0, info, tid);
     }
     if constexpr (kValues) {
-      load_chunk_rows<kThreads>(p_tile(stage), static_cast<const E*>(p.t_beta), p.HV, hv, kChunk, 0, info, tid);
+      load_chunk_rows<kThreads>(t_beta_tile(stage), static_cast<const E*>(p.t_beta), p.HV, hv, kChunk, 0, info, tid);
     }
     if (!transition_rows) load_chunk_rows<kThreads>(column_tile(stage), columns, p.HV, hv, p.V, row_block, info, tid);
     load_gates_async(p, gate_in(stage), gate_in(stage) + kChunk, hv, info, tid);
@@ -219,16 +223,16 @@ __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const 
 
 // Forward (Pass::forward, recompute, or segment_ends with M's rows) of the CTA's column block: see the top of
 // the file.
-template <class E, int K, Pass kPass, int kGroups, bool kValues = false>
+template <class E, int K, Pass kPass, int kGroups>
 __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, int column_block) {
-  const HopperPass<E, K, kPass, false, kGroups, kValues> pass(smem_raw, p, column_block);
+  const HopperPass<E, K, kPass, false, kGroups> pass(smem_raw, p, column_block);
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float state[1][K / 8][4];
   pass.start_rows(state, p.h0);
 
-  pass.walk(kValues ? p.v : p.u, [&](int j, int stage) {
+  pass.walk(p.v, [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
 
@@ -238,22 +242,20 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     WarpOperand<E, K> neg_state(nullptr);  // -S^T, so that the W product lands on U^T
     neg_state.set(state, -1.f);
     float delta[1][kChunk / 8][4], out[1][kChunk / 8][4];
-    WarpOperand<E, kChunk> values(nullptr);  // V^T, this warp's columns of V
-    if constexpr (kValues) {
+    WarpOperand<E, kChunk> values(nullptr);  // V^T, this warp's columns of V (rows of M have none)
+    if (pass.transition_rows) {
+      zero(delta);
+    } else {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         load_a16(values.frag[kb], transposed(pass.column_tile(stage)), pass.m0, 16 * kb);
       }
-    } else if (pass.transition_rows) {
-      zero(delta);
-    } else {
-      load_accumulator(delta, transposed(pass.column_tile(stage)), pass.m0);
     }
     wgmma_fence();
-    if constexpr (kValues) {
+    if (!pass.transition_rows) {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
-        wgmma_64x64x16<E, false>(delta[0], values.frag[kb], k_major(pass.p_tile(stage), 16 * kb), kb > 0);
+        wgmma_64x64x16<E, false>(delta[0], values.frag[kb], k_major(pass.t_beta_tile(stage), 16 * kb), kb > 0);
       }
     }
 #pragma unroll
@@ -391,15 +393,13 @@ __global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_backward_hopper
 // The backward's recompute and its reverse pass do not depend on each other (the reverse pass needs no S),
 // so where each has at most half the SMs' worth of units they run side by side in one launch: the first
 // V / 64 column blocks of the grid recompute, the others walk back. See state_split for when this pays.
-// The reverse pass takes the longer, so the recompute also forms U^T = V^T (T diag(beta))^T per chunk
-// (four more products) rather than have prepare compute, store and reload U.
 template <class E, int K>
 __global__ void __launch_bounds__(kWarpgroup, 1) state_passes_paired_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
   extern __shared__ __align__(16) char smem_raw[];
   const int column_blocks = p.V / kColumns;
   if (static_cast<int>(blockIdx.z) < column_blocks) {
-    forward_pass<E, K, Pass::recompute, 1, true>(p, smem_raw, blockIdx.z);
+    forward_pass<E, K, Pass::recompute, 1>(p, smem_raw, blockIdx.z);
   } else {
     backward_pass<E, K, Pass::backward, 1>(p, smem_raw, blockIdx.z - column_blocks);
   }
@@ -535,7 +535,7 @@ PassSplit state_split(const Problem& problem, std::int64_t chunks) {
     // make fewer waves (forward state pass, 16/32 heads, 4 x 8192 tokens: 0.462 -> 0.352 ms on the H200).
     // Where segments are needed two warpgroups cost more than they give (each step ~1.5x longer, and twice
     // the segments, whose ends pass then runs in more than one wave: 16/32, 1 x 8192: 0.176 -> 0.194 ms).
-    return {1, problem.K == 128 && problem.V % (2 * kColumns) == 0 ? 2 : 1};
+    return {true, 1, problem.K == 128 && problem.V % (2 * kColumns) == 0 ? 2 : 1};
   }
   // Every segment but the last walks its chunks twice (ends with K more rows, then the pass proper), yet
   // two segments already pay on the H200: the ends step carries no Q, P or O, and the pass proper halves
@@ -545,8 +545,10 @@ PassSplit state_split(const Problem& problem, std::int64_t chunks) {
   // The backward runs two passes of L chunk steps each, and s segments make a pass cost about 2 L / s steps
   // (ends, then the pass proper): 2 L in all for one or two segments, 4 L / 3 for three. Where both passes'
   // units fit the SMs together they can instead run unsegmented side by side in L steps.
-  if (problem.op == Operation::chunk_backward && 2 * units <= multiprocessors && segments < 4) return {1, 1, true};
-  return {segments >= 2 ? static_cast<int>(segments) : 1, 1};
+  if (problem.op == Operation::chunk_backward && 2 * units <= multiprocessors && segments < 4) {
+    return {true, 1, 1, true};
+  }
+  return {true, segments >= 2 ? static_cast<int>(segments) : 1, 1};
 }
 
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels) {
@@ -568,7 +570,7 @@ bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence
   if (!p.paired || !hopper_applies(io, p.K, p.V)) return false;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
-      using Recompute = HopperPass<E, K, Pass::recompute, false, 1, true>;
+      using Recompute = HopperPass<E, K, Pass::recompute, false, 1>;
       using Backward = HopperPass<E, K, Pass::backward, true, 1>;
       launch<state_passes_paired_hopper_kernel<E, K>>(
           "gdn state_passes_paired_hopper_kernel", dim3(p.sequences, p.HV, 2 * p.V / kColumns), dim3(kWarpgroup),

@@ -12,7 +12,8 @@
 
 namespace deltatrain::gdn::cuda {
 
-WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, const PassSplit& split) {
+WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets,
+                               const PassSplit& split) {
   WorkspaceLayout layout;
   auto take = [&](WorkspaceLayout::Region& region, std::size_t bytes) {
     region = {layout.bytes, bytes};
@@ -38,7 +39,11 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   take(layout.gate_in, tokens * HV * f32);
   take(layout.gate_out, tokens * HV * f32);
   take(layout.w, tokens * HV * K * io);
-  if (!split.paired) take(layout.u, tokens * HV * V * io);
+  if (split.wgmma) {
+    take(layout.t_beta, tokens * HV * C * io);
+  } else {
+    take(layout.u, tokens * HV * V * io);
+  }
   take(layout.p, tokens * HV * C * io);
   if (split.segments > 1) {
     const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(split.segments);
@@ -49,7 +54,6 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   if (problem.op != Operation::chunk_backward) return layout;
   const auto slices = static_cast<std::size_t>(problem.K / kKeySlice);
   take(layout.t, tokens * HV * C * io);
-  if (split.paired) take(layout.t_beta, tokens * HV * C * io);
   take(layout.states, n_chunks * HV * V * K * io);
   take(layout.delta, tokens * HV * V * io);
   take(layout.dstates, n_chunks * HV * V * K * io);

@@ -29,7 +29,8 @@ struct WorkspaceLayout {
 
 // chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must be copied to the GPU;
 // split: how the sequential state passes run (state_split).
-WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets, const PassSplit& split);
+WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets,
+                               const PassSplit& split);
 
 // The calling thread's device's workspace for `stream`, at least `bytes` long. Growing it while the
 // stream is being captured would bake a soon-freed buffer into the graph, so that throws StateError.
