@@ -18,7 +18,8 @@
 //      0 from h0), R_s, and the product M_s of its chunks' A, computed as K more state rows that start at
 //      the identity with U = 0 (the same step: Delta^T = -X W^T, X' = e^gamma_last X + Delta^T diag(..) K);
 //   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s (sums
-//      in float32, product operands rounded to 16 bits as in every chunk step);
+//      in float32, product operands rounded to 16 bits as in every chunk step); segment 0 starts from the
+//      true state, so M_0 is never formed, and with two segments there is nothing to compose;
 //   3. the pass proper of every segment in parallel from its true start.
 // The backward segments the same way in its own order (the last segment is its first run): its chunk map is
 // dS^T' = dS^T (e^gamma_last I - K^T diag(..) W) + (terms of dO), so M's rows there carry no dO.
@@ -181,7 +182,8 @@ struct HopperPass {
   }
 
   // The rows at the start of the run: the identity (rows of M), the caller's state (h0 or dht) for the
-  // first run, zero for the other runs of segment_ends, else the start step 2 computed.
+  // first run, zero for the other runs of segment_ends, else the start step 2 computed (for the second run
+  // that is the first run's end, R_0, which step 1 stored).
   template <int NT>
   __device__ void start_rows(float (&state)[1][NT][4], const float* initial) const {
     if (kPass == Pass::segment_ends && transition_rows) {
@@ -192,9 +194,14 @@ struct HopperPass {
     } else if constexpr (kPass == Pass::segment_ends) {
       zero(state);
     } else {
-      load_pairs(state, segment_rows<float>(p.segment_starts, p, n, run, p.segments, hv, p.V) + at.v0 * K, K, 16);
+      const float* start = run == 1 ? segment_rows<float>(p.segment_ends, p, n, 0, p.segments - 1, hv, p.V)
+                                    : segment_rows<float>(p.segment_starts, p, n, run, p.segments, hv, p.V);
+      load_pairs(state, start + at.v0 * K, K, 16);
     }
   }
+  // The first run starts from the true state, so no step uses its M: those CTAs of segment_ends have nothing
+  // to do.
+  __device__ bool idle() const { return kPass == Pass::segment_ends && transition_rows && run == 0; }
   // segment_ends: the run's end rows, R in float32 and M in the io type (the B operand of step 2's products,
   // as the chunk tiles are of the steps).
   template <int NT>
@@ -226,6 +233,7 @@ __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const 
 template <class E, int K, Pass kPass, int kGroups>
 __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, int column_block) {
   const HopperPass<E, K, kPass, false, kGroups> pass(smem_raw, p, column_block);
+  if (pass.idle()) return;
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
@@ -318,6 +326,7 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
 template <class E, int K, Pass kPass, int kGroups>
 __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, int column_block) {
   const HopperPass<E, K, kPass, true, kGroups> pass(smem_raw, p, column_block);
+  if (pass.idle()) return;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float dstate[1][K / 8][4];
@@ -407,9 +416,9 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_passes_paired_hopper_kern
 }
 
 // Step 2 of the segmented pass, per (sequence, value head, 64 columns of V): the true state entering every
-// segment, start_(s+1) = start_s M_s + R_s with start_1 = R_0 (segment 0 started from h0); the sum is
-// float32, the product's operands are rounded to E like those of every chunk step. The next M arrives by
-// cp.async while the current product runs.
+// segment from the third, start_(s+1) = start_s M_s + R_s with start_1 = R_0 (segment 0 started from h0);
+// the sum is float32, the product's operands are rounded to E like those of every chunk step. The next M
+// arrives by cp.async while the current product runs.
 template <class E, int K>
 struct SegmentStartsSmem {
   using StartTile = Tile<E, kColumns, K>;
@@ -438,9 +447,8 @@ __global__ void __launch_bounds__(kWarpgroup) segment_starts_kernel(Params p) {
     cp_async_commit();
   };
 
-  float start[1][K / 8][4];
+  float start[1][K / 8][4];  // start_1 = R_0, which the pass reads where step 1 left it
   load_pairs(start, end_rows(0), K, 16);
-  store_pairs(start, start_rows(1), K);
   load_map(1);
 #pragma unroll 1
   for (int s = 1; s < ends; ++s) {
@@ -507,8 +515,10 @@ void launch_grouped_pass(const Params& p, const char* name, const char* ends_nam
   if (p.segments > 1) {
     launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(p, ends_name, p.segments - 1, (p.V + K) / kColumns,
                                                             kernels);
-    launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / kColumns),
-                                        dim3(kWarpgroup), SegmentStartsSmem<E, K>::bytes, kernels);
+    if (p.segments > 2) {
+      launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / kColumns),
+                                          dim3(kWarpgroup), SegmentStartsSmem<E, K>::bytes, kernels);
+    }
   }
   launch_run<E, K, kPass, kReverse, kGroups>(p, name, p.segments, p.V / kColumns, kernels);
 }

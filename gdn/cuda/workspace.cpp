@@ -49,7 +49,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
     const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(split.segments);
     take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
     take(layout.segment_maps, N * (S - 1) * HV * K * K * io);
-    take(layout.segment_starts, N * S * HV * V * K * f32);
+    if (S > 2) take(layout.segment_starts, N * S * HV * V * K * f32);  // the second segment starts at R_0
   }
   if (problem.op != Operation::chunk_backward) return layout;
   const auto slices = static_cast<std::size_t>(problem.K / kKeySlice);
