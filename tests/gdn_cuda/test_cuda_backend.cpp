@@ -79,6 +79,9 @@ std::vector<Case> cases() {
   all.push_back({"bf16_many_heads", fixed(8, 100, 8, 32, 128, 128), DType::bf16});
   // Few long sequences over few heads: on a GPU with the Hopper state pass these run in segments.
   all.push_back({"bf16_long_few_heads", fixed(1, 4000, 1, 2, 128, 128), DType::bf16});
+  // Ten chunks over one head: the forward runs two segments, the second started from the first's end with
+  // no composition step; the backward pairs its two passes.
+  all.push_back({"bf16_two_segments", fixed(1, 600, 1, 1, 128, 128), DType::bf16, DType::f32, false, true, true});
   all.push_back({"f16_long_varlen_K64", packed({2900, 37, 2100}, 1, 2, 64, 128), DType::f16, DType::f32, true, false,
                  false});
   return all;
