@@ -51,7 +51,8 @@ __device__ void schedule(const Params& p) {
         hi = mid - 1;
       }
     }
-    const std::int64_t start = sequence_start(p, lo) + static_cast<std::int64_t>(chunk - p.sequence_chunks[lo]) * kChunk;
+    const std::int64_t start =
+        sequence_start(p, lo) + static_cast<std::int64_t>(chunk - p.sequence_chunks[lo]) * kChunk;
     const std::int64_t stop = sequence_start(p, lo + 1);
     const auto length = static_cast<std::int32_t>(stop - start < kChunk ? stop - start : kChunk);
     p.chunk_table[chunk] = ChunkInfo{static_cast<std::int32_t>(start), length, lo, 0};
