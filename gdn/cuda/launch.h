@@ -22,8 +22,8 @@ void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels);
-// How the wgmma state passes (forward and backward) split this call: runs of chunks per sequence (1: none)
-// and warpgroups per CTA; {1, 1} where they do not apply.
+// How the wgmma state passes (forward and backward) split this call: runs of chunks per sequence (1: none),
+// warpgroups per CTA, and whether the backward pairs its two passes; the defaults where they do not apply.
 struct PassSplit {
   bool wgmma = false;  // the wgmma passes run (they form U from V and T diag(beta); the others read U)
   int segments = 1;
@@ -36,13 +36,13 @@ PassSplit state_split(const Problem& problem, std::int64_t chunks);
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);
 // The reverse sequential pass: the state gradient after each chunk, ddelta and dh0.
 void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
+// The same pass with wgmma, as launch_state_forward_hopper.
+bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels);
 // Both sequential passes of the backward: the recompute, then the reverse pass, or the two in one launch
 // where state_split paired them.
 void launch_backward_state_passes(const Params& p, DType io, KernelSequence& kernels);
 // The paired launch with wgmma where p.paired; false otherwise, recording nothing.
 bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence& kernels);
-// The same pass with wgmma, as launch_state_forward_hopper.
-bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: dq, dk (state and intra-chunk parts), dv, dW, the U-part of dT, partial dgamma and dbeta.
 void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: the WY/UT-transform backward, then dg (reverse cumsum), dbeta and dk.
