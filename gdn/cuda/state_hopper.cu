@@ -577,7 +577,7 @@ bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, Kern
 }
 
 bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence& kernels) {
-  if (!p.paired || !hopper_applies(io, p.K, p.V)) return false;
+  if (!p.paired) return false;  // state_split pairs the passes only where the wgmma ones apply
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
       using Recompute = HopperPass<E, K, Pass::recompute, false, 1>;

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
     zero(dt_from_v);
     const std::int64_t v_stride = static_cast<std::int64_t>(p.HV) * p.V;
     E* const dv = static_cast<E*>(p.dv) + ((t0 + m0) * p.HV + hv) * p.V + n0;
-  #pragma unroll 1
+#pragma unroll 1
     for (int vb = 0; vb < p.V; vb += 64) {
       if (vb + 64 < p.V) {
         load_v_block(vb + 64);  // into the buffer the previous block has left
