@@ -259,6 +259,8 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
         load_a16(values.frag[kb], transposed(pass.column_tile(stage)), pass.m0, 16 * kb);
       }
     }
+    // Delta first and O's state term in a group of its own behind it: Delta's elementwise work (the decay,
+    // its two operands) runs while the tensor cores form S^T Q^T, and O's scaling while they update S.
     wgmma_fence();
     if (!pass.transition_rows) {
 #pragma unroll
@@ -270,37 +272,38 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     for (int kb = 0; kb < K / 16; ++kb) {
       wgmma_64x64x16<E, false>(delta[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 0), 16 * kb));
     }
+    wgmma_commit();
     if constexpr (kQueries) {
 #pragma unroll
       for (int kb = 0; kb < K / 16; ++kb) {
         wgmma_64x64x16<E, false>(out[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 2), 16 * kb), kb > 0);
       }
+      wgmma_commit();
     }
-    wgmma_commit();
     if constexpr (kPass == Pass::recompute) pass.store_staged_state(p.states, j);
-    wgmma_wait();
+    wgmma_wait<kQueries ? 1 : 0>();
     hold(delta[0]);
-    if constexpr (kQueries) hold(out[0]);
 
-    // The P product and the state update both need only Delta: one group, one wait.
     const float decay = gates_in[kChunk - 1];
     for_each(state, 0, 0, [&](int, int, float& x) { x *= decay; });
     WarpOperand<E, kChunk> update(nullptr), delta_operand(nullptr);
     update.set(delta, 1.f, gates_out);
-    if constexpr (kQueries) {
-      scale_columns(out, gates_in, -p.scale);
-      delta_operand.set(delta, 1.f);
-    }
+    if constexpr (kQueries) delta_operand.set(delta, 1.f);
     if constexpr (kPass == Pass::recompute) stage_token_rows(delta, staging);
     wgmma_fence();
+    update_state<E, K>(state, update, pass.key_tile(stage, 1));
+    wgmma_commit();
     if constexpr (kQueries) {
+      wgmma_wait<1>();
+      hold(out[0]);
+      scale_columns(out, gates_in, -p.scale);
+      wgmma_fence();
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         wgmma_64x64x16<E, false>(out[0], delta_operand.frag[kb], k_major(pass.p_tile(stage), 16 * kb));
       }
+      wgmma_commit();
     }
-    update_state<E, K>(state, update, pass.key_tile(stage, 1));
-    wgmma_commit();
     if constexpr (kPass == Pass::recompute) {
       store_rows<32>(staging, pass.token_rows(p.delta, info), token_stride, info.length, pass.tid & 31);
     }
@@ -339,12 +342,17 @@ __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, i
 
     WarpOperand<E, K> state_operand(nullptr);
     state_operand.set(dstate, 1.f);
-    float do_t[1][kChunk / 8][4];
-    WarpOperand<E, kChunk> do_operand(nullptr), d_operand(nullptr);
+    // dO^T as two operands, plain for D's dO^T P and scaled by scale e^gamma for dS's Q term, so that the
+    // Q term (which does not wait on D) runs in a group of its own while D's elementwise work and stores do.
+    WarpOperand<E, kChunk> do_operand(nullptr), do_scaled(nullptr), d_operand(nullptr);
     if (!pass.transition_rows) {
+      float do_t[1][kChunk / 8][4];
       load_accumulator(do_t, transposed(pass.column_tile(stage)), pass.m0);
       do_operand.set(do_t, 1.f);
+      do_scaled.set(do_t, p.scale, gates_in);
     }
+    const float decay = gates_in[kChunk - 1];
+    for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
     float ddelta[1][kChunk / 8][4], from_do[1][kChunk / 8][4];
     wgmma_fence();
 #pragma unroll
@@ -357,21 +365,19 @@ __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, i
         wgmma_64x64x16<E, true>(from_do[0], do_operand.frag[kb], mn_major(pass.p_tile(stage), 16 * kb, 0), kb > 0);
       }
     }
-    wgmma_commit_and_wait();
+    wgmma_commit();
+    if (!pass.transition_rows) update_state<E, K>(dstate, do_scaled, pass.key_tile(stage, 2));
+    wgmma_commit();
+    wgmma_wait<1>();
     hold(ddelta[0]);
     hold(from_do[0]);
     scale_columns(ddelta, gates_out, 1.f);
     if (!pass.transition_rows) for_each(ddelta, from_do, 0, 0, [](int, int, float& d, float& x) { d += x; });
+    d_operand.set(ddelta, -1.f);
     if constexpr (kPass == Pass::backward) {
       store_token_rows(ddelta, staging, pass.token_rows(p.ddelta, info), token_stride, info.length);
     }
-
-    const float decay = gates_in[kChunk - 1];
-    for_each(dstate, 0, 0, [&](int, int, float& x) { x *= decay; });
-    d_operand.set(ddelta, -1.f);
-    if (!pass.transition_rows) do_operand.set(do_t, p.scale, gates_in);
     wgmma_fence();
-    if (!pass.transition_rows) update_state<E, K>(dstate, do_operand, pass.key_tile(stage, 2));
     update_state<E, K>(dstate, d_operand, pass.key_tile(stage, 0));
     wgmma_commit_and_wait();
     hold(dstate[0]);

@@ -80,16 +80,19 @@ __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
-// Closes the group of the wgmma issued so far; wgmma_wait waits until every group is complete. Work
-// between the two (global stores of values no product reads or writes) overlaps the products.
+// Closes the group of the wgmma issued so far; wgmma_wait<N> waits until at most the N groups committed
+// last are incomplete (groups complete in order). Work between the two (global stores of values no
+// product reads or writes, or elementwise work on the accumulators of a group already waited for)
+// overlaps the products.
 __device__ __forceinline__ void wgmma_commit() {
 #ifdef DELTATRAIN_WGMMA
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
+template <int kPending = 0>
 __device__ __forceinline__ void wgmma_wait() {
 #ifdef DELTATRAIN_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 __device__ __forceinline__ void wgmma_commit_and_wait() {
