@@ -3,6 +3,7 @@
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
 //   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
 //   mma.sync passes or T diag(beta) for the wgmma passes, which form U themselves (state_hopper.cu).
+#include <algorithm>
 #include <cub/block/block_scan.cuh>
 
 #include "chunk.cuh"
@@ -100,34 +101,36 @@ struct PrepareSmem {
   using KeyTile = Tile<E, kChunk, K>;
   using ChunkTile = Tile<E, kChunk, kChunk>;
   using FloatTile = Tile<float, kChunk, kChunk>;
-  // Q's region also holds the inverse's intermediate products (a FloatTile), then W's and U's staging.
-  static constexpr int q = 0;
-  static constexpr int k = q + (KeyTile::kBytes > FloatTile::kBytes ? KeyTile::kBytes : FloatTile::kBytes);
-  static constexpr int a = k + KeyTile::kBytes;
-  static constexpr int t_beta_decay = a;
-  static constexpr int t_beta = a + ChunkTile::kBytes;
-  // V comes in blocks of up to 128 columns (at most K, so that U's staging fits in q's region).
+  // V comes in blocks of up to 128 columns (at most K, so that U's staging fits in K's region).
   static constexpr int kMaxVBlock = K < 128 ? K : 128;
   using VTile = Tile<E, kChunk, kMaxVBlock>;
-  static constexpr int t = a + (FloatTile::kBytes > 2 * ChunkTile::kBytes ? FloatTile::kBytes : 2 * ChunkTile::kBytes);
-  static constexpr int gamma = t + (FloatTile::kBytes > VTile::kBytes ? FloatTile::kBytes : VTile::kBytes);
+  // Three regions, each reused as its contents die: K, until W's product; Q, then the inverse's
+  // intermediate products, then T diag(beta e^gamma) and T diag(beta); A, inverted in place into T, then
+  // W's staging, then blocks of V (the mma.sync passes' U, which is staged in K's region).
+  static constexpr int k = 0;
+  static constexpr int q = k + KeyTile::kBytes;
+  static constexpr int t_beta_decay = q;
+  static constexpr int t_beta = q + ChunkTile::kBytes;
+  static constexpr int a = q + std::max({KeyTile::kBytes, FloatTile::kBytes, 2 * ChunkTile::kBytes});
+  static constexpr int gamma = a + std::max({FloatTile::kBytes, KeyTile::kBytes, VTile::kBytes});
   static constexpr int beta = gamma + kChunk * 4;
   static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
   static constexpr int bytes = beta_decay + kChunk * 4;
-  // CTAs per SM that shared memory admits on sm_90 (228 KiB, 1 KiB reserved per CTA), at most three: the
-  // register budget the kernel is compiled for.
-  static constexpr int ctas_per_sm = 228 * 1024 / (bytes + 1024) < 3 ? 228 * 1024 / (bytes + 1024) : 3;
+  // CTAs per SM that shared memory admits on sm_90 (228 KiB, 1 KiB reserved per CTA), at most four: the
+  // register budget the kernel is compiled for. The kernel is a chain of short steps between barriers, so
+  // more CTAs per SM hide more of it (K = 128 fits four in 54 KB).
+  static constexpr int ctas_per_sm = 228 * 1024 / (bytes + 1024) < 4 ? 228 * 1024 / (bytes + 1024) : 4;
 };
 
-// T = (I + A)^-1 for strictly lower-triangular A (64 x 64, float32) by doubling: the four 16 x 16 diagonal
-// blocks by forward substitution (one lane a column), then two merges of neighbouring diagonal blocks,
-// 16 -> 32 and 32 -> 64, each
+// T = (I + A)^-1 for strictly lower-triangular A (64 x 64, float32), in place, by doubling: the four
+// 16 x 16 diagonal blocks by forward substitution (one lane a column), then two merges of neighbouring
+// diagonal blocks, 16 -> 32 and 32 -> 64, each
 //   T_21 = -T_22 (A_21 T_11)
 // as two 3xTF32 tensor-core products (about float32 accuracy) with A_21 T_11 in `scratch` at T's
-// coordinates. Four barriers; the entries of T above its diagonal blocks are left unwritten.
+// coordinates; T_21 replaces A_21 once the first product has read it. Four barriers; above the diagonal
+// blocks the tile keeps A's zeros.
 template <int NTHREADS>
-__device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kChunk, kChunk> t,
-                                  Tile<float, kChunk, kChunk> scratch) {
+__device__ void invert_unit_lower(Tile<float, kChunk, kChunk> t, Tile<float, kChunk, kChunk> scratch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (warp < 4 && lane < 16) {
     const int base = 16 * warp;
@@ -136,9 +139,10 @@ __device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kCh
     for (int i = 0; i < 16; ++i) {
       float x = i == lane ? 1.f : 0.f;
 #pragma unroll
-      for (int m = 0; m < i; ++m) x -= a(base + i, base + m) * column[m];
+      for (int m = 0; m < i; ++m) x -= t(base + i, base + m) * column[m];
       column[i] = x;
     }
+    __syncwarp(0x0000ffffu);  // every lane has read the block's A before any writes its column of T
 #pragma unroll
     for (int i = 0; i < 16; ++i) t(base + i, base + lane) = column[i];
   }
@@ -150,7 +154,7 @@ __device__ void invert_unit_lower(Tile<float, kChunk, kChunk> a, Tile<float, kCh
     float acc[1][2][4];
     if (active) {
       zero(acc);
-      warp_mma(acc, plain(a), lo + size + row, plain(t), lo + col, lo + col, lo + size);
+      warp_mma(acc, plain(t), lo + size + row, plain(t), lo + col, lo + col, lo + size);
       store_pairs(acc, &scratch(lo + size + row, lo + col), scratch.kLd);
     }
     __syncthreads();
@@ -179,24 +183,20 @@ __device__ __forceinline__ void store4(E* dst, float a, float b, float c, float 
 constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
 
 // The end of prepare, once T diag(beta e^gamma) and T diag(beta) are in shared memory:
-//   W = (T diag(beta e^gamma)) K  and  U = (T diag(beta)) V,
-// each staged in q's region and stored with 16-byte rows. V comes in blocks of kVBlock columns into T's
-// (dead) region, the first block while W is computed. T is lower triangular, so rows m0.. need k < m0 + 16.
+//   W = (T diag(beta e^gamma)) K  and, for the mma.sync passes, U = (T diag(beta)) V,
+// each staged and stored with 16-byte rows: W in A's dead region, U in K's once W is formed, with V in
+// blocks of kVBlock columns in A's region. T is lower triangular, so rows m0.. need k < m0 + 16.
 template <class E, int K, int kVBlock>
 __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, int hv, int tid) {
   using L = PrepareSmem<E, K>;
   using VTile = Tile<E, kChunk, kVBlock>;
   static_assert(VTile::kBytes <= L::KeyTile::kBytes && kVBlock <= L::kMaxVBlock);
-  const typename L::KeyTile k_tile{smem_at<E>(smem, L::k)}, w_stage{smem_at<E>(smem, L::q)};
+  const typename L::KeyTile k_tile{smem_at<E>(smem, L::k)}, w_stage{smem_at<E>(smem, L::a)};
   const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
-  const VTile v_tile{smem_at<E>(smem, L::t)}, u_stage{smem_at<E>(smem, L::q)};
+  const VTile v_tile{smem_at<E>(smem, L::a)}, u_stage{smem_at<E>(smem, L::k)};
   const int warp = tid / 32, m0 = 16 * (warp % 4), n_half = warp / 4;
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
-  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
-  const bool with_u = p.u != nullptr;  // the wgmma passes form U themselves
-  if (with_u) load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, 0, chunk, tid);
-  cp_async_commit();
 
 #pragma unroll 1
   for (int n0 = 0; n0 < K; n0 += 64) {
@@ -209,14 +209,13 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
                               rows, tid);
 
-  if (!with_u) return;
+  if (p.u == nullptr) return;  // the wgmma passes form U themselves
+  const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
 #pragma unroll 1
   for (int vb = 0; vb < p.V; vb += kVBlock) {
-    __syncthreads();  // the previous staging is stored and its V read
-    if (vb > 0) {
-      load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
-      cp_async_commit();
-    }
+    __syncthreads();  // the previous staging (W's, then U's) is stored and its V read
+    load_chunk_rows<kPrepareThreads>(v_tile, p.v, p.HV, hv, p.V, vb, chunk, tid);
+    cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     float acc[1][kVBlock / 16][4];
@@ -230,14 +229,11 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
 
 template <class E, int K>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
-  const bool with_t = p.t != nullptr;  // the backward keeps T
   using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
   const typename L::KeyTile q_tile{smem_at<E>(smem, L::q)}, k_tile{smem_at<E>(smem, L::k)};
-  const typename L::FloatTile a_tile{smem_at<float>(smem, L::a)}, t_tile{smem_at<float>(smem, L::t)};
+  const typename L::FloatTile a_tile{smem_at<float>(smem, L::a)}, scratch{smem_at<float>(smem, L::q)};
   const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
-  const typename L::ChunkTile p_staging{smem_at<E>(smem, L::t)};
-  const typename L::ChunkTile staging{smem_at<E>(smem, L::q)};
   float* gamma = smem_at<float>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
   float* beta_decay = smem_at<float>(smem, L::beta_decay);
@@ -281,30 +277,31 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   cp_async_wait<0>();
   __syncthreads();
 
-  {
-    float kk[1][4][4], qk[1][4][4];
-    zero(kk);
-    zero(qk);
-    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
-    warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
-    // Both are gated by e^(gamma_r - gamma_c): A below the diagonal, P on and below it.
-    for_each(kk, qk, m0, n_half, [&](int r, int c, float& a, float& q) {
-      const float decay = r >= c ? __expf(gamma[r] - gamma[c]) : 0.f;
-      a = r > c ? beta[r] * a * decay : 0.f;
-      q = p.scale * q * decay;
-    });
-    store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
-    store_pairs(qk, &p_staging(m0, n_half), p_staging.kLd);
-  }
-  __syncthreads();
+  // Per chunk and head, rows of a [tokens, HV, C] tensor (P, T, T diag(beta)).
   const std::int64_t chunk_row = (t0 * p.HV + hv) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
-  store_rows<kPrepareThreads>(p_staging, static_cast<E*>(p.p) + chunk_row, chunk_stride, rows, tid);
-  __syncthreads();  // P's staging is read before T overwrites it
-  // Q is dead: its region holds the inverse's intermediate products, then stages T.
-  invert_unit_lower<kPrepareThreads>(a_tile, t_tile, typename L::FloatTile{smem_at<float>(smem, L::q)});
+  // A and P one after the other (each accumulator alone fits the register budget), both gated by
+  // e^(gamma_r - gamma_c): A below the diagonal, P on and below it.
+  {
+    float kk[1][4][4];
+    zero(kk);
+    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
+    for_each(kk, m0, n_half, [&](int r, int c, float& a) { a = r > c ? beta[r] * a * __expf(gamma[r] - gamma[c]) : 0.f; });
+    store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
+  }
+  {
+    float qk[1][4][4];
+    zero(qk);
+    warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
+    for_each(qk, m0, n_half, [&](int r, int c, float& q) { q = r >= c ? p.scale * q * __expf(gamma[r] - gamma[c]) : 0.f; });
+    store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
+  }
+  __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
+  invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
-  // A is dead: its region takes T diag(beta e^gamma) and T diag(beta). Each thread converts runs of four
-  // columns, writing the zeros above T's diagonal blocks.
+  // T diag(beta e^gamma) and T diag(beta) into Q's dead region; T diag(beta) and (for the backward) T to
+  // global memory as they are formed. Each thread converts runs of four columns, writing the zeros above
+  // T's diagonal blocks.
+  const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
     const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;
     const bool in_blocks = c < (r / 16 + 1) * 16;
@@ -312,16 +309,13 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
     store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
     store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
-    if (with_t) store4(&staging(r, c), x.x, x.y, x.z, x.w);
+    if (r < rows) {
+      const std::int64_t at = chunk_row + r * chunk_stride + c;
+      if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
+      if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);
+    }
   }
-  __syncthreads();
-  if (p.t_beta != nullptr) {
-    store_rows<kPrepareThreads>(tb_tile, static_cast<E*>(p.t_beta) + chunk_row, chunk_stride, rows, tid);
-  }
-  if (with_t) {
-    store_rows<kPrepareThreads>(staging, static_cast<E*>(p.t) + chunk_row, chunk_stride, rows, tid);
-    __syncthreads();  // T's staging is read before W's overwrites it
-  }
+  __syncthreads();  // T diag(beta e^gamma) is complete and T read: A's region stages W
   if (L::kMaxVBlock == 128 && p.V % 128 == 0) {
     write_w_u<E, K, L::kMaxVBlock>(p, smem, chunk, hv, tid);
   } else {
