@@ -244,15 +244,22 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
+  // The gates are read first: the scan below waits on them, and their loads then overlap the copies' issue.
+  float g = 0.f;
+  if (tid < kChunk && tid < rows) {
+    const std::int64_t index = (t0 + tid) * p.HV + hv;
+    g = load_gate<E>(p.g, index, p.g_float);
+    beta[tid] = load_gate<E>(p.beta, index, p.beta_float);
+  } else if (tid < kChunk) {
+    beta[tid] = 0.f;  // rows past the end add zero
+  }
   load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
   load_chunk_rows<kPrepareThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
   cp_async_commit();
 
-  // Gate cumsum: two warps scan 32 rows each; rows past the end add zero.
+  // Gate cumsum: two warps scan 32 rows each.
   if (tid < kChunk) {
-    const std::int64_t index = (t0 + tid) * p.HV + hv;
-    float x = tid < rows ? load_gate<E>(p.g, index, p.g_float) : 0.f;
-    beta[tid] = tid < rows ? load_gate<E>(p.beta, index, p.beta_float) : 0.f;
+    float x = g;
 #pragma unroll
     for (int offset = 1; offset < 32; offset <<= 1) {
       const float y = __shfl_up_sync(0xffffffffu, x, offset);
@@ -279,20 +286,19 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
 
   // Per chunk and head, rows of a [tokens, HV, C] tensor (P, T, T diag(beta)).
   const std::int64_t chunk_row = (t0 * p.HV + hv) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
-  // A and P one after the other (each accumulator alone fits the register budget), both gated by
-  // e^(gamma_r - gamma_c): A below the diagonal, P on and below it.
   {
-    float kk[1][4][4];
+    float kk[1][4][4], qk[1][4][4];
     zero(kk);
-    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
-    for_each(kk, m0, n_half, [&](int r, int c, float& a) { a = r > c ? beta[r] * a * __expf(gamma[r] - gamma[c]) : 0.f; });
-    store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
-  }
-  {
-    float qk[1][4][4];
     zero(qk);
+    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
     warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
-    for_each(qk, m0, n_half, [&](int r, int c, float& q) { q = r >= c ? p.scale * q * __expf(gamma[r] - gamma[c]) : 0.f; });
+    // Both are gated by e^(gamma_r - gamma_c): A below the diagonal, P on and below it.
+    for_each(kk, qk, m0, n_half, [&](int r, int c, float& a, float& q) {
+      const float decay = r >= c ? __expf(gamma[r] - gamma[c]) : 0.f;
+      a = r > c ? beta[r] * a * decay : 0.f;
+      q = p.scale * q * decay;
+    });
+    store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
     store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
   }
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
