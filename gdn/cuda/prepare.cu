@@ -245,13 +245,14 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   const int rows = chunk.length;
 
   // The gates are read first: the scan below waits on them, and their loads then overlap the copies' issue.
+  // Rows past the chunk's end take g = 0 (the scan adds nothing) and beta = 0.
   float g = 0.f;
   if (tid < kChunk && tid < rows) {
     const std::int64_t index = (t0 + tid) * p.HV + hv;
     g = load_gate<E>(p.g, index, p.g_float);
     beta[tid] = load_gate<E>(p.beta, index, p.beta_float);
   } else if (tid < kChunk) {
-    beta[tid] = 0.f;  // rows past the end add zero
+    beta[tid] = 0.f;
   }
   load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
   load_chunk_rows<kPrepareThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
