@@ -1,10 +1,6 @@
 #include "deltatrain/optim/checkpoint.h"
 
-#include <fcntl.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -172,13 +168,6 @@ void check_file_size(const File& file, const CheckpointFile& record) {
   if (size > record.bytes) {
     throw Failure("file " + file.path().string() + " has " + std::to_string(size) + " bytes but metadata.json records " +
                   std::to_string(record.bytes));
-  }
-}
-
-void rename_no_replace(const fs::path& from, const fs::path& to) {
-  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
-    throw Failure("rename " + from.string() + " to " + to.string() + " failed: " + std::strerror(errno) + " (errno " +
-                  std::to_string(errno) + ")");
   }
 }
 

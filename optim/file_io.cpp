@@ -97,6 +97,13 @@ void sync_directory(const std::filesystem::path& path) {
   File::open_directory(path).sync();
 }
 
+void rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
+    throw Failure("rename " + from.string() + " to " + to.string() + " failed: " + std::strerror(errno) + " (errno " +
+                  std::to_string(errno) + ")");
+  }
+}
+
 void replace_file_atomically(const std::filesystem::path& path, const std::string& content) {
   const std::filesystem::path temporary = path.string() + ".tmp";
   std::filesystem::remove(temporary);  // left by a save that was killed

@@ -37,6 +37,9 @@ class File {
 // Makes a directory's entries (creations, renames) durable.
 void sync_directory(const std::filesystem::path& path);
 
+// Renames `from` to `to`, failing (Failure) rather than replacing when `to` exists.
+void rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to);
+
 // Writes `content` to a temporary file beside `path`, syncs it, renames it over `path`, and syncs
 // the directory: readers see the old content or the new, never a mix.
 void replace_file_atomically(const std::filesystem::path& path, const std::string& content);

@@ -10,5 +10,7 @@ void add_bench_gdn_command(CLI::App& bench);
 void add_bench_memsaver_command(CLI::App& bench);
 void add_optim_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
+void add_model_command(CLI::App& app);  // `model info`, `model check`
+void add_train_command(CLI::App& app);  // `train`: data-parallel training under mpirun
 
 }  // namespace deltatrain::tools

@@ -9,26 +9,11 @@
 #include <optional>
 #include <vector>
 
+#include "deltatrain/core/bfloat16.h"
 #include "deltatrain/core/tensor.h"
 #include "deltatrain/gdn/backend.h"
 
 namespace deltatrain::gdn::host {
-
-inline float bf16_to_float(std::uint16_t bits) {
-  const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &word, sizeof value);
-  return value;
-}
-
-// Round to nearest even, as the hardware does; NaN stays NaN.
-inline std::uint16_t float_to_bf16(float value) {
-  std::uint32_t word;
-  std::memcpy(&word, &value, sizeof word);
-  if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((word >> 16) | 0x40u);
-  word += 0x7fffu + ((word >> 16) & 1u);
-  return static_cast<std::uint16_t>(word >> 16);
-}
 
 template <class T>
 T load_element(const void* base, DType dtype, std::int64_t index) {

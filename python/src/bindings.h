@@ -8,5 +8,6 @@ namespace deltatrain::python {
 void bind_core(nanobind::module_& m);
 void bind_gdn(nanobind::module_& m);
 void bind_memsaver(nanobind::module_& m);
+void bind_model(nanobind::module_& m);  // only where the model is built (DELTATRAIN_WITH_MODEL)
 
 }  // namespace deltatrain::python

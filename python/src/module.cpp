@@ -6,4 +6,7 @@ NB_MODULE(_deltatrain, m) {
   deltatrain::python::bind_core(m);
   deltatrain::python::bind_gdn(m);
   deltatrain::python::bind_memsaver(m);
+#ifdef DELTATRAIN_WITH_MODEL
+  deltatrain::python::bind_model(m);
+#endif
 }

@@ -1,0 +1,94 @@
+// The hybrid GDN language model: forward to the next-token loss, and the backward to every parameter.
+//
+//   model::Model m(config, {.device = {}, .dtype = DType::f32});
+//   m.bind(store.params(), store.grads());          // or the optimizer's flat buffers
+//   double loss = m.forward(batch);                  // sum over tokens of weight * -log p(target)
+//   m.backward();                                    // accumulates into the bound gradients
+//
+// The batch is packed: B = 1, the sequences one after another with cu_seqlens, as the GDN operator takes
+// them. Nothing mixes tokens across sequences (convolution, GDN state, attention, RoPE positions).
+//
+// One step of the model is written once (model.cpp) over the Ops interface; the device decides which
+// kernels run. The loss is computed in chunks of tokens, so the logits of the whole batch never exist at
+// once (a 248k vocabulary makes them 32 GB for 32k tokens in float32); in a training forward each chunk's
+// gradient is formed right away, so backward() does not compute the logits again.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "deltatrain/core/tensor.h"
+#include "deltatrain/model/config.h"
+#include "deltatrain/model/params.h"
+
+namespace deltatrain::model {
+
+struct ModelOptions {
+  Device device{};  // the CPU, or a CUDA GPU
+  // Parameters and activations: float32 or float64 on the CPU (everything in that dtype); bfloat16 on a
+  // GPU, with float32 statistics (norms, softmax), gates and parameter gradients, and float32 accumulation.
+  DType dtype = DType::f32;
+  int cpu_threads = 0;             // CPU: 0 = all available
+  void* stream = nullptr;          // GPU: the cudaStream_t every kernel and copy of the model runs on
+  std::int64_t loss_chunk = 1024;  // tokens per chunk of the loss (logits of loss_chunk x vocab at once)
+  bool recompute = false;          // keep only each layer's input; recompute the layer in the backward
+};
+
+// The dtype of the gradients a model with these options accumulates into (the parameters' on the CPU,
+// float32 on a GPU).
+DType gradient_dtype(const ModelOptions& options);
+
+// Host memory. tokens [T]; cu_seqlens [N + 1] from 0 to T, non-decreasing. targets [T] (-1: no loss at
+// that position): default the next token of the same sequence (the last token of each sequence has none).
+// weights [T]: each token's weight in the loss; default 1 / (number of tokens with a target), the mean.
+struct Batch {
+  std::span<const std::int32_t> tokens;
+  std::span<const std::int32_t> cu_seqlens;
+  std::span<const std::int32_t> targets = {};
+  std::span<const double> weights = {};
+};
+
+class Model {
+ public:
+  Model(const Config& config, const ModelOptions& options = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const Config& config() const;
+  const ModelOptions& options() const;
+
+  // Resolves every parameter (options.dtype) and gradient (gradient_dtype(options)) by name once;
+  // InvalidArgument naming a tensor that has the wrong shape, dtype or device. grads may be empty for a
+  // model that only runs forward.
+  void bind(const TensorLookup& params, const TensorLookup& grads = {});
+
+  // The loss sum_t weights[t] * -log p(targets[t] | tokens[<= t]) over the batch. With `training` the
+  // activations the backward needs are kept and the loss's gradient is formed.
+  double forward(const Batch& batch, bool training = true);
+  // After a training forward: adds d loss / d parameter to the bound gradients. (The lm_head's share is
+  // added during the forward, chunk by chunk, with the loss's gradient.)
+  void backward();
+
+  // log p(targets[t]) per token (0 where the target is -1), from the last forward.
+  std::span<const double> token_logprobs() const;
+  // Full logits [T, vocab] of a batch in the model's dtype, on its device (for checks and small models:
+  // T x vocab memory).
+  void logits(const Batch& batch, const TensorView& out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Targets and weights as Batch's defaults define them, for callers that want to see or change them.
+std::vector<std::int32_t> next_token_targets(std::span<const std::int32_t> tokens,
+                                             std::span<const std::int32_t> cu_seqlens);
+
+// InvalidArgument naming the argument: token ids outside [0, vocab), bad cu_seqlens, sizes that disagree.
+void validate_batch(const Batch& batch, std::int64_t vocab_size);
+
+}  // namespace deltatrain::model

@@ -1,0 +1,122 @@
+#include "arena.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "deltatrain/core/error.h"
+#ifdef DELTATRAIN_WITH_CUDA
+#include "deltatrain/core/cuda_check.h"
+#endif
+
+namespace deltatrain::model {
+namespace {
+
+constexpr std::size_t kAlignment = 256;        // cuBLASLt and vectorised kernels want aligned operands
+constexpr std::size_t kMinChunk = 64ull << 20;  // few chunks, few device allocations
+
+void* allocate_bytes(std::size_t bytes, Device device) {
+  if (device.type == DeviceType::cpu) {
+    void* p = std::aligned_alloc(kAlignment, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+#ifdef DELTATRAIN_WITH_CUDA
+  void* p = nullptr;
+  cuda_check(cudaSetDevice(device.index), "cudaSetDevice");
+  cuda_check(cudaMalloc(&p, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes of model activations").c_str());
+  return p;
+#else
+  throw Unavailable("model memory on " + device_name(device), "this build has no CUDA");
+#endif
+}
+
+void free_bytes(void* p, Device device) {
+  if (device.type == DeviceType::cpu) {
+    std::free(p);
+    return;
+  }
+#ifdef DELTATRAIN_WITH_CUDA
+  cudaFree(p);  // in a destructor: nothing to do about a failure
+#endif
+}
+
+std::size_t round_up(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+}  // namespace
+
+Arena::~Arena() {
+  for (const Chunk& c : chunks_) free_bytes(c.data, device_);
+}
+
+TensorView Arena::allocate(DType dtype, std::initializer_list<std::int64_t> shape) {
+  std::int64_t numel = 1;
+  for (const std::int64_t extent : shape) numel *= extent;
+  const std::size_t bytes = round_up(std::max<std::size_t>(1, static_cast<std::size_t>(numel) * dtype_size(dtype)));
+  while (chunk_ < chunks_.size() && offset_ + bytes > chunks_[chunk_].bytes) {
+    ++chunk_;
+    offset_ = 0;
+  }
+  if (chunk_ == chunks_.size()) {
+    const std::size_t last = chunks_.empty() ? 0 : chunks_.back().bytes;
+    const std::size_t size = std::max({bytes, kMinChunk, 2 * last});
+    chunks_.push_back({allocate_bytes(size, device_), size});
+    offset_ = 0;
+  }
+  void* data = static_cast<std::byte*>(chunks_[chunk_].data) + offset_;
+  offset_ += bytes;
+  in_use_ += bytes;
+  peak_ = std::max(peak_, in_use_);
+  return TensorView::contiguous(data, dtype, shape, device_);
+}
+
+void Arena::reset() {
+  chunk_ = 0;
+  offset_ = 0;
+  in_use_ = 0;
+}
+
+std::size_t Arena::reserved_bytes() const {
+  std::size_t total = 0;
+  for (const Chunk& c : chunks_) total += c.bytes;
+  return total;
+}
+
+void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream) {
+  if (bytes == 0) return;
+  if (device.type == DeviceType::cpu) {
+    std::memcpy(device_dst, host_src, bytes);
+    return;
+  }
+#ifdef DELTATRAIN_WITH_CUDA
+  cuda_check(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
+             "cudaMemcpyAsync (host to device)");
+#else
+  throw Unavailable("copy to " + device_name(device), "this build has no CUDA");
+#endif
+}
+
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Device device, void* stream) {
+  if (bytes == 0) return;
+  if (device.type == DeviceType::cpu) {
+    std::memcpy(host_dst, device_src, bytes);
+    return;
+  }
+#ifdef DELTATRAIN_WITH_CUDA
+  cuda_check(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
+             "cudaMemcpyAsync (device to host)");
+#else
+  throw Unavailable("copy from " + device_name(device), "this build has no CUDA");
+#endif
+}
+
+void synchronize(Device device, void* stream) {
+  if (device.type == DeviceType::cpu) return;
+#ifdef DELTATRAIN_WITH_CUDA
+  cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+#endif
+}
+
+}  // namespace deltatrain::model

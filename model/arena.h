@@ -1,0 +1,44 @@
+// Memory for the model's activations and temporaries, on the model's device: chunks allocated once and
+// handed out by a bump pointer. reset() rewinds without freeing, so a step that allocates what the last
+// one did (the same batch size) allocates nothing new (a cudaMalloc would synchronise the device).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "deltatrain/core/tensor.h"
+
+namespace deltatrain::model {
+
+class Arena {
+ public:
+  explicit Arena(Device device) : device_(device) {}
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // A contiguous tensor, 256-byte aligned, uninitialised; valid until reset() or the arena's end.
+  TensorView allocate(DType dtype, std::initializer_list<std::int64_t> shape);
+  void reset();
+  std::size_t reserved_bytes() const;  // held on the device
+  std::size_t peak_bytes() const { return peak_; }  // most in use at once since construction
+
+ private:
+  struct Chunk {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  Device device_;
+  std::vector<Chunk> chunks_;
+  std::size_t chunk_ = 0, offset_ = 0;  // where the next allocation goes
+  std::size_t in_use_ = 0, peak_ = 0;
+};
+
+// Copies between host memory and the model's device (a plain memcpy on the CPU), ordered on `stream`.
+void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream);
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Device device, void* stream);
+void synchronize(Device device, void* stream);  // waits for the stream's work (nothing on the CPU)
+
+}  // namespace deltatrain::model

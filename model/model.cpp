@@ -1,0 +1,625 @@
+// One step of the hybrid GDN model, forward and backward, read top to bottom. Every kernel is an Ops call
+// (ops.h) or the gdn operator; this file decides only what is computed, in which order, and what is kept.
+//
+// Per layer (x the residual stream [T, hidden]):
+//   h = rmsnorm(x);  x += mixer(h);  h = rmsnorm(x);  x += down(silu(gate(h)) * up(h))
+// GDN mixer:        qkv = conv1d_silu(in_proj_qkv h);  z = in_proj_z h;  g, beta = gates(in_proj_a h, in_proj_b h)
+//                   o = gdn(q, k, v, g, beta) with the in-kernel L2 norm;  out_proj(gated_rmsnorm(o, z))
+// attention mixer:  [q | gate] = q_proj h per head;  q = rope(q_norm q);  k = rope(k_norm(k_proj h));  v = v_proj h
+//                   o_proj(attention(q, k, v) * sigmoid(gate))
+// Then the final norm, and the loss over chunks of tokens: logits = h lm_head^T, cross-entropy.
+#include "deltatrain/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "deltatrain/core/error.h"
+#include "deltatrain/gdn/gdn.h"
+#include "arena.h"
+#include "ops.h"
+#include "tensors.h"
+
+namespace deltatrain::model {
+namespace {
+
+std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+// The parameters of one layer, or their gradients: the same names resolve into either.
+struct GdnWeights {
+  TensorView in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, a_log, dt_bias, norm, out_proj;
+};
+struct AttentionWeights {
+  TensorView q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+};
+struct LayerWeights {
+  LayerKind kind = LayerKind::linear_attention;
+  TensorView input_norm, post_norm, gate_proj, up_proj, down_proj;
+  GdnWeights gdn;
+  AttentionWeights attention;
+};
+struct Weights {
+  TensorView embedding, final_norm, lm_head;
+  std::vector<LayerWeights> layers;
+};
+
+// Everything a layer's backward reads, kept from its forward (or recomputed from its input).
+struct GdnActivations {
+  TensorView qkv;                // in_proj_qkv output, before the convolution [T, conv_dim]
+  TensorView conv;               // after conv1d + SiLU [T, conv_dim]
+  TensorView q, k, v;            // contiguous copies of conv's column blocks, as the gdn operator takes them
+  TensorView z, a, b, g, beta;   // [T, HV * dv], [T, HV] x 4
+  TensorView core;               // the gdn operator's output [T, HV * dv]
+  TensorView norm_rstd, normed;  // gated RMSNorm [T * HV], its output [T, HV * dv]
+};
+struct AttentionActivations {
+  TensorView qg;                  // q_proj output: per head [query | gate] [T, Hq * 2 * hd]
+  TensorView k_raw, v;            // [T, Hkv * hd]
+  TensorView q_rstd, k_rstd;      // [T * Hq], [T * Hkv]
+  TensorView q, k;                // normed and rotated [T, Hq * hd], [T, Hkv * hd]
+  TensorView o, lse;              // attention output [T, Hq * hd], [Hq, T]
+  TensorView gated;               // o * sigmoid(gate) [T, Hq * hd]
+};
+struct LayerActivations {
+  TensorView input_rstd, input_normed;  // [T], [T, hidden]
+  TensorView mid;                       // residual stream after the mixer [T, hidden]
+  TensorView post_rstd, post_normed;
+  TensorView mlp_gate, mlp_up, mlp_act;  // [T, intermediate]
+  GdnActivations gdn;
+  AttentionActivations attention;
+};
+
+}  // namespace
+
+struct Model::Impl {
+  Config config;
+  ModelOptions options;
+  std::unique_ptr<Ops> ops;
+  Weights params, grads;
+  bool has_grads = false;
+  // Dtypes by role: everything in options.dtype on the CPU; bfloat16 activations with float32 statistics
+  // (norm rstd, softmax lse, gates) on a GPU.
+  DType act_dtype = DType::f32, stat_dtype = DType::f32;
+
+  // The batch of the last forward, on the host and (on a GPU) on the device.
+  std::vector<std::int32_t> tokens, cu_seqlens, targets;
+  std::vector<double> weights, logprobs;
+  IndexArray token_ids, sequences, target_ids;
+  TensorView weight_values, logprob_values;  // [T] on the device: float64 on the CPU, float32 on a GPU
+  std::int64_t T = 0;
+  bool trained = false;  // the last forward kept what backward() needs
+
+  Arena memory{options.device};     // activations kept from the forward, rewound each forward
+  Arena scratch{options.device};    // temporaries of one layer's backward, rewound for each layer
+  Arena recomputed{options.device};  // with recompute: the one layer's activations being recomputed
+  std::vector<TensorView> layer_inputs;  // residual stream entering each layer, and after the last [L + 1]
+  std::vector<LayerActivations> acts;    // one per layer (none with recompute)
+  LayerActivations recompute_acts;
+  TensorView final_rstd, final_normed;   // final norm
+  TensorView d_final;                    // the loss's gradient w.r.t. final_normed, formed in forward
+
+  Impl(const Config& c, const ModelOptions& o) : config(c), options(o) {}
+
+  TensorView act(std::initializer_list<std::int64_t> shape) { return memory.allocate(act_dtype, shape); }
+  TensorView stat(std::initializer_list<std::int64_t> shape) { return memory.allocate(stat_dtype, shape); }
+  TensorView temp(std::initializer_list<std::int64_t> shape) { return scratch.allocate(act_dtype, shape); }
+  TensorView temp_stat(std::initializer_list<std::int64_t> shape) { return scratch.allocate(stat_dtype, shape); }
+
+  void load_batch(const Batch& batch);
+  void allocate(bool training);
+  void allocate_layer(LayerActivations& a, LayerKind kind, Arena& arena);
+  LayerActivations& activations(int layer);
+  void layer_forward(int layer);
+  void layer_backward(int layer, const TensorView& dx);
+  void gdn_forward(const GdnWeights& w, GdnActivations& a, const TensorView& h, const TensorView& out);
+  void gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnActivations& a, const TensorView& h,
+                    const TensorView& dout, const TensorView& dh);
+  void attention_forward(const AttentionWeights& w, AttentionActivations& a, const TensorView& h,
+                         const TensorView& out);
+  void attention_backward(const AttentionWeights& w, const AttentionWeights& dw, AttentionActivations& a,
+                          const TensorView& h, const TensorView& dout, const TensorView& dh);
+  double loss(bool want_grad);
+
+  // y = x w^T;  the backward: dx (+)= dy w, dw += dy^T x.
+  void linear(const TensorView& y, const TensorView& x, const TensorView& w) { ops->gemm(false, true, 1, x, w, 0, y); }
+  void linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& dy, const TensorView& x,
+                       const TensorView& w, bool accumulate_dx) {
+    ops->gemm(false, false, 1, dy, w, accumulate_dx ? 1 : 0, dx);
+    ops->gemm(true, false, 1, dy, x, 1, dw);
+  }
+
+  gdn::Inputs gdn_inputs(const GdnActivations& a) const;
+  gdn::Options gdn_options() const;
+};
+
+namespace {
+
+Weights resolve_weights(const Config& config, const TensorLookup& lookup) {
+  Weights w;
+  w.embedding = lookup("model.embed_tokens.weight");
+  w.final_norm = lookup("model.norm.weight");
+  w.lm_head = config.tie_word_embeddings ? w.embedding : lookup("lm_head.weight");
+  for (int i = 0; i < config.num_hidden_layers(); ++i) {
+    const std::string p = layer_prefix(i);
+    LayerWeights l;
+    l.kind = config.layer_types[i];
+    l.input_norm = lookup(p + "input_layernorm.weight");
+    l.post_norm = lookup(p + "post_attention_layernorm.weight");
+    l.gate_proj = lookup(p + "mlp.gate_proj.weight");
+    l.up_proj = lookup(p + "mlp.up_proj.weight");
+    l.down_proj = lookup(p + "mlp.down_proj.weight");
+    if (l.kind == LayerKind::linear_attention) {
+      const std::string a = p + "linear_attn.";
+      l.gdn = {lookup(a + "in_proj_qkv.weight"), lookup(a + "in_proj_z.weight"), lookup(a + "in_proj_b.weight"),
+               lookup(a + "in_proj_a.weight"),   lookup(a + "conv1d.weight"),    lookup(a + "A_log"),
+               lookup(a + "dt_bias"),            lookup(a + "norm.weight"),      lookup(a + "out_proj.weight")};
+      // HF's conv1d.weight [C, 1, W] is used as the matrix [C, W].
+      l.gdn.conv1d = as_matrix(l.gdn.conv1d, config.linear_conv_dim(), config.linear_conv_kernel_dim);
+    } else {
+      const std::string a = p + "self_attn.";
+      l.attention = {lookup(a + "q_proj.weight"), lookup(a + "k_proj.weight"), lookup(a + "v_proj.weight"),
+                     lookup(a + "o_proj.weight"), lookup(a + "q_norm.weight"), lookup(a + "k_norm.weight")};
+    }
+    w.layers.push_back(l);
+  }
+  return w;
+}
+
+// Checks each bound tensor against the parameter list before any is used.
+TensorLookup checked(const TensorLookup& lookup, const std::vector<ParamInfo>& infos, DType dtype, Device device,
+                     const char* what) {
+  for (const ParamInfo& info : infos) {
+    const TensorView v = lookup(info.name);
+    const std::string name = std::string(what) + " " + info.name;
+    if (v.data == nullptr) throw InvalidArgument(name, "is not bound (null data)");
+    bool same_shape = v.ndim == static_cast<int>(info.shape.size());
+    for (int d = 0; same_shape && d < v.ndim; ++d) same_shape = v.shape[d] == info.shape[d];
+    if (!same_shape) throw InvalidArgument(name, "has shape " + v.shape_string() + ", the config needs another");
+    if (v.dtype != dtype) {
+      throw InvalidArgument(name, std::string("has dtype ") + dtype_name(v.dtype) + ", the model computes in " +
+                                      dtype_name(dtype));
+    }
+    if (!(v.device == device)) throw InvalidArgument(name, "lives on " + device_name(v.device) + ", not the model's device");
+    if (!v.is_contiguous()) throw InvalidArgument(name, "must be contiguous");
+  }
+  return lookup;
+}
+
+}  // namespace
+
+DType gradient_dtype(const ModelOptions& options) {
+  return options.device.type == DeviceType::cpu ? options.dtype : DType::f32;
+}
+
+Model::Model(const Config& config, const ModelOptions& options) : impl_(std::make_unique<Impl>(config, options)) {
+  validate(config);
+  if (options.loss_chunk < 1) throw InvalidArgument("loss_chunk", "must be at least 1 token");
+  if (options.cpu_threads < 0) throw InvalidArgument("cpu_threads", "must be >= 0 (0: all available)");
+  Impl& m = *impl_;
+  if (options.device.type == DeviceType::cpu) {
+    if (options.dtype != DType::f32 && options.dtype != DType::f64) {
+      throw InvalidArgument("dtype", std::string("the CPU model computes in float32 or float64, got ") +
+                                         dtype_name(options.dtype));
+    }
+    m.act_dtype = m.stat_dtype = options.dtype;
+    m.ops = make_cpu_ops(options.cpu_threads);
+  } else {
+    if (options.dtype != DType::bf16) {
+      throw InvalidArgument("dtype", std::string("the GPU model computes in bfloat16, got ") + dtype_name(options.dtype));
+    }
+    m.act_dtype = DType::bf16;
+    m.stat_dtype = DType::f32;
+    m.ops = make_cuda_ops(options.device, options.stream);
+  }
+}
+
+Model::~Model() = default;
+
+const Config& Model::config() const { return impl_->config; }
+const ModelOptions& Model::options() const { return impl_->options; }
+
+void Model::bind(const TensorLookup& params, const TensorLookup& grads) {
+  Impl& m = *impl_;
+  const std::vector<ParamInfo> infos = param_infos(m.config);
+  Weights p = resolve_weights(m.config, checked(params, infos, m.options.dtype, m.options.device, "parameter"));
+  Weights g;
+  if (grads) g = resolve_weights(m.config, checked(grads, infos, gradient_dtype(m.options), m.options.device, "gradient"));
+  m.params = std::move(p);
+  m.grads = std::move(g);
+  m.has_grads = static_cast<bool>(grads);
+  m.trained = false;
+}
+
+std::vector<std::int32_t> next_token_targets(std::span<const std::int32_t> tokens,
+                                             std::span<const std::int32_t> cu_seqlens) {
+  std::vector<std::int32_t> targets(tokens.size(), -1);
+  for (std::size_t n = 0; n + 1 < cu_seqlens.size(); ++n) {
+    for (std::int32_t t = cu_seqlens[n]; t + 1 < cu_seqlens[n + 1]; ++t) targets[t] = tokens[t + 1];
+  }
+  return targets;
+}
+
+void validate_batch(const Batch& batch, std::int64_t vocab_size) {
+  const auto T = static_cast<std::int64_t>(batch.tokens.size());
+  if (T == 0) throw InvalidArgument("tokens", "the batch is empty");
+  if (T > INT32_MAX) throw InvalidArgument("tokens", "more than 2^31 - 1 tokens in one batch");
+  for (std::int64_t t = 0; t < T; ++t) {
+    if (batch.tokens[t] < 0 || batch.tokens[t] >= vocab_size) {
+      throw InvalidArgument("tokens", "token " + std::to_string(t) + " is " + std::to_string(batch.tokens[t]) +
+                                          ", outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    }
+  }
+  const auto& cu = batch.cu_seqlens;
+  if (cu.size() < 2) throw InvalidArgument("cu_seqlens", "needs at least 2 offsets (one sequence)");
+  if (cu.front() != 0 || cu.back() != T) {
+    throw InvalidArgument("cu_seqlens", "must start at 0 and end at the token count " + std::to_string(T) + ", got " +
+                                            std::to_string(cu.front()) + " ... " + std::to_string(cu.back()));
+  }
+  for (std::size_t n = 0; n + 1 < cu.size(); ++n) {
+    if (cu[n + 1] < cu[n]) throw InvalidArgument("cu_seqlens", "must be non-decreasing (offset " + std::to_string(n + 1) + ")");
+  }
+  if (!batch.targets.empty()) {
+    if (static_cast<std::int64_t>(batch.targets.size()) != T) {
+      throw InvalidArgument("targets", "needs one entry per token (" + std::to_string(T) + ")");
+    }
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (batch.targets[t] < -1 || batch.targets[t] >= vocab_size) {
+        throw InvalidArgument("targets", "entry " + std::to_string(t) + " is " + std::to_string(batch.targets[t]) +
+                                             ": a token id or -1 (no loss)");
+      }
+    }
+  }
+  if (!batch.weights.empty()) {
+    if (static_cast<std::int64_t>(batch.weights.size()) != T) {
+      throw InvalidArgument("weights", "needs one entry per token (" + std::to_string(T) + ")");
+    }
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (!std::isfinite(batch.weights[t])) throw InvalidArgument("weights", "entry " + std::to_string(t) + " is not finite");
+    }
+  }
+}
+
+// The batch on the host (validation, CPU kernels, the GDN operator's schedule) and, on a GPU, on the device.
+void Model::Impl::load_batch(const Batch& batch) {
+  tokens.assign(batch.tokens.begin(), batch.tokens.end());
+  cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
+  targets = batch.targets.empty() ? next_token_targets(batch.tokens, batch.cu_seqlens)
+                                  : std::vector<std::int32_t>(batch.targets.begin(), batch.targets.end());
+  if (batch.weights.empty()) {
+    const auto counted = std::count_if(targets.begin(), targets.end(), [](std::int32_t t) { return t >= 0; });
+    weights.assign(targets.size(), counted > 0 ? 1.0 / double(counted) : 0.0);
+  } else {
+    weights.assign(batch.weights.begin(), batch.weights.end());
+  }
+  logprobs.assign(targets.size(), 0.0);
+  T = static_cast<std::int64_t>(tokens.size());
+
+  memory.reset();
+  const Device device = options.device;
+  if (device.type == DeviceType::cpu) {
+    token_ids = IndexArray(tokens);
+    sequences = IndexArray(cu_seqlens);
+    target_ids = IndexArray(targets);
+    weight_values = TensorView::contiguous(weights.data(), DType::f64, {T});
+    logprob_values = TensorView::contiguous(logprobs.data(), DType::f64, {T});
+    return;
+  }
+  auto upload = [&](const std::vector<std::int32_t>& host) {
+    const TensorView v = memory.allocate(DType::i32, {static_cast<std::int64_t>(host.size())});
+    copy_to_device(v.data, host.data(), host.size() * sizeof(std::int32_t), device, options.stream);
+    return IndexArray(host, v.ptr<std::int32_t>());
+  };
+  token_ids = upload(tokens);
+  sequences = upload(cu_seqlens);
+  target_ids = upload(targets);
+  // The copies are asynchronous: the float32 weights must outlive them, so they live in the arena's
+  // host-visible sibling, logprobs' host vector (converted back after the loss).
+  std::vector<float> weights32(weights.begin(), weights.end());
+  weight_values = memory.allocate(DType::f32, {T});
+  copy_to_device(weight_values.data, weights32.data(), weights32.size() * sizeof(float), device, options.stream);
+  synchronize(device, options.stream);  // weights32 is a local
+  logprob_values = memory.allocate(DType::f32, {T});
+}
+
+void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& arena) {
+  const Config& c = config;
+  auto act = [&](std::initializer_list<std::int64_t> shape) { return arena.allocate(act_dtype, shape); };
+  auto stat = [&](std::initializer_list<std::int64_t> shape) { return arena.allocate(stat_dtype, shape); };
+  a.input_rstd = stat({T});
+  a.input_normed = act({T, c.hidden_size});
+  a.mid = act({T, c.hidden_size});
+  a.post_rstd = stat({T});
+  a.post_normed = act({T, c.hidden_size});
+  a.mlp_gate = act({T, c.intermediate_size});
+  a.mlp_up = act({T, c.intermediate_size});
+  a.mlp_act = act({T, c.intermediate_size});
+  if (kind == LayerKind::linear_attention) {
+    const std::int64_t HV = c.linear_num_value_heads;
+    GdnActivations& g = a.gdn;
+    g.qkv = act({T, c.linear_conv_dim()});
+    g.conv = act({T, c.linear_conv_dim()});
+    g.q = act({T, c.linear_key_dim()});
+    g.k = act({T, c.linear_key_dim()});
+    g.v = act({T, c.linear_value_dim()});
+    g.z = act({T, c.linear_value_dim()});
+    g.a = act({T, HV});
+    g.b = act({T, HV});
+    g.g = stat({T, HV});
+    g.beta = stat({T, HV});
+    g.core = act({T, c.linear_value_dim()});
+    g.norm_rstd = stat({T * HV});
+    g.normed = act({T, c.linear_value_dim()});
+  } else {
+    const std::int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, hd = c.head_dim;
+    AttentionActivations& t = a.attention;
+    t.qg = act({T, Hq * 2 * hd});
+    t.k_raw = act({T, Hkv * hd});
+    t.v = act({T, Hkv * hd});
+    t.q_rstd = stat({T * Hq});
+    t.k_rstd = stat({T * Hkv});
+    t.q = act({T, Hq * hd});
+    t.k = act({T, Hkv * hd});
+    t.o = act({T, Hq * hd});
+    t.lse = stat({Hq, T});
+    t.gated = act({T, Hq * hd});
+  }
+}
+
+void Model::Impl::allocate(bool training) {
+  const int L = config.num_hidden_layers();
+  layer_inputs.clear();
+  for (int l = 0; l <= L; ++l) layer_inputs.push_back(act({T, config.hidden_size}));
+  acts.assign(options.recompute ? 0 : L, LayerActivations{});
+  for (int l = 0; l < static_cast<int>(acts.size()); ++l) allocate_layer(acts[l], config.layer_types[l], memory);
+  final_rstd = stat({T});
+  final_normed = act({T, config.hidden_size});
+  d_final = training ? act({T, config.hidden_size}) : TensorView{};
+}
+
+// A layer's activations: kept from the forward, or (with recompute) one set reused by each layer in turn.
+LayerActivations& Model::Impl::activations(int layer) {
+  if (!options.recompute) return acts[layer];
+  recomputed.reset();
+  allocate_layer(recompute_acts, config.layer_types[layer], recomputed);
+  return recompute_acts;
+}
+
+gdn::Inputs Model::Impl::gdn_inputs(const GdnActivations& a) const {
+  const Config& c = config;
+  const std::int64_t H = c.linear_num_key_heads, HV = c.linear_num_value_heads, N = std::ssize(cu_seqlens);
+  const TensorView cu_host = TensorView::contiguous(const_cast<std::int32_t*>(cu_seqlens.data()), DType::i32, {N});
+  const bool on_gpu = options.device.type != DeviceType::cpu;
+  const TensorView cu = on_gpu ? TensorView::contiguous(const_cast<std::int32_t*>(sequences.device), DType::i32, {N},
+                                                        options.device)
+                               : cu_host;
+  return gdn::Inputs{reshaped(a.q, {1, T, H, c.linear_key_head_dim}),
+                     reshaped(a.k, {1, T, H, c.linear_key_head_dim}),
+                     reshaped(a.v, {1, T, HV, c.linear_value_head_dim}),
+                     reshaped(a.g, {1, T, HV}),
+                     reshaped(a.beta, {1, T, HV}),
+                     std::nullopt,
+                     cu,
+                     on_gpu ? std::optional<TensorView>(cu_host) : std::nullopt};
+}
+
+gdn::Options Model::Impl::gdn_options() const {
+  gdn::Options o;
+  o.use_qk_l2norm_in_kernel = true;
+  o.cpu_threads = options.cpu_threads;
+  o.stream = options.stream;
+  return o;
+}
+
+void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const TensorView& h, const TensorView& out) {
+  const Config& c = config;
+  const std::int64_t HV = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  linear(a.qkv, h, w.in_proj_qkv);
+  linear(a.z, h, w.in_proj_z);
+  linear(a.b, h, w.in_proj_b);
+  linear(a.a, h, w.in_proj_a);
+  ops->conv1d_silu_forward(a.conv, a.qkv, w.conv1d, sequences);
+  const std::int64_t kd = c.linear_key_dim();
+  ops->copy(a.q, col_slice(a.conv, 0, kd));
+  ops->copy(a.k, col_slice(a.conv, kd, 2 * kd));
+  ops->copy(a.v, col_slice(a.conv, 2 * kd, c.linear_conv_dim()));
+  ops->gdn_gates_forward(a.g, a.beta, a.a, a.b, w.a_log, w.dt_bias);
+  gdn::chunk_forward(gdn_inputs(a), {reshaped(a.core, {1, T, HV, dv}), std::nullopt}, gdn_options());
+  ops->gated_rmsnorm_forward(as_matrix(a.normed, T * HV, dv), a.norm_rstd, as_matrix(a.core, T * HV, dv),
+                             as_matrix(a.z, T * HV, dv), w.norm, c.rms_norm_eps);
+  linear(out, a.normed, w.out_proj);
+}
+
+void Model::Impl::gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnActivations& a, const TensorView& h,
+                               const TensorView& dout, const TensorView& dh) {
+  const Config& c = config;
+  const std::int64_t H = c.linear_num_key_heads, HV = c.linear_num_value_heads, dk = c.linear_key_head_dim,
+                     dv = c.linear_value_head_dim, kd = c.linear_key_dim(), vd = c.linear_value_dim();
+  const TensorView d_normed = temp({T, vd});
+  linear_backward(d_normed, dw.out_proj, dout, a.normed, w.out_proj, false);
+  const TensorView d_core = temp({T, vd}), dz = temp({T, vd});
+  ops->gated_rmsnorm_backward(as_matrix(d_core, T * HV, dv), as_matrix(dz, T * HV, dv), dw.norm,
+                              as_matrix(d_normed, T * HV, dv), as_matrix(a.core, T * HV, dv),
+                              as_matrix(a.z, T * HV, dv), a.norm_rstd, w.norm);
+  const TensorView dq = temp({T, kd}), dk_ = temp({T, kd}), dv_ = temp({T, vd});
+  const TensorView dg = temp_stat({T, HV}), dbeta = temp_stat({T, HV});
+  gdn::chunk_backward(gdn_inputs(a), {reshaped(d_core, {1, T, HV, dv}), std::nullopt},
+                      {reshaped(dq, {1, T, H, dk}), reshaped(dk_, {1, T, H, dk}), reshaped(dv_, {1, T, HV, dv}),
+                       reshaped(dg, {1, T, HV}), reshaped(dbeta, {1, T, HV}), std::nullopt},
+                      gdn_options());
+  const TensorView da = temp({T, HV}), db = temp({T, HV});
+  ops->gdn_gates_backward(da, db, dw.a_log, dw.dt_bias, dg, dbeta, a.a, a.b, w.a_log, w.dt_bias);
+  const TensorView d_conv = temp({T, c.linear_conv_dim()});
+  ops->copy(col_slice(d_conv, 0, kd), dq);
+  ops->copy(col_slice(d_conv, kd, 2 * kd), dk_);
+  ops->copy(col_slice(d_conv, 2 * kd, c.linear_conv_dim()), dv_);
+  const TensorView d_qkv = temp({T, c.linear_conv_dim()});
+  ops->conv1d_silu_backward(d_qkv, dw.conv1d, d_conv, a.qkv, w.conv1d, sequences);
+  linear_backward(dh, dw.in_proj_qkv, d_qkv, h, w.in_proj_qkv, false);
+  linear_backward(dh, dw.in_proj_z, dz, h, w.in_proj_z, true);
+  linear_backward(dh, dw.in_proj_b, db, h, w.in_proj_b, true);
+  linear_backward(dh, dw.in_proj_a, da, h, w.in_proj_a, true);
+}
+
+void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivations& a, const TensorView& h,
+                                    const TensorView& out) {
+  const Config& c = config;
+  const int Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, hd = c.head_dim;
+  linear(a.qg, h, w.q_proj);
+  linear(a.k_raw, h, w.k_proj);
+  linear(a.v, h, w.v_proj);
+  ops->rmsnorm_forward(as_matrix(a.q, T * Hq, hd), a.q_rstd, interleaved_half(a.qg, Hq, hd, 0), w.q_norm,
+                       c.rms_norm_eps, true);
+  ops->rmsnorm_forward(as_matrix(a.k, T * Hkv, hd), a.k_rstd, as_matrix(a.k_raw, T * Hkv, hd), w.k_norm,
+                       c.rms_norm_eps, true);
+  ops->rope(a.q, Hq, hd, c.rotary_dim(), c.rope_theta, sequences, false);
+  ops->rope(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, sequences, false);
+  ops->attention_forward(a.o, a.lse, a.q, a.k, a.v, Hq, Hkv, hd, 1.0 / std::sqrt(double(hd)), sequences);
+  ops->sigmoid_gate_forward(as_matrix(a.gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd),
+                            interleaved_half(a.qg, Hq, hd, 1));
+  linear(out, a.gated, w.o_proj);
+}
+
+void Model::Impl::attention_backward(const AttentionWeights& w, const AttentionWeights& dw, AttentionActivations& a,
+                                     const TensorView& h, const TensorView& dout, const TensorView& dh) {
+  const Config& c = config;
+  const int Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, hd = c.head_dim;
+  const TensorView d_gated = temp({T, Hq * hd});
+  linear_backward(d_gated, dw.o_proj, dout, a.gated, w.o_proj, false);
+  const TensorView d_o = temp({T, Hq * hd}), d_qg = temp({T, Hq * 2 * hd});
+  ops->sigmoid_gate_backward(as_matrix(d_o, T * Hq, hd), interleaved_half(d_qg, Hq, hd, 1),
+                             as_matrix(d_gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd),
+                             interleaved_half(a.qg, Hq, hd, 1));
+  const TensorView dq = temp({T, Hq * hd}), dk = temp({T, Hkv * hd}), dv = temp({T, Hkv * hd});
+  ops->attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, Hq, Hkv, hd, 1.0 / std::sqrt(double(hd)),
+                          sequences);
+  ops->rope(dq, Hq, hd, c.rotary_dim(), c.rope_theta, sequences, true);
+  ops->rope(dk, Hkv, hd, c.rotary_dim(), c.rope_theta, sequences, true);
+  // The norms' backward reads their raw inputs: q inside qg, and k_raw, both kept.
+  ops->rmsnorm_backward(interleaved_half(d_qg, Hq, hd, 0), dw.q_norm, as_matrix(dq, T * Hq, hd),
+                        interleaved_half(a.qg, Hq, hd, 0), a.q_rstd, w.q_norm, true, false);
+  const TensorView dk_raw = temp({T, Hkv * hd});
+  ops->rmsnorm_backward(as_matrix(dk_raw, T * Hkv, hd), dw.k_norm, as_matrix(dk, T * Hkv, hd),
+                        as_matrix(a.k_raw, T * Hkv, hd), a.k_rstd, w.k_norm, true, false);
+  linear_backward(dh, dw.q_proj, d_qg, h, w.q_proj, false);
+  linear_backward(dh, dw.k_proj, dk_raw, h, w.k_proj, true);
+  linear_backward(dh, dw.v_proj, dv, h, w.v_proj, true);
+}
+
+void Model::Impl::layer_forward(int layer) {
+  const LayerWeights& w = params.layers[layer];
+  LayerActivations& a = activations(layer);
+  const TensorView& x = layer_inputs[layer];
+  const double eps = config.rms_norm_eps;
+  ops->rmsnorm_forward(a.input_normed, a.input_rstd, x, w.input_norm, eps, true);
+  if (w.kind == LayerKind::linear_attention) gdn_forward(w.gdn, a.gdn, a.input_normed, a.mid);
+  else attention_forward(w.attention, a.attention, a.input_normed, a.mid);
+  ops->add(a.mid, x);
+  ops->rmsnorm_forward(a.post_normed, a.post_rstd, a.mid, w.post_norm, eps, true);
+  linear(a.mlp_gate, a.post_normed, w.gate_proj);
+  linear(a.mlp_up, a.post_normed, w.up_proj);
+  ops->swiglu_forward(a.mlp_act, a.mlp_gate, a.mlp_up);
+  const TensorView& out = layer_inputs[layer + 1];
+  linear(out, a.mlp_act, w.down_proj);
+  ops->add(out, a.mid);
+}
+
+// dx holds d loss / d (layer output) and leaves holding d loss / d (layer input).
+void Model::Impl::layer_backward(int layer, const TensorView& dx) {
+  // With recompute the forward runs again (rewriting layer_inputs[layer + 1] with the same values, which
+  // the backward of layer + 1 has already used).
+  if (options.recompute) layer_forward(layer);
+  const LayerWeights& w = params.layers[layer];
+  const LayerWeights& dw = grads.layers[layer];
+  LayerActivations& a = options.recompute ? recompute_acts : acts[layer];
+  const Config& c = config;
+  scratch.reset();
+  // MLP: dx is also the gradient of the residual it was added to.
+  const TensorView d_act = temp({T, c.intermediate_size});
+  linear_backward(d_act, dw.down_proj, dx, a.mlp_act, w.down_proj, false);
+  const TensorView d_gate = temp({T, c.intermediate_size}), d_up = temp({T, c.intermediate_size});
+  ops->swiglu_backward(d_gate, d_up, d_act, a.mlp_gate, a.mlp_up);
+  const TensorView d_normed = temp({T, c.hidden_size});
+  linear_backward(d_normed, dw.gate_proj, d_gate, a.post_normed, w.gate_proj, false);
+  linear_backward(d_normed, dw.up_proj, d_up, a.post_normed, w.up_proj, true);
+  ops->rmsnorm_backward(dx, dw.post_norm, d_normed, a.mid, a.post_rstd, w.post_norm, true, true);
+  // Mixer, whose output was added to the layer input.
+  if (w.kind == LayerKind::linear_attention) {
+    gdn_backward(w.gdn, dw.gdn, a.gdn, a.input_normed, dx, d_normed);
+  } else {
+    attention_backward(w.attention, dw.attention, a.attention, a.input_normed, dx, d_normed);
+  }
+  ops->rmsnorm_backward(dx, dw.input_norm, d_normed, layer_inputs[layer], a.input_rstd, w.input_norm, true, true);
+}
+
+// The loss over chunks of loss_chunk tokens; with want_grad, d_final and the lm_head's gradient are formed
+// chunk by chunk too, so at most loss_chunk x vocab logits exist at once.
+double Model::Impl::loss(bool want_grad) {
+  const std::int64_t V = config.vocab_size, chunk = std::min<std::int64_t>(options.loss_chunk, T);
+  scratch.reset();
+  const TensorView logits = temp({chunk, V});
+  for (std::int64_t begin = 0; begin < T; begin += chunk) {
+    const std::int64_t end = std::min(T, begin + chunk), rows = end - begin;
+    const TensorView chunk_logits = row_slice(logits, 0, rows);
+    const TensorView h = row_slice(final_normed, begin, end);
+    linear(chunk_logits, h, params.lm_head);
+    ops->cross_entropy(chunk_logits, target_ids.slice(begin, rows), vector_slice(weight_values, begin, rows),
+                       vector_slice(logprob_values, begin, rows), want_grad);
+    if (want_grad) linear_backward(row_slice(d_final, begin, end), grads.lm_head, chunk_logits, h, params.lm_head, false);
+  }
+  if (options.device.type != DeviceType::cpu) {
+    std::vector<float> values(T);
+    copy_to_host(values.data(), logprob_values.data, values.size() * sizeof(float), options.device, options.stream);
+    synchronize(options.device, options.stream);
+    std::copy(values.begin(), values.end(), logprobs.begin());
+  }
+  double total = 0;
+  for (std::int64_t t = 0; t < T; ++t) total -= weights[t] * logprobs[t];
+  return total;
+}
+
+double Model::forward(const Batch& batch, bool training) {
+  Impl& m = *impl_;
+  if (m.params.layers.empty()) throw StateError("Model::forward: bind() the parameters first");
+  if (training && !m.has_grads) throw StateError("Model::forward: a training forward needs bound gradients");
+  validate_batch(batch, m.config.vocab_size);
+  m.trained = false;
+  m.load_batch(batch);
+  m.allocate(training);
+  m.ops->embedding_forward(m.layer_inputs[0], m.token_ids, m.params.embedding);
+  for (int l = 0; l < m.config.num_hidden_layers(); ++l) m.layer_forward(l);
+  m.ops->rmsnorm_forward(m.final_normed, m.final_rstd, m.layer_inputs.back(), m.params.final_norm,
+                         m.config.rms_norm_eps, true);
+  const double loss = m.loss(training);
+  m.trained = training;
+  return loss;
+}
+
+void Model::backward() {
+  Impl& m = *impl_;
+  if (!m.trained) throw StateError("Model::backward: needs a training forward first (and runs once per forward)");
+  m.trained = false;
+  const TensorView dx = m.act({m.T, m.config.hidden_size});
+  m.ops->rmsnorm_backward(dx, m.grads.final_norm, m.d_final, m.layer_inputs.back(), m.final_rstd,
+                          m.params.final_norm, true, false);
+  for (int l = m.config.num_hidden_layers() - 1; l >= 0; --l) m.layer_backward(l, dx);
+  m.ops->embedding_backward(m.grads.embedding, m.token_ids, dx);
+}
+
+std::span<const double> Model::token_logprobs() const { return impl_->logprobs; }
+
+void Model::logits(const Batch& batch, const TensorView& out) {
+  Impl& m = *impl_;
+  const auto T = static_cast<std::int64_t>(batch.tokens.size());
+  if (out.ndim != 2 || out.shape[0] != T || out.shape[1] != m.config.vocab_size || out.dtype != m.act_dtype ||
+      !(out.device == m.options.device) || !out.is_contiguous()) {
+    throw InvalidArgument("out", "must be a contiguous [" + std::to_string(T) + ", " +
+                                     std::to_string(m.config.vocab_size) + "] " + dtype_name(m.act_dtype) +
+                                     " tensor on the model's device, got " + out.shape_string() + " " +
+                                     dtype_name(out.dtype));
+  }
+  forward(batch, false);
+  m.linear(out, m.final_normed, m.params.lm_head);
+  synchronize(m.options.device, m.options.stream);
+}
+
+}  // namespace deltatrain::model

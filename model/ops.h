@@ -1,0 +1,154 @@
+// The model's kernels: every operation of the hybrid model's forward and backward except the GDN core
+// (which is the gdn operator). The model's step (model.cpp) is written once over this interface; each
+// device implements it (cpu/cpu_ops.cpp: OpenMP + OpenBLAS, float32 and float64).
+//
+// Conventions, the same for every operation:
+// - Matrices are 2-D TensorViews [rows, cols], row-major with unit column stride; the row stride
+//   (strides[0]) may exceed cols, so a slice of columns of a wider matrix is passed without a copy.
+// - Dtypes are each implementation's to check: the CPU kernels take one dtype for every tensor of a call
+//   (float32 or float64); the GPU kernels take bfloat16 activations and weights with float32 statistics
+//   (rstd, lse) and float32 weight gradients.
+// - Token ids, targets and sequence offsets are IndexArrays: int32 values in host memory and, for GPU
+//   kernels, the same values on the device.
+// - A gradient argument named d<x> is overwritten unless the operation says it accumulates; weight
+//   gradients (d<weight>) always accumulate (+=), so that gradient accumulation over micro-batches and
+//   the tied embedding's two uses need no extra buffer.
+// - Packed sequences: cu_seqlens holds N + 1 offsets of the sequences in the T packed rows; operations
+//   that mix tokens (convolution, RoPE positions, attention) never cross a sequence boundary.
+// - Results are bitwise identical whatever the thread count: every reduction over rows (weight gradients,
+//   GQA sums) runs in a fixed order of fixed-size blocks.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "deltatrain/core/tensor.h"
+
+namespace deltatrain::model {
+
+// int32 values of the batch (token ids, targets, cu_seqlens): always in host memory (CPU kernels and
+// validation read them there), and on the GPU for GPU kernels (null for CPU kernels).
+struct IndexArray {
+  std::span<const std::int32_t> host;
+  const std::int32_t* device = nullptr;
+
+  IndexArray() = default;
+  IndexArray(std::span<const std::int32_t> values, const std::int32_t* on_device = nullptr)  // NOLINT: a span is one
+      : host(values), device(on_device) {}
+  template <class Range>
+    requires std::convertible_to<const Range&, std::span<const std::int32_t>>
+  IndexArray(const Range& values) : host(values) {}  // NOLINT: vectors and arrays of host values
+  std::size_t size() const { return host.size(); }
+  // Elements [offset, offset + count), on both sides.
+  IndexArray slice(std::size_t offset, std::size_t count) const {
+    return {host.subspan(offset, count), device ? device + offset : nullptr};
+  }
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // c = alpha * op(a) op(b) + beta * c, op(x) = x^T when trans_x. Shapes after op: a [M, K], b [K, N], c [M, N].
+  // Linear layers store weights [out, in] (HF's layout): y = x w^T is gemm(false, true, 1, x, w, 0, y);
+  // dx = dy w is gemm(false, false, ...); dw += dy^T x is gemm(true, false, 1, dy, x, 1, dw).
+  virtual void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
+                    const TensorView& c) = 0;
+
+  // out [T, H] = table[tokens[t]]. dtable [V, H] += dout rows scattered by token (accumulates).
+  virtual void embedding_forward(const TensorView& out, const IndexArray& tokens,
+                                 const TensorView& table) = 0;
+  virtual void embedding_backward(const TensorView& dtable, const IndexArray& tokens,
+                                  const TensorView& dout) = 0;
+
+  // RMSNorm over each row of x [R, C]: out = x * rstd * (1 + w) when zero_centred (Qwen's RMSNorm, w zeros at
+  // init), else x * rstd * w; rstd [R] = 1 / sqrt(mean(x^2) + eps) is saved for the backward.
+  // Backward: dx (overwritten, or += when accumulate_dx) and dweight (+=) from dout.
+  virtual void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                               const TensorView& weight, double eps, bool zero_centred) = 0;
+  virtual void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+                                const TensorView& x, const TensorView& rstd, const TensorView& weight,
+                                bool zero_centred, bool accumulate_dx) = 0;
+
+  // The GDN block's output norm, per row of x [R, C] (R = tokens x value heads, C = dv):
+  // out = w * (x * rstd) * silu(z), rstd [R] saved. Backward: dx, dz (overwritten), dweight (+=).
+  virtual void gated_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                                     const TensorView& z, const TensorView& weight, double eps) = 0;
+  virtual void gated_rmsnorm_backward(const TensorView& dx, const TensorView& dz, const TensorView& dweight,
+                                      const TensorView& dout, const TensorView& x, const TensorView& z,
+                                      const TensorView& rstd, const TensorView& weight) = 0;
+
+  // Causal depthwise convolution over time with SiLU, per packed sequence (zero history at each start):
+  // pre[t, c] = sum_{j < W} w[c, j] * x[t - (W - 1) + j, c] (terms before the sequence start are 0),
+  // out = silu(pre). x, out [T, C]; weight [C, W] (HF's conv1d.weight [C, 1, W] without the middle axis).
+  // Backward: dx (overwritten) and dweight (+=) from dout, recomputing pre from x.
+  virtual void conv1d_silu_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
+                                   const IndexArray& cu_seqlens) = 0;
+  virtual void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+                                    const TensorView& x, const TensorView& weight,
+                                    const IndexArray& cu_seqlens) = 0;
+
+  // The GDN gates, per token and value head, a and b [T, HV] from the projections, A_log and dt_bias [HV]:
+  // g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
+  // Backward: da, db (overwritten), dA_log, ddt_bias (+=) from dg and dbeta.
+  virtual void gdn_gates_forward(const TensorView& g, const TensorView& beta, const TensorView& a,
+                                 const TensorView& b, const TensorView& a_log, const TensorView& dt_bias) = 0;
+  virtual void gdn_gates_backward(const TensorView& da, const TensorView& db, const TensorView& da_log,
+                                  const TensorView& ddt_bias, const TensorView& dg, const TensorView& dbeta,
+                                  const TensorView& a, const TensorView& b, const TensorView& a_log,
+                                  const TensorView& dt_bias) = 0;
+
+  // Partial NeoX RoPE in place on x [T, heads * head_dim]: the first rotary_dim elements of each head are
+  // rotated by rotate_half (pairs i and i + rotary_dim / 2) with angle p * theta^(-2i / rotary_dim), p the
+  // token's position inside its packed sequence (0 at each start). inverse rotates by -angle: the backward.
+  virtual void rope(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
+                    const IndexArray& cu_seqlens, bool inverse) = 0;
+
+  // Causal attention per packed sequence with GQA: q [T, Hq * D], k and v [T, Hkv * D], query head h reads
+  // kv head h / (Hq / Hkv); o [T, Hq * D]; lse [Hq, T] (log-sum-exp of each query's scaled scores) saved.
+  // Backward: dq, dk, dv (overwritten) from dout, with o and lse from the forward.
+  virtual void attention_forward(const TensorView& o, const TensorView& lse, const TensorView& q,
+                                 const TensorView& k, const TensorView& v, int q_heads, int kv_heads,
+                                 int head_dim, double scale, const IndexArray& cu_seqlens) = 0;
+  virtual void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                  const TensorView& dout, const TensorView& q, const TensorView& k,
+                                  const TensorView& v, const TensorView& o, const TensorView& lse, int q_heads,
+                                  int kv_heads, int head_dim, double scale,
+                                  const IndexArray& cu_seqlens) = 0;
+
+  // out = x * sigmoid(gate) elementwise ([R, C] each). Backward: dx, dgate (overwritten).
+  virtual void sigmoid_gate_forward(const TensorView& out, const TensorView& x, const TensorView& gate) = 0;
+  virtual void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate, const TensorView& dout,
+                                     const TensorView& x, const TensorView& gate) = 0;
+
+  // SwiGLU: out = silu(gate) * up ([R, C] each). Backward: dgate, dup (overwritten).
+  virtual void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) = 0;
+  virtual void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                               const TensorView& gate, const TensorView& up) = 0;
+
+  // y += x (same shapes): residual adds and gradient sums.
+  virtual void add(const TensorView& y, const TensorView& x) = 0;
+  // dst = src (same shapes, any row strides): splitting and joining column blocks.
+  virtual void copy(const TensorView& dst, const TensorView& src) = 0;
+  virtual void fill_zero(const TensorView& x) = 0;
+
+  // Cross-entropy over a chunk of logits [R, V] in place. For each row with targets[r] >= 0:
+  // logprob[r] = logits[r, targets[r]] - logsumexp(logits[r]) and, when want_grad, the row is replaced by
+  // d(sum_r weights[r] * -logprob[r]) / dlogits = weights[r] * (softmax(logits[r]) - onehot(targets[r])).
+  // Rows with a negative target get logprob 0 and, with want_grad, a zero gradient row.
+  // weights and logprob are [R] vectors on the kernels' device: float64 on the CPU, float32 on the GPU;
+  // weights is read only with want_grad.
+  virtual void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
+                             const TensorView& logprob, bool want_grad) = 0;
+};
+
+// OpenMP threads (0: all available) over OpenBLAS for the products.
+std::unique_ptr<Ops> make_cpu_ops(int threads);
+// CUDA kernels, cuBLASLt and cuDNN on `device`, every call ordered on `stream` (a cudaStream_t); Unavailable
+// in a build without CUDA.
+std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream);
+
+}  // namespace deltatrain::model

@@ -1,0 +1,84 @@
+// Helpers of the model I/O tests (test_model_io): a seed per test, printed on failure and replayable with
+// DELTATRAIN_TEST_SEED, and a fresh temporary directory.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <system_error>
+
+#include "deltatrain/model/config.h"
+
+namespace deltatrain::model::testing {
+
+class SeededTest : public ::testing::Test {
+ protected:
+  SeededTest() {
+    const char* fixed = std::getenv("DELTATRAIN_TEST_SEED");
+    seed_ = fixed ? std::strtoull(fixed, nullptr, 10) : std::random_device{}();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    if (HasFailure()) {
+      std::fprintf(stderr, "random seed %llu: replay with DELTATRAIN_TEST_SEED=%llu\n",
+                   static_cast<unsigned long long>(seed_), static_cast<unsigned long long>(seed_));
+    }
+  }
+  std::uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+// A directory of its own under the system's temporary directory, removed with its contents.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "deltatrain-model-io-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code error;
+    std::filesystem::remove_all(path_, error);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A random valid config with small shapes: every layer pattern, head ratio, tie and float field varies.
+inline Config random_config(std::mt19937_64& rng) {
+  auto pick = [&](std::int64_t low, std::int64_t high) {
+    return std::uniform_int_distribution<std::int64_t>(low, high)(rng);
+  };
+  auto real = [&](double low, double high) { return std::uniform_real_distribution<double>(low, high)(rng); };
+  Config c;
+  c.vocab_size = pick(1, 300);
+  c.hidden_size = pick(1, 48);
+  c.intermediate_size = pick(1, 96);
+  c.layer_types.resize(static_cast<std::size_t>(pick(1, 6)));
+  for (LayerKind& kind : c.layer_types) kind = pick(0, 1) ? LayerKind::full_attention : LayerKind::linear_attention;
+  c.num_key_value_heads = static_cast<int>(pick(1, 3));
+  c.num_attention_heads = c.num_key_value_heads * static_cast<int>(pick(1, 3));
+  c.head_dim = 8 * static_cast<int>(pick(1, 4));
+  const double factors[] = {0.25, 0.5, 0.75, 1.0};
+  c.partial_rotary_factor = factors[pick(0, 3)];
+  c.rope_theta = real(100, 1e7);
+  c.linear_num_key_heads = static_cast<int>(pick(1, 3));
+  c.linear_num_value_heads = c.linear_num_key_heads * static_cast<int>(pick(1, 3));
+  c.linear_key_head_dim = static_cast<int>(pick(1, 24));
+  c.linear_value_head_dim = static_cast<int>(pick(1, 24));
+  c.linear_conv_kernel_dim = static_cast<int>(pick(1, 5));
+  c.rms_norm_eps = real(1e-8, 1e-3);
+  c.tie_word_embeddings = pick(0, 1) == 1;
+  c.initializer_range = real(0.001, 0.1);
+  return c;
+}
+
+}  // namespace deltatrain::model::testing
