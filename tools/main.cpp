@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   deltatrain::tools::add_optim_command(app);
   deltatrain::tools::add_ckpt_command(app);
   deltatrain::tools::add_model_command(app);
+  deltatrain::tools::add_train_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

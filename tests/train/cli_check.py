@@ -1,0 +1,129 @@
+"""`deltatrain train` end to end, single process: data written by prepare_text.py's writer (so the Python
+writer and the C++ reader agree on the format), bad flags and files refused by name, SIGTERM finishing the
+step, saving and exiting 0, and `--resume latest` continuing from there.
+
+    python cli_check.py DELTATRAIN_BINARY
+"""
+
+import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PREPARE = os.path.join(HERE, "..", "..", "python", "deltatrain", "prepare_text.py")
+
+CONFIG = {
+    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4, "hidden_act": "silu", "rms_norm_eps": 1e-6, "initializer_range": 0.02,
+    "tie_word_embeddings": True,
+}
+
+
+def load_prepare():
+    spec = importlib.util.spec_from_file_location("prepare_text", PREPARE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def documents(rng, count):
+    out = []
+    for _ in range(count):
+        token = rng.randrange(64)
+        doc = []
+        for _ in range(rng.randrange(20, 140)):
+            doc.append(token)
+            token = rng.randrange(64) if rng.random() < 0.125 else (3 * token + 7) % 64
+        out.append(doc)
+    return out
+
+
+def run(binary, *args, expect_ok=True):
+    result = subprocess.run([binary, "train", *args], capture_output=True, text=True, timeout=120)
+    if expect_ok and result.returncode != 0:
+        sys.exit(f"FAIL: {args} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def expect_refused(binary, args, what):
+    result = run(binary, *args, expect_ok=False)
+    if result.returncode == 0 or what not in result.stderr:
+        sys.exit(f"FAIL: {args} should be refused naming {what!r}; exit {result.returncode}, stderr: {result.stderr}")
+    print(f"ok: refused naming {what}: {result.stderr.strip()[:160]}")
+
+
+def main():
+    binary = sys.argv[1]
+    seed = int(os.environ.get("DELTATRAIN_TEST_SEED", random.SystemRandom().randrange(1 << 32)))
+    print(f"random seed {seed}: replay with DELTATRAIN_TEST_SEED={seed}")
+    rng = random.Random(seed)
+    prepare = load_prepare()
+    with tempfile.TemporaryDirectory(prefix="deltatrain-train-cli-") as tmp:
+        data = os.path.join(tmp, "data")
+        os.makedirs(data)
+        prepare.write_shard(os.path.join(data, "train-00000.bin"), documents(rng, 40), 64)
+        prepare.write_shard(os.path.join(data, "val.bin"), documents(rng, 4), 64)
+        prepare.write_vocabulary(os.path.join(data, "vocab.bin"), [bytes([65 + i % 26]) for i in range(64)])
+        config = os.path.join(tmp, "config.json")
+        with open(config, "w") as f:
+            json.dump(CONFIG, f)
+        flags = ["--config", config, "--data", data, "--seq-len", "32", "--threads", "1", "--chart", "none"]
+        common = flags + ["--tokens-per-step", "128"]
+
+        expect_refused(binary, flags + ["--tokens-per-step", "100"], "tokens-per-step")
+        expect_refused(binary, common + ["--schedule", "linear"], "schedule")
+        expect_refused(binary, common + ["--lr", "-1"], "lr")
+        expect_refused(binary, common + ["--resume", "latest"], "resume")
+        expect_refused(binary, ["--config", "tiny", "--data", os.path.join(tmp, "nowhere")], os.path.join(tmp, "nowhere"))
+        bad = os.path.join(tmp, "bad")
+        os.makedirs(bad)
+        prepare.write_shard(os.path.join(bad, "val.bin"), documents(rng, 2), 64)
+        with open(os.path.join(bad, "train-00000.bin"), "wb") as f:
+            f.write(b"DTSHARD\0" + bytes(20))
+        expect_refused(binary, common[:2] + ["--data", bad] + common[4:], os.path.join(bad, "train-00000.bin"))
+
+        # SIGTERM mid-run: the step finishes, a checkpoint is saved, the exit status is 0.
+        ckpt = os.path.join(tmp, "ckpt")
+        log = os.path.join(tmp, "log.jsonl")
+        process = subprocess.Popen([binary, "train", *common, "--steps", "100000", "--ckpt", ckpt, "--log", log],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if os.path.exists(log) and sum(1 for _ in open(log)) >= 3:
+                break
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        if process.returncode != 0 or "stopped on a signal" not in out:
+            sys.exit(f"FAIL: SIGTERM: exit {process.returncode}\n{out}\n{err}")
+        steps = [json.loads(line)["step"] for line in open(log) if '"train"' in line]
+        with open(os.path.join(ckpt, "latest")) as f:
+            latest = f.read().strip()
+        with open(os.path.join(ckpt, latest, "trainer.json")) as f:
+            saved_step = json.load(f)["step"]
+        if saved_step != steps[-1] or latest != f"step-{steps[-1]:08d}":
+            sys.exit(f"FAIL: SIGTERM at step {steps[-1]} saved {latest} (step {saved_step})")
+        print(f"ok: SIGTERM after step {steps[-1]}: saved {latest}, exit 0")
+
+        # Resume from `latest` for two more steps; the log continues.
+        target = steps[-1] + 2
+        result = run(binary, *common, "--steps", str(target), "--ckpt", ckpt, "--resume", "latest", "--log", log)
+        steps = [json.loads(line)["step"] for line in open(log) if '"train"' in line]
+        if steps[-2:] != [target - 1, target] or not os.path.exists(os.path.join(ckpt, f"step-{target:08d}")):
+            sys.exit(f"FAIL: resume did not continue to step {target}: {steps[-4:]}\n{result.stdout}")
+        print(f"ok: resumed to step {target}")
+    print("all CLI checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+// `deltatrain train`: data-parallel training of the hybrid GDN model on every rank that mpirun starts (one
+// rank without mpirun). Rank 0 prints a progress line per step (a bar on a terminal), writes the JSONL log
+// and, at the end, the loss chart (python -m deltatrain.charts) when --log is given.
+#include <mpi.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "deltatrain/comm/mpi_group.h"
+#include "deltatrain/core/error.h"
+#include "deltatrain/model/config.h"
+#include "deltatrain/model/cost.h"
+#include "deltatrain/train/trainer.h"
+
+extern char** environ;
+
+namespace deltatrain::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TrainArgs {
+  std::string config;
+  std::string data;
+  std::int64_t steps = 100;
+  std::int64_t tokens_per_step = 4096;
+  std::int64_t seq_len = 256;
+  double lr = 3e-3;
+  std::int64_t warmup = 10;
+  std::string schedule = "cosine";
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.1;
+  double clip = 1.0;
+  std::string ckpt;
+  std::int64_t save_every = 0;
+  std::string resume;
+  std::int64_t eval_every = 0;
+  std::int64_t eval_batches = 4;
+  std::int64_t sample_every = 0;
+  std::int64_t sample_tokens = 48;
+  double temperature = 0;
+  std::string log;
+  std::string chart;
+  std::uint64_t seed = 1234;
+  int threads = 0;
+  double peak_flops = 0;
+};
+
+// Set by SIGINT/SIGTERM; the trainer polls it between steps. The handler does nothing else.
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void request_stop(int) { g_stop = 1; }
+
+struct MpiSession {
+  MpiSession() { MPI_Init(nullptr, nullptr); }
+  ~MpiSession() { MPI_Finalize(); }
+};
+
+std::string duration_text(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const long s = static_cast<long>(seconds + 0.5);
+  char text[32];
+  if (s >= 3600) {
+    std::snprintf(text, sizeof text, "%ldh%02ldm", s / 3600, s / 60 % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%ldm%02lds", s / 60, s % 60);
+  }
+  return text;
+}
+
+// Rank 0's view of training: the console and the JSONL log.
+class Reporter : public train::Observer {
+ public:
+  Reporter(const TrainArgs& args, const train::TrainOptions& options)
+      : args_(args),
+        steps_(options.steps),
+        flops_per_token_(model::training_flops_per_token(options.config, options.seq_len).total()),
+        // mpirun hands its ranks a pseudo-terminal whatever its own output is: a bar only outside mpirun.
+        terminal_(isatty(STDOUT_FILENO) != 0 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {
+    if (!args.log.empty()) {
+      const fs::path parent = fs::path(args.log).parent_path();
+      std::error_code ignored;  // a failure shows as the open's below
+      if (!parent.empty()) fs::create_directories(parent, ignored);
+      log_.open(args.log, args.resume.empty() ? std::ios::trunc : std::ios::app);
+      if (!log_) throw InvalidArgument("log", "cannot open " + args.log + " for writing");
+    }
+  }
+
+  void on_start(const train::StartReport& start) override {
+    first_step_ = start.step;
+    std::printf("training %lld parameters on %d rank%s, %lld training tokens; %s step %lld of %lld\n",
+                static_cast<long long>(start.parameters), start.dp_size, start.dp_size == 1 ? "" : "s",
+                static_cast<long long>(start.train_tokens),
+                start.resumed_from.empty() ? "starting at" : ("resumed from " + start.resumed_from.string() + " at").c_str(),
+                static_cast<long long>(start.step), static_cast<long long>(steps_));
+    std::fflush(stdout);
+  }
+
+  void on_step(const train::StepReport& r) override {
+    const double tokens_per_s = r.seconds > 0 ? r.tokens / r.seconds : 0;
+    const double done = static_cast<double>(r.step - first_step_);
+    const double eta = done > 0 ? r.elapsed / done * static_cast<double>(steps_ - r.step) : -1;
+    std::string mfu;
+    if (args_.peak_flops > 0) {
+      char text[32];
+      std::snprintf(text, sizeof text, "  mfu %.2f%%", 100 * flops_per_token_ * tokens_per_s / args_.peak_flops);
+      mfu = text;
+    }
+    char line[256];
+    std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  tok/s %.0f%s  eta %s",
+                  static_cast<long long>(r.step), static_cast<long long>(steps_), r.loss, r.lr, r.grad_norm,
+                  tokens_per_s, mfu.c_str(), duration_text(eta).c_str());
+    if (terminal_) {
+      constexpr int kWidth = 24;
+      const int filled = steps_ > 0 ? static_cast<int>(kWidth * r.step / steps_) : kWidth;
+      std::printf("\r[%s%s] %s\x1b[K", std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), line);
+      bar_open_ = true;
+    } else {
+      std::printf("%s\n", line);
+    }
+    std::fflush(stdout);
+    write({{"kind", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+           {"tokens", r.tokens}, {"tokens_per_s", tokens_per_s}, {"elapsed", r.elapsed}});
+  }
+
+  void on_eval(const train::EvalReport& r) override {
+    end_bar();
+    std::printf("eval step %lld  val_loss %.4f  (%lld tokens)\n", static_cast<long long>(r.step), r.val_loss,
+                static_cast<long long>(r.tokens));
+    write({{"kind", "eval"}, {"step", r.step}, {"val_loss", r.val_loss}, {"tokens", r.tokens}});
+  }
+
+  void on_sample(const train::SampleReport& r) override {
+    end_bar();
+    std::printf("sample step %lld: %s|%s\n", static_cast<long long>(r.step), printable(r.prompt_text).c_str(),
+                printable(r.completion_text).c_str());
+    write({{"kind", "sample"}, {"step", r.step}, {"prompt", valid_utf8(r.prompt_text)},
+           {"text", valid_utf8(r.completion_text)}, {"tokens", r.completion}});
+  }
+
+  void on_save(std::int64_t step, const fs::path& dir) override {
+    end_bar();
+    std::printf("saved %s\n", dir.string().c_str());
+  }
+
+  void end_bar() {
+    if (bar_open_) std::printf("\n");
+    bar_open_ = false;
+    std::fflush(stdout);
+  }
+
+ private:
+  void write(const nlohmann::ordered_json& row) {
+    if (!log_.is_open()) return;
+    log_ << row.dump() << '\n';
+    log_.flush();
+  }
+  // Byte-level tokens can split a UTF-8 character; JSON needs valid text, so bad bytes become U+FFFD.
+  static std::string valid_utf8(const std::string& text) {
+    return nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+        .get<std::string>();
+  }
+  static std::string printable(const std::string& text) {
+    std::string out;
+    for (char c : text) out += c == '\n' ? std::string("\\n") : std::string(1, c);
+    return out;
+  }
+
+  const TrainArgs& args_;
+  std::int64_t steps_;
+  std::int64_t first_step_ = 0;
+  double flops_per_token_;
+  bool terminal_;
+  bool bar_open_ = false;
+  std::ofstream log_;
+};
+
+// One thread per core that this rank has to itself: mpirun says how many ranks share the node.
+int default_threads() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
+}
+
+// The loss chart through python; a missing python or matplotlib is reported, never fatal.
+void draw_chart(const std::string& log, const std::string& chart) {
+  const char* from_env = std::getenv("DELTATRAIN_PYTHON");
+  const std::string python = from_env != nullptr && *from_env != '\0' ? from_env : "python3";
+  const fs::path script = fs::path(DELTATRAIN_SOURCE_DIR) / "python" / "deltatrain" / "charts.py";
+  std::vector<std::string> argv_text = {python};
+  if (fs::exists(script)) {
+    argv_text.push_back(script.string());  // the source tree's script: needs no installed package
+  } else {
+    argv_text.insert(argv_text.end(), {"-m", "deltatrain.charts"});
+  }
+  argv_text.insert(argv_text.end(), {log, chart});
+  std::vector<char*> argv;
+  for (std::string& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int status = 0;
+  if (posix_spawnp(&pid, python.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::printf("chart: not drawn, %s not found (set DELTATRAIN_PYTHON to a python with matplotlib)\n", python.c_str());
+    return;
+  }
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    std::printf("chart: %s\n", chart.c_str());
+  } else {
+    std::printf("chart: not drawn (%s exited with status %d; see its message above)\n", python.c_str(),
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+}
+
+train::TrainOptions make_options(const TrainArgs& args) {
+  train::TrainOptions o;
+  o.config = model::load_config(args.config);
+  o.data = args.data;
+  o.steps = args.steps;
+  o.tokens_per_step = args.tokens_per_step;
+  o.seq_len = args.seq_len;
+  o.schedule.lr = args.lr;
+  o.schedule.warmup = args.warmup;
+  o.schedule.kind = train::parse_schedule_kind(args.schedule);
+  o.schedule.min_lr_ratio = args.min_lr_ratio;
+  o.weight_decay = args.weight_decay;
+  o.clip = args.clip;
+  o.seed = args.seed;
+  o.checkpoint_root = args.ckpt;
+  o.save_every = args.save_every;
+  if (args.resume == "latest") {
+    if (args.ckpt.empty()) throw InvalidArgument("resume", "`latest` needs --ckpt, the root whose latest checkpoint to load");
+    o.resume = args.ckpt;
+  } else {
+    o.resume = args.resume;
+  }
+  o.eval_every = args.eval_every;
+  o.eval_batches = args.eval_batches;
+  o.sample_every = args.sample_every;
+  o.sample_tokens = args.sample_tokens;
+  o.temperature = args.temperature;
+  o.cpu_threads = args.threads > 0 ? args.threads : default_threads();
+  return o;
+}
+
+void run_train_command(const TrainArgs& args) {
+  bool chart = false;
+  {
+    MpiSession mpi;
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    struct sigaction action {};
+    action.sa_handler = request_stop;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
+    try {
+      const train::TrainOptions options = make_options(args);
+      train::check_options(options, ranks);  // before the reporter computes FLOPs from them
+      std::unique_ptr<Reporter> reporter;
+      if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
+      const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
+      const train::TrainResult result = train::train(*group, options, reporter.get(), [] { return g_stop != 0; });
+      if (rank == 0) {
+        reporter->end_bar();
+        std::printf("%s at step %lld\nparams_sha256  %s\nstate_sha256   %s\n",
+                    result.stopped ? "stopped on a signal" : "done", static_cast<long long>(result.step),
+                    result.digest.params.c_str(), result.digest.state.c_str());
+        std::fflush(stdout);
+      }
+      chart = rank == 0 && !args.log.empty() && args.chart != "none";
+    } catch (const Error&) {
+      // The trainer raises the same error on every rank: rank 0 reports it, the others just fail.
+      if (rank == 0) throw;
+      throw CLI::RuntimeError(1);
+    }
+  }
+  if (chart) {
+    draw_chart(args.log, args.chart.empty() ? fs::path(args.log).replace_extension(".png").string() : args.chart);
+  }
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("train", "train the model data-parallel on every rank that mpirun starts (or one rank)");
+  auto args = std::make_shared<TrainArgs>();
+  cmd->add_option("--config", args->config, "a preset (tiny, qwen3.5-0.8b), a config.json, or a model directory")->required();
+  cmd->add_option("--data", args->data, "directory of train-*.bin, val.bin and vocab.bin (prepare_text.py)")->required();
+  cmd->add_option("--steps", args->steps, "train until the optimizer's step reaches this")->capture_default_str();
+  cmd->add_option("--tokens-per-step", args->tokens_per_step, "global tokens per step, a multiple of seq-len x ranks")
+      ->capture_default_str();
+  cmd->add_option("--seq-len", args->seq_len, "tokens per packed row; no sequence is longer")->capture_default_str();
+  cmd->add_option("--lr", args->lr, "peak learning rate")->capture_default_str();
+  cmd->add_option("--warmup", args->warmup, "steps of linear warmup")->capture_default_str();
+  cmd->add_option("--schedule", args->schedule, "after warmup: cosine (to min-lr-ratio x lr) or constant")
+      ->capture_default_str();
+  cmd->add_option("--min-lr-ratio", args->min_lr_ratio, "cosine's final rate as a fraction of lr")->capture_default_str();
+  cmd->add_option("--weight-decay", args->weight_decay, "AdamW's decoupled weight decay")->capture_default_str();
+  cmd->add_option("--clip", args->clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
+  CLI::Option* ckpt = cmd->add_option("--ckpt", args->ckpt, "checkpoint root: one directory per step and `latest`");
+  cmd->add_option("--save-every", args->save_every, "save every N steps (0: at the end only)")->needs(ckpt);
+  cmd->add_option("--resume", args->resume, "a checkpoint directory, a root with `latest`, or `latest` (of --ckpt)");
+  cmd->add_option("--eval-every", args->eval_every, "validation loss every N steps (0: never)")->capture_default_str();
+  cmd->add_option("--eval-batches", args->eval_batches, "fixed validation batches per evaluation")->capture_default_str();
+  cmd->add_option("--sample-every", args->sample_every, "print a generated sample every N steps (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--sample-tokens", args->sample_tokens, "tokens per sample")->capture_default_str();
+  cmd->add_option("--temperature", args->temperature, "sampling temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--log", args->log, "JSONL log: one object per step, evaluation and sample");
+  cmd->add_option("--chart", args->chart, "loss chart PNG (default: the log's name with .png; none: no chart)");
+  cmd->add_option("--seed", args->seed, "initial weights, data order and samples")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "CPU threads per rank (0: the cores divided by the local ranks)")
+      ->capture_default_str();
+  cmd->add_option("--peak-flops", args->peak_flops, "peak FLOP/s of one rank's device, for MFU (0: MFU not shown)")
+      ->capture_default_str();
+  cmd->callback([args] { run_train_command(*args); });
+}
+
+}  // namespace deltatrain::tools

@@ -1,0 +1,490 @@
+#include "deltatrain/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "deltatrain/core/error.h"
+#include "deltatrain/model/hf_checkpoint.h"
+#include "deltatrain/model/model.h"
+#include "deltatrain/model/params.h"
+#include "deltatrain/optim/adamw.h"
+#include "deltatrain/optim/checkpoint.h"
+#include "deltatrain/train/data.h"
+#include "optim/file_io.h"
+
+namespace deltatrain::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kStateFile = "trainer.json";
+constexpr const char* kStateFormat = "deltatrain-trainer";
+constexpr int kStateVersion = 1;
+constexpr const char* kLatest = "latest";
+
+// Runs `work` on every rank and raises the same error on every rank when any rank failed (the first failing
+// rank's, with its type), so no rank walks on into a collective alone.
+template <class Work>
+void collectively(comm::Group& group, Work&& work) {
+  std::string failure;  // empty: success; else a kind letter, then the argument (for I) and the message
+  try {
+    work();
+  } catch (const InvalidArgument& e) {
+    failure = "I" + e.argument() + '\n' + e.what();
+  } catch (const StateError& e) {
+    failure = std::string("S") + e.what();
+  } catch (const std::exception& e) {
+    failure = std::string("F") + e.what();
+  }
+  const std::vector<std::string> all = group.all_gather_object(failure);
+  for (const std::string& f : all) {
+    if (f.empty()) continue;
+    const std::string text = f.substr(1);
+    if (f[0] == 'I') {
+      const std::string argument = text.substr(0, text.find('\n'));
+      const std::string what = text.substr(text.find('\n') + 1);
+      const std::string prefix = "invalid argument '" + argument + "': ";
+      throw InvalidArgument(argument, what.substr(std::min(prefix.size(), what.size())));
+    }
+    if (f[0] == 'S') throw StateError(text);
+    throw Failure(text);
+  }
+}
+
+// Doubles summed over ranks in rank order, so the result does not depend on the engine's reduction order.
+double sum_over_ranks(comm::Group& group, double local) {
+  std::string bytes(sizeof local, '\0');
+  std::memcpy(bytes.data(), &local, sizeof local);
+  double total = 0;
+  for (const std::string& each : group.all_gather_object(bytes)) {
+    double value;
+    std::memcpy(&value, each.data(), sizeof value);
+    total += value;
+  }
+  return total;
+}
+
+bool any_rank(comm::Group& group, bool local) {
+  std::int32_t flag = local ? 1 : 0;
+  group.all_reduce(&flag, &flag, 1, DType::i32, comm::ReduceOp::max);
+  return flag != 0;
+}
+
+// A packed batch in host memory, and the model's view of it.
+struct HostBatch {
+  std::vector<std::int32_t> tokens, cu_seqlens{0}, targets;
+  std::vector<double> weights;
+  model::Batch view() const { return {tokens, cu_seqlens, targets, weights}; }
+};
+
+// Each planned piece is one sequence. A token's target is the document's next token, even across a row's
+// end (the last token of a cut piece still has one); `weight` goes to every token with a target.
+template <class TokensOf>
+HostBatch build_batch(std::span<const std::vector<Piece>> rows, const std::vector<Document>& documents,
+                      const TokensOf& tokens_of, double weight) {
+  HostBatch batch;
+  for (const std::vector<Piece>& row : rows) {
+    for (const Piece& piece : row) {
+      const std::span<const std::int32_t> document = tokens_of(documents[piece.document]);
+      for (std::int64_t i = piece.offset; i < piece.offset + piece.length; ++i) {
+        batch.tokens.push_back(document[i]);
+        const bool has_target = i + 1 < static_cast<std::int64_t>(document.size());
+        batch.targets.push_back(has_target ? document[i + 1] : -1);
+        batch.weights.push_back(has_target ? weight : 0.0);
+      }
+      batch.cu_seqlens.push_back(static_cast<std::int32_t>(batch.tokens.size()));
+    }
+  }
+  return batch;
+}
+
+// A uniform double in [0, 1) from (seed, a, b), for temperature sampling: the same draw on every platform.
+double uniform(std::uint64_t seed, std::uint64_t a, std::uint64_t b) {
+  std::uint64_t z = seed ^ (a * 0x9e3779b97f4a7c15ull) ^ (b * 0xc2b2ae3d27d4eb4full);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+std::string config_differences(const std::string& saved, const std::string& current) {
+  const nlohmann::json a = nlohmann::json::parse(saved), b = nlohmann::json::parse(current);
+  std::string fields;
+  for (const auto& [key, value] : b.items()) {
+    if (!a.contains(key) || a[key] != value) fields += (fields.empty() ? "" : ", ") + key;
+  }
+  for (const auto& [key, value] : a.items()) {
+    if (!b.contains(key)) fields += (fields.empty() ? "" : ", ") + key;
+  }
+  return fields;
+}
+
+class Trainer {
+ public:
+  Trainer(comm::Group& group, const TrainOptions& options, Observer* observer)
+      : group_(group),
+        options_(options),
+        observer_(observer),
+        data_(options.data, options.config.vocab_size),
+        train_lengths_(data_.train_lengths()),
+        validation_lengths_(data_.validation_lengths()),
+        plan_options_{options.tokens_per_step, options.seq_len, group.size(), true, options.seed},
+        optimizer_(group, param_specs(options.config),
+                   {options.schedule.lr, options.beta1, options.beta2, options.eps, options.weight_decay, options.clip}),
+        model_(options.config, {.device = group.device(), .dtype = kParamDType, .cpu_threads = options.cpu_threads}) {
+    model_.bind([this](std::string_view name) { return optimizer_.param(name); },
+                [this](std::string_view name) { return optimizer_.grad(name); });
+  }
+
+  TrainResult run(const std::function<bool()>& stop_requested) {
+    StartReport start{0, {}, model::param_count(options_.config), data_.train_token_count(), group_.size()};
+    if (options_.resume.empty()) {
+      initialize();
+    } else {
+      start.resumed_from = resume(options_.resume);
+      start.step = optimizer_.step_count();
+    }
+    if (observer_) observer_->on_start(start);
+
+    TrainResult result;
+    const Clock::time_point began = Clock::now();
+    while (optimizer_.step_count() < options_.steps) {
+      if (any_rank(group_, stop_requested && stop_requested())) {
+        result.stopped = true;
+        break;
+      }
+      const Clock::time_point step_began = Clock::now();
+      StepReport report = train_step();
+      report.seconds = std::chrono::duration<double>(Clock::now() - step_began).count();
+      report.elapsed = std::chrono::duration<double>(Clock::now() - began).count();
+      if (observer_) observer_->on_step(report);
+      const std::int64_t step = optimizer_.step_count();
+      if (options_.eval_every > 0 && step % options_.eval_every == 0) evaluate();
+      if (options_.sample_every > 0 && step % options_.sample_every == 0) sample();
+      if (!options_.checkpoint_root.empty() && options_.save_every > 0 && step % options_.save_every == 0) {
+        result.last_checkpoint = save();
+      }
+    }
+    // Rank 0's view decides (it writes the checkpoints), so every rank enters the save or none does.
+    const bool saved = group_.rank() == 0 &&
+                       fs::exists(options_.checkpoint_root / optim::checkpoint_dir_name(optimizer_.step_count()));
+    if (!options_.checkpoint_root.empty() && !any_rank(group_, saved)) result.last_checkpoint = save();
+    result.step = optimizer_.step_count();
+    result.digest = optim::digest_state(optimizer_);
+    return result;
+  }
+
+ private:
+  static std::vector<optim::ParamSpec> param_specs(const model::Config& config) {
+    std::vector<optim::ParamSpec> specs;
+    for (const model::ParamInfo& info : model::param_infos(config)) specs.push_back({info.name, info.shape, kParamDType});
+    return specs;
+  }
+
+  // The seeded initial weights, the same on every rank, written where the model reads them.
+  void initialize() {
+    if (group_.device().type != DeviceType::cpu) {
+      throw Unavailable("trainer", "initialising parameters on a GPU group is not implemented yet");
+    }
+    for (const model::ParamInfo& info : model::param_infos(options_.config)) {
+      model::init_param(info, options_.config.initializer_range, options_.seed, kParamDType,
+                        optimizer_.param(info.name).data);
+    }
+    optimizer_.initialize_from_params();
+  }
+
+  StepReport train_step() {
+    const std::int64_t index = optimizer_.step_count();
+    const StepPlan plan = plan_step(train_lengths_, plan_options_, position_);
+    // DistributedAdamW averages the ranks' gradients (sum / dp_size). For that average to be the gradient of
+    // the global mean loss (1/N) sum over all N targets of the step, each rank weighs its targets by
+    // dp_size / N: (1/dp) sum_r sum_{t in r} (dp/N) grad nll_t = (1/N) sum_t grad nll_t.
+    const double weight = plan.targets > 0 ? static_cast<double>(group_.size()) / static_cast<double>(plan.targets) : 0;
+    const HostBatch batch =
+        build_batch(rank_rows(plan, group_.rank(), group_.size()), data_.train_documents(),
+                    [this](const Document& d) { return data_.train_tokens(d); }, weight);
+    optim::AdamWConfig config = optimizer_.config();
+    config.lr = learning_rate(schedule(), index);
+    optimizer_.set_config(config);
+    optimizer_.zero_grad();
+    const double local_loss = model_.forward(batch.view());
+    model_.backward();
+    optimizer_.step();
+    position_ = plan.end;
+    StepReport report;
+    report.step = optimizer_.step_count();
+    // Each rank's loss is (dp/N) x its share of the NLL sum: the global mean is their sum over dp.
+    report.loss = sum_over_ranks(group_, local_loss) / group_.size();
+    report.lr = config.lr;
+    report.grad_norm = optimizer_.grad_norm();
+    report.tokens = options_.tokens_per_step;
+    return report;
+  }
+
+  Schedule schedule() const {
+    Schedule s = options_.schedule;
+    s.total_steps = options_.steps;
+    return s;
+  }
+
+  // The mean NLL over the fixed validation batches: the first eval_batches steps of the validation shard in
+  // file order, forward only.
+  void evaluate() {
+    const PlanOptions options{options_.tokens_per_step, options_.seq_len, group_.size(), false, 0};
+    DataPosition at;
+    double nll = 0;
+    std::int64_t targets = 0;
+    for (std::int64_t b = 0; b < options_.eval_batches; ++b) {
+      const StepPlan plan = plan_step(validation_lengths_, options, at);
+      at = plan.end;
+      const HostBatch batch =
+          build_batch(rank_rows(plan, group_.rank(), group_.size()), data_.validation_documents(),
+                      [this](const Document& d) { return data_.validation_tokens(d); }, 1.0);
+      nll += model_.forward(batch.view(), false);
+      targets += plan.targets;
+    }
+    const double total = sum_over_ranks(group_, nll);
+    if (observer_) observer_->on_eval({optimizer_.step_count(), targets > 0 ? total / targets : 0.0,
+                                       options_.eval_batches * options_.tokens_per_step});
+  }
+
+  // Generation on rank 0 from the start of the first non-empty validation document (Dataset makes sure there
+  // is one), recomputing the whole sequence for each new token; the other ranks wait at the next collective.
+  void sample() {
+    if (group_.rank() != 0) return;
+    const std::vector<Document>& documents = data_.validation_documents();
+    const Document& first = *std::find_if(documents.begin(), documents.end(), [](const Document& d) { return d.length > 0; });
+    const std::span<const std::int32_t> source = data_.validation_tokens(first);
+    SampleReport report;
+    report.step = optimizer_.step_count();
+    report.prompt.assign(source.begin(), source.begin() + std::min<std::int64_t>(options_.prompt_tokens, first.length));
+    std::vector<std::int32_t> tokens = report.prompt;
+    const std::int64_t vocab = options_.config.vocab_size;
+    std::vector<float> logits;
+    for (std::int64_t i = 0; i < options_.sample_tokens; ++i) {
+      const auto length = static_cast<std::int64_t>(tokens.size());
+      const std::vector<std::int32_t> cu{0, static_cast<std::int32_t>(length)};
+      logits.resize(static_cast<std::size_t>(length * vocab));
+      model_.logits({tokens, cu}, TensorView::contiguous(logits.data(), kParamDType, {length, vocab}));
+      const float* last = logits.data() + (length - 1) * vocab;
+      std::int32_t next = static_cast<std::int32_t>(std::max_element(last, last + vocab) - last);
+      if (options_.temperature > 0) {
+        // Softmax at the temperature, drawn by inverse CDF.
+        std::vector<double> p(static_cast<std::size_t>(vocab));
+        double total = 0;
+        for (std::int64_t v = 0; v < vocab; ++v) total += p[v] = std::exp((last[v] - last[next]) / options_.temperature);
+        double u = uniform(options_.seed, static_cast<std::uint64_t>(report.step), static_cast<std::uint64_t>(i)) * total;
+        for (std::int64_t v = 0; v < vocab; ++v) {
+          u -= p[v];
+          if (u < 0) {
+            next = static_cast<std::int32_t>(v);
+            break;
+          }
+        }
+      }
+      tokens.push_back(next);
+      report.completion.push_back(next);
+    }
+    report.prompt_text = data_.vocabulary().decode(report.prompt);
+    report.completion_text = data_.vocabulary().decode(report.completion);
+    if (observer_) observer_->on_sample(report);
+  }
+
+  TrainerState state() const {
+    return {optimizer_.step_count(), position_, options_.seed, options_.tokens_per_step, options_.seq_len,
+            group_.size(), model::config_to_hf_json(options_.config), data_.fingerprint()};
+  }
+
+  fs::path save() {
+    const fs::path& root = options_.checkpoint_root;
+    const std::string name = optim::checkpoint_dir_name(optimizer_.step_count());
+    const fs::path final_dir = root / name;
+    const fs::path temp_dir = root / (".tmp-" + name);
+    const bool leader = group_.rank() == 0;
+    try {
+      collectively(group_, [&] {
+        if (!leader) return;
+        if (fs::exists(final_dir)) throw Failure("checkpoint " + final_dir.string() + " already exists; nothing is overwritten");
+        fs::create_directories(root);
+        fs::remove_all(temp_dir);  // left by a save that was killed
+        fs::create_directory(temp_dir);
+      });
+      optim::save_checkpoint(optimizer_, temp_dir / "optimizer");
+      collectively(group_, [&] {
+        if (!leader) return;
+        model::save_hf_model(temp_dir / "model", options_.config,
+                             [this](std::string_view n) { return optimizer_.param(n); }, DType::f32);
+        const std::string text = state_to_json(state());
+        optim::File file = optim::File::create_new(temp_dir / kStateFile);
+        file.write_all(text.data(), text.size());
+        file.sync();
+        optim::sync_directory(temp_dir);
+        optim::rename_no_replace(temp_dir, final_dir);
+        optim::sync_directory(root);
+        optim::replace_file_atomically(root / kLatest, name + "\n");
+      });
+    } catch (const Error& e) {
+      if (leader) {
+        std::error_code ignored;
+        fs::remove_all(temp_dir, ignored);  // frees what the failed save took; the previous checkpoints stay
+      }
+      std::string latest = "none";
+      try {
+        latest = resolve_train_checkpoint(root).string();
+      } catch (const Error&) {
+        // No earlier checkpoint under this root: "none" says so.
+      }
+      throw Failure("the checkpoint of step " + std::to_string(optimizer_.step_count()) + " was not saved (" +
+                    e.what() + "); the latest complete checkpoint is " + latest);
+    }
+    if (observer_) observer_->on_save(optimizer_.step_count(), final_dir);
+    return final_dir;
+  }
+
+  fs::path resume(const fs::path& path) {
+    fs::path dir;
+    TrainerState saved;
+    collectively(group_, [&] {
+      dir = resolve_train_checkpoint(path);
+      saved = state_from_json(optim::read_text_file(dir / kStateFile), (dir / kStateFile).string());
+      const std::string current = model::config_to_hf_json(options_.config);
+      if (saved.config_json != current) {
+        throw InvalidArgument("resume", "checkpoint " + dir.string() +
+                                            " holds a model of another config (differs in: " +
+                                            config_differences(saved.config_json, current) + ")");
+      }
+      auto must_match = [&](const char* flag, std::int64_t was, std::int64_t now) {
+        if (was != now) {
+          throw InvalidArgument("resume", std::string("checkpoint ") + dir.string() + " was trained with --" + flag +
+                                              " " + std::to_string(was) + ", this run has " + std::to_string(now));
+        }
+      };
+      must_match("seq-len", saved.seq_len, options_.seq_len);
+      must_match("tokens-per-step", saved.tokens_per_step, options_.tokens_per_step);
+      if (saved.seed != options_.seed) {
+        throw InvalidArgument("resume", "checkpoint " + dir.string() + " was trained with --seed " +
+                                            std::to_string(saved.seed) + ", this run has " + std::to_string(options_.seed));
+      }
+      if (saved.data_fingerprint != data_.fingerprint()) {
+        throw InvalidArgument("resume", "checkpoint " + dir.string() + " was trained on other training shards than " +
+                                            options_.data.string());
+      }
+    });
+    optim::load_checkpoint(optimizer_, dir / "optimizer");
+    if (optimizer_.step_count() != saved.step) {
+      throw Failure("checkpoint " + dir.string() + " is inconsistent: trainer.json says step " +
+                    std::to_string(saved.step) + ", the optimizer's checkpoint step " +
+                    std::to_string(optimizer_.step_count()));
+    }
+    position_ = saved.data;
+    return dir;
+  }
+
+  comm::Group& group_;
+  const TrainOptions& options_;
+  Observer* observer_;
+  Dataset data_;
+  std::vector<std::int64_t> train_lengths_, validation_lengths_;
+  PlanOptions plan_options_;
+  optim::DistributedAdamW optimizer_;
+  model::Model model_;
+  DataPosition position_;
+};
+
+}  // namespace
+
+void check_options(const TrainOptions& options, int dp_size) {
+  model::validate(options.config);
+  if (options.steps < 0) throw InvalidArgument("steps", "must be >= 0; got " + std::to_string(options.steps));
+  check_plan_options({options.tokens_per_step, options.seq_len, dp_size, true, options.seed});
+  Schedule schedule = options.schedule;
+  schedule.total_steps = options.steps;
+  check_schedule(schedule);
+  optim::check_config({options.schedule.lr, options.beta1, options.beta2, options.eps, options.weight_decay, options.clip});
+  auto non_negative = [](const char* flag, std::int64_t value) {
+    if (value < 0) throw InvalidArgument(flag, "must be >= 0; got " + std::to_string(value));
+  };
+  non_negative("save-every", options.save_every);
+  non_negative("eval-every", options.eval_every);
+  non_negative("sample-every", options.sample_every);
+  non_negative("sample-tokens", options.sample_tokens);
+  if (options.eval_batches < 1) throw InvalidArgument("eval-batches", "must be >= 1; got " + std::to_string(options.eval_batches));
+  if (options.prompt_tokens < 1) throw InvalidArgument("prompt-tokens", "must be >= 1; got " + std::to_string(options.prompt_tokens));
+  if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {
+    throw InvalidArgument("temperature", "must be >= 0 (0: greedy); got " + std::to_string(options.temperature));
+  }
+  if (options.save_every > 0 && options.checkpoint_root.empty()) {
+    throw InvalidArgument("save-every", "needs --ckpt, the directory to save into");
+  }
+  if (options.cpu_threads < 0) throw InvalidArgument("threads", "must be >= 0; got " + std::to_string(options.cpu_threads));
+}
+
+TrainResult train(comm::Group& group, const TrainOptions& options, Observer* observer,
+                  const std::function<bool()>& stop_requested) {
+  check_options(options, group.size());
+  std::unique_ptr<Trainer> trainer;
+  collectively(group, [&] { trainer = std::make_unique<Trainer>(group, options, observer); });
+  return trainer->run(stop_requested);
+}
+
+std::string state_to_json(const TrainerState& state) {
+  nlohmann::ordered_json j = {
+      {"format", kStateFormat},
+      {"version", kStateVersion},
+      {"step", state.step},
+      {"data", {{"epoch", state.data.epoch}, {"index", state.data.index}, {"offset", state.data.offset}}},
+      // Every random draw (initial weights, document order, samples) is a pure function of the seed, the
+      // epoch and the step: the seed is the whole generator state.
+      {"seed", state.seed},
+      {"tokens_per_step", state.tokens_per_step},
+      {"seq_len", state.seq_len},
+      {"dp_size", state.dp_size},
+      {"data_fingerprint", state.data_fingerprint},
+      {"config", nlohmann::ordered_json::parse(state.config_json)},
+  };
+  return j.dump(2) + "\n";
+}
+
+TrainerState state_from_json(const std::string& text, const std::string& source) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    if (j.at("format") != kStateFormat) throw Failure("not a trainer state (format " + j.at("format").dump() + ")");
+    if (j.at("version") != kStateVersion) throw Failure("version " + j.at("version").dump() + " is not " + std::to_string(kStateVersion));
+    TrainerState state;
+    state.step = j.at("step");
+    state.data = {j.at("data").at("epoch"), j.at("data").at("index"), j.at("data").at("offset")};
+    state.seed = j.at("seed");
+    state.tokens_per_step = j.at("tokens_per_step");
+    state.seq_len = j.at("seq_len");
+    state.dp_size = j.at("dp_size");
+    state.data_fingerprint = j.at("data_fingerprint");
+    state.config_json = model::config_to_hf_json(model::config_from_hf_json(j.at("config").dump(), source));
+    return state;
+  } catch (const std::exception& e) {
+    throw Failure("trainer state " + source + " is not valid: " + e.what());
+  }
+}
+
+fs::path resolve_train_checkpoint(const fs::path& path) {
+  if (fs::exists(path / kStateFile)) return path;
+  if (fs::exists(path / kLatest)) {
+    std::string name = optim::read_text_file(path / kLatest);
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const fs::path dir = path / name;
+    if (!fs::exists(dir / kStateFile)) {
+      throw Failure("checkpoint root " + path.string() + ": `latest` names " + dir.string() + ", which has no " + kStateFile);
+    }
+    return dir;
+  }
+  throw Failure("no training checkpoint at " + path.string() + ": it holds neither " + kStateFile + " nor " + kLatest);
+}
+
+}  // namespace deltatrain::train
