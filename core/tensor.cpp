@@ -76,6 +76,8 @@ std::int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  // An empty tensor addresses no element, so any strides describe it (NumPy gives some all-zero strides).
+  if (numel() == 0) return true;
   std::int64_t expected = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     // A dimension of extent 1 may carry any stride: it is never stepped over.

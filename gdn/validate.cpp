@@ -1,9 +1,13 @@
 // Validation at the operator's boundary: tensors and options in, a Problem out, or an InvalidArgument
 // that names the argument, the rule, and what was passed.
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <string>
 
 #include "deltatrain/core/error.h"
+#include "deltatrain/core/system.h"
 #include "deltatrain/gdn/backend.h"
 
 namespace deltatrain::gdn {
@@ -63,8 +67,26 @@ void expect_dtype(const char* name, const TensorView& t, DType dtype, const std:
   }
 }
 
+std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+// Backends read elements through typed pointers: a misaligned one is undefined behaviour (and a fault
+// on some CPUs and every GPU), so such a view (NumPy makes one from a buffer at an odd offset) is refused.
+void expect_aligned(const char* name, const TensorView& t) {
+  const std::size_t element = dtype_size(t.dtype);
+  if (t.numel() > 0 && reinterpret_cast<std::uintptr_t>(t.data) % element != 0) {
+    throw InvalidArgument(name, "data pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(t.data)) +
+                                    " is not a multiple of its " + std::to_string(element) + "-byte " +
+                                    dtype_name(t.dtype) + " elements; pass an aligned copy");
+  }
+}
+
 void expect_common(const char* name, const TensorView& t, Device device) {
   if (t.data == nullptr && t.numel() > 0) throw InvalidArgument(name, "data pointer is null");
+  expect_aligned(name, t);
   if (!t.is_contiguous()) {
     throw InvalidArgument(name, "must be contiguous (row-major, no gaps); got shape " + t.shape_string() +
                                     " with non-contiguous strides; make a contiguous copy first");
@@ -89,8 +111,15 @@ Problem make_problem(const Inputs& in, const Options& options, Operation op) {
   p.device = device;
   p.stream = options.stream;
   p.cpu_threads = options.cpu_threads;
-  if (options.cpu_threads < 0) {
-    throw InvalidArgument("cpu_threads", "must be >= 0 (0 = all cores), got " + std::to_string(options.cpu_threads));
+  // More threads than a few per core only costs, and asking libgomp for far more crashes it or makes
+  // it print and exit: the bound keeps that out of reach.
+  constexpr int kThreadsPerCore = 4;
+  const int max_threads = std::max(1, cpu_info().logical_cores) * kThreadsPerCore;
+  if (options.cpu_threads < 0 || options.cpu_threads > max_threads) {
+    throw InvalidArgument("cpu_threads", "must be in [0, " + std::to_string(max_threads) + "] (0 = all cores; at most " +
+                                             std::to_string(kThreadsPerCore) + " per logical core, and this machine has " +
+                                             std::to_string(cpu_info().logical_cores) + "), got " +
+                                             std::to_string(options.cpu_threads));
   }
 
   expect_rank("q", in.q, 4, "[B, T, H, K]");
@@ -150,6 +179,7 @@ Problem make_problem(const Inputs& in, const Options& options, Operation op) {
       throw InvalidArgument("cu_seqlens", std::string("expected int32 or int64, got ") + dtype_name(cu.dtype));
     }
     if (!cu.is_contiguous()) throw InvalidArgument("cu_seqlens", "must be contiguous");
+    expect_aligned("cu_seqlens", cu);
     if (cu.device.type != DeviceType::cpu && !(cu.device == device)) {
       throw InvalidArgument("cu_seqlens", "must be on the CPU or on " + device_name(device) + ", is on " +
                                               device_name(cu.device));
@@ -167,6 +197,7 @@ Problem make_problem(const Inputs& in, const Options& options, Operation op) {
                                                      cu.shape_string() + " like cu_seqlens, got " + host->shape_string() +
                                                      " " + dtype_name(host->dtype) + " on " + device_name(host->device));
       }
+      expect_aligned("cu_seqlens_host", *host);
     }
     p.offsets = host->dtype == DType::i32 ? read_offsets<std::int32_t>(*host) : read_offsets<std::int64_t>(*host);
     p.N = static_cast<std::int64_t>(p.offsets.size()) - 1;
@@ -201,7 +232,19 @@ Problem make_problem(const Inputs& in, const Options& options, Operation op) {
   }
 
   p.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.K)));
-  if (!std::isfinite(p.scale)) throw InvalidArgument("scale", "must be finite, got " + std::to_string(p.scale));
+  if (!std::isfinite(p.scale)) throw InvalidArgument("scale", "must be finite, got " + number_text(p.scale));
+  // Every backend but float64 calls computes in float32: a scale beyond its range is inf there (every
+  // output inf), and a nonzero one below it is 0 (every output 0).
+  if (!fp64) {
+    const float in_compute_type = static_cast<float>(p.scale);
+    if (std::isinf(in_compute_type) || (in_compute_type == 0.0f && p.scale != 0.0)) {
+      throw InvalidArgument("scale", "must be representable in float32, the compute type of a " +
+                                         std::string(dtype_name(p.io_dtype)) + " call (|scale| <= " +
+                                         number_text(std::numeric_limits<float>::max()) + ", and not below " +
+                                         number_text(std::numeric_limits<float>::denorm_min()) +
+                                         " unless 0), got " + number_text(p.scale));
+    }
+  }
   p.l2norm = options.use_qk_l2norm_in_kernel;
   return p;
 }

@@ -1,8 +1,12 @@
 #include "deltatrain/optim/checkpoint.h"
 
+#include <cctype>
+#include <charconv>
+#include <climits>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 
 #include "deltatrain/core/error.h"
 #include "deltatrain/optim/digest.h"
@@ -20,6 +24,7 @@ namespace {
 constexpr const char* kFormat = "deltatrain.optim.checkpoint";
 constexpr const char* kLatest = "latest";
 constexpr const char* kMetadata = "metadata.json";
+constexpr const char* kDigestKey = "metadata_sha256";
 
 // Runs `work` on this rank, then lets every rank learn whether any rank failed: all of them raise
 // the first failure (by rank), with its type, so no rank walks on into a collective alone.
@@ -75,49 +80,128 @@ json layout_to_json(const ParamLayout& layout) {
           {"buffers", buffers}};
 }
 
-// The stored layout is the truth about the files; these checks keep a damaged one from steering reads.
-void check_layout(const ParamLayout& layout, const std::string& source) {
-  for (std::size_t b = 0; b < layout.buffers.size(); ++b) {
-    const BufferLayout& buffer = layout.buffers[b];
-    std::int64_t cursor = 0;
-    for (const Bucket& bucket : buffer.buckets) {
-      if (bucket.offset != cursor || bucket.numel <= 0 || bucket.numel % layout.dp_size != 0) {
-        bad_metadata(source, "buffer " + std::to_string(b) + " has a bucket at offset " + std::to_string(bucket.offset) +
-                                 " of " + std::to_string(bucket.numel) + " elements, which does not tile the buffer " +
-                                 "in multiples of the dp size " + std::to_string(layout.dp_size));
-      }
-      cursor += bucket.numel;
+// Strict readers of metadata fields: the wrong JSON type or a value out of range is bad metadata naming
+// the field, where nlohmann's get<> would truncate a step of 1.5 to 1 or wrap 2^40 into an int.
+const json& field(const json& object, const std::string& key, const std::string& where, const std::string& source) {
+  if (!object.is_object() || !object.contains(key)) bad_metadata(source, where + key + " is missing");
+  return object.at(key);
+}
+
+std::int64_t integer_field(const json& object, const std::string& key, std::int64_t min, std::int64_t max,
+                           const std::string& where, const std::string& source) {
+  const json& value = field(object, key, where, source);
+  const bool in_range = value.is_number_unsigned()  ? value.get<std::uint64_t>() <= static_cast<std::uint64_t>(max) &&
+                                                         static_cast<std::int64_t>(value.get<std::uint64_t>()) >= min
+                        : value.is_number_integer() ? value.get<std::int64_t>() >= min && value.get<std::int64_t>() <= max
+                                                    : false;
+  if (!in_range) {
+    bad_metadata(source, where + key + " must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
+                             "], got " + value.dump());
+  }
+  return value.get<std::int64_t>();
+}
+
+double number_field(const json& object, const std::string& key, const std::string& where, const std::string& source) {
+  const json& value = field(object, key, where, source);
+  if (!value.is_number()) bad_metadata(source, where + key + " must be a number, got " + value.dump());
+  return value.get<double>();
+}
+
+std::string string_field(const json& object, const std::string& key, const std::string& where,
+                         const std::string& source) {
+  const json& value = field(object, key, where, source);
+  if (!value.is_string()) bad_metadata(source, where + key + " must be a string, got " + value.dump());
+  return value.get<std::string>();
+}
+
+const json& array_field(const json& object, const std::string& key, const std::string& where,
+                        const std::string& source) {
+  const json& value = field(object, key, where, source);
+  if (!value.is_array()) bad_metadata(source, where + key + " must be an array, got " + value.dump());
+  return value;
+}
+
+// SHA-256 of the metadata's canonical form: compact, keys sorted (nlohmann::json keeps them so), without
+// the digest itself. A digest of the meaning rather than of the bytes: reformatting changes nothing.
+std::string metadata_digest(json metadata) {
+  metadata.erase(kDigestKey);
+  const std::string text = metadata.dump();
+  Sha256 sha;
+  sha.update(text.data(), text.size());
+  return sha.hex_digest();
+}
+
+// The stored layout is the truth about the files, so it must be the very layout its own parameters,
+// options and dp size imply (make_param_layout is a pure function): then no edited offset, size or
+// bucket can steer a read.
+void check_layout(const ParamLayout& stored, const std::string& source) {
+  ParamLayout implied;
+  try {
+    implied = make_param_layout(param_specs(stored), stored.dp_size, stored.options);
+  } catch (const InvalidArgument& e) {
+    bad_metadata(source, std::string("its layout's parameters do not make a layout: ") + e.what());
+  }
+  const auto differs = [&](const std::string& what, std::int64_t stored_value, std::int64_t implied_value) {
+    if (stored_value != implied_value) {
+      bad_metadata(source, what + " is " + std::to_string(stored_value) + " but the layout its parameters, alignment " +
+                               std::to_string(stored.options.alignment) + ", bucket_numel " +
+                               std::to_string(stored.options.bucket_numel) + " and dp size " +
+                               std::to_string(stored.dp_size) + " imply has " + std::to_string(implied_value));
     }
-    if (cursor != buffer.numel) bad_metadata(source, "buffer " + std::to_string(b) + "'s buckets do not sum to its numel");
-    for (const ParamSlot& p : buffer.params) {
-      std::int64_t numel = 1;
-      for (std::int64_t dim : p.shape) numel *= dim;
-      const bool inside = p.bucket >= 0 && p.bucket < static_cast<int>(buffer.buckets.size()) &&
-                          p.offset >= buffer.buckets[p.bucket].offset &&
-                          p.offset + p.numel <= buffer.buckets[p.bucket].offset + buffer.buckets[p.bucket].numel;
-      if (numel != p.numel || !inside) {
-        bad_metadata(source, "parameter '" + p.name + "' does not fit its shape or its bucket");
-      }
+  };
+  differs("the number of buffers", static_cast<std::int64_t>(stored.buffers.size()),
+          static_cast<std::int64_t>(implied.buffers.size()));
+  for (std::size_t b = 0; b < stored.buffers.size(); ++b) {
+    const BufferLayout &have = stored.buffers[b], &want = implied.buffers[b];
+    const std::string buffer = "buffer " + std::to_string(b);
+    differs(buffer + "'s numel", have.numel, want.numel);
+    differs(buffer + "'s number of buckets", static_cast<std::int64_t>(have.buckets.size()),
+            static_cast<std::int64_t>(want.buckets.size()));
+    for (std::size_t k = 0; k < have.buckets.size(); ++k) {
+      const std::string bucket = buffer + "'s bucket " + std::to_string(k);
+      differs(bucket + "'s offset", have.buckets[k].offset, want.buckets[k].offset);
+      differs(bucket + "'s numel", have.buckets[k].numel, want.buckets[k].numel);
+    }
+    for (std::size_t i = 0; i < have.params.size(); ++i) {
+      const std::string param = "parameter '" + have.params[i].name + "'";
+      differs(param + "'s offset", have.params[i].offset, want.params[i].offset);
+      differs(param + "'s numel", have.params[i].numel, want.params[i].numel);
+      differs(param + "'s bucket", have.params[i].bucket, want.params[i].bucket);
     }
   }
 }
 
 ParamLayout layout_from_json(const json& j, int dp_size, const std::string& source) {
+  constexpr std::int64_t kMax = INT64_MAX;
   ParamLayout layout;
   layout.dp_size = dp_size;
-  layout.options.alignment = j.at("alignment").get<std::int64_t>();
-  layout.options.bucket_numel = j.at("bucket_numel").get<std::int64_t>();
-  for (const json& b : j.at("buffers")) {
+  layout.options.alignment = integer_field(j, "alignment", 1, kMax, "layout.", source);
+  layout.options.bucket_numel = integer_field(j, "bucket_numel", 1, kMax, "layout.", source);
+  const json& buffers = array_field(j, "buffers", "layout.", source);
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    const std::string where = "layout.buffers[" + std::to_string(b) + "].";
     BufferLayout buffer;
-    buffer.dtype = dtype_from_safetensors(b.at("dtype").get<std::string>());
-    buffer.numel = b.at("numel").get<std::int64_t>();
-    for (const json& p : b.at("params")) {
-      buffer.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<std::int64_t>>(),
-                               p.at("offset").get<std::int64_t>(), p.at("numel").get<std::int64_t>(),
-                               p.at("bucket").get<int>()});
+    buffer.dtype = dtype_from_safetensors(string_field(buffers[b], "dtype", where, source));
+    buffer.numel = integer_field(buffers[b], "numel", 0, kMax, where, source);
+    const json& params = array_field(buffers[b], "params", where, source);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::string at = where + "params[" + std::to_string(i) + "].";
+      const json& p = params[i];
+      std::vector<std::int64_t> shape;
+      const json& dims = array_field(p, "shape", at, source);
+      for (std::size_t d = 0; d < dims.size(); ++d) {
+        shape.push_back(integer_field(json{{"dim", dims[d]}}, "dim", 1, kMax, at + "shape[" + std::to_string(d) + "].",
+                                      source));
+      }
+      buffer.params.push_back({string_field(p, "name", at, source), std::move(shape),
+                               integer_field(p, "offset", 0, kMax, at, source), integer_field(p, "numel", 1, kMax, at, source),
+                               static_cast<int>(integer_field(p, "bucket", 0, INT_MAX, at, source))});
     }
-    for (const json& k : b.at("buckets")) {
-      buffer.buckets.push_back({k.at("offset").get<std::int64_t>(), k.at("numel").get<std::int64_t>()});
+    const json& buckets = array_field(buffers[b], "buckets", where, source);
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const std::string at = where + "buckets[" + std::to_string(k) + "].";
+      buffer.buckets.push_back(
+          {integer_field(buckets[k], "offset", 0, kMax, at, source), integer_field(buckets[k], "numel", 1, kMax, at, source)});
     }
     layout.buffers.push_back(std::move(buffer));
   }
@@ -126,7 +210,9 @@ ParamLayout layout_from_json(const json& j, int dp_size, const std::string& sour
 }
 
 // What a rank's shard file must hold; the legacy per-parameter step tensors are tolerated.
-void check_shard_header(const SafetensorsHeader& header, const fs::path& file, const ParamLayout& layout, int rank) {
+void check_shard_header(const SafetensorsHeader& header, const fs::path& file, const CheckpointMetadata& metadata,
+                        int rank) {
+  const ParamLayout& layout = metadata.layout;
   auto mismatch = [&](const std::string& what) {
     throw Failure("file " + file.string() + " does not match the checkpoint's metadata.json: " + what);
   };
@@ -134,6 +220,12 @@ void check_shard_header(const SafetensorsHeader& header, const fs::path& file, c
   if (it == header.metadata.end() || it->second != std::to_string(rank)) {
     mismatch("it should hold rank " + std::to_string(rank) + "'s shards but its header says rank '" +
              (it == header.metadata.end() ? std::string("(none)") : it->second) + "'");
+  }
+  // The step is stored once, in metadata.json; the copy every shard's header carries (absent in shards of
+  // older writers) is a cross-check that an unprotected format 1 metadata.json still gets.
+  it = header.metadata.find("step");
+  if (it != header.metadata.end() && it->second != std::to_string(metadata.step)) {
+    mismatch("its header says step " + it->second + " but metadata.json says " + std::to_string(metadata.step));
   }
   std::set<std::string> expected;
   for (std::size_t b = 0; b < layout.buffers.size(); ++b) {
@@ -179,6 +271,17 @@ std::string checkpoint_dir_name(std::int64_t step) {
   return name;
 }
 
+std::optional<std::int64_t> checkpoint_dir_step(const std::string& name) {
+  constexpr std::string_view kPrefix = "step-";
+  if (name.size() <= kPrefix.size() || name.compare(0, kPrefix.size(), kPrefix) != 0) return std::nullopt;
+  const char* first = name.data() + kPrefix.size();
+  const char* last = name.data() + name.size();
+  std::int64_t step = 0;
+  const auto [end, error] = std::from_chars(first, last, step);
+  if (!std::isdigit(static_cast<unsigned char>(*first)) || error != std::errc() || end != last) return std::nullopt;
+  return step;
+}
+
 std::string shard_file_name(int rank, int dp_size) {
   char name[64];
   std::snprintf(name, sizeof name, "shard-%05d-of-%05d.safetensors", rank, dp_size);
@@ -198,7 +301,7 @@ std::string metadata_to_json(const CheckpointMetadata& m) {
   }
   json state = json::array();
   for (StateTensor tensor : kStateTensors) state.push_back(state_tensor_name(tensor));
-  const json j = {
+  json j = {
       {"format", kFormat},
       {"format_version", m.format_version},
       {"step", m.step},
@@ -215,6 +318,7 @@ std::string metadata_to_json(const CheckpointMetadata& m) {
       {"layout", layout_to_json(m.layout)},
       {"files", files},
   };
+  if (m.format_version >= 2) j[kDigestKey] = metadata_digest(j);
   return j.dump(2) + "\n";
 }
 
@@ -222,24 +326,41 @@ CheckpointMetadata metadata_from_json(const std::string& text, const std::string
   CheckpointMetadata m;
   try {
     const json j = json::parse(text);
-    if (j.at("format").get<std::string>() != kFormat) {
-      bad_metadata(source, "its format is '" + j.at("format").get<std::string>() + "', not '" + kFormat + "'");
-    }
-    m.format_version = j.at("format_version").get<int>();
-    if (m.format_version != kCheckpointFormatVersion) {
-      bad_metadata(source, "format version " + std::to_string(m.format_version) + " is not supported (this build reads " +
+    if (!j.is_object()) bad_metadata(source, "it is not a JSON object");
+    const std::string format = string_field(j, "format", "", source);
+    if (format != kFormat) bad_metadata(source, "its format is '" + format + "', not '" + kFormat + "'");
+    const json& version = field(j, "format_version", "", source);
+    if (!version.is_number_integer() || version.get<std::int64_t>() < kOldestCheckpointFormatVersion ||
+        version.get<std::int64_t>() > kCheckpointFormatVersion) {
+      bad_metadata(source, "format version " + version.dump() + " is not supported (this build reads " +
+                               std::to_string(kOldestCheckpointFormatVersion) + " to " +
                                std::to_string(kCheckpointFormatVersion) + ")");
     }
-    m.step = j.at("step").get<std::int64_t>();
-    m.dp_size = j.at("dp_size").get<int>();
-    if (m.step < 0 || m.dp_size < 1) bad_metadata(source, "step must be >= 0 and dp_size >= 1");
-    const json& o = j.at("optimizer");
-    m.config = {o.at("lr").get<double>(),  o.at("beta1").get<double>(),        o.at("beta2").get<double>(),
-                o.at("eps").get<double>(), o.at("weight_decay").get<double>(), o.at("max_grad_norm").get<double>()};
-    m.layout = layout_from_json(j.at("layout"), m.dp_size, source);
-    for (const json& f : j.at("files")) {
-      m.files.push_back({f.at("name").get<std::string>(), f.at("rank").get<int>(), f.at("bytes").get<std::uint64_t>(),
-                         f.at("sha256").get<std::string>()});
+    m.format_version = version.get<int>();
+    m.digest_checked = m.format_version >= 2;
+    if (m.digest_checked) {
+      const std::string recorded = string_field(j, kDigestKey, "", source);
+      const std::string actual = metadata_digest(j);
+      if (recorded != actual) {
+        bad_metadata(source, std::string("its content does not match its ") + kDigestKey + " (recorded " + recorded +
+                                 ", computed " + actual + "): it was edited or damaged after the save");
+      }
+    }
+    m.step = integer_field(j, "step", 0, INT64_MAX, "", source);
+    m.dp_size = static_cast<int>(integer_field(j, "dp_size", 1, INT_MAX, "", source));
+    const json& o = field(j, "optimizer", "", source);
+    m.config = {number_field(o, "lr", "optimizer.", source),           number_field(o, "beta1", "optimizer.", source),
+                number_field(o, "beta2", "optimizer.", source),        number_field(o, "eps", "optimizer.", source),
+                number_field(o, "weight_decay", "optimizer.", source), number_field(o, "max_grad_norm", "optimizer.", source)};
+    check_config(m.config);
+    m.layout = layout_from_json(field(j, "layout", "", source), m.dp_size, source);
+    const json& files = array_field(j, "files", "", source);
+    for (std::size_t f = 0; f < files.size(); ++f) {
+      const std::string where = "files[" + std::to_string(f) + "].";
+      m.files.push_back({string_field(files[f], "name", where, source),
+                         static_cast<int>(integer_field(files[f], "rank", 0, INT_MAX, where, source)),
+                         static_cast<std::uint64_t>(integer_field(files[f], "bytes", 0, INT64_MAX, where, source)),
+                         string_field(files[f], "sha256", where, source)});
     }
   } catch (const json::exception& e) {
     bad_metadata(source, e.what());
@@ -257,17 +378,59 @@ CheckpointMetadata metadata_from_json(const std::string& text, const std::string
   return m;
 }
 
+namespace {
+
+// `text` for a message: printable characters as they are, others as \xNN, at most 64 of them.
+std::string printable(const std::string& text) {
+  std::string shown = "'";
+  for (std::size_t i = 0; i < text.size() && i < 64; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (std::isprint(c)) {
+      shown += static_cast<char>(c);
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      shown += escaped;
+    }
+  }
+  return shown + (text.size() > 64 ? "'..." : "'");
+}
+
+// The checkpoint directory name root/latest holds; Failure naming `latest` when it holds anything else.
+std::string read_latest(const fs::path& root) {
+  const fs::path file = root / kLatest;
+  std::string name = read_text_file(file);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (!checkpoint_dir_step(name)) {
+    throw Failure("file " + file.string() + " does not name a checkpoint directory (step-NNNNNNNN): it holds " +
+                  printable(name));
+  }
+  return name;
+}
+
+}  // namespace
+
 fs::path resolve_checkpoint(const fs::path& path) {
   if (fs::exists(path / kMetadata)) return path;
   if (fs::exists(path / kLatest)) {
-    std::string name = read_text_file(path / kLatest);
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    if (name.empty() || name.find('/') != std::string::npos) {
-      throw Failure("file " + (path / kLatest).string() + " does not name a checkpoint directory");
+    const std::string name = read_latest(path);
+    if (!fs::is_directory(path / name)) {
+      throw Failure("file " + (path / kLatest).string() + " names " + name + ", which is not a directory in " +
+                    path.string());
     }
     return path / name;
   }
   throw Failure("no checkpoint at " + path.string() + ": it holds neither " + kMetadata + " nor " + kLatest);
+}
+
+void verify_checkpoint_file(const fs::path& dir, const CheckpointFile& record) {
+  const fs::path file = dir / record.name;
+  check_file_size(File::open_read(file), record);
+  const std::string sha = sha256_file(file);
+  if (sha != record.sha256) {
+    throw Failure("file " + file.string() + " is corrupted: its SHA-256 is " + sha + " but metadata.json records " +
+                  record.sha256);
+  }
 }
 
 CheckpointMetadata read_checkpoint_metadata(const fs::path& path) {
@@ -287,9 +450,18 @@ fs::path save_checkpoint(const DistributedAdamW& optimizer, const fs::path& root
     if (options.on_stage) options.on_stage(stage);
   };
 
+  bool replacing = false;  // rank 0: final_dir is an interrupted save's, which `latest` never named
   collectively(group, [&] {
     if (rank != 0) return;
-    if (fs::exists(final_dir)) throw Failure("checkpoint " + final_dir.string() + " already exists; nothing is overwritten");
+    if (fs::exists(final_dir)) {
+      const std::optional<std::int64_t> latest =
+          fs::exists(root / kLatest) ? checkpoint_dir_step(read_latest(root)) : std::nullopt;
+      if (latest && *latest >= optimizer.step_count()) {
+        throw Failure("checkpoint " + final_dir.string() + " already exists and `latest` names it or a later step; " +
+                      "nothing is overwritten");
+      }
+      replacing = true;
+    }
     fs::create_directories(root);
     fs::remove_all(temp_dir);  // left by a save that was killed
     fs::create_directory(temp_dir);
@@ -347,8 +519,16 @@ fs::path save_checkpoint(const DistributedAdamW& optimizer, const fs::path& root
     file.sync();
     reached(SaveStage::metadata_written);
     sync_directory(temp_dir);
-    rename_no_replace(temp_dir, final_dir);
-    sync_directory(root);
+    if (replacing) {
+      // One atomic exchange: at any kill the step's name holds a complete checkpoint, and the one it
+      // held, now under the temporary name, is removed here or by the next save.
+      exchange_paths(temp_dir, final_dir);
+      sync_directory(root);
+      fs::remove_all(temp_dir);
+    } else {
+      rename_no_replace(temp_dir, final_dir);
+      sync_directory(root);
+    }
     reached(SaveStage::renamed);
     replace_file_atomically(root / kLatest, name + "\n");
     reached(SaveStage::latest_updated);
@@ -376,13 +556,7 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
       throw InvalidArgument("checkpoint", std::string(e.what()) + " (checkpoint " + dir.string() + ")");
     }
     for (int f = rank; f < metadata.dp_size && options.verify_checksums; f += group.size()) {
-      const fs::path file = dir / metadata.files[f].name;
-      check_file_size(File::open_read(file), metadata.files[f]);
-      const std::string sha = sha256_file(file);
-      if (sha != metadata.files[f].sha256) {
-        throw Failure("file " + file.string() + " is corrupted: its SHA-256 is " + sha + " but metadata.json records " +
-                      metadata.files[f].sha256);
-      }
+      verify_checkpoint_file(dir, metadata.files[f]);
     }
     std::set<int> sources;
     for (const ShardCopy& copy : plan) sources.insert(copy.source_rank);
@@ -391,7 +565,7 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
       const File file = File::open_read(path_of_file);
       check_file_size(file, metadata.files[source]);
       const SafetensorsHeader header = read_safetensors_header(path_of_file);
-      check_shard_header(header, path_of_file, metadata.layout, source);
+      check_shard_header(header, path_of_file, metadata, source);
       for (const ShardCopy& copy : plan) {
         if (copy.source_rank != source) continue;
         const std::int64_t target = layout.local_offset(layout.buffers[copy.buffer].buckets[copy.target_bucket]) +

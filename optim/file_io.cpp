@@ -29,9 +29,31 @@ int open_or_fail(const std::filesystem::path& path, int flags, const char* call)
   return fd;
 }
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "something else";
+}
+
 }  // namespace
 
-File File::open_read(const std::filesystem::path& path) { return File(path, open_or_fail(path, O_RDONLY, "open")); }
+File File::open_read(const std::filesystem::path& path) {
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, forever. The check then runs on what
+  // was opened (a symlink followed), so nothing can swap the file between check and use.
+  File file(path, open_or_fail(path, O_RDONLY | O_NONBLOCK, "open"));
+  struct stat info {};
+  if (::fstat(file.fd_, &info) != 0) fail("fstat", path);
+  if (!S_ISREG(info.st_mode)) {
+    // A device has no end (/dev/zero hashes forever) and a FIFO blocks: only regular files are read.
+    throw Failure("file " + path.string() + " is " + file_kind(info.st_mode) + ", not a regular file");
+  }
+  const int flags = ::fcntl(file.fd_, F_GETFL);
+  if (flags < 0 || ::fcntl(file.fd_, F_SETFL, flags & ~O_NONBLOCK) != 0) fail("fcntl", path);
+  return file;
+}
 
 File File::create_new(const std::filesystem::path& path) {
   return File(path, open_or_fail(path, O_WRONLY | O_CREAT | O_EXCL, "create"));
@@ -101,6 +123,13 @@ void rename_no_replace(const std::filesystem::path& from, const std::filesystem:
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
     throw Failure("rename " + from.string() + " to " + to.string() + " failed: " + std::strerror(errno) + " (errno " +
                   std::to_string(errno) + ")");
+  }
+}
+
+void exchange_paths(const std::filesystem::path& a, const std::filesystem::path& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
+    throw Failure("exchanging " + a.string() + " and " + b.string() + " failed: " + std::strerror(errno) +
+                  " (errno " + std::to_string(errno) + ")");
   }
 }
 

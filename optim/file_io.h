@@ -10,6 +10,7 @@ namespace deltatrain::optim {
 
 class File {
  public:
+  // Regular files only (a symlink is followed): a FIFO, a device or a directory is a Failure naming it.
   static File open_read(const std::filesystem::path& path);
   // Fails if the file exists: a checkpoint never overwrites.
   static File create_new(const std::filesystem::path& path);
@@ -39,6 +40,9 @@ void sync_directory(const std::filesystem::path& path);
 
 // Renames `from` to `to`, failing (Failure) rather than replacing when `to` exists.
 void rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to);
+
+// Swaps two existing paths (files or directories) in one atomic step: each then names what the other did.
+void exchange_paths(const std::filesystem::path& a, const std::filesystem::path& b);
 
 // Writes `content` to a temporary file beside `path`, syncs it, renames it over `path`, and syncs
 // the directory: readers see the old content or the new, never a mix.

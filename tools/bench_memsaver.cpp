@@ -99,6 +99,20 @@ void run_bench(const Settings& s) {
   std::printf("  contents restored bitwise: %s\n", r.contents_restored ? "yes" : "no");
 }
 
+// CLI11's size parser reads "-1" as 2^64 - 1 (then reported as too large, with that number): a size
+// with a minus sign is refused as negative instead.
+CLI::Validator size_value() {
+  const CLI::Validator parse = CLI::AsSizeValue(false);
+  return CLI::Validator(
+      [parse](std::string& text) {
+        if (text.find('-') != std::string::npos) {
+          return "must be a size >= 0 (a number, or with a unit such as 8GiB), got " + text;
+        }
+        return parse(text);
+      },
+      parse.get_description());
+}
+
 }  // namespace
 
 void add_bench_memsaver_command(CLI::App& bench) {
@@ -108,7 +122,7 @@ void add_bench_memsaver_command(CLI::App& bench) {
       ->check(CLI::IsMember({"host", "cuda"}))
       ->capture_default_str();
   command->add_option("--bytes", s->bytes, "bytes to park: a number, or with a unit such as 8GiB")
-      ->transform(CLI::AsSizeValue(false))
+      ->transform(size_value())
       ->capture_default_str();
   command->add_option("--backup", s->backup, "none, cpu or restore_from (from the buffer that filled it)")
       ->capture_default_str();
@@ -116,7 +130,7 @@ void add_bench_memsaver_command(CLI::App& bench) {
       ->capture_default_str();
   command->add_option("--device", s->device, "CUDA device")->capture_default_str();
   command->add_option("--chunk-bytes", s->chunk_bytes, "copies are split into chunks of this size over the streams")
-      ->transform(CLI::AsSizeValue(false))
+      ->transform(size_value())
       ->capture_default_str();
   command->add_flag("--json", s->json, "print one JSON object (with date, machine and versions)");
   command->callback([s] { run_bench(*s); });

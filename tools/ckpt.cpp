@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "deltatrain/core/error.h"
 #include "deltatrain/optim/checkpoint.h"
-#include "deltatrain/optim/digest.h"
 
 namespace deltatrain::tools {
 namespace {
@@ -21,8 +21,9 @@ struct InspectArgs {
 
 void print_text(const std::filesystem::path& dir, const optim::CheckpointMetadata& m,
                 const std::vector<std::string>& verdicts) {
-  std::printf("checkpoint     %s\nformat         %d\nstep           %lld\ndp_size        %d\n", dir.string().c_str(),
-              m.format_version, static_cast<long long>(m.step), m.dp_size);
+  std::printf("checkpoint     %s\nformat         %d%s\nstep           %lld\ndp_size        %d\n", dir.string().c_str(),
+              m.format_version, m.digest_checked ? "" : " (metadata.json has no digest of its own: edits to it go unseen)",
+              static_cast<long long>(m.step), m.dp_size);
   std::printf("adamw          lr %g  betas (%g, %g)  eps %g  weight_decay %g  max_grad_norm %g\n", m.config.lr,
               m.config.beta1, m.config.beta2, m.config.eps, m.config.weight_decay, m.config.max_grad_norm);
   std::printf("layout         alignment %lld  bucket_numel %lld\n", static_cast<long long>(m.layout.options.alignment),
@@ -51,12 +52,18 @@ void inspect(const InspectArgs& args) {
   std::vector<std::string> verdicts;
   if (args.verify) {
     for (const optim::CheckpointFile& file : metadata.files) {
-      verdicts.push_back(optim::sha256_file(dir / file.name) == file.sha256 ? "ok" : "CORRUPTED");
+      try {
+        optim::verify_checkpoint_file(dir, file);
+        verdicts.push_back("ok");
+      } catch (const Failure& e) {
+        verdicts.push_back(std::string("BAD: ") + e.what());
+      }
     }
   }
   if (!args.json) return print_text(dir, metadata, verdicts);
   nlohmann::ordered_json out = nlohmann::ordered_json::parse(optim::metadata_to_json(metadata));
   out["directory"] = dir.string();
+  out["metadata_digest_checked"] = metadata.digest_checked;
   if (args.verify) out["verified"] = verdicts;
   std::printf("%s\n", out.dump(2).c_str());
 }

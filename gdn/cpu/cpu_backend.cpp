@@ -1,7 +1,8 @@
 // The cpu backend: the chunked (WY / UT-transform) algorithm of gdn-kernels.md §2, chunk 64.
 //
 // Within a chunk of L tokens entering with state S (K x V), with gamma the chunk-local cumulative
-// log-decay, E_i = exp(gamma_i), D_i = exp(gamma_last - gamma_i), Gamma_ij = exp(gamma_i - gamma_j) (i >= j):
+// log-decay, E_i = exp(gamma_i), D_i = exp(gamma_last - gamma_i), Gamma_ij = exp(gamma_i - gamma_j) (i >= j;
+// formed from the gates between j and i, never as a difference, see Chunk::load):
 //   A     = strict_lower(diag(beta) (K K^T .* Gamma))
 //   Delta = (I + A)^-1 diag(beta) (V - diag(E) K S)          pseudo-values, by blocked substitution
 //   O     = scale (diag(E) Q S + (lower(Q K^T) .* Gamma) Delta)
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cpu/small_gemm.h"
@@ -23,6 +25,7 @@
 #include "host/host_backend.h"
 #include "host/host_tensors.h"
 #include "host/l2norm.h"
+#include "host/parallel.h"
 
 namespace deltatrain::gdn {
 namespace {
@@ -51,7 +54,7 @@ class Chunk {
  public:
   Chunk(const Problem& p, const InputArrays<T>& a)
       : p_(p), a_(a), K(p.K), V(p.V),
-        q(kChunk * K), k(kChunk * K), k_t(K * kChunk), v(kChunk * V), beta(kChunk), gamma(kChunk), E(kChunk), D(kChunk),
+        q(kChunk * K), k(kChunk * K), k_t(K * kChunk), v(kChunk * V), beta(kChunk), gate(kChunk), E(kChunk), D(kChunk),
         decay(kChunk * kChunk), kk(kChunk * kChunk), A(kChunk * kChunk), qk(kChunk * kChunk), P(kChunk * kChunk),
         ks(kChunk * V), qs(kChunk * V), rhs(kChunk * V), delta(kChunk * V) {}
 
@@ -60,7 +63,6 @@ class Chunk {
   void load(std::int64_t first, std::int64_t length, std::int64_t j) {
     L = length;
     const std::int64_t qk_head = j / p_.group();
-    T cumulative = 0;
     for (std::int64_t i = 0; i < L; ++i) {
       const std::int64_t token = first + i;
       const T* qrow = &a_.q[(token * p_.H + qk_head) * K];
@@ -74,13 +76,25 @@ class Chunk {
       }
       std::copy_n(&a_.v[(token * p_.HV + j) * V], V, &v[i * V]);
       beta[i] = a_.beta[token * p_.HV + j];
-      cumulative += a_.g[token * p_.HV + j];
-      gamma[i] = cumulative;
+      gate[i] = a_.g[token * p_.HV + j];
     }
+    // Gamma_ic = exp(g_{c+1} + ... + g_i) sums the gates between c and i for each pair instead of taking
+    // the difference gamma_i - gamma_c of cumulative sums: after a gate of -inf (a full reset of the
+    // state) that difference is -inf - (-inf) = NaN, and after strong decay (g = -1e4) it loses the small
+    // gates that follow in the rounding of the large sums. The direct sum is -inf exactly when the state
+    // was reset between c and i (Gamma_ic = 0) and otherwise as exact as the gates it adds.
+    for (std::int64_t c = 0; c < L; ++c) {
+      T between = 0;
+      for (std::int64_t i = 0; i < L; ++i) {
+        if (i > c) between += gate[i];
+        decay[i * L + c] = i < c ? T(0) : i == c ? T(1) : std::exp(between);
+      }
+    }
+    T cumulative = 0;
     for (std::int64_t i = 0; i < L; ++i) {
-      E[i] = std::exp(gamma[i]);
-      D[i] = std::exp(gamma[L - 1] - gamma[i]);
-      for (std::int64_t c = 0; c < L; ++c) decay[i * L + c] = c <= i ? std::exp(gamma[i] - gamma[c]) : T(0);
+      cumulative += gate[i];
+      E[i] = std::exp(cumulative);
+      D[i] = decay[(L - 1) * L + i];
     }
     E_last = L > 0 ? E[L - 1] : T(1);
     transpose<T>(mat(k, L, K), k_t.data());
@@ -130,35 +144,58 @@ class Chunk {
   const InputArrays<T>& a_;
   const std::int64_t K, V;
   std::int64_t L = 0;
-  std::vector<T> q, k, k_t, v, beta, gamma, E, D, decay, kk, A, qk, P, ks, qs, rhs, delta;
+  std::vector<T> q, k, k_t, v, beta, gate, E, D, decay, kk, A, qk, P, ks, qs, rhs, delta;
   T E_last = 1;
 };
+
+// What a call's OpenMP region allocates per thread, for the message when memory runs out.
+std::string workspace(const Problem& p, const std::string& what) {
+  return std::string("the cpu backend's per-thread workspace for the ") + operation_name(p.op) + " (" + what +
+         "; K = " + std::to_string(p.K) + ", V = " + std::to_string(p.V) + ")";
+}
+
+template <class T>
+std::string state_bytes(const Problem& p, std::int64_t states = 1) {
+  return host::format_bytes(static_cast<double>(states) * static_cast<double>(p.K * p.V) * sizeof(T));
+}
 
 template <class T>
 void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
   const InputArrays<T> a(in);
   ForwardArrays<T> outputs(out);
   const std::int64_t K = p.K, V = p.V;
+  host::ParallelFailure failure(workspace(p, "a K x V state of " + state_bytes<T>(p) + " and 64-token chunk buffers"));
 
 #pragma omp parallel num_threads(thread_count(p))
   {
-    Chunk<T> chunk(p, a);
-    std::vector<T> state(K * V), block(kChunk * V), scaled(kChunk * V);
+    std::optional<Chunk<T>> chunk;
+    std::vector<T> state, block, scaled;
+    failure.guard([&] {
+      state.resize(K * V);  // the largest first: a call too large for memory fails before touching any
+      chunk.emplace(p, a);
+      block.resize(kChunk * V);
+      scaled.resize(kChunk * V);
+    });
 #pragma omp for schedule(dynamic)
     for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
-      const std::int64_t n = pair / p.HV, j = pair % p.HV;
-      a.initial_state(p, n, j, state.data());
-      for (std::int64_t first = p.offsets[n]; first < p.offsets[n + 1]; first += kChunk) {
-        const std::int64_t length = std::min(kChunk, p.offsets[n + 1] - first);
-        chunk.load(first, length, j);
-        chunk.solve(state.data());
-        chunk.output(block.data());
-        for (std::int64_t i = 0; i < length; ++i) std::copy_n(&block[i * V], V, &outputs.o[((first + i) * p.HV + j) * V]);
-        chunk.advance(state.data(), scaled.data());
-      }
-      outputs.store_final_state(p, n, j, state.data());
+      failure.guard([&] {
+        const std::int64_t n = pair / p.HV, j = pair % p.HV;
+        a.initial_state(p, n, j, state.data());
+        for (std::int64_t first = p.offsets[n]; first < p.offsets[n + 1]; first += kChunk) {
+          const std::int64_t length = std::min(kChunk, p.offsets[n + 1] - first);
+          chunk->load(first, length, j);
+          chunk->solve(state.data());
+          chunk->output(block.data());
+          for (std::int64_t i = 0; i < length; ++i) {
+            std::copy_n(&block[i * V], V, &outputs.o[((first + i) * p.HV + j) * V]);
+          }
+          chunk->advance(state.data(), scaled.data());
+        }
+        outputs.store_final_state(p, n, j, state.data());
+      });
     }
   }
+  failure.rethrow();
   outputs.commit();
 }
 
@@ -285,64 +322,76 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
   const InputArrays<T> a(in);
   BackwardArrays<T> grads(gi, go);
   const std::int64_t K = p.K, V = p.V;
+  const std::int64_t longest_chunks = (p.max_seqlen() + kChunk - 1) / kChunk;
+  host::ParallelFailure failure(workspace(
+      p, "a K x V state of " + state_bytes<T>(p) + ", 64-token chunk buffers, a replay cache of up to " +
+             host::format_bytes(kReplayCacheBytes) + " and the states entering each chunk of the longest sequence, " +
+             state_bytes<T>(p, longest_chunks + 1)));
 
 #pragma omp parallel num_threads(thread_count(p))
   {
-    Chunk<T> recomputed(p, a);
+    std::optional<Chunk<T>> recomputed;
     std::vector<Chunk<T>> cache;
     const std::int64_t chunk_bytes = static_cast<std::int64_t>(sizeof(T)) * kChunk * (3 * K + 5 * V + 5 * kChunk);
     const std::int64_t cache_capacity = std::max<std::int64_t>(1, kReplayCacheBytes / chunk_bytes);
-    BackwardScratch<T> scratch(K, V);
-    std::vector<T> states, d_state(K * V), scaled(kChunk * V), dq_hat, dk_hat, row(K);
+    std::optional<BackwardScratch<T>> scratch;
+    std::vector<T> states, d_state, scaled, dq_hat, dk_hat;
+    failure.guard([&] {
+      d_state.resize(K * V);  // the largest first: a call too large for memory fails before touching any
+      recomputed.emplace(p, a);
+      scratch.emplace(K, V);
+      scaled.resize(kChunk * V);
+    });
     // One task per (sequence, q/k head): it sums the q/k gradients of its value-head group in order.
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < p.N * p.H; ++task) {
-      const std::int64_t n = task / p.H, qk_head = task % p.H;
-      const std::int64_t begin = p.offsets[n], length = p.offsets[n + 1] - begin;
-      const std::int64_t chunks = (length + kChunk - 1) / kChunk;
-      const std::int64_t cached = std::min(chunks, cache_capacity);
-      while (static_cast<std::int64_t>(cache.size()) < cached) cache.emplace_back(p, a);
-      dq_hat.assign(length * K, T(0));
-      dk_hat.assign(length * K, T(0));
-      states.resize((chunks + 1) * K * V);
-      // Chunk c's intermediates: from the cache, or recomputed from its entry state.
-      auto chunk_at = [&](std::int64_t c, std::int64_t j, bool replaying) -> Chunk<T>& {
-        if (!replaying && c < cached) return cache[c];
-        Chunk<T>& chunk = c < cached ? cache[c] : recomputed;
-        const std::int64_t first = begin + c * kChunk;
-        chunk.load(first, std::min(kChunk, begin + length - first), j);
-        chunk.solve(&states[c * K * V]);
-        return chunk;
-      };
-      for (std::int64_t j = qk_head * p.group(); j < (qk_head + 1) * p.group(); ++j) {
-        // Replay the forward, keeping the state that enters each chunk.
-        a.initial_state(p, n, j, states.data());
-        for (std::int64_t c = 0; c < chunks; ++c) {
-          Chunk<T>& chunk = chunk_at(c, j, true);
-          std::copy_n(&states[c * K * V], K * V, &states[(c + 1) * K * V]);
-          chunk.advance(&states[(c + 1) * K * V], scaled.data());
-        }
-        grads.final_state_gradient(p, n, j, d_state.data());
-        for (std::int64_t c = chunks - 1; c >= 0; --c) {
+      failure.guard([&] {
+        const std::int64_t n = task / p.H, qk_head = task % p.H;
+        const std::int64_t begin = p.offsets[n], length = p.offsets[n + 1] - begin;
+        const std::int64_t chunks = (length + kChunk - 1) / kChunk;
+        const std::int64_t cached = std::min(chunks, cache_capacity);
+        while (static_cast<std::int64_t>(cache.size()) < cached) cache.emplace_back(p, a);
+        dq_hat.assign(length * K, T(0));
+        dk_hat.assign(length * K, T(0));
+        states.resize((chunks + 1) * K * V);
+        // Chunk c's intermediates: from the cache, or recomputed from its entry state.
+        auto chunk_at = [&](std::int64_t c, std::int64_t j, bool replaying) -> Chunk<T>& {
+          if (!replaying && c < cached) return cache[c];
+          Chunk<T>& chunk = c < cached ? cache[c] : *recomputed;
           const std::int64_t first = begin + c * kChunk;
-          chunk_backward(p, chunk_at(c, j, false), scratch, &states[c * K * V], d_state.data(), first, j,
-                         &dq_hat[(first - begin) * K], &dk_hat[(first - begin) * K], grads);
+          chunk.load(first, std::min(kChunk, begin + length - first), j);
+          chunk.solve(&states[c * K * V]);
+          return chunk;
+        };
+        for (std::int64_t j = qk_head * p.group(); j < (qk_head + 1) * p.group(); ++j) {
+          // Replay the forward, keeping the state that enters each chunk.
+          a.initial_state(p, n, j, states.data());
+          for (std::int64_t c = 0; c < chunks; ++c) {
+            Chunk<T>& chunk = chunk_at(c, j, true);
+            std::copy_n(&states[c * K * V], K * V, &states[(c + 1) * K * V]);
+            chunk.advance(&states[(c + 1) * K * V], scaled.data());
+          }
+          grads.final_state_gradient(p, n, j, d_state.data());
+          for (std::int64_t c = chunks - 1; c >= 0; --c) {
+            const std::int64_t first = begin + c * kChunk;
+            chunk_backward(p, chunk_at(c, j, false), *scratch, &states[c * K * V], d_state.data(), first, j,
+                           &dq_hat[(first - begin) * K], &dk_hat[(first - begin) * K], grads);
+          }
+          grads.store_initial_state_gradient(p, n, j, d_state.data());
         }
-        grads.store_initial_state_gradient(p, n, j, d_state.data());
-      }
-      for (std::int64_t t = 0; t < length; ++t) {
-        const std::int64_t offset = ((begin + t) * p.H + qk_head) * K;
-        if (p.l2norm) {
-          const T rq = host::l2_normalize(&a.q[offset], row.data(), K);
-          host::l2_normalize_backward(row.data(), rq, &dq_hat[t * K], K);
-          const T rk = host::l2_normalize(&a.k[offset], row.data(), K);
-          host::l2_normalize_backward(row.data(), rk, &dk_hat[t * K], K);
+        for (std::int64_t t = 0; t < length; ++t) {
+          const std::int64_t offset = ((begin + t) * p.H + qk_head) * K;
+          if (p.l2norm) {
+            host::l2_normalize_backward(&a.q[offset], &dq_hat[t * K], K);
+            host::l2_normalize_backward(&a.k[offset], &dk_hat[t * K], K);
+          }
+          std::copy_n(&dq_hat[t * K], K, &grads.dq[offset]);
+          std::copy_n(&dk_hat[t * K], K, &grads.dk[offset]);
         }
-        std::copy_n(&dq_hat[t * K], K, &grads.dq[offset]);
-        std::copy_n(&dk_hat[t * K], K, &grads.dk[offset]);
-      }
+      });
     }
   }
+  failure.rethrow();
   grads.commit();
 }
 
@@ -352,47 +401,57 @@ void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) {
   const InputArrays<T> a(in);
   ForwardArrays<T> outputs(out);
   const std::int64_t K = p.K, V = p.V;
+  host::ParallelFailure failure(workspace(p, "a K x V state of " + state_bytes<T>(p)));
 
 #pragma omp parallel num_threads(thread_count(p))
   {
-    std::vector<T> h(K * V), qn(K), kn(K), correction(V);
+    std::vector<T> h, qn, kn, correction;
+    failure.guard([&] {
+      h.resize(K * V);
+      qn.resize(K);
+      kn.resize(K);
+      correction.resize(V);
+    });
 #pragma omp for schedule(dynamic)
     for (std::int64_t pair = 0; pair < p.N * p.HV; ++pair) {
-      const std::int64_t n = pair / p.HV, j = pair % p.HV, qk_head = j / p.group();
-      a.initial_state(p, n, j, h.data());
-      for (std::int64_t token = p.offsets[n]; token < p.offsets[n + 1]; ++token) {
-        const T* qrow = &a.q[(token * p.H + qk_head) * K];
-        const T* krow = &a.k[(token * p.H + qk_head) * K];
-        if (p.l2norm) {
-          host::l2_normalize(qrow, qn.data(), K);
-          host::l2_normalize(krow, kn.data(), K);
-        } else {
-          std::copy_n(qrow, K, qn.begin());
-          std::copy_n(krow, K, kn.begin());
-        }
-        const T decay = std::exp(a.g[token * p.HV + j]);
-        const T beta = a.beta[token * p.HV + j];
-        const T* vrow = &a.v[(token * p.HV + j) * V];
-        for (T& x : h) x *= decay;
-        std::fill(correction.begin(), correction.end(), T(0));
-        for (std::int64_t i = 0; i < K; ++i)
+      failure.guard([&] {
+        const std::int64_t n = pair / p.HV, j = pair % p.HV, qk_head = j / p.group();
+        a.initial_state(p, n, j, h.data());
+        for (std::int64_t token = p.offsets[n]; token < p.offsets[n + 1]; ++token) {
+          const T* qrow = &a.q[(token * p.H + qk_head) * K];
+          const T* krow = &a.k[(token * p.H + qk_head) * K];
+          if (p.l2norm) {
+            host::l2_normalize(qrow, qn.data(), K);
+            host::l2_normalize(krow, kn.data(), K);
+          } else {
+            std::copy_n(qrow, K, qn.begin());
+            std::copy_n(krow, K, kn.begin());
+          }
+          const T decay = std::exp(a.g[token * p.HV + j]);
+          const T beta = a.beta[token * p.HV + j];
+          const T* vrow = &a.v[(token * p.HV + j) * V];
+          for (T& x : h) x *= decay;
+          std::fill(correction.begin(), correction.end(), T(0));
+          for (std::int64_t i = 0; i < K; ++i)
 #pragma omp simd
-          for (std::int64_t c = 0; c < V; ++c) correction[c] += h[i * V + c] * kn[i];
-        for (std::int64_t c = 0; c < V; ++c) correction[c] = beta * (vrow[c] - correction[c]);
-        T* orow = &outputs.o[(token * p.HV + j) * V];
-        std::fill_n(orow, V, T(0));
-        for (std::int64_t i = 0; i < K; ++i) {
-          const T qi = static_cast<T>(p.scale) * qn[i];
+            for (std::int64_t c = 0; c < V; ++c) correction[c] += h[i * V + c] * kn[i];
+          for (std::int64_t c = 0; c < V; ++c) correction[c] = beta * (vrow[c] - correction[c]);
+          T* orow = &outputs.o[(token * p.HV + j) * V];
+          std::fill_n(orow, V, T(0));
+          for (std::int64_t i = 0; i < K; ++i) {
+            const T qi = static_cast<T>(p.scale) * qn[i];
 #pragma omp simd
-          for (std::int64_t c = 0; c < V; ++c) {
-            h[i * V + c] += kn[i] * correction[c];
-            orow[c] += h[i * V + c] * qi;
+            for (std::int64_t c = 0; c < V; ++c) {
+              h[i * V + c] += kn[i] * correction[c];
+              orow[c] += h[i * V + c] * qi;
+            }
           }
         }
-      }
-      outputs.store_final_state(p, n, j, h.data());
+        outputs.store_final_state(p, n, j, h.data());
+      });
     }
   }
+  failure.rethrow();
   outputs.commit();
 }
 

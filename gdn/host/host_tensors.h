@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "deltatrain/core/bfloat16.h"
 #include "deltatrain/core/tensor.h"
 #include "deltatrain/gdn/backend.h"
+#include "host/parallel.h"
 
 namespace deltatrain::gdn::host {
 
@@ -56,16 +58,23 @@ constexpr DType dtype_of() {
   return sizeof(T) == 8 ? DType::f64 : DType::f32;
 }
 
+// The message of an allocation that failed: which tensor's copy, in which type, how large.
+template <class T>
+std::string copy_description(const TensorView& view, const char* name) {
+  return std::string("a ") + dtype_name(dtype_of<T>()) + " copy of '" + name + "' " + view.shape_string() + " (" +
+         format_bytes(static_cast<double>(view.numel()) * sizeof(T)) + ")";
+}
+
 // A read-only input in compute type T.
 template <class T>
 class InputArray {
  public:
-  explicit InputArray(const TensorView& view) {
+  InputArray(const TensorView& view, const char* name) {
     if (view.dtype == dtype_of<T>()) {
       data_ = view.ptr<const T>();
       return;
     }
-    storage_.resize(static_cast<std::size_t>(view.numel()));
+    allocating(copy_description<T>(view, name), [&] { storage_.resize(static_cast<std::size_t>(view.numel())); });
     for (std::int64_t i = 0; i < view.numel(); ++i) storage_[i] = load_element<T>(view.data, view.dtype, i);
     data_ = storage_.data();
   }
@@ -81,11 +90,11 @@ class InputArray {
 template <class T>
 class OutputArray {
  public:
-  explicit OutputArray(const TensorView& view) : view_(view) {
+  OutputArray(const TensorView& view, const char* name) : view_(view) {
     if (view.dtype == dtype_of<T>()) {
       data_ = view.ptr<T>();
     } else {
-      storage_.resize(static_cast<std::size_t>(view.numel()));
+      allocating(copy_description<T>(view, name), [&] { storage_.resize(static_cast<std::size_t>(view.numel())); });
       data_ = storage_.data();
     }
   }
@@ -107,8 +116,9 @@ template <class T>
 struct InputArrays {
   InputArray<T> q, k, v, g, beta;
   std::optional<InputArray<T>> h0;
-  explicit InputArrays(const Inputs& in) : q(in.q), k(in.k), v(in.v), g(in.g), beta(in.beta) {
-    if (in.initial_state) h0.emplace(*in.initial_state);
+  explicit InputArrays(const Inputs& in)
+      : q(in.q, "q"), k(in.k, "k"), v(in.v, "v"), g(in.g, "g"), beta(in.beta, "beta") {
+    if (in.initial_state) h0.emplace(*in.initial_state, "initial_state");
   }
   // The state sequence n's value head j starts from: initial_state, or zeros.
   void initial_state(const Problem& p, std::int64_t n, std::int64_t j, T* state) const {
@@ -125,8 +135,8 @@ template <class T>
 struct ForwardArrays {
   OutputArray<T> o;
   std::optional<OutputArray<T>> final_state;
-  explicit ForwardArrays(const ForwardOutputs& out) : o(out.o) {
-    if (out.final_state) final_state.emplace(*out.final_state);
+  explicit ForwardArrays(const ForwardOutputs& out) : o(out.o, "o") {
+    if (out.final_state) final_state.emplace(*out.final_state, "final_state");
   }
   // Records the state sequence n's value head j ends in, when the caller asked for final states.
   void store_final_state(const Problem& p, std::int64_t n, std::int64_t j, const T* state) {
@@ -146,9 +156,10 @@ struct BackwardArrays {
   OutputArray<T> dq, dk, dv, dg, dbeta;
   std::optional<OutputArray<T>> dh0;
   BackwardArrays(const BackwardInputs& in, const Gradients& out)
-      : d_o(in.d_o), dq(out.dq), dk(out.dk), dv(out.dv), dg(out.dg), dbeta(out.dbeta) {
-    if (in.dht) dht.emplace(*in.dht);
-    if (out.dh0) dh0.emplace(*out.dh0);
+      : d_o(in.d_o, "do"), dq(out.dq, "dq"), dk(out.dk, "dk"), dv(out.dv, "dv"), dg(out.dg, "dg"),
+        dbeta(out.dbeta, "dbeta") {
+    if (in.dht) dht.emplace(*in.dht, "dht");
+    if (out.dh0) dh0.emplace(*out.dh0, "dh0");
   }
   // The gradient of the state sequence n's value head j ends in: dht, or zeros.
   void final_state_gradient(const Problem& p, std::int64_t n, std::int64_t j, T* d_state) const {

@@ -79,20 +79,26 @@ class _Call:
             "state": (s["N"], s["HV"], s["K"], s["V"]),
         }[kind]
 
-    def empty(self, kind, dtype_key):
+    def empty(self, name, kind, dtype_key):
+        """The output `name`, uninitialised; a MemoryError names it (the framework's own says only a size)."""
         dtype = self.sizes[dtype_key]
-        if self.torch:
-            import torch
+        shape = self.shape(kind)
+        try:
+            if self.torch:
+                import torch
 
-            return torch.empty(self.shape(kind), dtype=getattr(torch, dtype), device=self.device)
-        if dtype == "bfloat16":
-            try:
-                import ml_dtypes
-            except ImportError as error:
-                raise ValueError("bfloat16 outputs as NumPy arrays need the ml_dtypes package; "
-                                 "or pass torch tensors") from error
-            return _np.empty(self.shape(kind), dtype=ml_dtypes.bfloat16)
-        return _np.empty(self.shape(kind), dtype=dtype)
+                return torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            if dtype == "bfloat16":
+                try:
+                    import ml_dtypes
+                except ImportError as error:
+                    raise ValueError("bfloat16 outputs as NumPy arrays need the ml_dtypes package; "
+                                     "or pass torch tensors") from error
+                return _np.empty(shape, dtype=ml_dtypes.bfloat16)
+            return _np.empty(shape, dtype=dtype)
+        except MemoryError as error:
+            raise MemoryError(f"out of memory allocating the output '{name}' of shape {list(shape)} ({dtype}): "
+                              f"{error}") from error
 
     def common(self, scale, use_qk_l2norm_in_kernel, cu_seqlens, backend):
         return dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
@@ -109,8 +115,8 @@ def _forward(run, q, k, v, g, beta, scale, initial_state, output_final_state, us
              cu_seqlens, backend):
     q, k, v, g, beta, initial_state = _detached(q, k, v, g, beta, initial_state)
     call = _Call(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-    o = call.empty("v", "io_dtype")
-    final_state = call.empty("state", "state_dtype") if output_final_state else None
+    o = call.empty("o", "v", "io_dtype")
+    final_state = call.empty("final_state", "state", "state_dtype") if output_final_state else None
     run(q, k, v, g, beta, o, final_state, initial_state,
         **call.common(scale, use_qk_l2norm_in_kernel, cu_seqlens, backend))
     return o, final_state
@@ -145,10 +151,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, do, dht=None, scale=None, initi
     """
     q, k, v, g, beta, do, dht, initial_state = _detached(q, k, v, g, beta, do, dht, initial_state)
     call = _Call(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-    dq, dk = call.empty("qk", "io_dtype"), call.empty("qk", "io_dtype")
-    dv = call.empty("v", "io_dtype")
-    dg, dbeta = call.empty("gate", "gate_dtype"), call.empty("gate", "beta_dtype")
-    dh0 = call.empty("state", "state_dtype") if initial_state is not None else None
+    dq, dk = call.empty("dq", "qk", "io_dtype"), call.empty("dk", "qk", "io_dtype")
+    dv = call.empty("dv", "v", "io_dtype")
+    dg, dbeta = call.empty("dg", "gate", "gate_dtype"), call.empty("dbeta", "gate", "beta_dtype")
+    dh0 = call.empty("dh0", "state", "state_dtype") if initial_state is not None else None
     _gdn.chunk_backward(q, k, v, g, beta, do, dq, dk, dv, dg, dbeta, dht, dh0, initial_state,
                         **call.common(scale, use_qk_l2norm_in_kernel, cu_seqlens, backend))
     return dq, dk, dv, dg, dbeta, dh0

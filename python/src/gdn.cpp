@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "deltatrain/core/error.h"
 #include "deltatrain/gdn/backend.h"
 #include "deltatrain/gdn/gdn.h"
 #include "deltatrain/gdn/registry.h"
@@ -32,14 +33,26 @@ Inputs inputs_of(TensorArgs& args, nb::handle q, nb::handle k, nb::handle v, nb:
   return in;
 }
 
-Options options_of(std::optional<double> scale, bool l2norm, const std::string& backend, std::uintptr_t stream,
-                   int cpu_threads) {
+// The numeric options arrive as Python objects and are converted here: a wrong type is then a ValueError
+// naming the argument, where a typed parameter would give nanobind's dump of the function's signature.
+template <class Number>
+Number number_of(nb::handle object, const char* name, const char* expected) {
+  Number value{};
+  if (PyBool_Check(object.ptr()) || !nb::try_cast(object, value)) {
+    throw InvalidArgument(name, std::string("expected ") + expected + ", got " + nb::type_name(object.type()).c_str() +
+                                    " " + nb::repr(object).c_str());
+  }
+  return value;
+}
+
+Options options_of(nb::handle scale, bool l2norm, const std::string& backend, std::uintptr_t stream,
+                   nb::handle cpu_threads) {
   Options options;
-  options.scale = scale;
+  if (!scale.is_none()) options.scale = number_of<double>(scale, "scale", "a float or None");
   options.use_qk_l2norm_in_kernel = l2norm;
   options.backend = backend;
   options.stream = reinterpret_cast<void*>(stream);
-  options.cpu_threads = cpu_threads;
+  options.cpu_threads = number_of<int>(cpu_threads, "cpu_threads", "an int (0 = all cores)");
   return options;
 }
 
@@ -47,9 +60,9 @@ using ForwardFunction = void (*)(const Inputs&, const gdn::ForwardOutputs&, cons
 
 template <ForwardFunction run>
 void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle o,
-             nb::handle final_state, nb::handle initial_state, std::optional<double> scale, bool l2norm,
+             nb::handle final_state, nb::handle initial_state, nb::handle scale, bool l2norm,
              nb::handle cu_seqlens, nb::handle cu_seqlens_cpu, const std::string& backend, std::uintptr_t stream,
-             int cpu_threads) {
+             nb::handle cpu_threads) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
   const gdn::ForwardOutputs out{args.output(o, "o"), args.optional_output(final_state, "final_state")};
@@ -60,8 +73,8 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
 
 void backward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle d_o, nb::handle dq,
               nb::handle dk, nb::handle dv, nb::handle dg, nb::handle dbeta, nb::handle dht, nb::handle dh0,
-              nb::handle initial_state, std::optional<double> scale, bool l2norm, nb::handle cu_seqlens,
-              nb::handle cu_seqlens_cpu, const std::string& backend, std::uintptr_t stream, int cpu_threads) {
+              nb::handle initial_state, nb::handle scale, bool l2norm, nb::handle cu_seqlens,
+              nb::handle cu_seqlens_cpu, const std::string& backend, std::uintptr_t stream, nb::handle cpu_threads) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
   const gdn::BackwardInputs grads_in{args.input(d_o, "do"), args.optional_input(dht, "dht")};
@@ -75,10 +88,10 @@ void backward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle
 
 // The validated sizes and dtypes of a call, for allocating its outputs.
 nb::dict problem(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle initial_state,
-                 std::optional<double> scale, nb::handle cu_seqlens, nb::handle cu_seqlens_cpu) {
+                 nb::handle scale, nb::handle cu_seqlens, nb::handle cu_seqlens_cpu) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
-  const gdn::Problem p = gdn::make_problem(in, options_of(scale, false, "auto", 0, 0), gdn::Operation::chunk_forward);
+  const gdn::Problem p = gdn::make_problem(in, options_of(scale, false, "auto", 0, nb::int_(0)), gdn::Operation::chunk_forward);
   nb::dict d;
   d["B"] = p.B, d["T"] = p.T, d["H"] = p.H, d["HV"] = p.HV, d["K"] = p.K, d["V"] = p.V, d["N"] = p.N;
   d["scale"] = p.scale;
@@ -91,11 +104,11 @@ nb::dict problem(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::han
 }
 
 std::string resolve_backend(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
-                            nb::handle initial_state, std::optional<double> scale, bool l2norm, nb::handle cu_seqlens,
+                            nb::handle initial_state, nb::handle scale, bool l2norm, nb::handle cu_seqlens,
                             nb::handle cu_seqlens_cpu, const std::string& backend, bool backward) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
-  return gdn::resolve_backend(in, options_of(scale, l2norm, backend, 0, 0), backward);
+  return gdn::resolve_backend(in, options_of(scale, l2norm, backend, 0, nb::int_(0)), backward);
 }
 
 nb::list backends() {
@@ -156,18 +169,18 @@ void bind_gdn(nb::module_& m) {
   gdn.def("chunk_forward", &forward<gdn::chunk_forward>, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "o"_a,
           "final_state"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(), nb::kw_only(),
           "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false, "cu_seqlens"_a.none() = nb::none(),
-          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0, "cpu_threads"_a = 0,
+          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0, "cpu_threads"_a = nb::int_(0),
           kForwardDoc);
   gdn.def("recurrent_forward", &forward<gdn::recurrent_forward>, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "o"_a,
           "final_state"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(), nb::kw_only(),
           "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false, "cu_seqlens"_a.none() = nb::none(),
-          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0, "cpu_threads"_a = 0,
+          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0, "cpu_threads"_a = nb::int_(0),
           kRecurrentDoc);
   gdn.def("chunk_backward", &backward, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "do"_a, "dq"_a, "dk"_a, "dv"_a, "dg"_a,
           "dbeta"_a, "dht"_a.none() = nb::none(), "dh0"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(),
           nb::kw_only(), "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false,
           "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto",
-          "stream"_a = 0, "cpu_threads"_a = 0, kBackwardDoc);
+          "stream"_a = 0, "cpu_threads"_a = nb::int_(0), kBackwardDoc);
   gdn.def("problem", &problem, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "initial_state"_a.none() = nb::none(),
           nb::kw_only(), "scale"_a.none() = nb::none(), "cu_seqlens"_a.none() = nb::none(),
           "cu_seqlens_cpu"_a.none() = nb::none(),

@@ -186,6 +186,8 @@ void register_error_translators() {
         std::rethrow_exception(error);
       } catch (const InvalidArgument& e) {
         PyErr_SetString(PyExc_ValueError, e.what());
+      } catch (const OutOfMemory& e) {
+        PyErr_SetString(PyExc_MemoryError, e.what());
       } catch (const Error& e) {  // Unavailable, Failure, StateError
         PyErr_SetString(PyExc_RuntimeError, e.what());
       }

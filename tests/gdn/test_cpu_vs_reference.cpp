@@ -2,6 +2,7 @@
 // head dims, GVA ratios, lengths that do not fill a chunk, packed sequences (empty ones too), initial and
 // final states, the in-kernel L2 norm, and every input dtype. Half-precision inputs are compared with the
 // reference run on the same rounded values.
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -25,6 +26,10 @@ const Shape kShapes[] = {
     {"K64_V128_T130_GVA2", {1, 130, 2, 4, 64, 128, {}}, true, true, false},
     {"K128_V64_T130_no_states", {1, 130, 1, 1, 128, 64, {}}, false, false, false},
     {"varlen_with_empty_sequences", packed({0, 63, 0, 70, 1, 65}, 1, 2, 64, 64), true, true, true},
+    // The L2 norm's backward removes the gradient's component along a row: for K = 1 that is all of it
+    // but eps, and for K = 2 nearly so; the subtraction must not cancel.
+    {"K1_l2norm", {1, 70, 1, 2, 1, 16, {}}, true, true, true},
+    {"K2_l2norm", {2, 33, 2, 2, 2, 8, {}}, true, false, true},
 };
 
 struct Precision {
@@ -76,11 +81,15 @@ INSTANTIATE_TEST_SUITE_P(Grid, CpuMatchesReference,
                          });
 
 // Decay at the extremes: g = -20 (the state forgets within a token; exp(cumsum) underflows across a chunk),
-// g = 0 (no forgetting at all), and the two mixed token by token.
+// g = 0 (no forgetting at all), and the two mixed token by token; g = -inf (a full reset of the state:
+// the chunk's cumulative sums are -inf from there on, and exp(-inf - -inf) would be NaN) and g = -1e4
+// (sums so large that the small gates after them round away) mixed with ordinary gates.
 struct Decay {
   const char* name;
   double lo, hi;  // g drawn from {lo, hi} with equal odds
 };
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 void PrintTo(const Decay& decay, std::ostream* os) { *os << decay.name; }
 
@@ -113,7 +122,10 @@ TEST_P(ExtremeDecay, StaysFiniteAndAccurate) {
 
 INSTANTIATE_TEST_SUITE_P(Gates, ExtremeDecay,
                          ::testing::Combine(::testing::Values(Decay{"strong", -20, -20}, Decay{"none", 0, 0},
-                                                              Decay{"strong_or_none", -20, 0}),
+                                                              Decay{"strong_or_none", -20, 0},
+                                                              Decay{"reset_or_weak", -kInfinity, -0.05},
+                                                              Decay{"reset", -kInfinity, -kInfinity},
+                                                              Decay{"huge_or_weak", -1e4, -0.05}),
                                             ::testing::Values(DType::f32, DType::f64)),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param).name) + "_" +

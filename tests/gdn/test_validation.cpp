@@ -1,6 +1,7 @@
 // Bad input is an InvalidArgument naming the argument, the rule and the value passed, raised before
 // anything is written; a backend that cannot serve a call is Unavailable, naming itself and the reason.
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -50,6 +51,13 @@ struct BadCase {
   const char* detail;    // and a piece of the value it must quote
   std::function<void(Call&, Spare&)> breaks;
 };
+
+// A view of `like`'s shape and dtype whose data starts one byte into an allocation: misaligned.
+TensorView misaligned(Spare& spare, const TensorView& like) {
+  TensorView view = like;
+  view.data = static_cast<char*>(spare.make(like.dtype, {like.numel() + 1}).data) + 1;
+  return view;
+}
 
 // A transposed view of a tensor of shape `transposed`: the right shape, the wrong strides.
 TensorView transposed_view(Spare& spare, std::vector<std::int64_t> transposed, int a, int b) {
@@ -123,8 +131,21 @@ std::vector<BadCase> forward_cases() {
       {"v_with_gaps_between_tokens", "v", "contiguous", [](Call& c, Spare& s) { c.in.v.strides[1] *= 2; }},
       {"beta_on_another_device", "beta", "cuda:1", [](Call& c, Spare& s) { c.in.beta.device = {DeviceType::cuda, 1}; }},
       {"k_null", "k", "null", [](Call& c, Spare& s) { c.in.k.data = nullptr; }},
+      {"q_misaligned", "q", "not a multiple of its 4-byte float32", [](Call& c, Spare& s) { c.in.q = misaligned(s, c.in.q); }},
+      {"initial_state_misaligned", "initial_state", "not a multiple",
+       [](Call& c, Spare& s) { c.in.initial_state = misaligned(s, *c.in.initial_state); }},
+      {"cu_seqlens_misaligned", "cu_seqlens", "not a multiple",
+       [](Call& c, Spare& s) {
+         c.in.cu_seqlens = misaligned(s, *c.in.cu_seqlens);
+         const std::int32_t offsets[] = {0, 3, 8};
+         std::memcpy(c.in.cu_seqlens->data, offsets, sizeof offsets);
+       }},
       {"scale_nan", "scale", "nan", [](Call& c, Spare& s) { c.options.scale = std::nan(""); }},
+      {"scale_beyond_float32", "scale", "1.0000000000000001e+300", [](Call& c, Spare& s) { c.options.scale = 1e300; }},
+      {"scale_below_float32", "scale", "1e-300", [](Call& c, Spare& s) { c.options.scale = -1e-300; }},
       {"cpu_threads_negative", "cpu_threads", "-1", [](Call& c, Spare& s) { c.options.cpu_threads = -1; }},
+      {"cpu_threads_beyond_the_machine", "cpu_threads", "got 1000000",
+       [](Call& c, Spare& s) { c.options.cpu_threads = 1000000; }},
       {"unknown_backend", "backend", "'fastest'", [](Call& c, Spare& s) { c.options.backend = "fastest"; }},
   };
 }
@@ -137,6 +158,7 @@ std::vector<BadCase> forward_output_cases() {
        [](Call& c, Spare& s) { c.out.final_state = s.make(DType::f32, {1, 4, 8, 8}); }},
       {"final_state_float64", "final_state", "float64",
        [](Call& c, Spare& s) { c.out.final_state = s.make(DType::f64, c.layout.state_shape()); }},
+      {"o_misaligned", "o", "not a multiple", [](Call& c, Spare& s) { c.out.o = misaligned(s, c.out.o); }},
   };
 }
 
@@ -197,6 +219,90 @@ TEST(BadInput, TheBaselineCallIsValid) {
     EXPECT_NO_THROW(chunk_forward(call.in, call.out, call.options)) << backend;
     EXPECT_NO_THROW(recurrent_forward(call.in, call.out, call.options)) << backend;
     EXPECT_NO_THROW(chunk_backward(call.in, call.grads_in, call.grads_out, call.options)) << backend;
+  }
+}
+
+// A float64 call computes in float64: a scale beyond float32 is representable there.
+TEST(BadInput, ScaleBeyondFloat32IsValidInAFloat64Call) {
+  Call call;
+  Spare spare;
+  call.in.q = spare.make(DType::f64, call.layout.qk_shape());
+  call.in.k = spare.make(DType::f64, call.layout.qk_shape());
+  call.in.v = spare.make(DType::f64, call.layout.v_shape());
+  call.in.g = spare.make(DType::f64, call.layout.gate_shape());
+  call.in.beta = spare.make(DType::f64, call.layout.gate_shape());
+  call.in.initial_state.reset();
+  call.options.scale = 1e300;
+  EXPECT_NO_THROW(make_problem(call.in, call.options, Operation::chunk_forward));
+}
+
+// A call whose K x V state (2^46 elements) exceeds any address space fails with OutOfMemory naming the
+// backend's workspace and the state's size, on every backend and operation: the allocation fails inside
+// an OpenMP region, which an exception may not leave.
+TEST(Limits, AStateTooLargeForMemoryIsOutOfMemoryNamingIt) {
+  const std::int64_t K = std::int64_t{1} << 23, V = std::int64_t{1} << 23;
+  const HostTensor q(DType::f32, {1, 1, 1, K}), v(DType::f32, {1, 1, 1, V}), gates(DType::f32, {1, 1, 1});
+  const Inputs in{q.view(), q.view(), v.view(), gates.view(), gates.view(), std::nullopt, std::nullopt, std::nullopt};
+  const auto expect_out_of_memory = [](const std::string& what, const std::string& backend, const auto& run) {
+    try {
+      run();
+      ADD_FAILURE() << what << " on " << backend << " did not fail";
+    } catch (const OutOfMemory& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(backend + " backend"), std::string::npos) << message;
+      EXPECT_NE(message.find("K x V state of"), std::string::npos) << message;
+      EXPECT_NE(message.find("K = 8388608, V = 8388608"), std::string::npos) << message;
+    }
+  };
+  for (const std::string backend : {"cpu", "reference"}) {
+    Options options;
+    options.backend = backend;
+    {
+      const HostTensor o(DType::f32, {1, 1, 1, V});
+      expect_out_of_memory("forward", backend, [&] { chunk_forward(in, {o.view(), std::nullopt}, options); });
+      expect_out_of_memory("recurrent", backend, [&] { recurrent_forward(in, {o.view(), std::nullopt}, options); });
+    }
+    const HostTensor d_o(DType::f32, {1, 1, 1, V}), dq(DType::f32, {1, 1, 1, K}), dk(DType::f32, {1, 1, 1, K}),
+        dv(DType::f32, {1, 1, 1, V}), dg(DType::f32, {1, 1, 1}), dbeta(DType::f32, {1, 1, 1});
+    expect_out_of_memory("backward", backend, [&] {
+      chunk_backward(in, {d_o.view(), std::nullopt},
+                     {dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(), std::nullopt}, options);
+    });
+  }
+}
+
+// Empty inputs (T = 0) are valid, with the all-zero strides NumPy gives zero-size arrays: nothing is
+// written to the empty outputs, the final state is the initial one and dh0 is dht.
+TEST(Limits, EmptyInputsGiveTheInitialStateBack) {
+  const Layout layout{2, 0, 1, 2, 4, 3, {}};
+  const auto zero_strides = [](TensorView view) {
+    for (int d = 0; d < view.ndim; ++d) view.strides[d] = 0;
+    return view;
+  };
+  std::vector<double> h0_values(2 * 2 * 4 * 3);
+  for (std::size_t i = 0; i < h0_values.size(); ++i) h0_values[i] = 0.25 * static_cast<double>(i) - 3;
+  const HostTensor q(DType::f32, layout.qk_shape()), v(DType::f32, layout.v_shape()),
+      gates(DType::f32, layout.gate_shape()), h0(h0_values, DType::f32, layout.state_shape());
+  const Inputs in{zero_strides(q.view()), zero_strides(q.view()), zero_strides(v.view()), zero_strides(gates.view()),
+                  zero_strides(gates.view()), h0.view(), std::nullopt, std::nullopt};
+  for (const std::string backend : {"cpu", "reference"}) {
+    Options options;
+    options.backend = backend;
+    const HostTensor o(DType::f32, layout.v_shape());
+    HostTensor ht(DType::f32, layout.state_shape());
+    chunk_forward(in, {zero_strides(o.view()), ht.view()}, options);
+    EXPECT_EQ(ht.values(), h0_values) << backend;
+    ht = HostTensor(DType::f32, layout.state_shape());
+    recurrent_forward(in, {zero_strides(o.view()), ht.view()}, options);
+    EXPECT_EQ(ht.values(), h0_values) << backend;
+    const HostTensor dq(DType::f32, layout.qk_shape()), dk(DType::f32, layout.qk_shape()),
+        dv(DType::f32, layout.v_shape()), dg(DType::f32, layout.gate_shape()), dbeta(DType::f32, layout.gate_shape()),
+        dh0(DType::f32, layout.state_shape());
+    chunk_backward(in, {zero_strides(o.view()), h0.view()},
+                   {zero_strides(dq.view()), zero_strides(dk.view()), zero_strides(dv.view()),
+                    zero_strides(dg.view()), zero_strides(dbeta.view()), dh0.view()},
+                   options);
+    EXPECT_EQ(dh0.values(), h0_values) << backend;
   }
 }
 

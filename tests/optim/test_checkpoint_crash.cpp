@@ -1,6 +1,7 @@
 // Crash safety: a child process saving a checkpoint is SIGKILLed at each stage of the save; the
 // previous checkpoint must still load exactly (state and step), `latest` must still name it, and a
-// later save must succeed (or, once the new directory is in place, refuse to overwrite it).
+// later save of the same step must succeed (once the killed save's directory is in place, by replacing
+// it, since `latest` never named it).
 // Each child is a fresh process that initialises MPI itself (a singleton), so the test runs without mpirun.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <random>
 
+#include "checkpoint_testing.h"
 #include "deltatrain/comm/mpi_group.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/optim/checkpoint.h"
@@ -21,56 +23,6 @@ namespace deltatrain::optim {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct ChildResult {
-  bool exited = false;
-  int exit_code = -1;
-  int signal = 0;
-  std::string message;  // what the child wrote before it ended
-};
-
-// Runs `body` in a forked child with MPI initialised there; an exception becomes exit code 1 and its text.
-ChildResult run_child(const std::function<std::string()>& body) {
-  int channel[2];
-  if (pipe(channel) != 0) throw Failure("pipe failed");
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(channel[0]);
-    int code = 0;
-    std::string message;
-    try {
-      MPI_Init(nullptr, nullptr);
-      message = body();
-      MPI_Finalize();
-    } catch (const std::exception& e) {
-      message = e.what();
-      code = 1;
-    }
-    if (!message.empty() && write(channel[1], message.data(), message.size()) < 0) code = 2;
-    _exit(code);
-  }
-  close(channel[1]);
-  ChildResult result;
-  char buffer[4096];
-  for (ssize_t got; (got = read(channel[0], buffer, sizeof buffer)) > 0;) result.message.append(buffer, got);
-  close(channel[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  result.exited = WIFEXITED(status);
-  result.exit_code = result.exited ? WEXITSTATUS(status) : -1;
-  result.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-  return result;
-}
-
-// "<step> <params sha> <state sha>" of an optimizer that loaded `path`.
-std::string loaded_digest(const fs::path& path) {
-  const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
-  const SyntheticRegression problem;
-  DistributedAdamW optimizer(*group, problem.params(), AdamWConfig{}, DemoOptions{}.layout);
-  load_checkpoint(optimizer, path);
-  const StateDigest digest = digest_state(optimizer);
-  return std::to_string(optimizer.step_count()) + " " + digest.params + " " + digest.state;
-}
 
 // Loads `root`, trains two steps and saves; `on_stage` sees every stage of that save.
 void resume_train_and_save(const fs::path& root, const std::function<void(SaveStage)>& on_stage) {
@@ -140,25 +92,32 @@ TEST_P(KilledSave, LeavesThePreviousCheckpointLoadableAndLatestPointingToIt) {
 
   const fs::path second = root_ / checkpoint_dir_name(4);
   if (stage == SaveStage::renamed) {
-    // The new directory was complete before `latest` moved: it loads too, and is never overwritten.
+    // The new directory was complete before `latest` moved: it loads too.
     const ChildResult direct = run_child([&] { return loaded_digest(second); });
     ASSERT_EQ(direct.exit_code, 0) << direct.message;
     EXPECT_EQ(direct.message.substr(0, 2), "4 ");
-    const ChildResult again = run_child([&] {
-      resume_train_and_save(root_, {});
-      return std::string();
-    });
-    EXPECT_EQ(again.exit_code, 1);
-    EXPECT_NE(again.message.find("already exists"), std::string::npos) << again.message;
   } else {
     EXPECT_FALSE(fs::exists(second)) << "a killed save leaves no checkpoint directory";
-    const ChildResult again = run_child([&] {
-      resume_train_and_save(root_, {});
-      return loaded_digest(root_);
-    });
-    ASSERT_EQ(again.exit_code, 0) << again.message;
-    EXPECT_EQ(again.message.substr(0, 2), "4 ") << "a new save over the killed one's leftovers succeeds";
   }
+  // Rerunning the training to the same step saves over the killed save's leftovers, whatever they are.
+  const ChildResult again = run_child([&] {
+    resume_train_and_save(root_, {});
+    return loaded_digest(root_);
+  });
+  ASSERT_EQ(again.exit_code, 0) << again.message;
+  EXPECT_EQ(again.message.substr(0, 2), "4 ") << "a new save over the killed one's leftovers succeeds";
+  EXPECT_FALSE(fs::exists(root_ / (".tmp-" + checkpoint_dir_name(4)))) << "the replaced directory is removed";
+  // A checkpoint that `latest` names is never overwritten.
+  const ChildResult once_more = run_child([&] {
+    const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
+    const SyntheticRegression problem;
+    DistributedAdamW optimizer(*group, problem.params(), AdamWConfig{}, DemoOptions{}.layout);
+    load_checkpoint(optimizer, root_);
+    save_checkpoint(optimizer, root_);
+    return std::string();
+  });
+  EXPECT_EQ(once_more.exit_code, 1);
+  EXPECT_NE(once_more.message.find("already exists"), std::string::npos) << once_more.message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, KilledSave,

@@ -302,10 +302,16 @@ std::string load_error(comm::Group& group, const fs::path& dir, const SyntheticC
   return "";
 }
 
+// Edits metadata.json as a writer would, sealed with a fresh digest of its own: read back as format 1
+// (which has none) and written as the current format.
 void rewrite_metadata(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
   nlohmann::json metadata = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
   edit(metadata);
-  std::ofstream(dir / "metadata.json", std::ios::trunc) << metadata.dump(2);
+  metadata.erase("metadata_sha256");
+  metadata["format_version"] = 1;
+  CheckpointMetadata sealed = metadata_from_json(metadata.dump(), "the edited metadata");
+  sealed.format_version = kCheckpointFormatVersion;
+  std::ofstream(dir / "metadata.json", std::ios::trunc) << metadata_to_json(sealed);
 }
 
 TEST_P(OptimizerTest, DamagedOrMismatchedCheckpointsFailOnEveryRankNamingTheFile) {

@@ -36,6 +36,13 @@ class Failure : public Error {
   using Error::Error;
 };
 
+// Memory could not be allocated (maps to Python MemoryError). The message names what was being
+// allocated and, where known, how much: a bare std::bad_alloc says neither.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 // A call in the wrong state (pausing a paused region, resuming an active one, ...).
 class StateError : public Error {
  public:

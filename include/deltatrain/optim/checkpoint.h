@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,11 @@
 
 namespace deltatrain::optim {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: metadata.json carries "metadata_sha256", the SHA-256 of its own canonical form (the JSON without
+// that key, keys sorted, compact), so an edit or a flipped bit anywhere in it is found on load. Format 1
+// checkpoints still load; their metadata is checked field by field but has no digest of its own.
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kOldestCheckpointFormatVersion = 1;
 
 struct CheckpointFile {
   std::string name;
@@ -45,6 +50,8 @@ struct CheckpointMetadata {
   AdamWConfig config;
   ParamLayout layout;
   std::vector<CheckpointFile> files;
+  // Whether metadata.json carried a digest of itself (format 2 on); format 1 metadata is unprotected.
+  bool digest_checked = true;
 };
 
 std::string metadata_to_json(const CheckpointMetadata& metadata);
@@ -52,6 +59,8 @@ std::string metadata_to_json(const CheckpointMetadata& metadata);
 CheckpointMetadata metadata_from_json(const std::string& text, const std::string& source);
 
 std::string checkpoint_dir_name(std::int64_t step);            // "step-00000010"
+// The step a checkpoint directory name denotes; nullopt for any other name.
+std::optional<std::int64_t> checkpoint_dir_step(const std::string& name);
 std::string shard_file_name(int rank, int dp_size);            // "shard-00001-of-00004.safetensors"
 std::string shard_tensor_name(StateTensor tensor, int buffer, int bucket);
 std::string legacy_step_tensor_name(const std::string& param);  // "<param>.step"
@@ -74,7 +83,10 @@ struct LoadOptions {
   bool verify_checksums = true;
 };
 
-// Collective. Returns the new checkpoint's directory. Failure (on every rank) if it already exists.
+// Collective. Returns the new checkpoint's directory. Failure (on every rank) if it already exists and
+// `latest` names it or a later step. A directory of a later step than `latest` names (or any, without
+// `latest`) is what a save killed after its rename and before `latest` moved leaves: it is replaced, in
+// one atomic exchange once the new one is complete.
 std::filesystem::path save_checkpoint(const DistributedAdamW& optimizer, const std::filesystem::path& root,
                                       const SaveOptions& options = {});
 
@@ -84,8 +96,12 @@ std::filesystem::path save_checkpoint(const DistributedAdamW& optimizer, const s
 // (named, with what is wrong), or a layout that does not match the model (InvalidArgument).
 void load_checkpoint(DistributedAdamW& optimizer, const std::filesystem::path& path, const LoadOptions& options = {});
 
-// The checkpoint directory `path` denotes (itself, or what its `latest` names).
+// The checkpoint directory `path` denotes (itself, or what its `latest` names). Failure naming `latest`
+// when it does not hold a checkpoint directory name (step-NNNNNNNN) or names no directory.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+// Checks one file of checkpoint `dir` against its record: a regular file (not a FIFO or a device) of
+// the recorded size, whose SHA-256 matches. Failure naming the file and what is wrong.
+void verify_checkpoint_file(const std::filesystem::path& dir, const CheckpointFile& record);
 CheckpointMetadata read_checkpoint_metadata(const std::filesystem::path& path);
 
 }  // namespace deltatrain::optim
