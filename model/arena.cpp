@@ -17,9 +17,13 @@ namespace {
 constexpr std::size_t kAlignment = 256;        // cuBLASLt and vectorised kernels want aligned operands
 constexpr std::size_t kMinChunk = 64ull << 20;  // few chunks, few device allocations
 
-void* allocate_bytes(std::size_t bytes, Device device) {
+std::size_t round_up(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+}  // namespace
+
+void* device_allocate(std::size_t bytes, Device device) {
   if (device.type == DeviceType::cpu) {
-    void* p = std::aligned_alloc(kAlignment, bytes);
+    void* p = std::aligned_alloc(kAlignment, round_up(bytes));
     if (p == nullptr) throw std::bad_alloc();
     return p;
   }
@@ -33,7 +37,7 @@ void* allocate_bytes(std::size_t bytes, Device device) {
 #endif
 }
 
-void free_bytes(void* p, Device device) {
+void device_free(void* p, Device device) {
   if (device.type == DeviceType::cpu) {
     std::free(p);
     return;
@@ -43,12 +47,21 @@ void free_bytes(void* p, Device device) {
 #endif
 }
 
-std::size_t round_up(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+void device_memset_zero(void* data, std::size_t bytes, Device device, void* stream) {
+  if (device.type == DeviceType::cpu) {
+    std::memset(data, 0, bytes);
+    return;
+  }
+#ifdef DELTATRAIN_WITH_CUDA
+  cuda_check(cudaMemsetAsync(data, 0, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+#else
+  throw Unavailable("memory on " + device_name(device), "this build has no CUDA");
+#endif
+}
 
-}  // namespace
 
 Arena::~Arena() {
-  for (const Chunk& c : chunks_) free_bytes(c.data, device_);
+  for (const Chunk& c : chunks_) device_free(c.data, device_);
 }
 
 TensorView Arena::allocate(DType dtype, std::initializer_list<std::int64_t> shape) {
@@ -62,7 +75,7 @@ TensorView Arena::allocate(DType dtype, std::initializer_list<std::int64_t> shap
   if (chunk_ == chunks_.size()) {
     const std::size_t last = chunks_.empty() ? 0 : chunks_.back().bytes;
     const std::size_t size = std::max({bytes, kMinChunk, 2 * last});
-    chunks_.push_back({allocate_bytes(size, device_), size});
+    chunks_.push_back({device_allocate(size, device_), size});
     offset_ = 0;
   }
   void* data = static_cast<std::byte*>(chunks_[chunk_].data) + offset_;

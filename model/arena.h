@@ -36,6 +36,11 @@ class Arena {
   std::size_t in_use_ = 0, peak_ = 0;
 };
 
+// Plain allocations on a device (host memory for the CPU), 256-byte aligned; Failure naming the bytes.
+void* device_allocate(std::size_t bytes, Device device);
+void device_free(void* data, Device device);
+void device_memset_zero(void* data, std::size_t bytes, Device device, void* stream);
+
 // Copies between host memory and the model's device (a plain memcpy on the CPU), ordered on `stream`.
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream);
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Device device, void* stream);

@@ -80,4 +80,28 @@ class ParamStore {
   mutable std::vector<std::byte> params_, grads_;
 };
 
+// A ParamStore's parameters mirrored on a GPU (same layout, one allocation each for parameters and
+// gradients), for a GPU model that no optimizer owns: tests, benchmarks, Python. upload() copies the host
+// store's parameters; download_grads() copies the gradients back.
+class DeviceParams {
+ public:
+  DeviceParams(const ParamStore& host, Device device);
+  ~DeviceParams();
+  DeviceParams(const DeviceParams&) = delete;
+  DeviceParams& operator=(const DeviceParams&) = delete;
+
+  TensorLookup params() const;
+  TensorLookup grads() const;
+  void upload(const ParamStore& host, void* stream = nullptr);
+  void download_grads(const ParamStore& host, void* stream = nullptr) const;  // waits for the copy
+  void zero_grads(void* stream = nullptr);
+
+ private:
+  TensorView translate(const TensorView& host_view, const TensorView& host_buffer, void* device_base) const;
+  const ParamStore& host_;
+  Device device_;
+  void* params_ = nullptr;
+  void* grads_ = nullptr;
+};
+
 }  // namespace deltatrain::model

@@ -1,0 +1,28 @@
+// Causal GQA attention over packed sequences, unfused: for each sequence and kv head, cuBLASLt products
+// for the scores and the outputs around row kernels for the softmax (attention_kernels.cu). Its memory is
+// quadratic in the longest sequence (its [group * L, L] scores in float32 and probabilities in bfloat16, in
+// the workspace); cuDNN's fused SDPA (memory linear in L) is the planned replacement once the GPU model is
+// verified end to end.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "gemm.h"
+#include "kernels.h"
+
+namespace deltatrain::model::cuda {
+
+struct AttentionShape {
+  int q_heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 0.f;
+};
+
+// q, o [T, Hq * D]; k, v [T, Hkv * D]; lse [Hq, T] float32; cu_seqlens on the host (the launches' plan).
+void attention_forward(Gemm& gemm, Workspace& workspace, Matrix o, Matrix lse, Matrix q, Matrix k, Matrix v,
+                       AttentionShape shape, std::span<const std::int32_t> cu_seqlens, cudaStream_t stream);
+void attention_backward(Gemm& gemm, Workspace& workspace, Matrix dq, Matrix dk, Matrix dv, Matrix dout, Matrix q,
+                        Matrix k, Matrix v, Matrix o, Matrix lse, AttentionShape shape,
+                        std::span<const std::int32_t> cu_seqlens, cudaStream_t stream);
+
+}  // namespace deltatrain::model::cuda

@@ -1,0 +1,263 @@
+// Device helpers the kernel files share: bfloat16 loads and stores, the scalar functions with torch's
+// conventions, warp and block reductions, the elementwise driver and the two-pass column sums that make
+// weight gradients deterministic.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+#include "deltatrain/core/cuda_check.h"
+#include "kernels.h"
+
+namespace deltatrain::model::cuda {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kVector = 8;  // bfloat16 elements in one 16-byte access
+
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+
+template <class T>
+__device__ __forceinline__ T* row_of(const Matrix& m, Index r) {
+  return static_cast<T*>(m.data) + r * m.ld;
+}
+
+// Stable for large |x|, as the CPU kernels compute them (torch's conventions).
+__device__ __forceinline__ float sigmoid(float x) {
+  if (x >= 0.f) return 1.f / (1.f + expf(-x));
+  const float e = expf(x);  // expf(-x) would overflow
+  return e / (1.f + e);
+}
+__device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
+__device__ __forceinline__ float silu_grad(float x) {
+  const float s = sigmoid(x);
+  return s * (1.f + x * (1.f - s));
+}
+// torch's softplus with threshold 20 (the identity above it, derivative 1 there).
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float softplus_grad(float x) { return x > 20.f ? 1.f : sigmoid(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The sum over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread. The order
+// is fixed by the block shape, so results are reproducible.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : 0.f;
+  return warp_sum(v);
+}
+
+// A running maximum and the sum of exp(x - max) over the values seen: merged without overflow.
+struct MaxSum {
+  float max = -INFINITY, sum = 0.f;
+  __device__ void add(float x) {
+    if (x > max) {
+      sum = sum * expf(max - x) + 1.f;
+      max = x;
+    } else {
+      sum += expf(x - max);
+    }
+  }
+  __device__ void merge(MaxSum o) {
+    if (o.max == -INFINITY) return;
+    if (o.max > max) {
+      sum = sum * expf(max - o.max) + o.sum;
+      max = o.max;
+    } else {
+      sum += o.sum * expf(o.max - max);
+    }
+  }
+};
+
+__device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    MaxSum o;
+    o.max = __shfl_xor_sync(0xffffffffu, v.max, offset);
+    o.sum = __shfl_xor_sync(0xffffffffu, v.sum, offset);
+    v.merge(o);
+  }
+  return v;
+}
+
+__device__ __forceinline__ MaxSum block_max_sum(MaxSum v) {
+  __shared__ float maxes[32], sums[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_max_sum(v);
+  __syncthreads();
+  if (lane == 0) {
+    maxes[warp] = v.max;
+    sums[warp] = v.sum;
+  }
+  __syncthreads();
+  MaxSum w;
+  if (lane < warps) {
+    w.max = maxes[lane];
+    w.sum = sums[lane];
+  }
+  return warp_max_sum(w);
+}
+
+inline unsigned grid_for(Index work, int per_block) { return static_cast<unsigned>((work + per_block - 1) / per_block); }
+
+// 16-byte accesses need a 16-byte aligned start and rows that keep it.
+inline bool vectorizable(const Matrix& m) {
+  return reinterpret_cast<std::uintptr_t>(m.data) % 16 == 0 && m.ld % kVector == 0 && m.cols % kVector == 0;
+}
+
+// Elements [c0, c0 + 8) of a bfloat16 row as floats: one 16-byte access, or element by element up to cols
+// (zeros past it).
+template <bool Vectorized>
+__device__ __forceinline__ void load8(const bf16* row, Index c0, Index cols, float (&v)[kVector]) {
+  if constexpr (Vectorized) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(row + c0);
+    const bf16* e = reinterpret_cast<const bf16*>(&packed);
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) v[k] = to_float(e[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) v[k] = c0 + k < cols ? to_float(row[c0 + k]) : 0.f;
+  }
+}
+
+template <bool Vectorized>
+__device__ __forceinline__ void store8(bf16* row, Index c0, Index cols, const float (&v)[kVector]) {
+  if constexpr (Vectorized) {
+    uint4 packed;
+    bf16* e = reinterpret_cast<bf16*>(&packed);
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) e[k] = to_bf16(v[k]);
+    *reinterpret_cast<uint4*>(row + c0) = packed;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVector; ++k)
+      if (c0 + k < cols) row[c0 + k] = to_bf16(v[k]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Elementwise: f(in[In], out[Out]) on floats for each element of equally shaped bfloat16 matrices, each
+// thread taking 8 consecutive elements of a row (one 16-byte access per matrix when all allow it).
+
+template <int In, int Out>
+struct Operands {
+  Matrix in[In];
+  Matrix out[Out];
+};
+
+template <bool Vectorized, int In, int Out, class F>
+__global__ void elementwise_kernel(Operands<In, Out> m, Index rows, Index cols, F f) {
+  const Index chunks = (cols + kVector - 1) / kVector;
+  const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (index >= rows * chunks) return;
+  const Index r = index / chunks, c0 = index % chunks * kVector;
+  float x[In][kVector], y[Out][kVector];
+#pragma unroll
+  for (int i = 0; i < In; ++i) load8<Vectorized>(row_of<const bf16>(m.in[i], r), c0, cols, x[i]);
+#pragma unroll
+  for (int k = 0; k < kVector; ++k) {
+    float a[In], b[Out];
+#pragma unroll
+    for (int i = 0; i < In; ++i) a[i] = x[i][k];
+    f(a, b);
+#pragma unroll
+    for (int o = 0; o < Out; ++o) y[o][k] = b[o];
+  }
+#pragma unroll
+  for (int o = 0; o < Out; ++o) store8<Vectorized>(row_of<bf16>(m.out[o], r), c0, cols, y[o]);
+}
+
+template <int In, int Out, class F>
+void elementwise(const char* name, const std::array<Matrix, In>& in, const std::array<Matrix, Out>& out, F f,
+                 cudaStream_t stream) {
+  const Index rows = out[0].rows, cols = out[0].cols;
+  if (rows == 0 || cols == 0) return;
+  Operands<In, Out> m;
+  bool vectorized = true;
+  for (int i = 0; i < In; ++i) {
+    m.in[i] = in[i];
+    vectorized = vectorized && vectorizable(in[i]);
+  }
+  for (int o = 0; o < Out; ++o) {
+    m.out[o] = out[o];
+    vectorized = vectorized && vectorizable(out[o]);
+  }
+  constexpr int threads = 256;
+  const unsigned blocks = grid_for(rows * ((cols + kVector - 1) / kVector), threads);
+  if (vectorized) {
+    elementwise_kernel<true><<<blocks, threads, 0, stream>>>(m, rows, cols, f);
+  } else {
+    elementwise_kernel<false><<<blocks, threads, 0, stream>>>(m, rows, cols, f);
+  }
+  check_launch(name);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Deterministic sums over rows: dst[c] += sum_r f(r, c) for c < cols, as fixed blocks of rows whose partial
+// sums a second kernel adds in block order. Nothing depends on timing, so the result is bitwise stable.
+
+constexpr int kColumnThreads = 128;
+
+template <class F>
+__global__ void column_partials_kernel(F f, Index rows, Index cols, Index rows_per_block, float* partials) {
+  const Index c = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const Index first = blockIdx.y * rows_per_block, last = min(rows, first + rows_per_block);
+  float sum = 0.f;
+  for (Index r = first; r < last; ++r) sum += f(r, c);
+  partials[blockIdx.y * cols + c] = sum;
+}
+
+template <class Unused = void>
+__global__ void column_finish_kernel(const float* partials, Index blocks, Index cols, float* dst) {
+  const Index c = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float sum = 0.f;
+  for (Index b = 0; b < blocks; ++b) sum += partials[b * cols + c];
+  dst[c] += sum;
+}
+
+template <class F>
+void column_sums(const char* name, F f, Index rows, Index cols, float* dst, Workspace& workspace,
+                 cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  constexpr Index kMaxBlocks = 65535;  // gridDim.y
+  const Index rows_per_block = std::max<Index>(256, (rows + kMaxBlocks - 1) / kMaxBlocks);
+  const Index blocks = (rows + rows_per_block - 1) / rows_per_block;
+  auto* partials = reinterpret_cast<float*>(workspace.reserve(blocks * cols * sizeof(float)));
+  const dim3 grid(grid_for(cols, kColumnThreads), static_cast<unsigned>(blocks));
+  column_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(f, rows, cols, rows_per_block, partials);
+  check_launch(name);
+  column_finish_kernel<<<grid_for(cols, kColumnThreads), kColumnThreads, 0, stream>>>(partials, blocks, cols, dst);
+  check_launch(name);
+}
+
+// The sequence n holding row t: cu[n] <= t < cu[n + 1] (binary search; empty sequences are skipped over).
+__device__ __forceinline__ int sequence_of(const Sequences& s, Index t) {
+  int lo = 0, hi = s.count;  // s.cu[lo] <= t < s.cu[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (s.cu[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+}  // namespace deltatrain::model::cuda

@@ -1,0 +1,400 @@
+// The GPU implementation of the model's kernels (model/ops.h): every argument is validated here, on the
+// host, before anything is launched; the launchers (kernels.h) and the products (gemm.h, attention.h) then
+// run on the object's stream without synchronising the host.
+//
+// Dtypes: bfloat16 parameters and activations, float32 statistics (rstd, lse), gates (g, beta), loss
+// weights and log-probabilities, and float32 weight gradients; computation in float32.
+// Determinism: no floating-point atomics anywhere; weight gradients are sums over fixed blocks of rows
+// added in block order (common.cuh), the embedding's by runs of sorted tokens (embedding.cu).
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "attention.h"
+#include "deltatrain/core/cuda_check.h"
+#include "deltatrain/core/error.h"
+#include "deltatrain/core/system.h"
+#include "gemm.h"
+#include "kernels.h"
+#include "ops.h"
+
+namespace deltatrain::model {
+namespace {
+
+using cuda::Index;
+using cuda::Matrix;
+
+constexpr Index kAny = -1;  // an extent that is not checked
+constexpr DType bf16 = DType::bf16, f32 = DType::f32;
+
+std::string extent(Index n) { return n == kAny ? "?" : std::to_string(n); }
+
+void check_positive(Index value, const char* name) {
+  if (value <= 0) throw InvalidArgument(name, "must be positive, got " + std::to_string(value));
+}
+
+// Makes `device` current for the object's calls and restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps(Device device, cudaStream_t stream) : device_(device), stream_(stream), gemm_(stream), workspace_(stream) {}
+
+  void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
+            const TensorView& c) override {
+    const DeviceGuard guard(device_.index);
+    if (c.dtype != bf16 && c.dtype != f32)
+      throw InvalidArgument("c", std::string("must be bfloat16 or float32, got ") + dtype_name(c.dtype));
+    const Matrix cm = matrix(c, "c", c.dtype);
+    const Index M = cm.rows, N = cm.cols;
+    const Matrix am = trans_a ? matrix(a, "a", bf16, kAny, M) : matrix(a, "a", bf16, M, kAny);
+    const Index K = trans_a ? am.rows : am.cols;
+    const Matrix bm = trans_b ? matrix(b, "b", bf16, N, K) : matrix(b, "b", bf16, K, N);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {  // op(a) op(b) is zero: c = beta c
+      if (beta == 0) {
+        zero(cm, c.dtype);
+      } else if (beta != 1) {
+        throw InvalidArgument("beta", "must be 0 or 1 when the inner dimension is empty, got " + std::to_string(beta));
+      }
+      return;
+    }
+    gemm_.run(trans_a, trans_b, M, N, K, static_cast<float>(alpha), am.data, am.ld, bm.data, bm.ld,
+              static_cast<float>(beta), cm.data, cm.ld, c.dtype);
+  }
+
+  void embedding_forward(const TensorView& out, const IndexArray& tokens, const TensorView& table) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix tab = matrix(table, "table", bf16);
+    const Matrix o = matrix(out, "out", bf16, static_cast<Index>(tokens.size()), tab.cols);
+    cuda::embedding_forward(o, token_ids(tokens, tab.rows), tab, stream_);
+  }
+
+  void embedding_backward(const TensorView& dtable, const IndexArray& tokens, const TensorView& dout) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix tab = matrix(dtable, "dtable", f32);
+    const Matrix d = matrix(dout, "dout", bf16, static_cast<Index>(tokens.size()), tab.cols);
+    cuda::embedding_backward(tab, token_ids(tokens, tab.rows), d, workspace_, stream_);
+  }
+
+  void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x, const TensorView& weight,
+                       double eps, bool zero_centred) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    check_positive(xm.cols, "x's columns");
+    cuda::rmsnorm_forward(matrix(out, "out", bf16, xm.rows, xm.cols), vector<float>(rstd, "rstd", f32, xm.rows), xm,
+                          vector<void>(weight, "weight", bf16, xm.cols), static_cast<float>(eps), zero_centred,
+                          stream_);
+  }
+
+  void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout, const TensorView& x,
+                        const TensorView& rstd, const TensorView& weight, bool zero_centred,
+                        bool accumulate_dx) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    const Index R = xm.rows, C = xm.cols;
+    check_positive(C, "x's columns");
+    cuda::rmsnorm_backward(matrix(dx, "dx", bf16, R, C), vector<float>(dweight, "dweight", f32, C),
+                           matrix(dout, "dout", bf16, R, C), xm, vector<const float>(rstd, "rstd", f32, R),
+                           vector<const void>(weight, "weight", bf16, C), zero_centred, accumulate_dx, workspace_,
+                           stream_);
+  }
+
+  void gated_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x, const TensorView& z,
+                             const TensorView& weight, double eps) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    const Index R = xm.rows, C = xm.cols;
+    check_positive(C, "x's columns");
+    cuda::gated_rmsnorm_forward(matrix(out, "out", bf16, R, C), vector<float>(rstd, "rstd", f32, R), xm,
+                                matrix(z, "z", bf16, R, C), vector<const void>(weight, "weight", bf16, C),
+                                static_cast<float>(eps), stream_);
+  }
+
+  void gated_rmsnorm_backward(const TensorView& dx, const TensorView& dz, const TensorView& dweight,
+                              const TensorView& dout, const TensorView& x, const TensorView& z, const TensorView& rstd,
+                              const TensorView& weight) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    const Index R = xm.rows, C = xm.cols;
+    check_positive(C, "x's columns");
+    cuda::gated_rmsnorm_backward(matrix(dx, "dx", bf16, R, C), matrix(dz, "dz", bf16, R, C),
+                                 vector<float>(dweight, "dweight", f32, C), matrix(dout, "dout", bf16, R, C), xm,
+                                 matrix(z, "z", bf16, R, C), vector<const float>(rstd, "rstd", f32, R),
+                                 vector<const void>(weight, "weight", bf16, C), workspace_, stream_);
+  }
+
+  void conv1d_silu_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
+                           const IndexArray& cu_seqlens) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    const Matrix w = matrix(weight, "weight", bf16, xm.cols, kAny);
+    check_positive(w.cols, "weight's width");
+    cuda::conv1d_silu_forward(matrix(out, "out", bf16, xm.rows, xm.cols), xm, w, sequences(cu_seqlens, xm.rows),
+                              stream_);
+  }
+
+  void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+                            const TensorView& x, const TensorView& weight, const IndexArray& cu_seqlens) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    const Matrix w = matrix(weight, "weight", bf16, xm.cols, kAny);
+    check_positive(w.cols, "weight's width");
+    const Matrix dw = matrix(dweight, "dweight", f32, w.rows, w.cols);
+    if (dw.rows > 1 && dw.ld != dw.cols) throw InvalidArgument("dweight", "must be contiguous");
+    cuda::conv1d_silu_backward(matrix(dx, "dx", bf16, xm.rows, xm.cols), dw, matrix(dout, "dout", bf16, xm.rows, xm.cols),
+                               xm, w, sequences(cu_seqlens, xm.rows), workspace_, stream_);
+  }
+
+  void gdn_gates_forward(const TensorView& g, const TensorView& beta, const TensorView& a, const TensorView& b,
+                         const TensorView& a_log, const TensorView& dt_bias) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix am = matrix(a, "a", bf16);
+    const Index R = am.rows, H = am.cols;
+    cuda::gdn_gates_forward(matrix(g, "g", f32, R, H), matrix(beta, "beta", f32, R, H), am,
+                            matrix(b, "b", bf16, R, H), vector<const void>(a_log, "a_log", bf16, H),
+                            vector<const void>(dt_bias, "dt_bias", bf16, H), stream_);
+  }
+
+  void gdn_gates_backward(const TensorView& da, const TensorView& db, const TensorView& da_log,
+                          const TensorView& ddt_bias, const TensorView& dg, const TensorView& dbeta,
+                          const TensorView& a, const TensorView& b, const TensorView& a_log,
+                          const TensorView& dt_bias) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix am = matrix(a, "a", bf16);
+    const Index R = am.rows, H = am.cols;
+    cuda::gdn_gates_backward(matrix(da, "da", bf16, R, H), matrix(db, "db", bf16, R, H),
+                             vector<float>(da_log, "da_log", f32, H), vector<float>(ddt_bias, "ddt_bias", f32, H),
+                             matrix(dg, "dg", f32, R, H), matrix(dbeta, "dbeta", f32, R, H), am,
+                             matrix(b, "b", bf16, R, H), vector<const void>(a_log, "a_log", bf16, H),
+                             vector<const void>(dt_bias, "dt_bias", bf16, H), workspace_, stream_);
+  }
+
+  void rope(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta, const IndexArray& cu_seqlens,
+            bool inverse) override {
+    const DeviceGuard guard(device_.index);
+    check_positive(heads, "heads");
+    check_positive(head_dim, "head_dim");
+    if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+      throw InvalidArgument("rotary_dim", "must be even and in [2, head_dim], got " + std::to_string(rotary_dim));
+    if (!(theta > 0)) throw InvalidArgument("theta", "must be positive");
+    const Matrix xm = matrix(x, "x", bf16, kAny, Index{heads} * head_dim);
+    cuda::rope(xm, heads, head_dim, rotary_dim, static_cast<float>(theta), sequences(cu_seqlens, xm.rows), inverse,
+               stream_);
+  }
+
+  void attention_forward(const TensorView& o, const TensorView& lse, const TensorView& q, const TensorView& k,
+                         const TensorView& v, int q_heads, int kv_heads, int head_dim, double scale,
+                         const IndexArray& cu_seqlens) override {
+    const DeviceGuard guard(device_.index);
+    const cuda::AttentionShape s = attention_shape(q_heads, kv_heads, head_dim, scale);
+    const Matrix qm = matrix(q, "q", bf16, kAny, Index{q_heads} * head_dim);
+    const Index R = qm.rows, kv_cols = Index{kv_heads} * head_dim;
+    sequences(cu_seqlens, R);
+    cuda::attention_forward(gemm_, workspace_, matrix(o, "o", bf16, R, qm.cols), matrix(lse, "lse", f32, q_heads, R),
+                            qm, matrix(k, "k", bf16, R, kv_cols), matrix(v, "v", bf16, R, kv_cols), s,
+                            cu_seqlens.host, stream_);
+  }
+
+  void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
+                          const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                          const TensorView& lse, int q_heads, int kv_heads, int head_dim, double scale,
+                          const IndexArray& cu_seqlens) override {
+    const DeviceGuard guard(device_.index);
+    const cuda::AttentionShape s = attention_shape(q_heads, kv_heads, head_dim, scale);
+    const Matrix qm = matrix(q, "q", bf16, kAny, Index{q_heads} * head_dim);
+    const Index R = qm.rows, q_cols = qm.cols, kv_cols = Index{kv_heads} * head_dim;
+    sequences(cu_seqlens, R);
+    cuda::attention_backward(gemm_, workspace_, matrix(dq, "dq", bf16, R, q_cols), matrix(dk, "dk", bf16, R, kv_cols),
+                             matrix(dv, "dv", bf16, R, kv_cols), matrix(dout, "dout", bf16, R, q_cols), qm,
+                             matrix(k, "k", bf16, R, kv_cols), matrix(v, "v", bf16, R, kv_cols),
+                             matrix(o, "o", bf16, R, q_cols), matrix(lse, "lse", f32, q_heads, R), s,
+                             cu_seqlens.host, stream_);
+  }
+
+  void sigmoid_gate_forward(const TensorView& out, const TensorView& x, const TensorView& gate) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    cuda::sigmoid_gate_forward(matrix(out, "out", bf16, xm.rows, xm.cols), xm,
+                               matrix(gate, "gate", bf16, xm.rows, xm.cols), stream_);
+  }
+
+  void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate, const TensorView& dout, const TensorView& x,
+                             const TensorView& gate) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    const Index R = xm.rows, C = xm.cols;
+    cuda::sigmoid_gate_backward(matrix(dx, "dx", bf16, R, C), matrix(dgate, "dgate", bf16, R, C),
+                                matrix(dout, "dout", bf16, R, C), xm, matrix(gate, "gate", bf16, R, C), stream_);
+  }
+
+  void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix gm = matrix(gate, "gate", bf16);
+    cuda::swiglu_forward(matrix(out, "out", bf16, gm.rows, gm.cols), gm, matrix(up, "up", bf16, gm.rows, gm.cols),
+                         stream_);
+  }
+
+  void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout, const TensorView& gate,
+                       const TensorView& up) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix gm = matrix(gate, "gate", bf16);
+    const Index R = gm.rows, C = gm.cols;
+    cuda::swiglu_backward(matrix(dgate, "dgate", bf16, R, C), matrix(dup, "dup", bf16, R, C),
+                          matrix(dout, "dout", bf16, R, C), gm, matrix(up, "up", bf16, R, C), stream_);
+  }
+
+  void add(const TensorView& y, const TensorView& x) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix ym = matrix(y, "y", bf16);
+    cuda::add(ym, matrix(x, "x", bf16, ym.rows, ym.cols), stream_);
+  }
+
+  // copy and fill_zero take any dtype: they move bytes (cudaMemcpy2DAsync / cudaMemset2DAsync, strided rows).
+  void copy(const TensorView& dst, const TensorView& src) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix d = matrix(dst, "dst", dst.dtype);
+    const Matrix s = matrix(src, "src", dst.dtype, d.rows, d.cols);
+    if (d.rows == 0 || d.cols == 0) return;
+    const std::size_t size = dtype_size(dst.dtype);
+    cuda_check(cudaMemcpy2DAsync(d.data, d.ld * size, s.data, s.ld * size, d.cols * size, d.rows,
+                                 cudaMemcpyDeviceToDevice, stream_),
+               "cudaMemcpy2DAsync");
+  }
+
+  void fill_zero(const TensorView& x) override {
+    const DeviceGuard guard(device_.index);
+    zero(matrix(x, "x", x.dtype), x.dtype);
+  }
+
+  void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
+                     const TensorView& logprob, bool want_grad) override {
+    const DeviceGuard guard(device_.index);
+    const Matrix l = matrix(logits, "logits", bf16);
+    const Index R = l.rows;
+    const std::int32_t* target_ids = indices(targets, "targets", R);
+    for (const std::int32_t target : targets.host)
+      if (target >= l.cols)
+        throw InvalidArgument("targets", "must be < the vocabulary " + std::to_string(l.cols) +
+                                             " (or negative: ignored), got " + std::to_string(target));
+    const float* w = want_grad ? vector<const float>(weights, "weights", f32, R) : nullptr;
+    cuda::cross_entropy(l, target_ids, w, vector<float>(logprob, "logprob", f32, R), want_grad, stream_);
+  }
+
+ private:
+  void check_device(const TensorView& v, const char* name) const {
+    if (!(v.device == device_))
+      throw InvalidArgument(name, "must be on " + device_name(device_) + ", got " + device_name(v.device));
+  }
+
+  static void check_dtype(const TensorView& v, const char* name, DType dtype) {
+    if (v.dtype != dtype)
+      throw InvalidArgument(name, std::string("must be ") + dtype_name(dtype) + ", got " + dtype_name(v.dtype));
+  }
+
+  Matrix matrix(const TensorView& v, const char* name, DType dtype, Index rows = kAny, Index cols = kAny) const {
+    check_device(v, name);
+    check_dtype(v, name, dtype);
+    if (v.ndim != 2 || (rows != kAny && v.shape[0] != rows) || (cols != kAny && v.shape[1] != cols))
+      throw InvalidArgument(name,
+                            "must have shape [" + extent(rows) + ", " + extent(cols) + "], got " + v.shape_string());
+    const Index r = v.shape[0], c = v.shape[1];
+    // Strides matter only where there is more than one row or column to step over.
+    if ((c > 1 && v.strides[1] != 1) || (r > 1 && v.strides[0] < c))
+      throw InvalidArgument(name, "must have unit column stride and a row stride >= its columns, got strides [" +
+                                      std::to_string(v.strides[0]) + ", " + std::to_string(v.strides[1]) + "]");
+    if (v.data == nullptr && r * c > 0) throw InvalidArgument(name, "has no data");
+    return {v.data, r, c, r > 1 ? v.strides[0] : std::max<Index>(c, 1)};
+  }
+
+  template <class T>
+  T* vector(const TensorView& v, const char* name, DType dtype, Index n) const {
+    check_device(v, name);
+    check_dtype(v, name, dtype);
+    if (v.ndim != 1 || v.shape[0] != n)
+      throw InvalidArgument(name, "must have shape [" + std::to_string(n) + "], got " + v.shape_string());
+    if (n > 1 && v.strides[0] != 1)
+      throw InvalidArgument(name, "must be contiguous, got stride " + std::to_string(v.strides[0]));
+    if (v.data == nullptr && n > 0) throw InvalidArgument(name, "has no data");
+    return static_cast<T*>(v.data);
+  }
+
+  static const std::int32_t* indices(const IndexArray& values, const char* name, Index n) {
+    if (static_cast<Index>(values.size()) != n)
+      throw InvalidArgument(name, "must hold " + std::to_string(n) + " values, got " + std::to_string(values.size()));
+    if (values.device == nullptr && n > 0) throw InvalidArgument(name, "must have a device copy for GPU kernels");
+    return values.device;
+  }
+
+  // Token ids index a table of `rows` rows; the host copy is checked, the device copy used.
+  static const std::int32_t* token_ids(const IndexArray& tokens, Index rows) {
+    for (const std::int32_t token : tokens.host)
+      if (token < 0 || token >= rows)
+        throw InvalidArgument("tokens", "must lie in [0, " + std::to_string(rows) + "), got " + std::to_string(token));
+    return indices(tokens, "tokens", static_cast<Index>(tokens.size()));
+  }
+
+  static cuda::Sequences sequences(const IndexArray& cu, Index tokens) {
+    const auto& h = cu.host;
+    if (h.empty() || h.front() != 0 || h.back() != tokens)
+      throw InvalidArgument("cu_seqlens", "must start at 0 and end at the token count " + std::to_string(tokens));
+    for (std::size_t n = 1; n < h.size(); ++n)
+      if (h[n] < h[n - 1]) throw InvalidArgument("cu_seqlens", "must be non-decreasing");
+    return {indices(cu, "cu_seqlens", static_cast<Index>(h.size())), static_cast<int>(h.size()) - 1};
+  }
+
+  static cuda::AttentionShape attention_shape(int q_heads, int kv_heads, int head_dim, double scale) {
+    check_positive(q_heads, "q_heads");
+    check_positive(kv_heads, "kv_heads");
+    check_positive(head_dim, "head_dim");
+    if (q_heads % kv_heads != 0)
+      throw InvalidArgument("q_heads", "must be a multiple of kv_heads (" + std::to_string(kv_heads) + "), got " +
+                                           std::to_string(q_heads));
+    return {q_heads, kv_heads, head_dim, static_cast<float>(scale)};
+  }
+
+  void zero(const Matrix& m, DType dtype) const {
+    if (m.rows == 0 || m.cols == 0) return;
+    const std::size_t size = dtype_size(dtype);
+    cuda_check(cudaMemset2DAsync(m.data, m.ld * size, 0, m.cols * size, m.rows, stream_), "cudaMemset2DAsync");
+  }
+
+  Device device_;
+  cudaStream_t stream_;
+  cuda::Gemm gemm_;
+  cuda::Workspace workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream) {
+  if (device.type != DeviceType::cuda)
+    throw InvalidArgument("device", "must be a CUDA device, got " + device_name(device));
+  const CudaInfo& info = cuda_info();
+  if (!info.usable()) throw Unavailable("the model on " + device_name(device), info.unavailable_reason);
+  if (device.index < 0 || device.index >= static_cast<int>(info.gpus.size()))
+    throw InvalidArgument("device", "no such GPU: " + device_name(device) + " (" + std::to_string(info.gpus.size()) +
+                                        " visible)");
+  const GpuInfo& gpu = info.gpus[device.index];
+  if (gpu.cc_major < 8)  // bfloat16 tensor-core products and the kernels' build targets start at sm_80
+    throw Unavailable("the model on " + device_name(device), "needs compute capability 8.0 or newer, " + gpu.name +
+                                                                 " has " + std::to_string(gpu.cc_major) + "." +
+                                                                 std::to_string(gpu.cc_minor));
+  const DeviceGuard guard(device.index);
+  return std::make_unique<CudaOps>(device, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace deltatrain::model

@@ -1,0 +1,70 @@
+// The GDN gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), per token and value head, and
+// their backward; dA_log and ddt_bias go through column_sums (deterministic).
+#include "common.cuh"
+
+namespace deltatrain::model::cuda {
+namespace {
+
+struct Gates {
+  Matrix a, dg;  // [T, HV]: a bfloat16, dg float32
+  const bf16 *a_log, *dt_bias;
+  __device__ float x(Index t, Index j) const { return to_float(row_of<const bf16>(a, t)[j]) + to_float(dt_bias[j]); }
+  __device__ float decay(Index j) const { return expf(to_float(a_log[j])); }
+  __device__ float dg_at(Index t, Index j) const { return row_of<const float>(dg, t)[j]; }
+};
+
+__global__ void gates_forward_kernel(Matrix g, Matrix beta, Matrix b, Gates gates) {
+  const Index H = b.cols, index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (index >= b.rows * H) return;
+  const Index t = index / H, j = index % H;
+  row_of<float>(g, t)[j] = -gates.decay(j) * softplus(gates.x(t, j));
+  row_of<float>(beta, t)[j] = sigmoid(to_float(row_of<const bf16>(b, t)[j]));
+}
+
+__global__ void gates_backward_kernel(Matrix da, Matrix db, Matrix dbeta, Matrix b, Gates gates) {
+  const Index H = b.cols, index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (index >= b.rows * H) return;
+  const Index t = index / H, j = index % H;
+  row_of<bf16>(da, t)[j] = to_bf16(-gates.dg_at(t, j) * gates.decay(j) * softplus_grad(gates.x(t, j)));
+  const float s = sigmoid(to_float(row_of<const bf16>(b, t)[j]));
+  row_of<bf16>(db, t)[j] = to_bf16(row_of<const float>(dbeta, t)[j] * s * (1.f - s));
+}
+
+struct ALogGrad {  // dg/dA_log = g
+  Gates gates;
+  __device__ float operator()(Index t, Index j) const {
+    return -gates.dg_at(t, j) * gates.decay(j) * softplus(gates.x(t, j));
+  }
+};
+
+struct DtBiasGrad {  // da before its rounding to bfloat16
+  Gates gates;
+  __device__ float operator()(Index t, Index j) const {
+    return -gates.dg_at(t, j) * gates.decay(j) * softplus_grad(gates.x(t, j));
+  }
+};
+
+}  // namespace
+
+void gdn_gates_forward(Matrix g, Matrix beta, Matrix a, Matrix b, const void* a_log, const void* dt_bias,
+                       cudaStream_t stream) {
+  const Index n = a.rows * a.cols;
+  if (n == 0) return;
+  const Gates gates{a, Matrix{}, static_cast<const bf16*>(a_log), static_cast<const bf16*>(dt_bias)};
+  gates_forward_kernel<<<grid_for(n, 256), 256, 0, stream>>>(g, beta, b, gates);
+  check_launch("gdn_gates_forward");
+}
+
+void gdn_gates_backward(Matrix da, Matrix db, float* da_log, float* ddt_bias, Matrix dg, Matrix dbeta, Matrix a,
+                        Matrix b, const void* a_log, const void* dt_bias, Workspace& workspace,
+                        cudaStream_t stream) {
+  const Index n = a.rows * a.cols;
+  if (n == 0) return;
+  const Gates gates{a, dg, static_cast<const bf16*>(a_log), static_cast<const bf16*>(dt_bias)};
+  gates_backward_kernel<<<grid_for(n, 256), 256, 0, stream>>>(da, db, dbeta, b, gates);
+  check_launch("gdn_gates_backward");
+  column_sums("gdn_gates_backward (dA_log)", ALogGrad{gates}, a.rows, a.cols, da_log, workspace, stream);
+  column_sums("gdn_gates_backward (ddt_bias)", DtBiasGrad{gates}, a.rows, a.cols, ddt_bias, workspace, stream);
+}
+
+}  // namespace deltatrain::model::cuda

@@ -1,0 +1,134 @@
+// The GPU model's kernel launchers (one .cu file per kind of op), called by cuda_ops.cpp after it has
+// validated every argument: they take plain device pointers and extents, launch on `stream` and never
+// synchronise the host. A launch error is a Failure.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deltatrain::model::cuda {
+
+using Index = std::int64_t;
+
+// A validated device matrix: rows x cols elements, row r at data + r * ld (elements of the call's dtype).
+struct Matrix {
+  void* data = nullptr;
+  Index rows = 0, cols = 0, ld = 0;
+};
+
+// Packed-sequence offsets: `count` + 1 int32 values on the device.
+struct Sequences {
+  const std::int32_t* cu = nullptr;
+  int count = 0;
+};
+
+// Device memory for temporaries (two-pass partial sums, the embedding sort, attention's score matrices):
+// one buffer per Ops object, grown stream-ordered when a call needs more than it holds, so that after a
+// first step of the largest shapes nothing is allocated and calls can be captured in a CUDA graph.
+class Workspace {
+ public:
+  explicit Workspace(cudaStream_t stream) : stream_(stream) {}
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  // At least `bytes` bytes, 256-byte aligned, valid until the next reserve; the contents are undefined.
+  std::byte* reserve(std::size_t bytes);
+
+ private:
+  cudaStream_t stream_;
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Carves 256-byte aligned regions out of one reservation: first count the sizes, then take the pointers
+// in the same order from the reserved base.
+class Carver {
+ public:
+  template <class T>
+  void add(Index count) {
+    bytes_ += round_up(static_cast<std::size_t>(count) * sizeof(T));
+  }
+  std::size_t bytes() const { return bytes_; }
+
+  explicit Carver(std::byte* base = nullptr) : base_(base) {}
+  template <class T>
+  T* take(Index count) {
+    T* p = reinterpret_cast<T*>(base_ + offset_);
+    offset_ += round_up(static_cast<std::size_t>(count) * sizeof(T));
+    return p;
+  }
+
+ private:
+  static std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
+  std::byte* base_;
+  std::size_t bytes_ = 0, offset_ = 0;
+};
+
+// Throws Failure naming the kernel when its launch failed.
+void check_launch(const char* kernel);
+
+// ---- elementwise.cu (bfloat16 matrices of one shape) ----
+void sigmoid_gate_forward(Matrix out, Matrix x, Matrix gate, cudaStream_t stream);
+void sigmoid_gate_backward(Matrix dx, Matrix dgate, Matrix dout, Matrix x, Matrix gate, cudaStream_t stream);
+void swiglu_forward(Matrix out, Matrix gate, Matrix up, cudaStream_t stream);
+void swiglu_backward(Matrix dgate, Matrix dup, Matrix dout, Matrix gate, Matrix up, cudaStream_t stream);
+void add(Matrix y, Matrix x, cudaStream_t stream);
+
+// ---- embedding.cu: table, out, dout bfloat16; dtable float32 ----
+void embedding_forward(Matrix out, const std::int32_t* tokens, Matrix table, cudaStream_t stream);
+void embedding_backward(Matrix dtable, const std::int32_t* tokens, Matrix dout, Workspace& workspace,
+                        cudaStream_t stream);
+
+// ---- norms.cu: x, z, out, dx, dz, dout, weight bfloat16; rstd float32; dweight float32 (+=) ----
+void rmsnorm_forward(Matrix out, float* rstd, Matrix x, const void* weight, float eps, bool zero_centred,
+                     cudaStream_t stream);
+void rmsnorm_backward(Matrix dx, float* dweight, Matrix dout, Matrix x, const float* rstd, const void* weight,
+                      bool zero_centred, bool accumulate_dx, Workspace& workspace, cudaStream_t stream);
+void gated_rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix z, const void* weight, float eps,
+                           cudaStream_t stream);
+void gated_rmsnorm_backward(Matrix dx, Matrix dz, float* dweight, Matrix dout, Matrix x, Matrix z,
+                            const float* rstd, const void* weight, Workspace& workspace, cudaStream_t stream);
+
+// ---- sequence.cu: ops along packed sequences. x, out, dx, dout, weight bfloat16; dweight float32 (+=) ----
+void conv1d_silu_forward(Matrix out, Matrix x, Matrix weight, Sequences sequences, cudaStream_t stream);
+void conv1d_silu_backward(Matrix dx, Matrix dweight, Matrix dout, Matrix x, Matrix weight, Sequences sequences,
+                          Workspace& workspace, cudaStream_t stream);
+void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequences sequences, bool inverse,
+          cudaStream_t stream);
+
+// ---- gates.cu: a, b, da, db, a_log, dt_bias bfloat16; g, beta, dg, dbeta float32; da_log, ddt_bias float32 (+=)
+void gdn_gates_forward(Matrix g, Matrix beta, Matrix a, Matrix b, const void* a_log, const void* dt_bias,
+                       cudaStream_t stream);
+void gdn_gates_backward(Matrix da, Matrix db, float* da_log, float* ddt_bias, Matrix dg, Matrix dbeta, Matrix a,
+                        Matrix b, const void* a_log, const void* dt_bias, Workspace& workspace,
+                        cudaStream_t stream);
+
+// ---- cross_entropy.cu: logits bfloat16 (in place), weights and logprob float32 ----
+void cross_entropy(Matrix logits, const std::int32_t* targets, const float* weights, float* logprob, bool want_grad,
+                   cudaStream_t stream);
+
+// ---- attention.cu: the row kernels of the unfused attention (attention.cpp sequences them) ----
+// Rows r of a [groups * length, length] score block: query i = r % length of head j = r / length, whose lse
+// is at lse[j * lse_ld + i]. Keys after i are masked.
+struct ScoreRows {
+  Index length = 0, groups = 0;
+  float* lse = nullptr;
+  Index lse_ld = 0;
+};
+// P = softmax(S) row by row (S already scaled), writing P (bfloat16, zero where masked) and lse.
+void causal_softmax(void* p, const float* s, ScoreRows rows, cudaStream_t stream);
+// P = exp(S - lse) (bfloat16, zero where masked), from the forward's lse.
+void causal_probabilities(void* p, const float* s, ScoreRows rows, cudaStream_t stream);
+// dS = P * (dP - delta[r]) in place over P (bfloat16).
+void softmax_backward(void* p_to_ds, const float* dp, const float* delta, ScoreRows rows,
+                      cudaStream_t stream);
+// Head columns [head * head_dim, (head + 1) * head_dim) of `groups` consecutive heads of a [length, *] matrix
+// to and from a contiguous [groups, length, head_dim] block.
+void gather_heads(void* dst, Matrix src, int groups, int head_dim, cudaStream_t stream);
+void scatter_heads(Matrix dst, const void* src, int groups, int head_dim, cudaStream_t stream);
+// delta[j * length + i] = sum_d dout[i, j * head_dim + d] * o[i, j * head_dim + d] for `groups` heads.
+void attention_delta(float* delta, Matrix dout, Matrix o, int groups, int head_dim, cudaStream_t stream);
+
+}  // namespace deltatrain::model::cuda

@@ -1,0 +1,657 @@
+// Tests of the GPU model kernels (model/cuda/) against the CPU kernels (make_cpu_ops), which are tested
+// against float64 evaluations and finite differences in test_ops.cpp. Each tensor is one Both object: the
+// same values (rounded to the GPU dtype, bfloat16 or float32) in host memory as float32 for the CPU kernels
+// and on the GPU for the CUDA ones, each side writing its own copy; the GPU's result is then compared with
+// the CPU's relative to the largest CPU value: ~1e-2 for bfloat16 outputs, tighter for float32 statistics
+// and weight gradients. Matrices are also views into wider rows whose padding must survive untouched.
+// Fresh random data each run (the seed is printed on failure; DELTATRAIN_TEST_SEED=<seed> replays it).
+// Every GPU test skips, with the reason, where no usable GPU is present.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deltatrain/core/bfloat16.h"
+#include "deltatrain/core/cuda_check.h"
+#include "deltatrain/core/error.h"
+#include "deltatrain/core/system.h"
+#include "ops.h"
+
+namespace deltatrain::model {
+namespace {
+
+using Index = std::int64_t;
+using Values = std::vector<float>;
+using Offsets = std::vector<std::int32_t>;
+
+constexpr DType bf16 = DType::bf16, f32 = DType::f32;
+constexpr Device kGpu{DeviceType::cuda, 0};
+constexpr double kBf16Tolerance = 1e-2;  // bfloat16 outputs: a few units of bfloat16 rounding of the largest value
+constexpr double kF32Tolerance = 1e-4;   // float32 statistics and weight gradients, summed in float32
+constexpr double kAttentionGradTolerance = 2e-2;  // dq, dk: see AttentionForwardAndBackward
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevicePtr = std::unique_ptr<void, CudaFree>;
+
+DevicePtr device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  cuda_check(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)), "cudaMalloc");
+  return DevicePtr(p);
+}
+
+enum class Side { cpu, gpu };
+
+// One tensor on both sides: float32 host values for the CPU kernels, `dtype` on the GPU, rows cols + pad
+// apart with a sentinel in the padding (a vector is one row).
+class Both {
+ public:
+  Both(DType dtype, Index rows, Index cols, Index pad = 0, bool vector = false)
+      : dtype_(dtype), vector_(vector), rows_(rows), cols_(cols), ld_(cols + pad),
+        host_(static_cast<std::size_t>(rows * ld_), kSentinel), device_(device_alloc(host_.size() * dtype_size(dtype))) {
+    set(Values(static_cast<std::size_t>(rows * cols), 0.f));
+  }
+
+  Index size() const { return rows_ * cols_; }
+
+  // Stores the values, rounded to the GPU dtype, on both sides.
+  Both& set(const Values& values) {
+    for (Index i = 0; i < size(); ++i) host_[slot(i)] = round(values[i]);
+    upload();
+    return *this;
+  }
+
+  TensorView view(Side side) const {
+    TensorView v;
+    v.data = side == Side::cpu ? static_cast<void*>(host_.data()) : device_.get();
+    v.dtype = side == Side::cpu ? f32 : dtype_;
+    v.device = side == Side::cpu ? Device{} : kGpu;
+    if (vector_) {
+      v.ndim = 1;
+      v.shape[0] = cols_;
+      v.strides[0] = 1;
+    } else {
+      v.ndim = 2;
+      v.shape = {rows_, cols_};
+      v.strides = {ld_, 1};
+    }
+    return v;
+  }
+
+  Values expected() const {  // the CPU side's values
+    Values out(static_cast<std::size_t>(size()));
+    for (Index i = 0; i < size(); ++i) out[i] = host_[slot(i)];
+    return out;
+  }
+
+  Values actual() const {  // the GPU side's values
+    const Values all = download();
+    Values out(static_cast<std::size_t>(size()));
+    for (Index i = 0; i < size(); ++i) out[i] = all[slot(i)];
+    return out;
+  }
+
+  std::vector<std::uint8_t> bytes() const {
+    std::vector<std::uint8_t> out(host_.size() * dtype_size(dtype_));
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_check(cudaMemcpy(out.data(), device_.get(), out.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return out;
+  }
+
+  bool padding_intact() const {
+    const Values all = download();
+    for (Index r = 0; r < rows_; ++r)
+      for (Index c = cols_; c < ld_; ++c)
+        if (all[r * ld_ + c] != kSentinel || host_[r * ld_ + c] != kSentinel) return false;
+    return true;
+  }
+
+ private:
+  static constexpr float kSentinel = 7.25f;  // exact in bfloat16
+  std::size_t slot(Index i) const { return static_cast<std::size_t>((i / cols_) * ld_ + i % cols_); }
+  float round(float v) const { return dtype_ == bf16 ? bf16_to_float(float_to_bf16(v)) : v; }
+
+  void upload() const {
+    std::vector<std::uint8_t> raw(host_.size() * dtype_size(dtype_));
+    for (std::size_t i = 0; i < host_.size(); ++i) {
+      if (dtype_ == bf16) {
+        const std::uint16_t bits = float_to_bf16(host_[i]);
+        std::memcpy(raw.data() + 2 * i, &bits, 2);
+      } else {
+        std::memcpy(raw.data() + 4 * i, &host_[i], 4);
+      }
+    }
+    cuda_check(cudaMemcpy(device_.get(), raw.data(), raw.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+
+  Values download() const {
+    const std::vector<std::uint8_t> raw = bytes();
+    Values out(host_.size());
+    for (std::size_t i = 0; i < host_.size(); ++i) {
+      if (dtype_ == bf16) {
+        std::uint16_t bits;
+        std::memcpy(&bits, raw.data() + 2 * i, 2);
+        out[i] = bf16_to_float(bits);
+      } else {
+        std::memcpy(&out[i], raw.data() + 4 * i, 4);
+      }
+    }
+    return out;
+  }
+
+  DType dtype_;
+  bool vector_;
+  Index rows_, cols_, ld_;
+  mutable std::vector<float> host_;  // a view hands out a writable pointer
+  DevicePtr device_;
+};
+
+// int32 values on the host and the device.
+class Indices {
+ public:
+  explicit Indices(std::vector<std::int32_t> values)
+      : host_(std::move(values)), device_(device_alloc(host_.size() * sizeof(std::int32_t))) {
+    cuda_check(cudaMemcpy(device_.get(), host_.data(), host_.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice),
+               "cudaMemcpy");
+  }
+  IndexArray array() const { return IndexArray(std::span<const std::int32_t>(host_), static_cast<const std::int32_t*>(device_.get())); }
+
+ private:
+  std::vector<std::int32_t> host_;
+  DevicePtr device_;
+};
+
+Offsets offsets(const std::vector<Index>& lengths) {
+  Offsets cu{0};
+  for (const Index n : lengths) cu.push_back(static_cast<std::int32_t>(cu.back() + n));
+  return cu;
+}
+
+// max |actual - expected| / max |expected| (infinite when anything is not finite).
+double relative_error(const Values& actual, const Values& expected) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    if (!std::isfinite(actual[i]) || !std::isfinite(expected[i])) return INFINITY;
+    diff = std::max(diff, std::abs(double(actual[i]) - expected[i]));
+    scale = std::max(scale, std::abs(double(expected[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+std::string short_number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", x);
+  return text;
+}
+
+// The GPU's copy of `t` against the CPU's, and the padding of both untouched.
+::testing::AssertionResult matches(const std::string& what, const Both& t, double tolerance) {
+  const double error = relative_error(t.actual(), t.expected());
+  // Every error goes into the XML report (--gtest_output=xml), numbered: the accuracy on record.
+  static int recorded = 0;
+  ::testing::Test::RecordProperty(what + " #" + std::to_string(++recorded), short_number(error));
+  if (error > tolerance)
+    return ::testing::AssertionFailure() << what << ": relative error " << error << " > " << tolerance;
+  if (!t.padding_intact()) return ::testing::AssertionFailure() << what << ": a kernel wrote into the row padding";
+  return ::testing::AssertionSuccess();
+}
+
+unsigned test_seed() {
+  const char* fixed = std::getenv("DELTATRAIN_TEST_SEED");
+  return fixed ? static_cast<unsigned>(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
+}
+
+// Why the GPU tests cannot run here, or empty.
+std::string gpu_unusable() {
+  if (!cuda_info().usable()) return "no usable GPU: " + cuda_info().unavailable_reason;
+  if (cuda_info().gpus.front().cc_major < 8) return "the GPU model needs compute capability 8.0 or newer";
+  return "";
+}
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = gpu_unusable(); !why.empty()) GTEST_SKIP() << why;
+    gpu_ = make_cuda_ops(kGpu, nullptr);
+  }
+
+  // The same call on the CPU kernels and on the GPU kernels, each with its side's views.
+  template <class Call>
+  void on_both(const Call& call) {
+    call(*cpu_, Side::cpu);
+    call(*gpu_, Side::gpu);
+  }
+
+  Values uniform(Index n, double lo = -1, double hi = 1) {
+    std::uniform_real_distribution<double> dist(lo, hi);
+    Values v(static_cast<std::size_t>(n));
+    for (float& x : v) x = static_cast<float>(dist(rng_));
+    return v;
+  }
+  Both random(DType dtype, Index rows, Index cols, Index pad = 0, double lo = -1, double hi = 1) {
+    Both t(dtype, rows, cols, pad);
+    t.set(uniform(rows * cols, lo, hi));
+    return t;
+  }
+  Both random_vec(DType dtype, Index n, double lo = -1, double hi = 1) {
+    Both t(dtype, 1, n, 0, true);
+    t.set(uniform(n, lo, hi));
+    return t;
+  }
+  // An output that must be overwritten: NaN on both sides.
+  static Both unset(DType dtype, Index rows, Index cols, Index pad = 0) {
+    Both t(dtype, rows, cols, pad);
+    t.set(Values(static_cast<std::size_t>(rows * cols), kNaN));
+    return t;
+  }
+  static Both unset_vec(DType dtype, Index n) {
+    Both t(dtype, 1, n, 0, true);
+    t.set(Values(static_cast<std::size_t>(n), kNaN));
+    return t;
+  }
+  std::vector<std::int32_t> random_ints(Index n, int lo, int hi) {
+    std::uniform_int_distribution<int> dist(lo, hi);
+    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = dist(rng_);
+    return v;
+  }
+
+  unsigned seed_ = test_seed();
+  ::testing::ScopedTrace trace_{
+      __FILE__, __LINE__,
+      "random seed " + std::to_string(seed_) + ": replay with DELTATRAIN_TEST_SEED=" + std::to_string(seed_)};
+  std::mt19937 rng_{seed_};
+  std::unique_ptr<Ops> cpu_ = make_cpu_ops(0), gpu_;
+};
+
+// Row layouts of the elementwise and row-wise tests: 16-byte accesses (cols and row stride multiples of 8),
+// the same with a wider row stride, and element-by-element with an odd row stride.
+struct Layout {
+  Index cols, pad;
+};
+const Layout kLayouts[] = {{256, 0}, {64, 24}, {37, 3}};
+
+// ---------------------------------------------------------------------------------------------------------
+
+TEST(CudaOpsAvailability, UnavailableWithoutGpu) {
+  if (gpu_unusable().empty()) GTEST_SKIP() << "a usable GPU is present; the other tests cover it";
+  EXPECT_THROW(make_cuda_ops(kGpu, nullptr), Unavailable);
+}
+
+TEST_F(CudaOpsTest, GemmMatchesCpuForEveryTranspositionAndOutputType) {
+  const Index M = 37, N = 53, K = 70;
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      SCOPED_TRACE("trans_a " + std::to_string(ta) + ", trans_b " + std::to_string(tb));
+      const Both a = ta ? random(bf16, K, M, 5) : random(bf16, M, K, 6);
+      const Both b = tb ? random(bf16, N, K, 8) : random(bf16, K, N, 3);
+      // Activations: bfloat16, overwritten and accumulated; weight gradients: float32 accumulated.
+      const Both c_new = unset(bf16, M, N, 11), c_acc = random(bf16, M, N, 0), c_f32 = random(f32, M, N, 2);
+      on_both([&](Ops& ops, Side s) {
+        ops.gemm(ta, tb, 0.5, a.view(s), b.view(s), 0, c_new.view(s));
+        ops.gemm(ta, tb, 1, a.view(s), b.view(s), 1, c_acc.view(s));
+        ops.gemm(ta, tb, 1, a.view(s), b.view(s), 1, c_f32.view(s));
+      });
+      EXPECT_TRUE(matches("c (bfloat16, beta 0)", c_new, kBf16Tolerance));
+      EXPECT_TRUE(matches("c (bfloat16, beta 1)", c_acc, kBf16Tolerance));
+      EXPECT_TRUE(matches("c (float32, beta 1)", c_f32, 1e-5));
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, GemmSingleRowAndColumnSliceOperands) {
+  // x [1, K] times a column slice of a wider weight: the row stride of b exceeds its columns.
+  const Both x = random(bf16, 1, 96), w = random(bf16, 40, 96, 32), y = unset(bf16, 1, 40);
+  on_both([&](Ops& ops, Side s) { ops.gemm(false, true, 1, x.view(s), w.view(s), 0, y.view(s)); });
+  EXPECT_TRUE(matches("y", y, kBf16Tolerance));
+}
+
+TEST_F(CudaOpsTest, EmbeddingForwardAndDeterministicBackward) {
+  const Index V = 300, H = 72, T = 200;
+  // Few distinct tokens, so most table rows collect several positions.
+  const Indices tokens(random_ints(T, 0, 40));
+  const Both table = random(bf16, V, H, 8), out = unset(bf16, T, H, 0);
+  const Both dout = random(bf16, T, H, 0), dtable = random(f32, V, H, 0);
+  on_both([&](Ops& ops, Side s) {
+    ops.embedding_forward(out.view(s), tokens.array(), table.view(s));
+    ops.embedding_backward(dtable.view(s), tokens.array(), dout.view(s));
+  });
+  EXPECT_TRUE(matches("out", out, 0));
+  EXPECT_TRUE(matches("dtable", dtable, 1e-5));
+}
+
+TEST_F(CudaOpsTest, RmsnormForwardAndBackward) {
+  const Index R = 150;
+  for (const Layout& l : kLayouts) {
+    for (const bool zc : {true, false}) {
+      SCOPED_TRACE("cols " + std::to_string(l.cols) + ", pad " + std::to_string(l.pad) + ", zero_centred " +
+                   std::to_string(zc));
+      const Both x = random(bf16, R, l.cols, l.pad, -2, 2), w = random_vec(bf16, l.cols);
+      const Both out = unset(bf16, R, l.cols, l.pad), rstd = unset_vec(f32, R);
+      on_both([&](Ops& ops, Side s) { ops.rmsnorm_forward(out.view(s), rstd.view(s), x.view(s), w.view(s), 1e-6, zc); });
+      EXPECT_TRUE(matches("out", out, kBf16Tolerance));
+      EXPECT_TRUE(matches("rstd", rstd, 1e-5));
+
+      // The backward on the CPU's rstd; dx both overwritten and accumulated.
+      Both saved = Both(f32, 1, R, 0, true);
+      saved.set(rstd.expected());
+      const Both dout = random(bf16, R, l.cols, l.pad), dweight = random_vec(f32, l.cols);
+      const Both dx = unset(bf16, R, l.cols, l.pad), dx_acc = random(bf16, R, l.cols, l.pad);
+      on_both([&](Ops& ops, Side s) {
+        ops.rmsnorm_backward(dx.view(s), dweight.view(s), dout.view(s), x.view(s), saved.view(s), w.view(s), zc,
+                             false);
+        ops.rmsnorm_backward(dx_acc.view(s), dweight.view(s), dout.view(s), x.view(s), saved.view(s), w.view(s), zc,
+                             true);
+      });
+      EXPECT_TRUE(matches("dx", dx, kBf16Tolerance));
+      EXPECT_TRUE(matches("dx (accumulated)", dx_acc, kBf16Tolerance));
+      EXPECT_TRUE(matches("dweight", dweight, kF32Tolerance));
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, RmsnormOnHalfRows) {
+  // q_norm reads the first half of each row of q_proj's output seen as [T * heads, 2 * width] (tensors.h's
+  // interleaved_half): rows 2 * width apart.
+  const Index rows = 90, width = 64;
+  const Both qg = random(bf16, rows, 2 * width, 0, -2, 2);
+  TensorView halves[2];
+  for (const Side s : {Side::cpu, Side::gpu}) {
+    TensorView v = qg.view(s);
+    v.strides[0] = 2 * width;
+    v.shape[1] = width;
+    halves[s == Side::gpu] = v;
+  }
+  const Both w = random_vec(bf16, width), out = unset(bf16, rows, width), rstd = unset_vec(f32, rows);
+  on_both([&](Ops& ops, Side s) {
+    ops.rmsnorm_forward(out.view(s), rstd.view(s), halves[s == Side::gpu], w.view(s), 1e-6, true);
+  });
+  EXPECT_TRUE(matches("out", out, kBf16Tolerance));
+  EXPECT_TRUE(matches("rstd", rstd, 1e-5));
+}
+
+TEST_F(CudaOpsTest, GatedRmsnormForwardAndBackward) {
+  const Index R = 120;
+  for (const Layout& l : kLayouts) {
+    SCOPED_TRACE("cols " + std::to_string(l.cols) + ", pad " + std::to_string(l.pad));
+    const Both x = random(bf16, R, l.cols, l.pad, -2, 2), z = random(bf16, R, l.cols, l.pad, -3, 3);
+    const Both w = random_vec(bf16, l.cols, 0.5, 1.5);
+    const Both out = unset(bf16, R, l.cols, l.pad), rstd = unset_vec(f32, R);
+    on_both([&](Ops& ops, Side s) {
+      ops.gated_rmsnorm_forward(out.view(s), rstd.view(s), x.view(s), z.view(s), w.view(s), 1e-6);
+    });
+    EXPECT_TRUE(matches("out", out, kBf16Tolerance));
+    EXPECT_TRUE(matches("rstd", rstd, 1e-5));
+
+    Both saved = Both(f32, 1, R, 0, true);
+    saved.set(rstd.expected());
+    const Both dout = random(bf16, R, l.cols, l.pad), dweight = random_vec(f32, l.cols);
+    const Both dx = unset(bf16, R, l.cols, l.pad), dz = unset(bf16, R, l.cols, l.pad);
+    on_both([&](Ops& ops, Side s) {
+      ops.gated_rmsnorm_backward(dx.view(s), dz.view(s), dweight.view(s), dout.view(s), x.view(s), z.view(s),
+                                 saved.view(s), w.view(s));
+    });
+    EXPECT_TRUE(matches("dx", dx, kBf16Tolerance));
+    EXPECT_TRUE(matches("dz", dz, kBf16Tolerance));
+    EXPECT_TRUE(matches("dweight", dweight, kF32Tolerance));
+  }
+}
+
+TEST_F(CudaOpsTest, Conv1dSiluOverPackedSequences) {
+  const Index C = 40, W = 4;
+  const Offsets cu = offsets({1, 5, 70, 0, 13, 3});
+  const Index T = cu.back();
+  const Indices sequences(cu);
+  const Both x = random(bf16, T, C, 2, -2, 2), w = random(bf16, C, W, 0);
+  const Both out = unset(bf16, T, C, 6);
+  const Both dout = random(bf16, T, C, 0), dx = unset(bf16, T, C, 1), dweight = random(f32, C, W, 0);
+  on_both([&](Ops& ops, Side s) {
+    ops.conv1d_silu_forward(out.view(s), x.view(s), w.view(s), sequences.array());
+    ops.conv1d_silu_backward(dx.view(s), dweight.view(s), dout.view(s), x.view(s), w.view(s), sequences.array());
+  });
+  EXPECT_TRUE(matches("out", out, kBf16Tolerance));
+  EXPECT_TRUE(matches("dx", dx, kBf16Tolerance));
+  EXPECT_TRUE(matches("dweight", dweight, kF32Tolerance));
+}
+
+TEST_F(CudaOpsTest, GdnGatesForwardAndBackward) {
+  const Index T = 150, H = 12;
+  // a + dt_bias spans softplus's threshold of 20.
+  const Both a = random(bf16, T, H, 4, -6, 24), b = random(bf16, T, H, 0, -6, 6);
+  const Both a_log = random_vec(bf16, H, -1, 1), dt_bias = random_vec(bf16, H, -1, 1);
+  const Both g = unset(f32, T, H, 0), beta = unset(f32, T, H, 0);
+  const Both dg = random(f32, T, H, 0), dbeta = random(f32, T, H, 0);
+  const Both da = unset(bf16, T, H, 0), db = unset(bf16, T, H, 0);
+  const Both da_log = random_vec(f32, H), ddt_bias = random_vec(f32, H);
+  on_both([&](Ops& ops, Side s) {
+    ops.gdn_gates_forward(g.view(s), beta.view(s), a.view(s), b.view(s), a_log.view(s), dt_bias.view(s));
+    ops.gdn_gates_backward(da.view(s), db.view(s), da_log.view(s), ddt_bias.view(s), dg.view(s), dbeta.view(s),
+                           a.view(s), b.view(s), a_log.view(s), dt_bias.view(s));
+  });
+  EXPECT_TRUE(matches("g", g, 1e-5));
+  EXPECT_TRUE(matches("beta", beta, 1e-5));
+  EXPECT_TRUE(matches("da", da, kBf16Tolerance));
+  EXPECT_TRUE(matches("db", db, kBf16Tolerance));
+  EXPECT_TRUE(matches("dA_log", da_log, kF32Tolerance));
+  EXPECT_TRUE(matches("ddt_bias", ddt_bias, kF32Tolerance));
+}
+
+TEST_F(CudaOpsTest, RopeFullAndPartialForwardAndInverse) {
+  const Offsets cu = offsets({1, 70, 130, 0, 9});
+  const Indices sequences(cu);
+  const Index T = cu.back();
+  const int heads = 3, head_dim = 64;
+  for (const int rotary_dim : {16, 64}) {
+    for (const bool inverse : {false, true}) {
+      for (const double theta : {10000.0, 1e7}) {
+        SCOPED_TRACE("rotary_dim " + std::to_string(rotary_dim) + ", inverse " + std::to_string(inverse) +
+                     ", theta " + std::to_string(theta));
+        const Both x = random(bf16, T, heads * head_dim, 8);
+        on_both([&](Ops& ops, Side s) {
+          ops.rope(x.view(s), heads, head_dim, rotary_dim, theta, sequences.array(), inverse);
+        });
+        EXPECT_TRUE(matches("x", x, kBf16Tolerance));
+      }
+    }
+  }
+}
+
+struct AttentionCase {
+  int q_heads, kv_heads, head_dim;
+  std::vector<Index> lengths;
+  Index q_pad, kv_pad;
+};
+
+TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
+  const AttentionCase cases[] = {
+      {4, 2, 64, {1, 70, 33, 0, 129}, 8, 16},  // GQA, lengths around 64, an empty and a 1-token sequence
+      {2, 2, 128, {65, 3}, 0, 0},              // MHA
+      {4, 1, 256, {40, 17}, 0, 8},             // one kv head for the group, the largest head dim
+      {3, 1, 68, {50}, 0, 0},                  // a head dim off multiples of 8: element-by-element head moves
+      {8, 2, 256, {1024}, 0, 0},               // Qwen3.5's attention heads on a longer sequence
+  };
+  for (const AttentionCase& c : cases) {
+    SCOPED_TRACE("q_heads " + std::to_string(c.q_heads) + ", kv_heads " + std::to_string(c.kv_heads) +
+                 ", head_dim " + std::to_string(c.head_dim));
+    const Offsets cu = offsets(c.lengths);
+    const Indices sequences(cu);
+    const Index T = cu.back(), q_cols = Index{c.q_heads} * c.head_dim, kv_cols = Index{c.kv_heads} * c.head_dim;
+    const double scale = 1 / std::sqrt(double(c.head_dim));
+    const Both q = random(bf16, T, q_cols, c.q_pad, -2, 2), k = random(bf16, T, kv_cols, c.kv_pad, -2, 2);
+    const Both v = random(bf16, T, kv_cols, c.kv_pad);
+    const Both o = unset(bf16, T, q_cols, c.q_pad), lse = unset(f32, c.q_heads, T, 0);
+    on_both([&](Ops& ops, Side s) {
+      ops.attention_forward(o.view(s), lse.view(s), q.view(s), k.view(s), v.view(s), c.q_heads, c.kv_heads,
+                            c.head_dim, scale, sequences.array());
+    });
+    EXPECT_TRUE(matches("o", o, kBf16Tolerance));
+    EXPECT_TRUE(matches("lse", lse, kF32Tolerance));
+
+    // The backward on the CPU's forward results (o rounded to bfloat16), the same on both sides.
+    Both o_saved(bf16, T, q_cols, c.q_pad), lse_saved(f32, c.q_heads, T, 0);
+    o_saved.set(o.expected());
+    lse_saved.set(lse.expected());
+    const Both dout = random(bf16, T, q_cols, c.q_pad);
+    const Both dq = unset(bf16, T, q_cols, c.q_pad), dk = unset(bf16, T, kv_cols, c.kv_pad);
+    const Both dv = unset(bf16, T, kv_cols, c.kv_pad);
+    on_both([&](Ops& ops, Side s) {
+      ops.attention_backward(dq.view(s), dk.view(s), dv.view(s), dout.view(s), q.view(s), k.view(s), v.view(s),
+                             o_saved.view(s), lse_saved.view(s), c.q_heads, c.kv_heads, c.head_dim, scale,
+                             sequences.array());
+    });
+    // dS is rounded to bfloat16 before the products (as fused kernels do), and dq and dk are sums of terms
+    // that largely cancel (each row of dS sums to zero): their error relative to the largest value is about
+    // twice that of the other outputs (seen up to 7e-3).
+    EXPECT_TRUE(matches("dq", dq, kAttentionGradTolerance));
+    EXPECT_TRUE(matches("dk", dk, kAttentionGradTolerance));
+    EXPECT_TRUE(matches("dv", dv, kBf16Tolerance));
+  }
+}
+
+TEST_F(CudaOpsTest, ElementwiseOps) {
+  const Index R = 70;
+  for (const Layout& l : kLayouts) {
+    SCOPED_TRACE("cols " + std::to_string(l.cols) + ", pad " + std::to_string(l.pad));
+    const Index C = l.cols, P = l.pad;
+    const Both x = random(bf16, R, C, P, -3, 3), gate = random(bf16, R, C, P, -6, 6), dout = random(bf16, R, C, P);
+    const Both out = unset(bf16, R, C, P), dx = unset(bf16, R, C, P), dgate = unset(bf16, R, C, 0);
+    const Both swi = unset(bf16, R, C, P), dg2 = unset(bf16, R, C, P), dup = unset(bf16, R, C, P);
+    const Both y = random(bf16, R, C, P);
+    on_both([&](Ops& ops, Side s) {
+      ops.sigmoid_gate_forward(out.view(s), x.view(s), gate.view(s));
+      ops.sigmoid_gate_backward(dx.view(s), dgate.view(s), dout.view(s), x.view(s), gate.view(s));
+      ops.swiglu_forward(swi.view(s), gate.view(s), x.view(s));
+      ops.swiglu_backward(dg2.view(s), dup.view(s), dout.view(s), gate.view(s), x.view(s));
+      ops.add(y.view(s), x.view(s));
+    });
+    EXPECT_TRUE(matches("sigmoid_gate out", out, kBf16Tolerance));
+    EXPECT_TRUE(matches("sigmoid_gate dx", dx, kBf16Tolerance));
+    EXPECT_TRUE(matches("sigmoid_gate dgate", dgate, kBf16Tolerance));
+    EXPECT_TRUE(matches("swiglu out", swi, kBf16Tolerance));
+    EXPECT_TRUE(matches("swiglu dgate", dg2, kBf16Tolerance));
+    EXPECT_TRUE(matches("swiglu dup", dup, kBf16Tolerance));
+    EXPECT_TRUE(matches("add", y, kBf16Tolerance));
+  }
+}
+
+TEST_F(CudaOpsTest, CopyAndFillZeroKeepTheirRows) {
+  const Both src = random(bf16, 33, 40, 7), dst = unset(bf16, 33, 40, 5);
+  const Both zeros16 = random(bf16, 20, 30, 3), zeros32 = random(f32, 20, 30, 9);
+  on_both([&](Ops& ops, Side s) {
+    ops.copy(dst.view(s), src.view(s));
+    ops.fill_zero(zeros16.view(s));
+    ops.fill_zero(zeros32.view(s));
+  });
+  EXPECT_TRUE(matches("copy", dst, 0));
+  EXPECT_TRUE(matches("fill_zero (bfloat16)", zeros16, 0));
+  EXPECT_TRUE(matches("fill_zero (float32)", zeros32, 0));
+}
+
+TEST_F(CudaOpsTest, CrossEntropyWithIgnoredTargets) {
+  const Index R = 9;
+  // 16-byte rows, element by element, and Qwen3.5's vocabulary.
+  for (const Index V : {Index{5000}, Index{5003}, Index{248320}}) {
+    for (const bool want_grad : {false, true}) {
+      SCOPED_TRACE("vocabulary " + std::to_string(V) + ", want_grad " + std::to_string(want_grad));
+      std::vector<std::int32_t> target_values = random_ints(R, 0, static_cast<int>(V) - 1);
+      target_values[1] = -1;
+      target_values[4] = -1;
+      target_values[2] = 0;
+      target_values[3] = static_cast<std::int32_t>(V) - 1;
+      const Indices targets(target_values);
+      const Both logits = random(bf16, R, V, 8, -8, 8);
+      // The CPU kernels take float64 host vectors, the GPU ones float32 device vectors.
+      const Values weight_values = uniform(R, 0.1, 2);
+      std::vector<double> cpu_weights(weight_values.begin(), weight_values.end()), cpu_logprob(R, kNaN);
+      Both gpu_weights(f32, 1, R, 0, true), gpu_logprob = unset_vec(f32, R);
+      gpu_weights.set(weight_values);
+      cpu_->cross_entropy(logits.view(Side::cpu), targets.array(),
+                          TensorView::contiguous(cpu_weights.data(), DType::f64, {R}),
+                          TensorView::contiguous(cpu_logprob.data(), DType::f64, {R}), want_grad);
+      gpu_->cross_entropy(logits.view(Side::gpu), targets.array(), gpu_weights.view(Side::gpu),
+                          gpu_logprob.view(Side::gpu), want_grad);
+      EXPECT_TRUE(matches("logits", logits, kBf16Tolerance));
+      const Values logprob = gpu_logprob.actual();
+      const double error = relative_error(logprob, Values(cpu_logprob.begin(), cpu_logprob.end()));
+      RecordProperty("logprob V=" + std::to_string(V) + (want_grad ? " grad" : ""), short_number(error));
+      EXPECT_LT(error, kF32Tolerance);
+      EXPECT_EQ(logprob[1], 0.f);
+      EXPECT_EQ(logprob[4], 0.f);
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, RepeatedCallsAreBitwiseIdentical) {
+  const Index T = 300, H = 96, V = 64;
+  const Offsets cu = offsets({100, 1, 199});
+  const Indices sequences(cu), tokens(random_ints(T, 0, static_cast<int>(V) - 1));
+  const Both x = random(bf16, T, H, 0), w = random_vec(bf16, H), rstd = random_vec(f32, T, 0.5, 2);
+  const Both dout = random(bf16, T, H), conv_w = random(bf16, H, 4);
+  const Both q = random(bf16, T, 4 * 64, 0, -2, 2), k = random(bf16, T, 2 * 64, 0, -2, 2), v = random(bf16, T, 2 * 64);
+  const Both a = random(bf16, T, 8, 0, -3, 3), dg = random(f32, T, 8), a_log = random_vec(bf16, 8);
+  const Values dweight_start = uniform(H), dtable_start = uniform(V * H), dw_start = uniform(H * H);
+  const Values logits_start = uniform(4 * 5000, -8, 8);
+
+  // Every result of one pass over the deterministic-sensitive ops, as raw bytes.
+  auto run = [&] {
+    Both dx(bf16, T, H), dweight(f32, 1, H, 0, true), dtable(f32, V, H), conv_dx(bf16, T, H), conv_dw(f32, H, 4);
+    Both gemm_dw(f32, H, H), o(bf16, T, 4 * 64), lse(f32, 4, T), dq(bf16, T, 4 * 64), dk(bf16, T, 2 * 64),
+        dv(bf16, T, 2 * 64), da(bf16, T, 8), db(bf16, T, 8), da_log(f32, 1, 8, 0, true), ddt(f32, 1, 8, 0, true);
+    Both logits(bf16, 4, 5000);
+    logits.set(logits_start);
+    dweight.set(dweight_start);
+    dtable.set(dtable_start);
+    gemm_dw.set(dw_start);
+    Both logprob(f32, 1, 4, 0, true), weights(f32, 1, 4, 0, true);
+    weights.set(Values(4, 0.25f));
+    const Indices targets(std::vector<std::int32_t>{3, -1, 4999, 0});
+    Ops& g = *gpu_;
+    const Side s = Side::gpu;
+    g.gemm(true, false, 1, dout.view(s), x.view(s), 1, gemm_dw.view(s));
+    g.rmsnorm_backward(dx.view(s), dweight.view(s), dout.view(s), x.view(s), rstd.view(s), w.view(s), true, false);
+    g.embedding_backward(dtable.view(s), tokens.array(), dout.view(s));
+    g.conv1d_silu_backward(conv_dx.view(s), conv_dw.view(s), dout.view(s), x.view(s), conv_w.view(s),
+                           sequences.array());
+    g.gdn_gates_backward(da.view(s), db.view(s), da_log.view(s), ddt.view(s), dg.view(s), dg.view(s), a.view(s),
+                         a.view(s), a_log.view(s), a_log.view(s));
+    g.attention_forward(o.view(s), lse.view(s), q.view(s), k.view(s), v.view(s), 4, 2, 64, 0.125, sequences.array());
+    g.attention_backward(dq.view(s), dk.view(s), dv.view(s), o.view(s), q.view(s), k.view(s), v.view(s), o.view(s),
+                         lse.view(s), 4, 2, 64, 0.125, sequences.array());
+    g.cross_entropy(logits.view(s), targets.array(), weights.view(s), logprob.view(s), true);
+    std::vector<std::vector<std::uint8_t>> results;
+    for (const Both* t : {&dx, &dweight, &dtable, &conv_dx, &conv_dw, &gemm_dw, &o, &lse, &dq, &dk, &dv, &da, &db,
+                          &da_log, &ddt, &logprob, &logits})
+      results.push_back(t->bytes());
+    return results;
+  };
+  const auto first = run(), second = run();
+  ASSERT_EQ(first.size(), second.size());
+  for (std::size_t i = 0; i < first.size(); ++i)
+    EXPECT_TRUE(first[i] == second[i]) << "result " << i << " differs between two identical passes";
+}
+
+TEST_F(CudaOpsTest, RejectsHostTensorsAndWrongDtypes) {
+  const Both x = random(bf16, 4, 8), out = unset(bf16, 4, 8), rstd = unset_vec(f32, 4), w = random_vec(bf16, 8);
+  const Both wrong = random(f32, 4, 8);
+  EXPECT_THROW(gpu_->rmsnorm_forward(out.view(Side::gpu), rstd.view(Side::gpu), x.view(Side::cpu), w.view(Side::gpu),
+                                     1e-6, true),
+               InvalidArgument);
+  EXPECT_THROW(gpu_->rmsnorm_forward(out.view(Side::gpu), rstd.view(Side::gpu), wrong.view(Side::gpu),
+                                     w.view(Side::gpu), 1e-6, true),
+               InvalidArgument);
+  EXPECT_THROW(gpu_->add(x.view(Side::gpu), rstd.view(Side::gpu)), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace deltatrain::model
