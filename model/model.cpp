@@ -8,14 +8,23 @@
 // attention mixer:  [q | gate] = q_proj h per head;  q = rope(q_norm q);  k = rope(k_norm(k_proj h));  v = v_proj h
 //                   o_proj(attention(q, k, v) * sigmoid(gate))
 // Then the final norm, and the loss over chunks of tokens: logits = h lm_head^T, cross-entropy.
+//
+// Inference (prefill and decode) runs the same layer functions with an InferenceStep saying which cache slots
+// the sequences live in: prefill computes exactly the training forward and also writes each sequence's final
+// GDN state, conv history and keys/values into its slot; decode swaps the three operations that mix tokens
+// for their one-token forms over the slots (conv1d_silu_step, gdn recurrent_forward from the slot's state,
+// rope at the slot's position and cached_attention), everything else unchanged.
 #include "deltatrain/model/model.h"
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
+#include "deltatrain/core/bfloat16.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/gdn/gdn.h"
+#include "deltatrain/model/inference.h"
 #include "arena.h"
 #include "ops.h"
 #include "tensors.h"
@@ -69,6 +78,21 @@ struct LayerActivations {
   AttentionActivations attention;
 };
 
+// What one inference step reads and writes besides the batch: the slot of each of its N sequences and the cache
+// rows its keys, values and conv history go to, as index arrays (host values, and on a GPU device copies).
+struct InferenceStep {
+  bool decode = false;  // else prefill
+  InferenceState* state = nullptr;
+  std::vector<std::int32_t> slots, sequence_index;  // [N]; 0 .. N - 1
+  std::vector<std::int32_t> kv_dst, kv_src;         // cache rows (slot * max_length + position) <- batch rows
+  std::vector<std::int32_t> conv_dst, conv_src;     // prefill: conv history rows (slot * (W - 1) + j) <- batch rows
+  std::vector<std::int32_t> short_slots;            // prefill: slots whose prompt is shorter than W - 1
+  std::vector<std::int32_t> last_rows;              // prefill: each sequence's last batch row
+  std::vector<std::int32_t> positions, lengths;     // decode: each new token's position; lengths after it
+  IndexArray slot_ids, sequence_ids, kv_dst_ids, kv_src_ids, conv_dst_ids, conv_src_ids, last_row_ids, position_ids,
+      length_ids;
+};
+
 }  // namespace
 
 struct Model::Impl {
@@ -97,6 +121,7 @@ struct Model::Impl {
   LayerActivations recompute_acts;
   TensorView final_rstd, final_normed;   // final norm
   TensorView d_final;                    // the loss's gradient w.r.t. final_normed, formed in forward
+  InferenceStep inference;               // inference.state is null outside prefill and decode
 
   Impl(const Config& c, const ModelOptions& o) : config(c), options(o) {}
 
@@ -106,18 +131,34 @@ struct Model::Impl {
   TensorView temp_stat(std::initializer_list<std::int64_t> shape) { return scratch.allocate(stat_dtype, shape); }
 
   void load_batch(const Batch& batch);
+  IndexArray index_array(const std::vector<std::int32_t>& host);
+  void upload_inference();
+  void check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows,
+                   std::span<const double> logits) const;
+  void run_layers();
+  void logits_to_host(const TensorView& rows, std::span<double> out);
   void allocate(bool training);
   void allocate_layer(LayerActivations& a, LayerKind kind, Arena& arena);
   LayerActivations& activations(int layer);
   void layer_forward(int layer);
   void layer_backward(int layer, const TensorView& dx);
-  void gdn_forward(const GdnWeights& w, GdnActivations& a, const TensorView& h, const TensorView& out);
+  // state: the layer's inference state during prefill and decode, else null.
+  void gdn_forward(const GdnWeights& w, GdnActivations& a, const TensorView& h, const TensorView& out,
+                   const LayerState* state);
+  void gdn_core(GdnActivations& a, const LayerState* state);
   void gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnActivations& a, const TensorView& h,
                     const TensorView& dout, const TensorView& dh);
   void attention_forward(const AttentionWeights& w, AttentionActivations& a, const TensorView& h,
-                         const TensorView& out);
+                         const TensorView& out, const LayerState* state);
   void attention_backward(const AttentionWeights& w, const AttentionWeights& dw, AttentionActivations& a,
                           const TensorView& h, const TensorView& dout, const TensorView& dh);
+  // Inference: the step's keys and values (normed and rotated) into their slots' cache rows.
+  void store_keys_values(const AttentionActivations& a, const LayerState& state) {
+    const TensorView& cache = state.k_cache;
+    const std::int64_t rows = cache.shape[0] * cache.shape[1], cols = cache.shape[2];
+    ops->copy_rows(as_matrix(state.k_cache, rows, cols), inference.kv_dst_ids, a.k, inference.kv_src_ids);
+    ops->copy_rows(as_matrix(state.v_cache, rows, cols), inference.kv_dst_ids, a.v, inference.kv_src_ids);
+  }
   double loss(bool want_grad);
 
   // y = x w^T;  the backward: dx (+)= dy w, dw += dy^T x.
@@ -279,6 +320,15 @@ void validate_batch(const Batch& batch, std::int64_t vocab_size) {
   }
 }
 
+// Host values as the kernels take them: the host vector itself on the CPU, plus a device copy (in `memory`,
+// rewound by load_batch) on a GPU. The vector must stay unchanged until the step ends.
+IndexArray Model::Impl::index_array(const std::vector<std::int32_t>& host) {
+  if (options.device.type == DeviceType::cpu) return IndexArray(host);
+  const TensorView v = memory.allocate(DType::i32, {static_cast<std::int64_t>(host.size())});
+  copy_to_device(v.data, host.data(), host.size() * sizeof(std::int32_t), options.device, options.stream);
+  return IndexArray(host, v.ptr<std::int32_t>());
+}
+
 // The batch on the host (validation, CPU kernels, the GDN operator's schedule) and, on a GPU, on the device.
 void Model::Impl::load_batch(const Batch& batch) {
   tokens.assign(batch.tokens.begin(), batch.tokens.end());
@@ -304,14 +354,9 @@ void Model::Impl::load_batch(const Batch& batch) {
     logprob_values = TensorView::contiguous(logprobs.data(), DType::f64, {T});
     return;
   }
-  auto upload = [&](const std::vector<std::int32_t>& host) {
-    const TensorView v = memory.allocate(DType::i32, {static_cast<std::int64_t>(host.size())});
-    copy_to_device(v.data, host.data(), host.size() * sizeof(std::int32_t), device, options.stream);
-    return IndexArray(host, v.ptr<std::int32_t>());
-  };
-  token_ids = upload(tokens);
-  sequences = upload(cu_seqlens);
-  target_ids = upload(targets);
+  token_ids = index_array(tokens);
+  sequences = index_array(cu_seqlens);
+  target_ids = index_array(targets);
   // The copies are asynchronous: the float32 weights must outlive them, so they live in the arena's
   // host-visible sibling, logprobs' host vector (converted back after the loss).
   std::vector<float> weights32(weights.begin(), weights.end());
@@ -410,23 +455,62 @@ gdn::Options Model::Impl::gdn_options() const {
   return o;
 }
 
-void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const TensorView& h, const TensorView& out) {
+void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const TensorView& h, const TensorView& out,
+                              const LayerState* state) {
   const Config& c = config;
   const std::int64_t HV = c.linear_num_value_heads, dv = c.linear_value_head_dim;
   linear(a.qkv, h, w.in_proj_qkv);
   linear(a.z, h, w.in_proj_z);
   linear(a.b, h, w.in_proj_b);
   linear(a.a, h, w.in_proj_a);
-  ops->conv1d_silu_forward(a.conv, a.qkv, w.conv1d, sequences);
+  if (state && inference.decode) {
+    ops->conv1d_silu_step(a.conv, a.qkv, w.conv1d, state->conv_state, inference.slot_ids);
+  } else {
+    ops->conv1d_silu_forward(a.conv, a.qkv, w.conv1d, sequences);
+  }
+  if (state && !inference.decode) {
+    // The prompt's last W - 1 inputs become the slot's conv history, zeros before a short prompt's start.
+    const std::int64_t history = c.linear_conv_kernel_dim - 1;
+    const TensorView rows = as_matrix(state->conv_state, state->conv_state.shape[0] * history, c.linear_conv_dim());
+    for (const std::int32_t slot : inference.short_slots) ops->fill_zero(row_slice(rows, slot * history, (slot + 1) * history));
+    ops->copy_rows(rows, inference.conv_dst_ids, a.qkv, inference.conv_src_ids);
+  }
   const std::int64_t kd = c.linear_key_dim();
   ops->copy(a.q, col_slice(a.conv, 0, kd));
   ops->copy(a.k, col_slice(a.conv, kd, 2 * kd));
   ops->copy(a.v, col_slice(a.conv, 2 * kd, c.linear_conv_dim()));
   ops->gdn_gates_forward(a.g, a.beta, a.a, a.b, w.a_log, w.dt_bias);
-  gdn::chunk_forward(gdn_inputs(a), {reshaped(a.core, {1, T, HV, dv}), std::nullopt}, gdn_options());
+  gdn_core(a, state);
   ops->gated_rmsnorm_forward(as_matrix(a.normed, T * HV, dv), a.norm_rstd, as_matrix(a.core, T * HV, dv),
                              as_matrix(a.z, T * HV, dv), w.norm, c.rms_norm_eps);
   linear(out, a.normed, w.out_proj);
+}
+
+// The gdn operator: chunked in training and prefill (which keeps each sequence's final state in its slot),
+// token by token from the slots' states in decode. The slots' rows are gathered into and scattered from
+// contiguous [N, HV, K, V] states, as the operator takes them.
+void Model::Impl::gdn_core(GdnActivations& a, const LayerState* state) {
+  const Config& c = config;
+  const std::int64_t HV = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  const TensorView core = reshaped(a.core, {1, T, HV, dv});
+  if (!state) {
+    gdn::chunk_forward(gdn_inputs(a), {core, std::nullopt}, gdn_options());
+    return;
+  }
+  scratch.reset();
+  const std::int64_t N = std::ssize(inference.slots), K = c.linear_key_head_dim, per_slot = HV * K * dv;
+  const TensorView slot_rows = as_matrix(state->gdn_state, state->gdn_state.shape[0], per_slot);
+  const TensorView final_state = temp_stat({N, HV, K, dv});
+  gdn::Inputs inputs = gdn_inputs(a);
+  if (inference.decode) {
+    const TensorView initial_state = temp_stat({N, HV, K, dv});
+    ops->copy_rows(as_matrix(initial_state, N, per_slot), inference.sequence_ids, slot_rows, inference.slot_ids);
+    inputs.initial_state = initial_state;
+    gdn::recurrent_forward(inputs, {core, final_state}, gdn_options());
+  } else {
+    gdn::chunk_forward(inputs, {core, final_state}, gdn_options());
+  }
+  ops->copy_rows(slot_rows, inference.slot_ids, as_matrix(final_state, N, per_slot), inference.sequence_ids);
 }
 
 void Model::Impl::gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnActivations& a, const TensorView& h,
@@ -461,7 +545,7 @@ void Model::Impl::gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnAct
 }
 
 void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivations& a, const TensorView& h,
-                                    const TensorView& out) {
+                                    const TensorView& out, const LayerState* state) {
   const Config& c = config;
   const int Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, hd = c.head_dim;
   linear(a.qg, h, w.q_proj);
@@ -471,9 +555,20 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
                        c.rms_norm_eps, true);
   ops->rmsnorm_forward(as_matrix(a.k, T * Hkv, hd), a.k_rstd, as_matrix(a.k_raw, T * Hkv, hd), w.k_norm,
                        c.rms_norm_eps, true);
-  ops->rope(a.q, Hq, hd, c.rotary_dim(), c.rope_theta, sequences, false);
-  ops->rope(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, sequences, false);
-  ops->attention_forward(a.o, a.lse, a.q, a.k, a.v, Hq, Hkv, hd, 1.0 / std::sqrt(double(hd)), sequences);
+  const double scale = 1.0 / std::sqrt(double(hd));
+  if (state && inference.decode) {
+    // The new token's key and value join its slot's cache, and its query reads the whole cache.
+    ops->rope_at_positions(a.q, Hq, hd, c.rotary_dim(), c.rope_theta, inference.position_ids);
+    ops->rope_at_positions(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, inference.position_ids);
+    store_keys_values(a, *state);
+    ops->cached_attention(a.o, a.q, state->k_cache, state->v_cache, Hq, Hkv, hd, scale, sequences,
+                          inference.slot_ids, inference.length_ids);
+  } else {
+    ops->rope(a.q, Hq, hd, c.rotary_dim(), c.rope_theta, sequences, false);
+    ops->rope(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, sequences, false);
+    ops->attention_forward(a.o, a.lse, a.q, a.k, a.v, Hq, Hkv, hd, scale, sequences);
+    if (state) store_keys_values(a, *state);
+  }
   ops->sigmoid_gate_forward(as_matrix(a.gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd),
                             interleaved_half(a.qg, Hq, hd, 1));
   linear(out, a.gated, w.o_proj);
@@ -510,9 +605,10 @@ void Model::Impl::layer_forward(int layer) {
   LayerActivations& a = activations(layer);
   const TensorView& x = layer_inputs[layer];
   const double eps = config.rms_norm_eps;
+  const LayerState* state = inference.state ? &inference.state->layer(layer) : nullptr;
   ops->rmsnorm_forward(a.input_normed, a.input_rstd, x, w.input_norm, eps, true);
-  if (w.kind == LayerKind::linear_attention) gdn_forward(w.gdn, a.gdn, a.input_normed, a.mid);
-  else attention_forward(w.attention, a.attention, a.input_normed, a.mid);
+  if (w.kind == LayerKind::linear_attention) gdn_forward(w.gdn, a.gdn, a.input_normed, a.mid, state);
+  else attention_forward(w.attention, a.attention, a.input_normed, a.mid, state);
   ops->add(a.mid, x);
   ops->rmsnorm_forward(a.post_normed, a.post_rstd, a.mid, w.post_norm, eps, true);
   linear(a.mlp_gate, a.post_normed, w.gate_proj);
@@ -577,6 +673,13 @@ double Model::Impl::loss(bool want_grad) {
   return total;
 }
 
+// The embedding, every layer and the final norm over the loaded batch.
+void Model::Impl::run_layers() {
+  ops->embedding_forward(layer_inputs[0], token_ids, params.embedding);
+  for (int l = 0; l < config.num_hidden_layers(); ++l) layer_forward(l);
+  ops->rmsnorm_forward(final_normed, final_rstd, layer_inputs.back(), params.final_norm, config.rms_norm_eps, true);
+}
+
 double Model::forward(const Batch& batch, bool training) {
   Impl& m = *impl_;
   if (m.params.layers.empty()) throw StateError("Model::forward: bind() the parameters first");
@@ -585,10 +688,7 @@ double Model::forward(const Batch& batch, bool training) {
   m.trained = false;
   m.load_batch(batch);
   m.allocate(training);
-  m.ops->embedding_forward(m.layer_inputs[0], m.token_ids, m.params.embedding);
-  for (int l = 0; l < m.config.num_hidden_layers(); ++l) m.layer_forward(l);
-  m.ops->rmsnorm_forward(m.final_normed, m.final_rstd, m.layer_inputs.back(), m.params.final_norm,
-                         m.config.rms_norm_eps, true);
+  m.run_layers();
   const double loss = m.loss(training);
   m.trained = training;
   return loss;
@@ -620,6 +720,159 @@ void Model::logits(const Batch& batch, const TensorView& out) {
   forward(batch, false);
   m.linear(out, m.final_normed, m.params.lm_head);
   synchronize(m.options.device, m.options.stream);
+}
+
+// The arguments every inference step shares: a state of this model, N distinct slots in it, logits [N, vocab].
+void Model::Impl::check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows,
+                              std::span<const double> logits) const {
+  if (params.layers.empty()) throw StateError("Model: bind() the parameters before prefill or decode");
+  const LayerState& first = state.layer(0);
+  const TensorView& probe = config.layer_types[0] == LayerKind::linear_attention ? first.conv_state : first.k_cache;
+  if (state.layers_.size() != static_cast<std::size_t>(config.num_hidden_layers()) || probe.dtype != act_dtype ||
+      !(probe.device == options.device)) {
+    throw InvalidArgument("state", "was not made for this model (its config and options)");
+  }
+  if (static_cast<std::int64_t>(slots.size()) != rows) {
+    throw InvalidArgument("slots", "needs one slot per sequence (" + std::to_string(rows) + "), got " +
+                                       std::to_string(slots.size()));
+  }
+  std::vector<bool> seen(state.slots(), false);
+  for (const std::int32_t slot : slots) {
+    if (slot < 0 || slot >= state.slots()) {
+      throw InvalidArgument("slots", "slot " + std::to_string(slot) + " is outside [0, " +
+                                         std::to_string(state.slots()) + ")");
+    }
+    if (seen[slot]) throw InvalidArgument("slots", "slot " + std::to_string(slot) + " appears twice");
+    seen[slot] = true;
+  }
+  if (static_cast<std::int64_t>(logits.size()) != rows * config.vocab_size) {
+    throw InvalidArgument("logits", "must hold " + std::to_string(rows) + " x " + std::to_string(config.vocab_size) +
+                                        " values, got " + std::to_string(logits.size()));
+  }
+}
+
+void Model::Impl::upload_inference() {
+  InferenceStep& s = inference;
+  s.sequence_index.resize(s.slots.size());
+  std::iota(s.sequence_index.begin(), s.sequence_index.end(), 0);
+  s.slot_ids = index_array(s.slots);
+  s.sequence_ids = index_array(s.sequence_index);
+  s.kv_dst_ids = index_array(s.kv_dst);
+  s.kv_src_ids = index_array(s.kv_src);
+  s.conv_dst_ids = index_array(s.conv_dst);
+  s.conv_src_ids = index_array(s.conv_src);
+  s.last_row_ids = index_array(s.last_rows);
+  s.position_ids = index_array(s.positions);
+  s.length_ids = index_array(s.lengths);
+}
+
+// logits = rows lm_head^T, as float64 on the host.
+void Model::Impl::logits_to_host(const TensorView& rows, std::span<double> out) {
+  scratch.reset();
+  const TensorView logits = temp({rows.shape[0], config.vocab_size});
+  linear(logits, rows, params.lm_head);
+  const auto n = static_cast<std::size_t>(logits.numel());
+  if (options.device.type == DeviceType::cpu) {
+    if (act_dtype == DType::f64) std::copy_n(logits.ptr<double>(), n, out.begin());
+    else std::copy_n(logits.ptr<float>(), n, out.begin());
+    return;
+  }
+  std::vector<std::uint16_t> bits(n);
+  copy_to_host(bits.data(), logits.data, n * sizeof(std::uint16_t), options.device, options.stream);
+  synchronize(options.device, options.stream);
+  std::transform(bits.begin(), bits.end(), out.begin(), [](std::uint16_t b) { return double(bf16_to_float(b)); });
+}
+
+namespace {
+// Ends an inference step however it leaves, so that no later training forward sees its state.
+struct InferenceScope {
+  InferenceStep& step;
+  ~InferenceScope() { step.state = nullptr; }
+};
+}  // namespace
+
+void Model::prefill(const Batch& prompts, std::span<const std::int32_t> slots, InferenceState& state,
+                    std::span<double> logits) {
+  Impl& m = *impl_;
+  const Batch batch{prompts.tokens, prompts.cu_seqlens};
+  validate_batch(batch, m.config.vocab_size);
+  const std::int64_t N = std::ssize(prompts.cu_seqlens) - 1;
+  m.check_state(state, slots, N, logits);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int64_t length = prompts.cu_seqlens[n + 1] - prompts.cu_seqlens[n];
+    if (length < 1 || length > state.max_length()) {
+      throw InvalidArgument("prompts", "sequence " + std::to_string(n) + " has " + std::to_string(length) +
+                                           " tokens: a prompt needs 1 to max_length (" +
+                                           std::to_string(state.max_length()) + ")");
+    }
+  }
+  m.trained = false;
+  m.load_batch(batch);
+  InferenceStep& s = m.inference;
+  s = InferenceStep{};
+  s.slots.assign(slots.begin(), slots.end());
+  const std::int64_t history = m.config.linear_conv_kernel_dim - 1, L = state.max_length();
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int32_t begin = prompts.cu_seqlens[n], length = prompts.cu_seqlens[n + 1] - begin, slot = slots[n];
+    for (std::int32_t p = 0; p < length; ++p) {
+      s.kv_dst.push_back(static_cast<std::int32_t>(slot * L + p));
+      s.kv_src.push_back(begin + p);
+    }
+    if (length < history) s.short_slots.push_back(slot);
+    for (std::int64_t j = 0; j < history; ++j) {
+      const std::int64_t p = length - history + j;  // the input at row j of the history
+      if (p < 0) continue;
+      s.conv_dst.push_back(static_cast<std::int32_t>(slot * history + j));
+      s.conv_src.push_back(static_cast<std::int32_t>(begin + p));
+    }
+    s.last_rows.push_back(begin + length - 1);
+  }
+  m.upload_inference();
+  s.state = &state;
+  const InferenceScope scope{s};
+  m.allocate(false);
+  m.run_layers();
+  const TensorView last = m.act({N, m.config.hidden_size});
+  m.ops->copy_rows(last, s.sequence_ids, m.final_normed, s.last_row_ids);
+  m.logits_to_host(last, logits);
+  for (std::int64_t n = 0; n < N; ++n) state.lengths_[slots[n]] = prompts.cu_seqlens[n + 1] - prompts.cu_seqlens[n];
+}
+
+void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::int32_t> slots, InferenceState& state,
+                   std::span<double> logits) {
+  Impl& m = *impl_;
+  const auto N = std::ssize(tokens);
+  std::vector<std::int32_t> cu(N + 1);
+  std::iota(cu.begin(), cu.end(), 0);
+  validate_batch({tokens, cu}, m.config.vocab_size);
+  m.check_state(state, slots, N, logits);
+  for (const std::int32_t slot : slots) {
+    if (state.length(slot) < 1 || state.length(slot) >= state.max_length()) {
+      throw InvalidArgument("slots", "slot " + std::to_string(slot) + " holds " + std::to_string(state.length(slot)) +
+                                         " positions: decode needs a prefilled slot with room for one more (max_length " +
+                                         std::to_string(state.max_length()) + ")");
+    }
+  }
+  m.trained = false;
+  m.load_batch({tokens, cu});
+  InferenceStep& s = m.inference;
+  s = InferenceStep{};
+  s.decode = true;
+  s.slots.assign(slots.begin(), slots.end());
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int32_t position = state.length(slots[n]);
+    s.positions.push_back(position);
+    s.lengths.push_back(position + 1);
+    s.kv_dst.push_back(static_cast<std::int32_t>(slots[n] * state.max_length() + position));
+    s.kv_src.push_back(static_cast<std::int32_t>(n));
+  }
+  m.upload_inference();
+  s.state = &state;
+  const InferenceScope scope{s};
+  m.allocate(false);
+  m.run_layers();
+  m.logits_to_host(m.final_normed, logits);
+  for (const std::int32_t slot : slots) ++state.lengths_[slot];
 }
 
 }  // namespace deltatrain::model

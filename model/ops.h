@@ -143,6 +143,34 @@ class Ops {
   // weights is read only with want_grad.
   virtual void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
                              const TensorView& logprob, bool want_grad) = 0;
+
+  // Inference (rollout): prefill and decode with per-slot caches (deltatrain/model/inference.h). These are not
+  // pure: a device without them yet still builds, and the default throws Unavailable naming the operation.
+  // Caches are 3-D contiguous tensors [S, L, C]: S slots of L rows of C values.
+
+  // dst[dst_rows[i]] = src[src_rows[i]] for every i, rows of C values (dst [Rd, C], src [Rs, C], any row
+  // strides; the dst rows distinct): the K/V and state rows that go into and come out of cache slots.
+  virtual void copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
+                         const IndexArray& src_rows);
+
+  // One token per sequence through conv1d_silu_forward, its history in a cache: x, out [N, C]; sequence n in
+  // slot slots[n] of state [S, W - 1, C], which holds its last W - 1 inputs oldest first (zeros before its
+  // start). pre[n, c] = sum_{j < W - 1} w[c, j] state[slot, j, c] + w[c, W - 1] x[n, c], out = silu(pre), and
+  // the state shifts by one row with x[n] as its newest.
+  virtual void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight,
+                                const TensorView& state, const IndexArray& slots);
+
+  // rope (forward) with each row's position given instead of derived from sequence starts: positions [T].
+  virtual void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
+                                 const IndexArray& positions);
+
+  // Attention of new query rows over cached keys and values: q, o [R, Hq * D] hold N sequences' new rows
+  // (cu_seqlens [N + 1]); sequence n lives in slot slots[n] of k_cache and v_cache [S, L, Hkv * D], which hold
+  // its lengths[n] positions, the new rows' keys and values last. Its i-th of m new rows sits at position
+  // lengths[n] - m + i and attends to cache positions [0, that position] (GQA as attention_forward).
+  virtual void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache,
+                                const TensorView& v_cache, int q_heads, int kv_heads, int head_dim, double scale,
+                                const IndexArray& cu_seqlens, const IndexArray& slots, const IndexArray& lengths);
 };
 
 // OpenMP threads (0: all available) over OpenBLAS for the products.

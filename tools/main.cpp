@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   deltatrain::tools::add_ckpt_command(app);
   deltatrain::tools::add_model_command(app);
   deltatrain::tools::add_train_command(app);
+  deltatrain::tools::add_generate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -91,6 +91,34 @@ T* vector(const TensorView& v, const char* name, Index n) {
   return v.ptr<T>();
 }
 
+// A validated cache [S, L, C] (contiguous) seen as the matrix of its S * L rows; *slot_rows = L.
+template <class T>
+Mat<T> cache(const TensorView& v, const char* name, Index cols, Index* slot_rows) {
+  check_host(v, name);
+  check_dtype<T>(v, name);
+  if (v.ndim != 3 || v.shape[2] != cols || !v.is_contiguous())
+    throw InvalidArgument(name, "must be a contiguous [slots, rows, " + std::to_string(cols) + "] cache, got " +
+                                    v.shape_string());
+  if (v.data == nullptr && v.numel() > 0) throw InvalidArgument(name, "has no data");
+  *slot_rows = v.shape[1];
+  return {v.ptr<T>(), v.shape[0] * v.shape[1], cols, std::max<Index>(cols, 1)};
+}
+
+// Row indices, each in [0, rows).
+void check_rows(std::span<const std::int32_t> indices, Index rows, const char* name) {
+  for (const std::int32_t i : indices)
+    if (i < 0 || i >= rows)
+      throw InvalidArgument(name, "must lie in [0, " + std::to_string(rows) + "), got " + std::to_string(i));
+}
+
+// No index twice (slots a kernel writes to).
+void check_distinct(std::span<const std::int32_t> indices, const char* name) {
+  std::vector<std::int32_t> sorted(indices.begin(), indices.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw InvalidArgument(name, "must not repeat an index (each is written)");
+}
+
 // Runs body.template operator()<T>() with T the C++ type of `primary`'s dtype; the others are checked against it.
 template <class Body>
 void dispatch(const TensorView& primary, const char* name, Body&& body) {
@@ -360,6 +388,22 @@ void conv1d_silu_forward(int threads, Mat<T> out, Mat<T> x, Mat<T> w, const Sequ
   });
 }
 
+// The decode step: each sequence's window (its W - 1 cached inputs, then x[n]) is row W - 1 of a matrix whose
+// earlier rows are the history, so the sum is conv_pre's, term for term. window: N * W * C scratch values.
+template <class T>
+void conv1d_silu_step(int threads, Mat<T> out, Mat<T> x, Mat<T> w, Mat<T> state, std::span<const std::int32_t> slots,
+                      T* window) {
+  const Index W = w.cols, C = x.cols;
+  parallel_for(threads, x.rows, [&](Index n) {
+    const Mat<T> win{window + n * W * C, W, C, C};
+    T* history = state.row(slots[n] * (W - 1));  // W - 1 contiguous rows
+    std::copy_n(history, (W - 1) * C, win.data);
+    std::copy_n(x.row(n), C, win.row(W - 1));
+    for (Index c = 0; c < C; ++c) out.row(n)[c] = silu(static_cast<T>(conv_pre(win, w, W - 1, c, 0)));
+    std::copy_n(win.row(1), (W - 1) * C, history);
+  });
+}
+
 // One thread per block of channels: it owns their dweight, walks every sequence backwards keeping the last W
 // rows of dpre (the gradient of pre) in a ring, and writes dx[t] = sum_j w[c, j] dpre[t + (W - 1) - j].
 template <class T>
@@ -436,8 +480,9 @@ void gdn_gates_backward(int threads, Mat<T> da, Mat<T> db, T* da_log, T* ddt_bia
 // ---------------------------------------------------------------------------------------------------------
 // RoPE, in the compute type like HF: inv_freq[i] = 1 / theta^(2i / rotary_dim), angle = position * inv_freq.
 
-template <class T>
-void rope(int threads, Mat<T> x, Index heads, Index head_dim, Index rotary_dim, double theta, const Sequences& seq,
+// position(t): the position of row t (inside its packed sequence, or given).
+template <class T, class Position>
+void rope(int threads, Mat<T> x, Index heads, Index head_dim, Index rotary_dim, double theta, const Position& position_of,
           bool inverse) {
   const Index half = rotary_dim / 2;
   std::vector<T> inv_freq(half);
@@ -445,7 +490,7 @@ void rope(int threads, Mat<T> x, Index heads, Index head_dim, Index rotary_dim, 
     inv_freq[i] = T(1) / std::pow(static_cast<T>(theta), static_cast<T>(2 * i) / static_cast<T>(rotary_dim));
 
   parallel_for(threads, x.rows, [&](Index t) {
-    const T position = static_cast<T>(t - seq.start_of(t));
+    const T position = static_cast<T>(position_of(t));
     T* row = x.row(t);
     for (Index i = 0; i < half; ++i) {
       const T angle = position * inv_freq[i];
@@ -477,12 +522,11 @@ double dot(const T* x, const T* y, Index n) {
   return sum;
 }
 
-// One query row t of query head h, reading kv head `kv` over keys [start, t]. scores: t - start + 1 doubles,
-// acc: D doubles.
+// One query (D values at qt) reading kv head `kv` over the key rows [start, t] of k and v: writes D values at
+// ot and returns the log-sum-exp of the scaled scores. scores: t - start + 1 doubles, acc: D doubles.
 template <class T>
-void attend(const Mat<T>& o, const Mat<T>& lse, const Mat<T>& q, const Mat<T>& k, const Mat<T>& v, Index h, Index kv,
-            Index D, double scale, Index start, Index t, double* scores, double* acc) {
-  const T* qt = q.row(t) + h * D;
+double attend(T* ot, const T* qt, const Mat<T>& k, const Mat<T>& v, Index kv, Index D, double scale, Index start,
+              Index t, double* scores, double* acc) {
   double max = -std::numeric_limits<double>::infinity();
   for (Index u = start; u <= t; ++u) {
     scores[u - start] = scale * dot(qt, k.row(u) + kv * D, D);
@@ -496,9 +540,8 @@ void attend(const Mat<T>& o, const Mat<T>& lse, const Mat<T>& q, const Mat<T>& k
     const T* vu = v.row(u) + kv * D;
     for (Index d = 0; d < D; ++d) acc[d] += p * vu[d];
   }
-  T* ot = o.row(t) + h * D;
   for (Index d = 0; d < D; ++d) ot[d] = static_cast<T>(acc[d] / sum);
-  lse.row(h)[t] = static_cast<T>(max + std::log(sum));
+  return max + std::log(sum);
 }
 
 template <class T>
@@ -515,7 +558,34 @@ void attention_forward(int threads, Mat<T> o, Mat<T> lse, Mat<T> q, Mat<T> k, Ma
       const Index n = pair / s.kv_heads, kv = pair % s.kv_heads;
       for (Index h = kv * s.group(); h < (kv + 1) * s.group(); ++h)
         for (Index t = seq.begin(n); t < seq.end(n); ++t)
-          attend(o, lse, q, k, v, h, kv, D, scale, seq.begin(n), t, scores, acc);
+          lse.row(h)[t] = static_cast<T>(
+              attend(o.row(t) + h * D, q.row(t) + h * D, k, v, kv, D, scale, seq.begin(n), t, scores, acc));
+    }
+  }
+}
+
+// Attention over a cache: one thread per (sequence, kv head) pair, each query reading its slot's cache rows
+// through attend, as attention_forward's queries read their sequence's rows.
+template <class T>
+void cached_attention(int threads, Mat<T> o, Mat<T> q, Mat<T> k_cache, Mat<T> v_cache, Index slot_rows,
+                      AttentionShape s, double scale, const Sequences& seq, std::span<const std::int32_t> slots,
+                      std::span<const std::int32_t> lengths) {
+  const Index D = s.head_dim, per_thread = slot_rows + D;
+  std::vector<double> scratch(static_cast<std::size_t>(threads) * per_thread);
+#pragma omp parallel num_threads(threads)
+  {
+    double* scores = scratch.data() + omp_get_thread_num() * per_thread;
+    double* acc = scores + slot_rows;
+#pragma omp for schedule(dynamic)
+    for (Index pair = 0; pair < seq.count() * s.kv_heads; ++pair) {
+      const Index n = pair / s.kv_heads, kv = pair % s.kv_heads;
+      const Mat<T> k{k_cache.row(slots[n] * slot_rows), slot_rows, k_cache.cols, k_cache.ld};
+      const Mat<T> v{v_cache.row(slots[n] * slot_rows), slot_rows, v_cache.cols, v_cache.ld};
+      const Index first_position = lengths[n] - (seq.end(n) - seq.begin(n));
+      for (Index h = kv * s.group(); h < (kv + 1) * s.group(); ++h)
+        for (Index t = seq.begin(n); t < seq.end(n); ++t)
+          attend(o.row(t) + h * D, q.row(t) + h * D, k, v, kv, D, scale, 0, first_position + (t - seq.begin(n)),
+                 scores, acc);
     }
   }
 }
@@ -745,14 +815,11 @@ class CpuOps final : public Ops {
   void rope(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
             const IndexArray& cu_seqlens, bool inverse) override {
     dispatch(x, "x", [&]<class T>() {
-      check_positive(heads, "heads");
-      check_positive(head_dim, "head_dim");
-      if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
-        throw InvalidArgument("rotary_dim", "must be even and in [2, head_dim], got " + std::to_string(rotary_dim));
-      if (!(theta > 0)) throw InvalidArgument("theta", "must be positive");
+      check_rope(heads, head_dim, rotary_dim, theta);
       const Mat<T> xm = matrix<T>(x, "x", kAny, Index{heads} * head_dim);
       const Sequences seq(cu_seqlens.host, xm.rows);
-      model::rope<T>(threads(), xm, heads, head_dim, rotary_dim, theta, seq, inverse);
+      model::rope<T>(threads(), xm, heads, head_dim, rotary_dim, theta, [&](Index t) { return t - seq.start_of(t); },
+                     inverse);
     });
   }
 
@@ -782,6 +849,84 @@ class CpuOps final : public Ops {
                                    matrix<T>(dv, "dv", R, kv_cols), matrix<T>(dout, "dout", R, q_cols), qm,
                                    matrix<T>(k, "k", R, kv_cols), matrix<T>(v, "v", R, kv_cols),
                                    matrix<T>(o, "o", R, q_cols), matrix<T>(lse, "lse", s.q_heads, R), s, scale, seq);
+    });
+  }
+
+  void copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
+                 const IndexArray& src_rows) override {
+    dispatch(dst, "dst", [&]<class T>() {
+      const Mat<T> d = matrix<T>(dst, "dst");
+      const Mat<T> s = matrix<T>(src, "src", kAny, d.cols);
+      if (dst_rows.size() != src_rows.size())
+        throw InvalidArgument("src_rows", "must hold as many rows as dst_rows (" + std::to_string(dst_rows.size()) +
+                                              "), got " + std::to_string(src_rows.size()));
+      check_rows(dst_rows.host, d.rows, "dst_rows");
+      check_distinct(dst_rows.host, "dst_rows");
+      check_rows(src_rows.host, s.rows, "src_rows");
+      parallel_for(threads(), static_cast<Index>(dst_rows.size()),
+                   [&](Index i) { std::copy_n(s.row(src_rows.host[i]), d.cols, d.row(dst_rows.host[i])); });
+    });
+  }
+
+  void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight, const TensorView& state,
+                        const IndexArray& slots) override {
+    dispatch(x, "x", [&]<class T>() {
+      const Mat<T> xm = matrix<T>(x, "x");
+      const Mat<T> w = matrix<T>(weight, "weight", xm.cols, kAny);
+      if (w.cols < 2) throw InvalidArgument("weight", "must be at least 2 taps wide to have a history, got " +
+                                                          std::to_string(w.cols));
+      Index history = 0;
+      const Mat<T> st = cache<T>(state, "state", xm.cols, &history);
+      if (history != w.cols - 1)
+        throw InvalidArgument("state", "must hold W - 1 = " + std::to_string(w.cols - 1) + " rows per slot, got " +
+                                           std::to_string(history));
+      check_same_rows(xm.rows, slots.size(), "slots");
+      check_rows(slots.host, st.rows / history, "slots");
+      check_distinct(slots.host, "slots");
+      std::vector<T> window(static_cast<std::size_t>(xm.rows * w.cols * xm.cols));
+      model::conv1d_silu_step<T>(threads(), matrix<T>(out, "out", xm.rows, xm.cols), xm, w, st, slots.host,
+                                 window.data());
+    });
+  }
+
+  void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
+                         const IndexArray& positions) override {
+    dispatch(x, "x", [&]<class T>() {
+      check_rope(heads, head_dim, rotary_dim, theta);
+      const Mat<T> xm = matrix<T>(x, "x", kAny, Index{heads} * head_dim);
+      check_same_rows(xm.rows, positions.size(), "positions");
+      for (const std::int32_t p : positions.host)
+        if (p < 0) throw InvalidArgument("positions", "must be >= 0, got " + std::to_string(p));
+      model::rope<T>(threads(), xm, heads, head_dim, rotary_dim, theta, [&](Index t) { return positions.host[t]; },
+                     false);
+    });
+  }
+
+  void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                        int q_heads, int kv_heads, int head_dim, double scale, const IndexArray& cu_seqlens,
+                        const IndexArray& slots, const IndexArray& lengths) override {
+    dispatch(q, "q", [&]<class T>() {
+      const AttentionShape s = attention_shape(q_heads, kv_heads, head_dim);
+      const Mat<T> qm = matrix<T>(q, "q", kAny, s.q_heads * s.head_dim);
+      const Index kv_cols = s.kv_heads * s.head_dim;
+      Index slot_rows = 0, v_slot_rows = 0;
+      const Mat<T> kc = cache<T>(k_cache, "k_cache", kv_cols, &slot_rows);
+      const Mat<T> vc = cache<T>(v_cache, "v_cache", kv_cols, &v_slot_rows);
+      if (vc.rows != kc.rows || v_slot_rows != slot_rows)
+        throw InvalidArgument("v_cache", "must have k_cache's shape " + k_cache.shape_string() + ", got " +
+                                              v_cache.shape_string());
+      const Sequences seq(cu_seqlens.host, qm.rows);
+      check_same_rows(seq.count(), slots.size(), "slots");
+      check_same_rows(seq.count(), lengths.size(), "lengths");
+      check_rows(slots.host, slot_rows > 0 ? kc.rows / slot_rows : 0, "slots");
+      for (Index n = 0; n < seq.count(); ++n)
+        if (lengths.host[n] < seq.end(n) - seq.begin(n) || lengths.host[n] > slot_rows)
+          throw InvalidArgument("lengths", "entry " + std::to_string(n) + " is " + std::to_string(lengths.host[n]) +
+                                               ": must cover the sequence's new rows (" +
+                                               std::to_string(seq.end(n) - seq.begin(n)) + ") and fit a slot (" +
+                                               std::to_string(slot_rows) + ")");
+      model::cached_attention<T>(threads(), matrix<T>(o, "o", qm.rows, qm.cols), qm, kc, vc, slot_rows, s, scale, seq,
+                                 slots.host, lengths.host);
     });
   }
 
@@ -883,6 +1028,14 @@ class CpuOps final : public Ops {
     parallel_for(threads(), m.rows, [&](Index r) {
       for (Index c = 0; c < m.cols; ++c) body(r, c);
     });
+  }
+
+  static void check_rope(int heads, int head_dim, int rotary_dim, double theta) {
+    check_positive(heads, "heads");
+    check_positive(head_dim, "head_dim");
+    if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+      throw InvalidArgument("rotary_dim", "must be even and in [2, head_dim], got " + std::to_string(rotary_dim));
+    if (!(theta > 0)) throw InvalidArgument("theta", "must be positive");
   }
 
   static AttentionShape attention_shape(int q_heads, int kv_heads, int head_dim) {

@@ -8,5 +8,6 @@ NB_MODULE(_deltatrain, m) {
   deltatrain::python::bind_memsaver(m);
 #ifdef DELTATRAIN_WITH_MODEL
   deltatrain::python::bind_model(m);
+  deltatrain::python::bind_rollout(m);
 #endif
 }

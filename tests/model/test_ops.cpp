@@ -887,6 +887,172 @@ TEST_F(OpsTest, ResultsAreBitwiseIdenticalForAnyThreadCount) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Inference: copies into and out of cache slots, the conv decode step, RoPE at given positions, attention over
+// a cache.
+
+// A contiguous cache [S, L, C] of random values (a Tensor of S * L rows seen in 3-D).
+TensorView cache_view(const Tensor& rows, Index slots, Index slot_rows) {
+  TensorView v = rows.view();
+  v.ndim = 3;
+  v.shape = {slots, slot_rows, v.shape[1]};
+  v.strides = {slot_rows * v.shape[2], v.shape[2], 1};
+  return v;
+}
+
+TEST_F(OpsTest, CopyRowsMovesTheNamedRows) {
+  for (const DType dtype : {f32, f64}) {
+    const Tensor src = random(rng_, dtype, 7, 5, 2), dst = random(rng_, dtype, 9, 5, 1);
+    const std::vector<std::int32_t> to{8, 0, 3, 4}, from{6, 6, 0, 2};
+    Values expected = dst.values();
+    const Values source = src.values();
+    for (std::size_t i = 0; i < to.size(); ++i)
+      for (Index c = 0; c < 5; ++c) expected[to[i] * 5 + c] = source[from[i] * 5 + c];
+    ops_->copy_rows(dst.view(), to, src.view(), from);
+    EXPECT_EQ(dst.values(), expected);
+    EXPECT_TRUE(dst.padding_intact());
+  }
+}
+
+// Stepping the conv one token at a time from a zero history, each sequence in its own slot, gives the forward
+// over the whole sequence (naive_conv), row by row; the state is the last W - 1 inputs; other slots untouched.
+TEST_F(OpsTest, Conv1dStepEqualsTheForwardTokenByToken) {
+  const Index C = 7, W = 4, S = 5;
+  const std::vector<Index> lengths{6, 1, 3};
+  const std::vector<std::int32_t> slots{3, 0, 4};
+  for (const DType dtype : {f32, f64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Offsets cu = offsets(lengths);
+    const Tensor x = random(rng_, dtype, cu.back(), C), w = random(rng_, dtype, C, W);
+    const Values expected = naive_conv(x.values(), w.values(), C, W, cu);
+    Tensor state(dtype, S * (W - 1), C);
+    const Values untouched = uniform(rng_, (W - 1) * C);
+    for (Index i = 0; i < (W - 1) * C; ++i) state.put(1 * (W - 1) * C + i, untouched[i]);  // slot 1: not stepped
+    const Values before = state.values();
+    Values got(expected.size(), kNaN);
+    const Values xs = x.values();
+    for (Index t = 0; t < *std::max_element(lengths.begin(), lengths.end()); ++t) {
+      std::vector<std::int32_t> step_slots;
+      Values rows;
+      std::vector<Index> where;
+      for (std::size_t n = 0; n < lengths.size(); ++n) {
+        if (t >= lengths[n]) continue;
+        step_slots.push_back(slots[n]);
+        where.push_back(cu[n] + t);
+        rows.insert(rows.end(), xs.begin() + (cu[n] + t) * C, xs.begin() + (cu[n] + t + 1) * C);
+      }
+      const Index N = std::ssize(step_slots);
+      const Tensor in = Tensor(dtype, N, C).set(rows), out = unset(dtype, N, C, 1);
+      ops_->conv1d_silu_step(out.view(), in.view(), w.view(), cache_view(state, S, W - 1), step_slots);
+      const Values o = out.values();
+      for (Index i = 0; i < N; ++i) std::copy_n(o.begin() + i * C, C, got.begin() + where[i] * C);
+    }
+    EXPECT_TRUE(close("conv1d_silu_step", got, expected, tolerance(dtype)));
+    const Values st = state.values();
+    for (std::size_t n = 0; n < lengths.size(); ++n)
+      for (Index j = 0; j < W - 1; ++j) {
+        const Index p = lengths[n] - (W - 1) + j;  // the input at history row j
+        for (Index c = 0; c < C; ++c)
+          EXPECT_EQ(st[(slots[n] * (W - 1) + j) * C + c], p >= 0 ? xs[(cu[n] + p) * C + c] : 0.0);
+      }
+    EXPECT_EQ(Values(st.begin() + (W - 1) * C, st.begin() + 2 * (W - 1) * C),
+              Values(before.begin() + (W - 1) * C, before.begin() + 2 * (W - 1) * C));
+  }
+}
+
+TEST_F(OpsTest, RopeAtPositionsEqualsRopeInsideSequences) {
+  // Rows of packed sequences rotated by rope equal the same rows rotated at their positions, in any order.
+  const Offsets cu = offsets({5, 1, 9});
+  const Index T = cu.back();
+  std::vector<std::int32_t> positions;
+  for (std::size_t n = 0; n + 1 < cu.size(); ++n)
+    for (Index t = cu[n]; t < cu[n + 1]; ++t) positions.push_back(static_cast<std::int32_t>(t - cu[n]));
+  for (const DType dtype : {f32, f64})
+    for (const RopeCase rc : kRopeCases) {
+      const Tensor x = random(rng_, dtype, T, rc.heads * rc.head_dim, 2);
+      const Values expected = naive_rope(x.values(), rc.heads, rc.head_dim, rc.rotary_dim, 1e4, cu);
+      ops_->rope_at_positions(x.view(), static_cast<int>(rc.heads), static_cast<int>(rc.head_dim),
+                              static_cast<int>(rc.rotary_dim), 1e4, positions);
+      EXPECT_TRUE(close("rope_at_positions", x.values(), expected, tolerance(dtype)));
+      EXPECT_TRUE(x.padding_intact());
+    }
+}
+
+// Attention of new rows over a cache equals attention_forward (naive_attention) over the whole sequence, for
+// the sequence's last rows: the cache holds the sequence's keys and values, the new rows' last.
+TEST_F(OpsTest, CachedAttentionEqualsAttentionOverTheWholeSequence) {
+  const Heads h{4, 2, 8};
+  const Index S = 4, L = 12, kv_cols = h.kv * h.dim, q_cols = h.q * h.dim;
+  const std::vector<Index> lengths{5, 3, 12}, news{1, 3, 2};
+  const std::vector<std::int32_t> slots{2, 0, 3};
+  const double scale = 1 / std::sqrt(8.0);
+  for (const DType dtype : {f32, f64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor k_cache = random(rng_, dtype, S * L, kv_cols, 0, -2, 2), v_cache = random(rng_, dtype, S * L, kv_cols);
+    const Values kc = k_cache.values(), vc = v_cache.values();
+    Values q_new, expected;
+    Offsets cu{0};
+    for (std::size_t n = 0; n < lengths.size(); ++n) {
+      // The whole sequence as one packed batch: queries random, keys and values the cache's rows.
+      const Index len = lengths[n];
+      const Values q = uniform(rng_, len * q_cols, -2, 2);
+      const Values k(kc.begin() + slots[n] * L * kv_cols, kc.begin() + (slots[n] * L + len) * kv_cols);
+      const Values v(vc.begin() + slots[n] * L * kv_cols, vc.begin() + (slots[n] * L + len) * kv_cols);
+      const Values o = naive_attention(q, k, v, h, scale, Offsets{0, static_cast<std::int32_t>(len)}).first;
+      q_new.insert(q_new.end(), q.end() - news[n] * q_cols, q.end());
+      expected.insert(expected.end(), o.end() - news[n] * q_cols, o.end());
+      cu.push_back(static_cast<std::int32_t>(cu.back() + news[n]));
+    }
+    const Tensor q = Tensor(dtype, cu.back(), q_cols).set(q_new), o = unset(dtype, cu.back(), q_cols, 1);
+    const std::vector<std::int32_t> lens(lengths.begin(), lengths.end());
+    ops_->cached_attention(o.view(), q.view(), cache_view(k_cache, S, L), cache_view(v_cache, S, L), 4, 2, 8, scale,
+                           cu, slots, lens);
+    EXPECT_TRUE(close("cached_attention", o.values(), expected, tolerance(dtype)));
+    EXPECT_TRUE(o.padding_intact());
+  }
+}
+
+TEST_F(OpsTest, InferenceOpsRefuseBadInputByName) {
+  const auto invalid = [](const std::string& argument, const auto& call) {
+    try {
+      call();
+      ADD_FAILURE() << "no InvalidArgument for " << argument;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  const Tensor src(f32, 4, 3), dst(f32, 5, 3);
+  using Ids = std::vector<std::int32_t>;
+  invalid("dst_rows", [&] { ops_->copy_rows(dst.view(), Ids{1, 1}, src.view(), Ids{0, 2}); });
+  invalid("dst_rows", [&] { ops_->copy_rows(dst.view(), Ids{5}, src.view(), Ids{0}); });
+  invalid("src_rows", [&] { ops_->copy_rows(dst.view(), Ids{0}, src.view(), Ids{4}); });
+  invalid("src_rows", [&] { ops_->copy_rows(dst.view(), Ids{0, 1}, src.view(), Ids{0}); });
+  invalid("src", [&] { ops_->copy_rows(dst.view(), Ids{0}, Tensor(f32, 4, 2).view(), Ids{0}); });
+
+  const Tensor x(f32, 2, 3), out(f32, 2, 3), w(f32, 3, 4), state(f32, 4 * 3, 3);
+  const TensorView st = cache_view(state, 4, 3);
+  invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{0, 4}); });
+  invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{1, 1}); });
+  invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{1}); });
+  invalid("state", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), cache_view(state, 6, 2), Ids{0, 1}); });
+  invalid("state", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), state.view(), Ids{0, 1}); });
+
+  const Tensor xr(f32, 2, 8);
+  invalid("positions", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 2, 1e4, Ids{0, -1}); });
+  invalid("positions", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 2, 1e4, Ids{0}); });
+  invalid("rotary_dim", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 3, 1e4, Ids{0, 1}); });
+
+  const Tensor q(f32, 2, 8), o(f32, 2, 8), kc(f32, 3 * 5, 4);
+  const TensorView k = cache_view(kc, 3, 5);
+  invalid("lengths", [&] { ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{0}, Ids{1}); });
+  invalid("lengths", [&] { ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{0}, Ids{6}); });
+  invalid("slots", [&] { ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{3}, Ids{2}); });
+  invalid("v_cache", [&] {
+    ops_->cached_attention(o.view(), q.view(), k, cache_view(kc, 5, 3), 2, 1, 4, 0.5, Offsets{0, 2}, Ids{0}, Ids{2});
+  });
+  invalid("cu_seqlens", [&] { ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 1}, Ids{0}, Ids{2}); });
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Bad input
 
 template <class Call>
