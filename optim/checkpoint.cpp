@@ -26,37 +26,6 @@ constexpr const char* kLatest = "latest";
 constexpr const char* kMetadata = "metadata.json";
 constexpr const char* kDigestKey = "metadata_sha256";
 
-// Runs `work` on this rank, then lets every rank learn whether any rank failed: all of them raise
-// the first failure (by rank), with its type, so no rank walks on into a collective alone.
-template <class Work>
-void collectively(comm::Group& group, Work&& work) {
-  std::string failure;  // empty: success; else a kind letter, then what the kind needs
-  try {
-    work();
-  } catch (const InvalidArgument& e) {
-    failure = "I" + e.argument() + '\n' + e.what();
-  } catch (const StateError& e) {
-    failure = std::string("S") + e.what();
-  } catch (const std::exception& e) {
-    failure = std::string("F") + e.what();
-  }
-  const std::vector<std::string> all = group.all_gather_object(failure);
-  for (std::size_t rank = 0; rank < all.size(); ++rank) {
-    const std::string& f = all[rank];
-    if (f.empty()) continue;
-    const std::string text = f.substr(1);
-    if (f[0] == 'I') {
-      const std::string argument = text.substr(0, text.find('\n'));
-      const std::string what = text.substr(text.find('\n') + 1);
-      const std::string prefix = "invalid argument '" + argument + "': ";
-      throw InvalidArgument(argument, what.substr(std::min(prefix.size(), what.size())));
-    }
-    const std::string message = text + (all.size() > 1 ? " (on rank " + std::to_string(rank) + ")" : "");
-    if (f[0] == 'S') throw StateError(message);
-    throw Failure(message);
-  }
-}
-
 [[noreturn]] void bad_metadata(const std::string& source, const std::string& what) {
   throw Failure("checkpoint metadata " + source + " is not valid: " + what);
 }

@@ -30,35 +30,6 @@ constexpr const char* kStateFormat = "deltatrain-trainer";
 constexpr int kStateVersion = 1;
 constexpr const char* kLatest = "latest";
 
-// Runs `work` on every rank and raises the same error on every rank when any rank failed (the first failing
-// rank's, with its type), so no rank walks on into a collective alone.
-template <class Work>
-void collectively(comm::Group& group, Work&& work) {
-  std::string failure;  // empty: success; else a kind letter, then the argument (for I) and the message
-  try {
-    work();
-  } catch (const InvalidArgument& e) {
-    failure = "I" + e.argument() + '\n' + e.what();
-  } catch (const StateError& e) {
-    failure = std::string("S") + e.what();
-  } catch (const std::exception& e) {
-    failure = std::string("F") + e.what();
-  }
-  const std::vector<std::string> all = group.all_gather_object(failure);
-  for (const std::string& f : all) {
-    if (f.empty()) continue;
-    const std::string text = f.substr(1);
-    if (f[0] == 'I') {
-      const std::string argument = text.substr(0, text.find('\n'));
-      const std::string what = text.substr(text.find('\n') + 1);
-      const std::string prefix = "invalid argument '" + argument + "': ";
-      throw InvalidArgument(argument, what.substr(std::min(prefix.size(), what.size())));
-    }
-    if (f[0] == 'S') throw StateError(text);
-    throw Failure(text);
-  }
-}
-
 // Doubles summed over ranks in rank order, so the result does not depend on the engine's reduction order.
 double sum_over_ranks(comm::Group& group, double local) {
   std::string bytes(sizeof local, '\0');

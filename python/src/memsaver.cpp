@@ -24,8 +24,8 @@ namespace {
 
 using memsaver::Saver;
 
-// StateError -> deltatrain.memsaver.StateError (a RuntimeError), OutOfMemory -> MemoryError; the rest is
-// left to register_error_translators().
+// StateError -> deltatrain.memsaver.StateError (a RuntimeError); the rest (OutOfMemory -> MemoryError, ...)
+// is left to register_error_translators().
 void register_memsaver_translators() {
   static const bool registered = [] {
     nb::register_exception_translator([](const std::exception_ptr& error, void*) {
@@ -34,8 +34,6 @@ void register_memsaver_translators() {
       } catch (const StateError& e) {
         nb::object state_error = nb::module_::import_("deltatrain.memsaver").attr("StateError");
         PyErr_SetString(state_error.ptr(), e.what());
-      } catch (const memsaver::OutOfMemory& e) {
-        PyErr_SetString(PyExc_MemoryError, e.what());
       }
     });
     return true;

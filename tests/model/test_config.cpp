@@ -9,7 +9,7 @@
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/config.h"
 #include "deltatrain/model/params.h"
-#include "io_testing.h"
+#include "model_testing.h"
 
 namespace deltatrain::model {
 namespace {

@@ -14,6 +14,7 @@
 #include "deltatrain/core/system.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
+#include "model_testing.h"
 
 namespace deltatrain::model {
 namespace {
@@ -23,17 +24,8 @@ namespace {
     if (!cuda_info().usable()) GTEST_SKIP() << cuda_info().unavailable_reason;  \
   } while (0)
 
-class CudaModelTest : public ::testing::Test {
+class CudaModelTest : public testing::SeededTest {
  protected:
-  void SetUp() override {
-    const char* fixed = std::getenv("DELTATRAIN_TEST_SEED");
-    seed_ = fixed ? static_cast<unsigned>(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
-    rng_.seed(seed_);
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "random seed %u: replay with DELTATRAIN_TEST_SEED=%u\n", seed_, seed_);
-  }
-
   // The tiny preset with a smaller vocabulary: GDN and attention head dims 64 (what the GPU kernels take).
   static Config config() {
     Config c = preset("tiny");
@@ -41,15 +33,7 @@ class CudaModelTest : public ::testing::Test {
     return c;
   }
 
-  std::vector<std::int32_t> random_tokens(std::int64_t n, std::int64_t vocab) {
-    std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(vocab - 1));
-    std::vector<std::int32_t> tokens(n);
-    for (auto& t : tokens) t = token(rng_);
-    return tokens;
-  }
 
-  unsigned seed_ = 0;
-  std::mt19937 rng_;
 };
 
 // A float32 store holding exactly the bfloat16 store's values (and so the same model).
@@ -75,7 +59,7 @@ TEST_F(CudaModelTest, MatchesTheCpuModelInFloat32OnTheSameWeights) {
   bf16.init(0.05, seed_);  // wider than HF's 0.02, so that layers change what passes through them
   widen(bf16, f32);
   const std::vector<std::int32_t> cu{0, 100, 101, 230, 300};  // chunks of 64 crossed, a one-token sequence
-  const std::vector<std::int32_t> tokens = random_tokens(cu.back(), c.vocab_size);
+  const std::vector<std::int32_t> tokens = testing::random_tokens(rng_, cu.back(), c.vocab_size);
 
   Model cpu(c, {.dtype = DType::f32});
   cpu.bind(f32.params(), f32.grads());
@@ -112,7 +96,7 @@ TEST_F(CudaModelTest, IsBitwiseDeterministic) {
   ParamStore bf16(c, DType::bf16), first(c, DType::bf16), second(c, DType::bf16);
   bf16.init(0.05, seed_);
   const std::vector<std::int32_t> cu{0, 200, 333};
-  const std::vector<std::int32_t> tokens = random_tokens(cu.back(), c.vocab_size);
+  const std::vector<std::int32_t> tokens = testing::random_tokens(rng_, cu.back(), c.vocab_size);
   const Device gpu{DeviceType::cuda, 0};
   DeviceParams device(bf16, gpu);
   device.upload(bf16);

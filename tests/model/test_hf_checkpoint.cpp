@@ -13,7 +13,7 @@
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/hf_checkpoint.h"
 #include "deltatrain/optim/safetensors.h"
-#include "io_testing.h"
+#include "model_testing.h"
 
 namespace deltatrain::model {
 namespace {

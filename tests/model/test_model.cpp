@@ -13,41 +13,14 @@
 #include "deltatrain/model/check.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
+#include "model_testing.h"
 
 namespace deltatrain::model {
 namespace {
 
-class ModelTest : public ::testing::Test {
+class ModelTest : public testing::SeededTest {
  protected:
-  void SetUp() override {
-    const char* fixed = std::getenv("DELTATRAIN_TEST_SEED");
-    seed_ = fixed ? static_cast<unsigned>(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
-    rng_.seed(seed_);
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "random seed %u: replay with DELTATRAIN_TEST_SEED=%u\n", seed_, seed_);
-  }
-
-  // A small hybrid: GDN and attention layers alternate, GVA and GQA both grouped, partial rotary, dv != dk.
-  static Config small_config(bool tied) {
-    Config c;
-    c.vocab_size = 23;
-    c.hidden_size = 16;
-    c.intermediate_size = 24;
-    c.layer_types = interval_layer_types(4, 2);
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 8;
-    c.rope_theta = 10000;
-    c.partial_rotary_factor = 0.5;
-    c.linear_num_key_heads = 2;
-    c.linear_num_value_heads = 4;
-    c.linear_key_head_dim = 8;
-    c.linear_value_head_dim = 6;
-    c.linear_conv_kernel_dim = 4;
-    c.tie_word_embeddings = tied;
-    return c;
-  }
+  static Config small_config(bool tied) { return testing::small_hybrid_config(tied); }
 
   void expect_all_pass(const Config& config, CheckOptions options) {
     options.seed = seed_;
@@ -56,15 +29,7 @@ class ModelTest : public ::testing::Test {
     }
   }
 
-  std::vector<std::int32_t> random_tokens(std::int64_t n, std::int64_t vocab) {
-    std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(vocab - 1));
-    std::vector<std::int32_t> tokens(n);
-    for (auto& t : tokens) t = token(rng_);
-    return tokens;
-  }
 
-  unsigned seed_ = 0;
-  std::mt19937 rng_;
 };
 
 class ModelChecks : public ModelTest, public ::testing::WithParamInterface<bool> {};
@@ -93,7 +58,7 @@ TEST_F(ModelTest, BadInputIsRefusedByName) {
   ParamStore store(config, DType::f32);
   store.init(0.5, seed_);
   Model model(config);
-  const std::vector<std::int32_t> tokens = random_tokens(6, config.vocab_size);
+  const std::vector<std::int32_t> tokens = testing::random_tokens(rng_, 6, config.vocab_size);
   const std::vector<std::int32_t> cu{0, 6};
   EXPECT_THROW(model.forward({tokens, cu}), StateError);  // nothing bound
   model.bind(store.params(), store.grads());

@@ -10,7 +10,7 @@
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/cost.h"
 #include "deltatrain/model/params.h"
-#include "io_testing.h"
+#include "model_testing.h"
 
 namespace deltatrain::model {
 namespace {

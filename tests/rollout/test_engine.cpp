@@ -20,44 +20,17 @@
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
 #include "deltatrain/rollout/engine.h"
+#include "model_testing.h"
 
 namespace deltatrain::rollout {
 namespace {
 
 using model::Config;
 
-// A small hybrid: GDN and attention layers alternate, GVA and GQA, partial rotary, dv != dk.
-Config small_config(bool tied) {
-  Config c;
-  c.vocab_size = 29;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.layer_types = model::interval_layer_types(4, 2);
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 10000;
-  c.partial_rotary_factor = 0.5;
-  c.linear_num_key_heads = 2;
-  c.linear_num_value_heads = 4;
-  c.linear_key_head_dim = 8;
-  c.linear_value_head_dim = 6;
-  c.linear_conv_kernel_dim = 4;
-  c.tie_word_embeddings = tied;
-  return c;
-}
+Config small_config(bool tied) { return model::testing::small_hybrid_config(tied); }
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public model::testing::SeededTest {
  protected:
-  void SetUp() override {
-    const char* fixed = std::getenv("DELTATRAIN_TEST_SEED");
-    seed_ = fixed ? static_cast<unsigned>(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
-    rng_.seed(seed_);
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "random seed %u: replay with DELTATRAIN_TEST_SEED=%u\n", seed_, seed_);
-  }
-
   // Random weights with random norm weights too (zeros at init would hide a wrong norm), scaled up so that
   // logits spread and the distributions are far from uniform.
   model::ParamStore& store(const Config& config, DType dtype) {
@@ -66,12 +39,6 @@ class EngineTest : public ::testing::Test {
     return *store_;
   }
 
-  std::vector<std::int32_t> random_tokens(std::int64_t n, std::int64_t vocab) {
-    std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(vocab - 1));
-    std::vector<std::int32_t> tokens(n);
-    for (auto& t : tokens) t = token(rng_);
-    return tokens;
-  }
 
   // Requests of every kind: greedy, tempered, top-p, top-k + top-p, stop tokens, a one-token prompt (shorter
   // than the conv history), prompts longer than a GDN chunk, untempered logprobs asked for.
@@ -81,7 +48,7 @@ class EngineTest : public ::testing::Test {
     for (int i = 0; i < count; ++i) {
       Request r;
       r.id = 100 + i;
-      r.prompt = random_tokens(i == 0 ? 1 : length(rng_), vocab);
+      r.prompt = model::testing::random_tokens(rng_, i == 0 ? 1 : length(rng_), vocab);
       r.max_new_tokens = news(rng_);
       r.untempered_logprobs = true;
       const std::uint64_t seed = rng_();
@@ -97,8 +64,6 @@ class EngineTest : public ::testing::Test {
     return requests;
   }
 
-  unsigned seed_ = 0;
-  std::mt19937 rng_;
   std::unique_ptr<model::ParamStore> store_;
 };
 
@@ -264,7 +229,7 @@ TEST_F(EngineTest, TinyPresetEqualsTheFullForward) {
   model::ParamStore& s = store(c, DType::f32);
   std::vector<Request> requests;
   for (int i = 0; i < 3; ++i) {
-    Request r = request(i, random_tokens(5 + 17 * i, c.vocab_size), 6,
+    Request r = request(i, model::testing::random_tokens(rng_, 5 + 17 * i, c.vocab_size), 6,
                         {.temperature = i == 0 ? 0.0 : 0.9, .top_p = i == 2 ? 0.8 : 1.0, .seed = rng_()});
     r.untempered_logprobs = true;
     requests.push_back(r);
@@ -316,7 +281,7 @@ TEST_F(EngineTest, SamplingReproducesFromTheSeed) {
   model::ParamStore& s = store(c, DType::f32);
   std::vector<Request> requests;
   for (int i = 0; i < 4; ++i) {
-    requests.push_back(request(i, random_tokens(9, c.vocab_size), 20, {.temperature = 1.5, .seed = 7}));
+    requests.push_back(request(i, model::testing::random_tokens(rng_, 9, c.vocab_size), 20, {.temperature = 1.5, .seed = 7}));
   }
   const model::ModelOptions mo{.dtype = DType::f32, .cpu_threads = 1};
   Engine e(c, mo, s.params(), {.max_batch = 2, .max_length = 64});

@@ -149,4 +149,9 @@ class Group {
   MemoryCheckStats stats_;
 };
 
+// Runs `work` on this rank, then lets every rank learn whether any rank failed: all of them raise the first
+// failure (by rank) with its type (InvalidArgument with its argument, StateError, or Failure), naming the rank
+// when there are several, so that no rank walks on into a collective alone. Collective.
+void collectively(Group& group, const std::function<void()>& work);
+
 }  // namespace deltatrain::comm

@@ -12,13 +12,6 @@
 
 namespace deltatrain::memsaver {
 
-// Physical memory could not be had (cuMemCreate's CUDA_ERROR_OUT_OF_MEMORY, mmap's ENOMEM). A Failure, kept
-// apart so that callers (the LD_PRELOAD shim) can report it as an allocation failure the caller may retry.
-class OutOfMemory : public Failure {
- public:
-  using Failure::Failure;
-};
-
 class PhysicalMemory {
  public:
   virtual ~PhysicalMemory() = default;

@@ -1,5 +1,5 @@
-// Helpers of the model I/O tests (test_model_io): a seed per test, printed on failure and replayable with
-// DELTATRAIN_TEST_SEED, and a fresh temporary directory.
+// Helpers of the model's tests (and the rollout's): a seed per test, printed on failure and replayable with
+// DELTATRAIN_TEST_SEED, a fresh temporary directory, random valid configs and a small hybrid config.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "deltatrain/model/config.h"
 
@@ -51,6 +52,35 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// A small hybrid: GDN and attention layers alternate, GVA and GQA both grouped, partial rotary, dv != dk.
+inline Config small_hybrid_config(bool tied) {
+  Config c;
+  c.vocab_size = 23;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.layer_types = interval_layer_types(4, 2);
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.rope_theta = 10000;
+  c.partial_rotary_factor = 0.5;
+  c.linear_num_key_heads = 2;
+  c.linear_num_value_heads = 4;
+  c.linear_key_head_dim = 8;
+  c.linear_value_head_dim = 6;
+  c.linear_conv_kernel_dim = 4;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// n token ids drawn uniformly from [0, vocab).
+inline std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, std::int64_t n, std::int64_t vocab) {
+  std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(vocab - 1));
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(n));
+  for (auto& t : tokens) t = token(rng);
+  return tokens;
+}
 
 // A random valid config with small shapes: every layer pattern, head ratio, tie and float field varies.
 inline Config random_config(std::mt19937_64& rng) {
