@@ -48,6 +48,18 @@ struct IndexArray {
   }
 };
 
+// A 2-D view's layout as kernels walk it.
+struct MatrixLayout {
+  std::int64_t rows = 0, cols = 0, row_stride = 0;
+};
+inline constexpr std::int64_t kAnyExtent = -1;  // an extent matrix_layout does not check
+
+// Checks a view against the conventions above (2-D, shape [rows, cols] where given, unit column stride, row
+// stride >= cols, data present) and returns its layout; InvalidArgument naming `name`. Each implementation
+// adds its own device and dtype checks.
+MatrixLayout matrix_layout(const TensorView& v, const char* name, std::int64_t rows = kAnyExtent,
+                           std::int64_t cols = kAnyExtent);
+
 class Ops {
  public:
   virtual ~Ops() = default;

@@ -29,7 +29,7 @@ namespace {
 
 using Index = std::int64_t;
 
-constexpr Index kAny = -1;  // a shape extent that is not checked
+constexpr Index kAny = kAnyExtent;
 // Width of the column blocks that weight-gradient loops hand to one thread (and sum in a stack array).
 constexpr Index kColumnBlock = 32;
 
@@ -49,8 +49,6 @@ struct Mat {
   T* row(Index r) const { return data + r * ld; }
 };
 
-std::string extent(Index n) { return n == kAny ? "?" : std::to_string(n); }
-
 void check_host(const TensorView& v, const char* name) {
   if (v.device.type != DeviceType::cpu)
     throw InvalidArgument(name, "must be in host memory, got " + device_name(v.device));
@@ -67,16 +65,8 @@ template <class T>
 Mat<T> matrix(const TensorView& v, const char* name, Index rows = kAny, Index cols = kAny) {
   check_host(v, name);
   check_dtype<T>(v, name);
-  if (v.ndim != 2 || (rows != kAny && v.shape[0] != rows) || (cols != kAny && v.shape[1] != cols))
-    throw InvalidArgument(name,
-                          "must have shape [" + extent(rows) + ", " + extent(cols) + "], got " + v.shape_string());
-  const Index r = v.shape[0], c = v.shape[1];
-  // Strides matter only where there is more than one row or column to step over.
-  if ((c > 1 && v.strides[1] != 1) || (r > 1 && v.strides[0] < c))
-    throw InvalidArgument(name, "must have unit column stride and a row stride >= its columns, got strides [" +
-                                    std::to_string(v.strides[0]) + ", " + std::to_string(v.strides[1]) + "]");
-  if (v.data == nullptr && r * c > 0) throw InvalidArgument(name, "has no data");
-  return {v.ptr<T>(), r, c, r > 1 ? v.strides[0] : std::max<Index>(c, 1)};
+  const MatrixLayout m = matrix_layout(v, name, rows, cols);
+  return {v.ptr<T>(), m.rows, m.cols, m.row_stride};
 }
 
 template <class T>

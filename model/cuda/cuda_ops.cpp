@@ -25,10 +25,8 @@ namespace {
 using cuda::Index;
 using cuda::Matrix;
 
-constexpr Index kAny = -1;  // an extent that is not checked
+constexpr Index kAny = kAnyExtent;
 constexpr DType bf16 = DType::bf16, f32 = DType::f32;
-
-std::string extent(Index n) { return n == kAny ? "?" : std::to_string(n); }
 
 void check_positive(Index value, const char* name) {
   if (value <= 0) throw InvalidArgument(name, "must be positive, got " + std::to_string(value));
@@ -308,16 +306,8 @@ class CudaOps final : public Ops {
   Matrix matrix(const TensorView& v, const char* name, DType dtype, Index rows = kAny, Index cols = kAny) const {
     check_device(v, name);
     check_dtype(v, name, dtype);
-    if (v.ndim != 2 || (rows != kAny && v.shape[0] != rows) || (cols != kAny && v.shape[1] != cols))
-      throw InvalidArgument(name,
-                            "must have shape [" + extent(rows) + ", " + extent(cols) + "], got " + v.shape_string());
-    const Index r = v.shape[0], c = v.shape[1];
-    // Strides matter only where there is more than one row or column to step over.
-    if ((c > 1 && v.strides[1] != 1) || (r > 1 && v.strides[0] < c))
-      throw InvalidArgument(name, "must have unit column stride and a row stride >= its columns, got strides [" +
-                                      std::to_string(v.strides[0]) + ", " + std::to_string(v.strides[1]) + "]");
-    if (v.data == nullptr && r * c > 0) throw InvalidArgument(name, "has no data");
-    return {v.data, r, c, r > 1 ? v.strides[0] : std::max<Index>(c, 1)};
+    const MatrixLayout m = matrix_layout(v, name, rows, cols);
+    return {v.data, m.rows, m.cols, m.row_stride};
   }
 
   template <class T>
