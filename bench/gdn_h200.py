@@ -1,4 +1,4 @@
-"""deltatrain's cuda GDN backend beside fla on the anchor grid (shared/reference/anchors.md), in one run.
+"""deltatrain's cuda GDN backend beside fla on the anchor grid (docs/cuda-backend.md, "Anchors"), in one run.
 
 For each cell (pass, h_qk/h_v, sequences): the same bf16 inputs (FlashQLA's recipe: q, k L2-normalised,
 g = logsigmoid(randn)/16, beta = sigmoid(randn), h0 = randn, do = randn, dht = randn/8, packed B = 1 with
@@ -7,8 +7,9 @@ cu_seqlens, output_final_state) through deltatrain.torch and fla, both through t
   host-inclusive the median wall time of one call among back-to-back calls (CUDA events);
   rel err        relative Frobenius error against an fp64 evaluation of the same inputs (max over the
                  outputs o, final_state, or the gradients dq, dk, dv, dg, dbeta, dh0).
-fla's gated backward guard for Triton 3.4-3.7.0 on Hopper is lifted here only (anchors.md: the rows time
-the same kernels with it lifted) and its dispatch to other backends is off (FLA_DISABLE_BACKEND_DISPATCH).
+fla's gated backward guard for Triton 3.4-3.7.0 on Hopper is lifted here only (the anchor measurements,
+docs/cuda-backend.md, time the same kernels with it lifted) and its dispatch to other backends is off
+(FLA_DISABLE_BACKEND_DISPATCH).
 
 Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out (gdn_report.py).
 Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--only I ...] [--limit-s SECONDS]
@@ -34,7 +35,7 @@ from gdn_report import write  # noqa: E402
 
 CHUNK = 64
 
-# (pass, h_qk, h_v, seqlens as written in anchors.md, sequence lengths)
+# (pass, h_qk, h_v, seqlens as written in the anchor table of docs/cuda-backend.md, sequence lengths)
 GRID = [
     ("fwd", 16, 32, "1x32768", [32768]),
     ("fwd", 16, 32, "1x8192", [8192]),
@@ -80,7 +81,7 @@ def make_inputs(h_qk, h_v, lengths, seed, dim=128):
 
 
 def reference_fp64(q, k, v, g, beta, h0, cu, scale, l2norm=False):
-    """The chunked algorithm (gdn-kernels.md section 2) in float64 torch, differentiable: (o, final_state);
+    """The chunked algorithm (docs/gdn-algorithm.md section 3) in float64 torch, differentiable: (o, final_state);
     l2norm: q and k through x / sqrt(sum x^2 + 1e-6) first, as use_qk_l2norm_in_kernel does."""
     q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))  # B = 1
     if l2norm:
@@ -236,7 +237,7 @@ def main():
 
     import deltatrain.torch as ours_torch
 
-    fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # lift the Hopper guard (fla #640), as anchors.md did
+    fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # lift the Hopper guard (fla #640), as the anchor measurements did
     scale = 128 ** -0.5
     print(f"fp64 torch evaluation vs deltatrain reference backend: {check_reference():.2e}", flush=True)
 

@@ -1,7 +1,7 @@
 // `deltatrain bench gdn`: times the GDN operator's passes on random inputs and sets the effective rate
 // beside this machine's single-precision matrix-product rate (BLAS sgemm), measured in the same run.
 //
-// Effective GFLOP/s uses the FLOP model of gdn-kernels.md §6 (dense, as fla executes it, chunk C = 64),
+// Effective GFLOP/s uses the FLOP model of docs/gdn-algorithm.md §6 (dense, as fla executes it, chunk C = 64),
 // per token and value head: forward 2(3CK + 2CV + 3KV) + (2/3)C^2, backward 18CK + 10CV + 16KV + 4C^2
 // (183 and 508 KFLOP at K = V = 128). A backend that does less work than the model can exceed sgemm.
 #include <cblas.h>
@@ -304,8 +304,11 @@ void run_bench(const Settings& s) {
   if (s.repeat < 1) throw InvalidArgument("--repeat", "must be at least 1, got " + std::to_string(s.repeat));
   std::vector<Pass> passes;
   for (const std::string& pass : s.passes) {
-    if (pass != "fwd" && pass != "bwd") throw InvalidArgument("--pass", "expected fwd or bwd, got '" + pass + "'");
-    passes.push_back(pass == "fwd" ? Pass::forward : Pass::backward);
+    if (pass != "fwd" && pass != "bwd" && pass != "both") {
+      throw InvalidArgument("--pass", "expected fwd, bwd or both, got '" + pass + "'");
+    }
+    if (pass != "bwd") passes.push_back(Pass::forward);
+    if (pass != "fwd") passes.push_back(Pass::backward);
   }
   std::vector<Case> cases;
   for (const std::string& heads : s.heads) {
@@ -378,7 +381,7 @@ void add_bench_gdn_command(CLI::App& bench) {
       ->delimiter(',')
       ->capture_default_str();
   gdn->add_option("--dim", s->dim, "head dimension K = V")->capture_default_str();
-  gdn->add_option("--pass", s->passes, "fwd, bwd or both")->delimiter(',')->capture_default_str();
+  gdn->add_option("--pass", s->passes, "fwd, bwd or both (fwd,bwd)")->delimiter(',')->capture_default_str();
   gdn->add_option("--repeat", s->repeat, "timed calls per measurement (the median is reported)")->capture_default_str();
   gdn->add_option("--threads", s->threads, "CPU backends: threads, 0 = all cores")->capture_default_str();
   gdn->add_option("--l2norm", s->l2norm, "use_qk_l2norm_in_kernel")->capture_default_str();

@@ -2,7 +2,7 @@
 against the token-by-token recurrence: the design the cuda backend needs for few heads on long sequences
 (bench/NOTES.md, "Next steps" 3), validated before any CUDA is written.
 
-One chunk maps the state entering it to the state leaving it affinely (gdn-kernels.md section 2):
+One chunk maps the state entering it to the state leaving it affinely (docs/gdn-algorithm.md section 3):
     S' = A_c S + B_c,   A_c = e^(g_L) I - K~^T W,   B_c = K~^T U,   K~ = diag(e^(g_L - g)) K
 so a segment of chunks maps S_start to S_end = M S_start + R with (M, R) composed chunk by chunk.
     pass 1 (parallel over segments): (M_s, R_s) of every segment, from the chunks' W, U, K, g

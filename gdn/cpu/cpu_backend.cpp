@@ -1,4 +1,4 @@
-// The cpu backend: the chunked (WY / UT-transform) algorithm of gdn-kernels.md §2, chunk 64.
+// The cpu backend: the chunked (WY / UT-transform) algorithm of docs/gdn-algorithm.md §3, chunk 64.
 //
 // Within a chunk of L tokens entering with state S (K x V), with gamma the chunk-local cumulative
 // log-decay, E_i = exp(gamma_i), D_i = exp(gamma_last - gamma_i), Gamma_ij = exp(gamma_i - gamma_j) (i >= j;
@@ -379,15 +379,7 @@ void backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, cons
           }
           grads.store_initial_state_gradient(p, n, j, d_state.data());
         }
-        for (std::int64_t t = 0; t < length; ++t) {
-          const std::int64_t offset = ((begin + t) * p.H + qk_head) * K;
-          if (p.l2norm) {
-            host::l2_normalize_backward(&a.q[offset], &dq_hat[t * K], K);
-            host::l2_normalize_backward(&a.k[offset], &dk_hat[t * K], K);
-          }
-          std::copy_n(&dq_hat[t * K], K, &grads.dq[offset]);
-          std::copy_n(&dk_hat[t * K], K, &grads.dk[offset]);
-        }
+        host::store_qk_gradients(p, n, qk_head, a, dq_hat.data(), dk_hat.data(), grads);
       });
     }
   }

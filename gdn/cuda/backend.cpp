@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,31 +93,75 @@ void expect_aligned(const char* name, const void* data) {
   }
 }
 
-// One call's launch context: device, stream, workspace and the kernels' parameter block.
+// The call in the head dims the kernels are compiled for, where its own are others (none otherwise).
+std::optional<Problem> padded_problem(const Problem& p) {
+  const std::int64_t K = cuda::kernel_key_dim(p.K), V = cuda::kernel_value_dim(p.V);
+  if (K == p.K && V == p.V) return std::nullopt;
+  Problem padded = p;
+  padded.K = K;
+  padded.V = V;
+  return padded;
+}
+
+// One call's launch context: device, stream, workspace and the kernels' parameter block, in the kernels' head
+// dims: a call of other head dims has its inputs padded into the workspace here, and crop() copies its
+// outputs back.
 struct Call {
   DeviceGuard device;
   cudaStream_t stream;
+  std::optional<Problem> padded_copy;  // padded_problem
+  const Problem& kernel;               // the call as the kernels run it: the caller's, or padded_copy
+  bool padded;
+  WorkspaceLayout layout;
+  char* base = nullptr;
   Params params;
 
+  void* region(const WorkspaceLayout::Region& r) const { return r.bytes == 0 ? nullptr : base + r.offset; }
+
+  // The caller's [tokens, heads, width] tensor as rows, at the call's width and at the kernels'.
+  static cuda::MatrixBatch rows(const Problem& p, std::int64_t heads, std::int64_t width) {
+    return {1, p.tokens() * heads, width};
+  }
+  // A [N, HV, K, V] state.
+  static cuda::MatrixBatch states(const Problem& p) { return {p.N * p.HV, p.K, p.V}; }
+
+  // `data` as the kernels read it: the caller's tensor, or its copy padded into `copy`.
+  const void* input(const void* data, const cuda::MatrixBatch& from, const cuda::MatrixBatch& to,
+                    std::size_t element_bytes, const WorkspaceLayout::Region& copy) const {
+    if (!padded) return data;
+    void* padded_copy = region(copy);
+    cuda::copy_padded(data, from, padded_copy, to, element_bytes, stream);
+    return padded_copy;
+  }
+  // Where the kernels write an output: the caller's tensor, or the region it is cropped from.
+  void* output(void* data, const WorkspaceLayout::Region& copy) const { return padded ? region(copy) : data; }
+  // The kernels read rows of q, k, v, o and do as 16-byte vectors; the padded copies are aligned.
+  void expect_vector_rows(const char* name, const void* data) const {
+    if (!padded) expect_aligned(name, data);
+  }
+  // Copies an output the kernels wrote into `copy` to the caller's tensor, cropped (after kernels.run).
+  void crop(const void* written, const cuda::MatrixBatch& from, void* data, const cuda::MatrixBatch& to,
+            std::size_t element_bytes) const {
+    if (padded) cuda::copy_padded(written, from, data, to, element_bytes, stream);
+  }
+
   Call(const Problem& p, const Inputs& in)
-      : device(p.device.index), stream(static_cast<cudaStream_t>(p.stream)) {
-    expect_aligned("q", in.q.data);
-    expect_aligned("k", in.k.data);
-    expect_aligned("v", in.v.data);
+      : device(p.device.index), stream(static_cast<cudaStream_t>(p.stream)), padded_copy(padded_problem(p)),
+        kernel(padded_copy ? *padded_copy : p), padded(padded_copy.has_value()) {
     const bool upload = p.varlen && in.cu_seqlens->device.type == DeviceType::cpu;
     const std::int64_t chunks = count_chunks(p);
-    const cuda::PassSplit split = p.op == Operation::recurrent ? cuda::PassSplit{} : cuda::state_split(p, chunks);
-    const WorkspaceLayout layout = cuda::plan_workspace(p, chunks, upload, split);
-    char* base = static_cast<char*>(cuda::workspace(p.device.index, stream, layout.bytes));
-    auto region = [&](const WorkspaceLayout::Region& r) -> void* { return r.bytes == 0 ? nullptr : base + r.offset; };
+    const cuda::PassSplit split =
+        p.op == Operation::recurrent ? cuda::PassSplit{} : cuda::state_split(kernel, chunks);
+    layout = cuda::plan_workspace(kernel, padded, chunks, upload, split);
+    base = static_cast<char*>(cuda::workspace(p.device.index, stream, layout.bytes));
 
     Params& k = params;
     k.tokens = static_cast<int>(p.tokens());
     k.T = static_cast<int>(p.T);
     k.H = static_cast<int>(p.H);
     k.HV = static_cast<int>(p.HV);
-    k.K = static_cast<int>(p.K);
-    k.V = static_cast<int>(p.V);
+    k.K = static_cast<int>(kernel.K);
+    k.V = static_cast<int>(kernel.V);
     k.group = static_cast<int>(p.group());
     k.sequences = static_cast<int>(p.N);
     k.chunks = static_cast<int>(chunks);
@@ -138,14 +183,22 @@ struct Call {
       k.cu_seqlens = in.cu_seqlens->data;
       k.cu_seqlens_int64 = in.cu_seqlens->dtype == DType::i64;
     }
-    k.q = in.q.data;
-    k.k = in.k.data;
-    k.v = in.v.data;
+    expect_vector_rows("q", in.q.data);
+    expect_vector_rows("k", in.k.data);
+    expect_vector_rows("v", in.v.data);
+    const std::size_t io = dtype_size(p.io_dtype);
+    const WorkspaceLayout::Padded& copy = layout.padded;
+    k.q = input(in.q.data, rows(p, p.H, p.K), rows(kernel, p.H, kernel.K), io, copy.q);
+    k.k = input(in.k.data, rows(p, p.H, p.K), rows(kernel, p.H, kernel.K), io, copy.k);
+    k.v = input(in.v.data, rows(p, p.HV, p.V), rows(kernel, p.HV, kernel.V), io, copy.v);
     k.g = in.g.data;
     k.beta = in.beta.data;
     k.g_float = p.gate_dtype == DType::f32;
     k.beta_float = p.beta_dtype == DType::f32;
-    k.h0 = in.initial_state ? in.initial_state->ptr<const float>() : nullptr;
+    if (in.initial_state) {
+      k.h0 = static_cast<const float*>(
+          input(in.initial_state->data, states(p), states(kernel), sizeof(float), copy.h0));
+    }
 
     k.chunk_table = static_cast<cuda::ChunkInfo*>(region(layout.chunk_table));
     k.sequence_chunks = static_cast<int*>(region(layout.sequence_chunks));
@@ -153,7 +206,7 @@ struct Call {
     k.k_normed = region(layout.k_normed);
     k.q_rstd = static_cast<float*>(region(layout.q_rstd));
     k.k_rstd = static_cast<float*>(region(layout.k_rstd));
-    k.gamma = static_cast<float*>(region(layout.gamma));
+    k.gamma = static_cast<float2*>(region(layout.gamma));
     k.gate_in = static_cast<float*>(region(layout.gate_in));
     k.gate_out = static_cast<float*>(region(layout.gate_out));
     k.w = region(layout.w);
@@ -172,6 +225,16 @@ struct Call {
     k.segment_ends = static_cast<float*>(region(layout.segment_ends));
     k.segment_maps = region(layout.segment_maps);
     k.segment_starts = static_cast<float*>(region(layout.segment_starts));
+  }
+
+  // The outputs of a forward or recurrent step: o and the final state.
+  void forward_outputs(const ForwardOutputs& out) {
+    params.o = output(out.o.data, layout.padded.o);
+    if (out.final_state) params.ht = static_cast<float*>(output(out.final_state->data, layout.padded.ht));
+  }
+  void crop_forward_outputs(const Problem& p, const ForwardOutputs& out) const {
+    crop(params.o, rows(kernel, p.HV, kernel.V), out.o.data, rows(p, p.HV, p.V), dtype_size(p.io_dtype));
+    if (out.final_state) crop(params.ht, states(kernel), out.final_state->data, states(p), sizeof(float));
   }
 
   // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes.
@@ -214,16 +277,13 @@ class CudaBackend final : public Backend {
       return Availability::no(std::string("inputs of dtype ") + dtype_name(p.io_dtype) +
                               " are not supported (bfloat16, float16 or float32; float64 runs on the reference backend)");
     }
-    if (p.K != 64 && p.K != 128 && p.K != 256) {
-      return Availability::no("head dim K = " + std::to_string(p.K) + " is not supported (kernels exist for 64, 128, 256)");
+    if (p.K > 256) {
+      return Availability::no("head dim K = " + std::to_string(p.K) + " is not supported (K <= 256, as fla)");
     }
-    if (p.V % 64 != 0) {
-      return Availability::no("head dim V = " + std::to_string(p.V) + " is not supported (it must be a multiple of 64)");
-    }
-    if (!cuda::have_kernels(p.io_dtype, static_cast<int>(p.K))) {
+    if (!cuda::have_kernels(p.io_dtype, static_cast<int>(cuda::kernel_key_dim(p.K)))) {
       return Availability::no("float32 inputs with head dim K = " + std::to_string(p.K) +
                               " need more shared memory than an SM has (float32 supports K <= 128; bfloat16 and "
-                              "float16 support K = 256)");
+                              "float16 support K <= 256)");
     }
     if (p.tokens() >= (std::int64_t{1} << 31)) {
       return Availability::no("B * T = " + std::to_string(p.tokens()) + " tokens exceed the 2^31 - 1 this backend indexes");
@@ -243,28 +303,34 @@ class CudaBackend final : public Backend {
 
   void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) const override {
     Call call(p, in);
-    expect_aligned("o", out.o.data);
-    call.params.o = out.o.data;
-    call.params.ht = out.final_state ? out.final_state->ptr<float>() : nullptr;
+    call.expect_vector_rows("o", out.o.data);
+    call.forward_outputs(out);
     cuda::KernelSequence kernels;
     call.prepare(p.io_dtype, kernels);
     cuda::launch_state_forward(call.params, p.io_dtype, false, kernels);
     kernels.run(call.params, call.stream);
+    call.crop_forward_outputs(p, out);
   }
 
   void backward(const Problem& p, const Inputs& in, const BackwardInputs& grads_in,
                 const Gradients& grads_out) const override {
     Call call(p, in);
-    expect_aligned("do", grads_in.d_o.data);
+    const Problem& kp = call.kernel;
+    const WorkspaceLayout::Padded& copy = call.layout.padded;
+    const std::size_t io = dtype_size(p.io_dtype);
     Params& k = call.params;
-    k.d_o = grads_in.d_o.data;
-    k.dht = grads_in.dht ? grads_in.dht->ptr<const float>() : nullptr;
-    k.dq = grads_out.dq.data;
-    k.dk = grads_out.dk.data;
-    k.dv = grads_out.dv.data;
+    call.expect_vector_rows("do", grads_in.d_o.data);
+    k.d_o = call.input(grads_in.d_o.data, Call::rows(p, p.HV, p.V), Call::rows(kp, p.HV, kp.V), io, copy.d_o);
+    if (grads_in.dht) {
+      k.dht = static_cast<const float*>(
+          call.input(grads_in.dht->data, Call::states(p), Call::states(kp), sizeof(float), copy.dht));
+    }
+    k.dq = call.output(grads_out.dq.data, copy.dq);
+    k.dk = call.output(grads_out.dk.data, copy.dk);
+    k.dv = call.output(grads_out.dv.data, copy.dv);
     k.dg = grads_out.dg.data;
     k.dbeta = grads_out.dbeta.data;
-    k.dh0 = grads_out.dh0 ? grads_out.dh0->ptr<float>() : nullptr;
+    if (grads_out.dh0) k.dh0 = static_cast<float*>(call.output(grads_out.dh0->data, copy.dh0));
     cuda::KernelSequence kernels;
     call.prepare(p.io_dtype, kernels);
     cuda::launch_backward_state_passes(k, p.io_dtype, kernels);
@@ -272,15 +338,19 @@ class CudaBackend final : public Backend {
     cuda::launch_wy_grad(k, p.io_dtype, kernels);
     cuda::launch_q_grad(k, p.io_dtype, kernels);
     kernels.run(k, call.stream);
+    call.crop(k.dq, Call::rows(kp, p.H, kp.K), grads_out.dq.data, Call::rows(p, p.H, p.K), io);
+    call.crop(k.dk, Call::rows(kp, p.H, kp.K), grads_out.dk.data, Call::rows(p, p.H, p.K), io);
+    call.crop(k.dv, Call::rows(kp, p.HV, kp.V), grads_out.dv.data, Call::rows(p, p.HV, p.V), io);
+    if (grads_out.dh0) call.crop(k.dh0, Call::states(kp), grads_out.dh0->data, Call::states(p), sizeof(float));
   }
 
   void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) const override {
     Call call(p, in);
-    call.params.o = out.o.data;
-    call.params.ht = out.final_state ? out.final_state->ptr<float>() : nullptr;
+    call.forward_outputs(out);
     cuda::KernelSequence kernels;
     cuda::launch_recurrent(call.params, p.io_dtype, kernels);
     kernels.run(call.params, call.stream);
+    call.crop_forward_outputs(p, out);
   }
 };
 

@@ -40,13 +40,33 @@ __device__ __forceinline__ const E* keys(const Params& p) {
   return static_cast<const E*>(p.l2norm ? p.k_normed : p.k);
 }
 
+// The in-chunk cumulative decays gamma (Params::gamma) are sums of gates clamped at this floor, formed in
+// float64 and kept as the unevaluated sum hi + lo of two floats, so that e^(gamma_i - gamma_j), the decay from
+// token j to token i, is as exact as the gates it adds: in float32 the sums of strong gates (g = -1e4) round
+// away the small ones after them, and a gate of -inf (a full reset of the state) would make the difference
+// -inf - (-inf) = NaN. A gate at the floor already decays to exactly 0 in float32 (e^-1e4 underflows), so
+// clamping changes no decay; 64 of them stay far inside float64's exact range. A NaN gate is not clamped
+// (NaN < floor is false) and stays NaN.
+inline constexpr float kGateFloor = -1e4f;
+__device__ __forceinline__ float clamp_gate(float g) { return g < kGateFloor ? kGateFloor : g; }
+__device__ __forceinline__ float2 split_sum(double gamma) {
+  const float hi = static_cast<float>(gamma);
+  return {hi, static_cast<float>(gamma - hi)};
+}
+// e^(gamma_i - gamma_j) for i >= j (gamma_i <= gamma_j). The highs' difference is exact where they are within a
+// factor of two (Sterbenz), and where they are not it is so large that the decay is negligible or zero; the
+// lows' difference then restores what the highs dropped. Three float adds: no float64 in the kernels' loops.
+__device__ __forceinline__ float chunk_decay(float2 gamma_i, float2 gamma_j) {
+  return __expf((gamma_i.x - gamma_j.x) + (gamma_i.y - gamma_j.y));
+}
+
 // Starts copying the chunk's in-chunk cumulative decays gamma[0..63] of value head hv into `gamma`;
 // rows past the chunk's end repeat the last one (their g is zero). Threads 0..63 call it.
-__device__ __forceinline__ void load_gamma_async(const Params& p, float* gamma, int hv, const ChunkInfo& chunk,
+__device__ __forceinline__ void load_gamma_async(const Params& p, float2* gamma, int hv, const ChunkInfo& chunk,
                                                  int thread) {
   if (thread < kChunk) {
     const int row = thread < chunk.length ? thread : chunk.length - 1;
-    cp_async_4(&gamma[thread], p.gamma + static_cast<std::int64_t>(hv) * p.tokens + chunk.start + row, true);
+    cp_async_8(&gamma[thread], p.gamma + static_cast<std::int64_t>(hv) * p.tokens + chunk.start + row, true);
   }
 }
 

@@ -1,5 +1,5 @@
 // Per (chunk, q/k head, slice of kKeySlice key columns), the value heads of its GVA group in turn: the
-// gradients that need the states (gdn-kernels.md section 3, step 4), accumulated over 64-wide blocks of V:
+// gradients that need the states (docs/gdn-algorithm.md section 4), accumulated over 64-wide blocks of V:
 //   dQ  = scale e^gamma (dO S^T) + M K                 M  = (dO Delta^T) * scale Gamma, lower incl.
 //   dK  = e^(gamma_last - gamma) (Delta dS'^T) + M^T Q
 //   dW  = -D S^T                                        D = dDelta (from the reverse pass)
@@ -33,7 +33,7 @@ struct ChunkGradSmem {
   static constexpr int delta = d_o + Square::kBytes;
   static constexpr int ddelta = delta + Square::kBytes;
   static constexpr int gamma = ddelta + Square::kBytes;
-  static constexpr int gate_in = gamma + kChunk * 4;  // e^gamma, then e^(gamma_last - gamma)
+  static constexpr int gate_in = gamma + kChunk * 8;  // e^gamma, then e^(gamma_last - gamma); gamma is hi + lo
   static constexpr int q_dots = gate_in + 2 * kChunk * 4;  // [2 column halves][64 rows]
   static constexpr int k_dots = q_dots + 2 * kChunk * 4;
   static constexpr int g_parts = k_dots + 2 * kChunk * 4;  // store_row_column_sums of G
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   const Square do_tile{smem_at<E>(smem, L::d_o)}, delta_tile{smem_at<E>(smem, L::delta)};
   const Square ddelta_tile{smem_at<E>(smem, L::ddelta)};
   const Square m_tile = s_tile;
-  float* gamma = smem_at<float>(smem, L::gamma);
+  float2* gamma = smem_at<float2>(smem, L::gamma);
   float* gate_in = smem_at<float>(smem, L::gate_in);
   float* gate_out = gate_in + kChunk;
   float* q_dots = smem_at<float>(smem, L::q_dots);
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
         for_each(second, m0, n0, [&](int r, int c, float&) { m_tile(r, c) = from_float<E>(0.f); });
       } else {
         for_each(second, m0, n0, [&](int r, int c, float& x) {
-          m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * __expf(gamma[r] - gamma[c]) : 0.f);
+          m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * chunk_decay(gamma[r], gamma[c]) : 0.f);
         });
       }
       if (slice == 0) {

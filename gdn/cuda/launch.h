@@ -5,6 +5,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include "deltatrain/core/tensor.h"
 #include "deltatrain/gdn/backend.h"
 #include "kernel_sequence.h"
@@ -14,6 +17,22 @@ namespace deltatrain::gdn::cuda {
 
 // Whether kernels for the io dtype and head dim K are compiled in (float32 needs K <= 128).
 bool have_kernels(DType io, int K);
+
+// The head dims the kernels are compiled for: K padded to 64, 128 or 256 and V to a multiple of 64 (the same
+// dims for those). The backend runs a call of other dims on copies of its tensors zero-padded to these
+// (copy_padded) and crops the results: zeros change nothing, since the state's padded key rows stay zero and
+// its padded value columns, independent of the others, get zero cotangents.
+inline std::int64_t kernel_key_dim(std::int64_t K) { return K <= 64 ? 64 : K <= 128 ? 128 : K <= 256 ? 256 : K; }
+inline std::int64_t kernel_value_dim(std::int64_t V) { return (V + 63) / 64 * 64; }
+
+// `blocks` row-major matrices of rows x cols, one after another.
+struct MatrixBatch {
+  std::int64_t blocks, rows, cols;
+};
+// dst (to) = src (from) where both have an element, 0 where only dst has: pads (dst larger) or crops (src
+// larger) each matrix, on `stream`. Elements of 2 or 4 bytes.
+void copy_padded(const void* src, MatrixBatch from, void* dst, MatrixBatch to, std::size_t element_bytes,
+                 cudaStream_t stream);
 
 // The chunk schedule and, when p.l2norm, the L2 norm of q and k (one launch).
 void launch_start(const Params& p, DType io, KernelSequence& kernels);

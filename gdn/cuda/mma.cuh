@@ -471,6 +471,10 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* global, bool 
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)), "l"(global),
                "r"(valid ? 4 : 0));
 }
+__device__ __forceinline__ void cp_async_8(void* smem, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(smem)), "l"(global),
+               "r"(valid ? 8 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

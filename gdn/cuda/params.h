@@ -3,6 +3,8 @@
 // make_params (backend.cpp) from a validated Problem; kernels never see a TensorView.
 #pragma once
 
+#include <vector_types.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -70,7 +72,7 @@ struct Params {
   void* k_normed = nullptr;              // io [tokens, H, K] (l2norm only)
   float* q_rstd = nullptr;               // [tokens, H] (l2norm only)
   float* k_rstd = nullptr;               // [tokens, H] (l2norm only)
-  float* gamma = nullptr;                // [HV, tokens]: in-chunk cumulative log decay
+  float2* gamma = nullptr;               // [HV, tokens]: in-chunk cumulative log decay, hi + lo (chunk.cuh)
   float* gate_in = nullptr;              // [HV, tokens]: e^gamma, the decay from the chunk's start
   float* gate_out = nullptr;             // [HV, tokens]: e^(gamma_last - gamma), the decay to its end
   void* w = nullptr;                     // io [tokens, HV, K]

@@ -1,5 +1,5 @@
 // The parallel start of the chunked algorithm: the chunk schedule, the optional L2 norm of q and k, and
-// per (chunk, value head) the WY/UT transform (gdn-kernels.md section 2):
+// per (chunk, value head) the WY/UT transform (docs/gdn-algorithm.md section 3):
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
 //   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
 //   mma.sync passes or T diag(beta) for the wgmma passes, which form U themselves (state_hopper.cu).
@@ -113,7 +113,7 @@ struct PrepareSmem {
   static constexpr int t_beta = q + ChunkTile::kBytes;
   static constexpr int a = q + std::max({KeyTile::kBytes, FloatTile::kBytes, 2 * ChunkTile::kBytes});
   static constexpr int gamma = a + std::max({FloatTile::kBytes, KeyTile::kBytes, VTile::kBytes});
-  static constexpr int beta = gamma + kChunk * 4;
+  static constexpr int beta = gamma + kChunk * 8;  // gamma is hi + lo (chunk.cuh)
   static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
   static constexpr int bytes = beta_decay + kChunk * 4;
   // CTAs per SM that shared memory admits on sm_90 (228 KiB, 1 KiB reserved per CTA), at most four: the
@@ -234,9 +234,10 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   const typename L::KeyTile q_tile{smem_at<E>(smem, L::q)}, k_tile{smem_at<E>(smem, L::k)};
   const typename L::FloatTile a_tile{smem_at<float>(smem, L::a)}, scratch{smem_at<float>(smem, L::q)};
   const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
-  float* gamma = smem_at<float>(smem, L::gamma);
+  float2* gamma = smem_at<float2>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
   float* beta_decay = smem_at<float>(smem, L::beta_decay);
+  __shared__ double first_half;  // the sum of the chunk's first 32 gates
 
   const int hv = blockIdx.y, h = hv / p.group, tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n_half = 32 * (warp / 4);
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   float g = 0.f;
   if (tid < kChunk && tid < rows) {
     const std::int64_t index = (t0 + tid) * p.HV + hv;
-    g = load_gate<E>(p.g, index, p.g_float);
+    g = clamp_gate(load_gate<E>(p.g, index, p.g_float));
     beta[tid] = load_gate<E>(p.beta, index, p.beta_float);
   } else if (tid < kChunk) {
     beta[tid] = 0.f;
@@ -258,27 +259,28 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   load_chunk_rows<kPrepareThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
   cp_async_commit();
 
-  // Gate cumsum: two warps scan 32 rows each.
+  // Gate cumsum in float64 (chunk.cuh says why): two warps scan 32 rows each.
+  double cumulative = g;
   if (tid < kChunk) {
-    float x = g;
 #pragma unroll
     for (int offset = 1; offset < 32; offset <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, x, offset);
-      if ((tid & 31) >= offset) x += y;
+      const double y = __shfl_up_sync(0xffffffffu, cumulative, offset);
+      if ((tid & 31) >= offset) cumulative += y;
     }
-    gamma[tid] = x;
+    if (tid == 31) first_half = cumulative;
   }
   __syncthreads();
-  if (tid >= 32 && tid < kChunk) gamma[tid] += gamma[31];
+  if (tid >= 32 && tid < kChunk) cumulative += first_half;
+  if (tid < kChunk) gamma[tid] = split_sum(cumulative);
   __syncthreads();
   if (tid < kChunk) {
-    const float decay = __expf(gamma[tid]);
+    const float decay = __expf(static_cast<float>(cumulative));
     beta_decay[tid] = beta[tid] * decay;
     if (tid < rows) {
       const std::int64_t at = static_cast<std::int64_t>(hv) * p.tokens + t0 + tid;
       p.gamma[at] = gamma[tid];
       p.gate_in[at] = decay;
-      p.gate_out[at] = __expf(gamma[rows - 1] - gamma[tid]);
+      p.gate_out[at] = chunk_decay(gamma[rows - 1], gamma[tid]);
     }
   }
 
@@ -295,7 +297,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
     // Both are gated by e^(gamma_r - gamma_c): A below the diagonal, P on and below it.
     for_each(kk, qk, m0, n_half, [&](int r, int c, float& a, float& q) {
-      const float decay = r >= c ? __expf(gamma[r] - gamma[c]) : 0.f;
+      const float decay = r >= c ? chunk_decay(gamma[r], gamma[c]) : 0.f;
       a = r > c ? beta[r] * a * decay : 0.f;
       q = p.scale * q * decay;
     });

@@ -1,6 +1,6 @@
 // The two sequential passes over the chunks of each (sequence, value head): the state recurrence forward
-// (gdn-kernels.md section 2) and the state gradient backward (section 3, step 3), walking the chunks in
-// order while the next chunk's tiles arrive by cp.async into the other stage.
+// (docs/gdn-algorithm.md section 3) and the state gradient backward (section 4, the reverse pass), walking
+// the chunks in order while the next chunk's tiles arrive by cp.async into the other stage.
 //
 // Work split. A CTA owns 16 x kGroups columns of V. Each group of 16 columns is held by a pair of warps,
 // one per half of the key dimension: the warp keeps its 16 x K/2 block of the state, transposed (S^T), in

@@ -12,7 +12,7 @@
 // (state_backward_hopper_kernel) walks the chunks in reverse with the transposed map.
 //
 // Few long sequences over few heads leave most SMs idle while the chain of chunks is long, so such calls
-// split each sequence into p.segments runs of chunks (gdn-kernels.md: the chunk map is affine,
+// split each sequence into p.segments runs of chunks (docs/gdn-algorithm.md section 3: the chunk map is affine,
 // S^T' = S^T A + B with A = e^gamma_last I - W^T diag(e^(gamma_last - gamma)) K, B = U^T diag(..) K):
 //   1. Pass::segment_ends, every segment but the last in parallel: its end state from a zero start (segment
 //      0 from h0), R_s, and the product M_s of its chunks' A, computed as K more state rows that start at

@@ -12,7 +12,7 @@
 
 namespace deltatrain::gdn::cuda {
 
-WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets,
+WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t chunks, bool upload_offsets,
                                const PassSplit& split) {
   WorkspaceLayout layout;
   auto take = [&](WorkspaceLayout::Region& region, std::size_t bytes) {
@@ -26,6 +26,26 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
   const auto n_chunks = static_cast<std::size_t>(chunks);
 
   if (upload_offsets) take(layout.offsets, (problem.N + 1) * sizeof(std::int64_t));
+  if (padded) {
+    const std::size_t qk_bytes = tokens * H * K * io, v_bytes = tokens * HV * V * io;
+    const std::size_t state_bytes = static_cast<std::size_t>(problem.N) * HV * K * V * f32;
+    WorkspaceLayout::Padded& copy = layout.padded;
+    take(copy.q, qk_bytes);
+    take(copy.k, qk_bytes);
+    take(copy.v, v_bytes);
+    if (problem.has_initial_state) take(copy.h0, state_bytes);
+    if (problem.op == Operation::chunk_backward) {
+      take(copy.d_o, v_bytes);
+      take(copy.dq, qk_bytes);
+      take(copy.dk, qk_bytes);
+      take(copy.dv, v_bytes);
+      if (problem.has_final_state) take(copy.dht, state_bytes);
+      if (problem.has_initial_state) take(copy.dh0, state_bytes);
+    } else {
+      take(copy.o, v_bytes);
+      if (problem.has_final_state) take(copy.ht, state_bytes);
+    }
+  }
   if (problem.op == Operation::recurrent) return layout;
   take(layout.chunk_table, n_chunks * sizeof(ChunkInfo));
   take(layout.sequence_chunks, (problem.N + 1) * sizeof(int));
@@ -35,7 +55,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool
     take(layout.q_rstd, tokens * H * f32);
     take(layout.k_rstd, tokens * H * f32);
   }
-  take(layout.gamma, tokens * HV * f32);
+  take(layout.gamma, tokens * HV * sizeof(float2));
   take(layout.gate_in, tokens * HV * f32);
   take(layout.gate_out, tokens * HV * f32);
   take(layout.w, tokens * HV * K * io);

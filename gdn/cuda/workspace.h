@@ -24,12 +24,18 @@ struct WorkspaceLayout {
   Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
   Region segment_ends, segment_maps, segment_starts;
+  // Zero-padded copies of the caller's tensors, in the kernels' shapes, for a call whose head dims the kernels
+  // are not compiled for (kernel_key_dim); the outputs are cropped from them into the caller's.
+  struct Padded {
+    Region q, k, v, o, h0, ht, d_o, dht, dq, dk, dv, dh0;
+  } padded;
   std::size_t bytes = 0;
 };
 
-// chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must be copied to the GPU;
-// split: how the sequential state passes run (state_split).
-WorkspaceLayout plan_workspace(const Problem& problem, std::int64_t chunks, bool upload_offsets,
+// problem: the call in the kernels' head dims (kernel_key_dim); padded: whether those differ from the caller's,
+// so that its tensors are copied; chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must
+// be copied to the GPU; split: how the sequential state passes run (state_split).
+WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t chunks, bool upload_offsets,
                                const PassSplit& split);
 
 // The calling thread's device's workspace for `stream`, at least `bytes` long. Growing it while the

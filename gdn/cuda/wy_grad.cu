@@ -1,5 +1,5 @@
 // Per (chunk, q/k head), the value heads of its GVA group in turn (in head order, each adding its part to
-// the group's dK): the backward of the WY/UT transform (gdn-kernels.md section 3, step 5) and the final
+// the group's dK): the backward of the WY/UT transform (docs/gdn-algorithm.md section 4) and the final
 // per-token gradients of g and beta, and dk (through the L2 norm where there is one); then, with the L2 norm,
 // per (token, q/k head), dq taken through it.
 // With D = dDelta, the gradient of U = T diag(beta) V:
@@ -33,7 +33,7 @@ struct WyGradSmem {
   static constexpr int d_next = f + Square::kBytes;
   static constexpr int v_next = d_next + Square::kBytes;
   static constexpr int gamma = v_next + Square::kBytes;
-  static constexpr int beta = gamma + kChunk * 4;
+  static constexpr int beta = gamma + kChunk * 8;  // gamma is hi + lo (chunk.cuh)
   static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
   static constexpr int dgamma = beta_decay + kChunk * 4;
   static constexpr int k_dots = dgamma + kChunk * 4;  // [2 column halves][64 rows]
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   // The buffers of the block of D and V that starts at column vb.
   auto d_block = [&](int vb) { return typename L::Square{smem_at<E>(smem, vb / 64 % 2 == 0 ? L::x : L::d_next)}; };
   auto v_block = [&](int vb) { return typename L::Square{smem_at<E>(smem, vb / 64 % 2 == 0 ? L::f : L::v_next)}; };
-  float* gamma = smem_at<float>(smem, L::gamma);
+  float2* gamma = smem_at<float2>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
   float* beta_decay = smem_at<float>(smem, L::beta_decay);
   float* dgamma = smem_at<float>(smem, L::dgamma);
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
       if (hv == h * p.group) warp_mma(keys_gram, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
       for_each(kk, keys_gram, m0, n0, [](int, int, float& x, float& gram) { x = gram; });
       for_each(da, kk, m0, n0, [&](int r, int c, float& x, float& kdot) {
-        const float decay = r > c ? __expf(gamma[r] - gamma[c]) : 0.f;
+        const float decay = r > c ? chunk_decay(gamma[r], gamma[c]) : 0.f;
         f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
         x = -x * kdot * decay;  // E
         kdot = beta[r] * x;     // beta E
@@ -184,7 +184,8 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
         }
         const float x = k_dots[r] + k_dots[kChunk + r];
         dg += decay_balance(e_parts, r) + beta_decay[r] * x;
-        db = beta_dots[r] + beta_dots[kChunk + r] + __expf(gamma[r]) * x + e_sums[r] + e_sums[kChunk + r];
+        db = beta_dots[r] + beta_dots[kChunk + r] + __expf(gamma[r].x + gamma[r].y) * x + e_sums[r] +
+             e_sums[kChunk + r];
       }
       dgamma[r] = dg;
       if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);

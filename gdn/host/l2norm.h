@@ -1,10 +1,12 @@
 // The in-kernel q/k L2 norm, y = x / sqrt(sum x^2 + eps), and its backward; shared by the host backends.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
-#include "deltatrain/gdn/gdn.h"
+#include "deltatrain/gdn/backend.h"
+#include "host/host_tensors.h"
 
 namespace deltatrain::gdn::host {
 
@@ -38,6 +40,23 @@ void l2_normalize_backward(const T* x, T* dy, std::int64_t n) {
     const double xi = x[i], dyi = dy[i];
     const double others_s = s - xi * xi, others_dot = x_dot_dy - xi * dyi;
     dy[i] = static_cast<T>(r3 * ((kL2NormEps + others_s) * dyi - xi * others_dot));
+  }
+}
+
+// Writes the gradients of sequence n's raw q and k rows of q/k head `qk_head` from dq_hat and dk_hat
+// ([length, K], overwritten), those of the rows the backend used: through the norm when it is on.
+template <class T>
+void store_qk_gradients(const Problem& p, std::int64_t n, std::int64_t qk_head, const InputArrays<T>& a, T* dq_hat,
+                        T* dk_hat, BackwardArrays<T>& grads) {
+  const std::int64_t K = p.K, begin = p.offsets[n], length = p.offsets[n + 1] - begin;
+  for (std::int64_t t = 0; t < length; ++t) {
+    const std::int64_t offset = ((begin + t) * p.H + qk_head) * K;
+    if (p.l2norm) {
+      l2_normalize_backward(&a.q[offset], &dq_hat[t * K], K);
+      l2_normalize_backward(&a.k[offset], &dk_hat[t * K], K);
+    }
+    std::copy_n(&dq_hat[t * K], K, &grads.dq[offset]);
+    std::copy_n(&dk_hat[t * K], K, &grads.dk[offset]);
   }
 }
 

@@ -216,16 +216,7 @@ void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& gi, 
         grads.store_initial_state_gradient(p, n, j, dh.data());
       }
 
-      // Through the L2 norm to the raw q and k, once per q/k head.
-      for (std::int64_t t = 0; t < length; ++t) {
-        const std::int64_t offset = ((p.offsets[n] + t) * p.H + qk_head) * K;
-        if (p.l2norm) {
-          host::l2_normalize_backward(&a.q[offset], &dq_hat[t * K], K);
-          host::l2_normalize_backward(&a.k[offset], &dk_hat[t * K], K);
-        }
-        std::copy_n(&dq_hat[t * K], K, &grads.dq[offset]);
-        std::copy_n(&dk_hat[t * K], K, &grads.dk[offset]);
-      }
+      host::store_qk_gradients(p, n, qk_head, a, dq_hat.data(), dk_hat.data(), grads);  // once per q/k head
     });
   }
   failure.rethrow();

@@ -33,25 +33,40 @@ Inputs inputs_of(TensorArgs& args, nb::handle q, nb::handle k, nb::handle v, nb:
   return in;
 }
 
-// The numeric options arrive as Python objects and are converted here: a wrong type is then a ValueError
-// naming the argument, where a typed parameter would give nanobind's dump of the function's signature.
+// Every argument arrives as a Python object and is converted here (tensors by TensorArgs, None included): a
+// wrong type is then a ValueError naming the argument, where a typed parameter would give nanobind's dump of
+// the function's signature.
+[[noreturn]] void wrong_type(nb::handle object, const char* name, const char* expected) {
+  throw InvalidArgument(name, std::string("expected ") + expected + ", got " + nb::type_name(object.type()).c_str() +
+                                  " " + nb::repr(object).c_str());
+}
+
 template <class Number>
 Number number_of(nb::handle object, const char* name, const char* expected) {
   Number value{};
-  if (PyBool_Check(object.ptr()) || !nb::try_cast(object, value)) {
-    throw InvalidArgument(name, std::string("expected ") + expected + ", got " + nb::type_name(object.type()).c_str() +
-                                    " " + nb::repr(object).c_str());
-  }
+  if (PyBool_Check(object.ptr()) || !nb::try_cast(object, value)) wrong_type(object, name, expected);
   return value;
 }
 
-Options options_of(nb::handle scale, bool l2norm, const std::string& backend, std::uintptr_t stream,
+bool flag_of(nb::handle object, const char* name) {
+  bool value = false;  // True or False, as a typed bool parameter takes
+  if (!nb::try_cast(object, value)) wrong_type(object, name, "True or False");
+  return value;
+}
+
+std::string text_of(nb::handle object, const char* name, const char* expected) {
+  if (!nb::isinstance<nb::str>(object)) wrong_type(object, name, expected);
+  return nb::cast<std::string>(object);
+}
+
+Options options_of(nb::handle scale, nb::handle l2norm, nb::handle backend, nb::handle stream,
                    nb::handle cpu_threads) {
   Options options;
   if (!scale.is_none()) options.scale = number_of<double>(scale, "scale", "a float or None");
-  options.use_qk_l2norm_in_kernel = l2norm;
-  options.backend = backend;
-  options.stream = reinterpret_cast<void*>(stream);
+  options.use_qk_l2norm_in_kernel = flag_of(l2norm, "use_qk_l2norm_in_kernel");
+  options.backend = text_of(backend, "backend", "a backend's name (a str)");
+  options.stream = reinterpret_cast<void*>(
+      number_of<std::uintptr_t>(stream, "stream", "an int (a cudaStream_t, 0 = the default stream)"));
   options.cpu_threads = number_of<int>(cpu_threads, "cpu_threads", "an int (0 = all cores)");
   return options;
 }
@@ -60,8 +75,8 @@ using ForwardFunction = void (*)(const Inputs&, const gdn::ForwardOutputs&, cons
 
 template <ForwardFunction run>
 void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle o,
-             nb::handle final_state, nb::handle initial_state, nb::handle scale, bool l2norm,
-             nb::handle cu_seqlens, nb::handle cu_seqlens_cpu, const std::string& backend, std::uintptr_t stream,
+             nb::handle final_state, nb::handle initial_state, nb::handle scale, nb::handle l2norm,
+             nb::handle cu_seqlens, nb::handle cu_seqlens_cpu, nb::handle backend, nb::handle stream,
              nb::handle cpu_threads) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
@@ -73,8 +88,8 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
 
 void backward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle d_o, nb::handle dq,
               nb::handle dk, nb::handle dv, nb::handle dg, nb::handle dbeta, nb::handle dht, nb::handle dh0,
-              nb::handle initial_state, nb::handle scale, bool l2norm, nb::handle cu_seqlens,
-              nb::handle cu_seqlens_cpu, const std::string& backend, std::uintptr_t stream, nb::handle cpu_threads) {
+              nb::handle initial_state, nb::handle scale, nb::handle l2norm, nb::handle cu_seqlens,
+              nb::handle cu_seqlens_cpu, nb::handle backend, nb::handle stream, nb::handle cpu_threads) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
   const gdn::BackwardInputs grads_in{args.input(d_o, "do"), args.optional_input(dht, "dht")};
@@ -91,7 +106,8 @@ nb::dict problem(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::han
                  nb::handle scale, nb::handle cu_seqlens, nb::handle cu_seqlens_cpu) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
-  const gdn::Problem p = gdn::make_problem(in, options_of(scale, false, "auto", 0, nb::int_(0)), gdn::Operation::chunk_forward);
+  const Options options = options_of(scale, nb::bool_(false), nb::str("auto"), nb::int_(0), nb::int_(0));
+  const gdn::Problem p = gdn::make_problem(in, options, gdn::Operation::chunk_forward);
   nb::dict d;
   d["B"] = p.B, d["T"] = p.T, d["H"] = p.H, d["HV"] = p.HV, d["K"] = p.K, d["V"] = p.V, d["N"] = p.N;
   d["scale"] = p.scale;
@@ -104,11 +120,12 @@ nb::dict problem(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::han
 }
 
 std::string resolve_backend(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
-                            nb::handle initial_state, nb::handle scale, bool l2norm, nb::handle cu_seqlens,
-                            nb::handle cu_seqlens_cpu, const std::string& backend, bool backward) {
+                            nb::handle initial_state, nb::handle scale, nb::handle l2norm, nb::handle cu_seqlens,
+                            nb::handle cu_seqlens_cpu, nb::handle backend, nb::handle backward) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
-  return gdn::resolve_backend(in, options_of(scale, l2norm, backend, 0, nb::int_(0)), backward);
+  return gdn::resolve_backend(in, options_of(scale, l2norm, backend, nb::int_(0), nb::int_(0)),
+                              flag_of(backward, "backward"));
 }
 
 nb::list backends() {
@@ -166,30 +183,33 @@ exactly when initial_state is given. Errors and threading as chunk_forward.)";
 void bind_gdn(nb::module_& m) {
   register_error_translators();
   nb::module_ gdn = m.def_submodule("gdn", "The Gated DeltaNet operator (low level: callers allocate outputs)");
-  gdn.def("chunk_forward", &forward<gdn::chunk_forward>, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "o"_a,
-          "final_state"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(), nb::kw_only(),
-          "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false, "cu_seqlens"_a.none() = nb::none(),
-          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0, "cpu_threads"_a = nb::int_(0),
-          kForwardDoc);
-  gdn.def("recurrent_forward", &forward<gdn::recurrent_forward>, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "o"_a,
-          "final_state"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(), nb::kw_only(),
-          "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false, "cu_seqlens"_a.none() = nb::none(),
-          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "stream"_a = 0, "cpu_threads"_a = nb::int_(0),
-          kRecurrentDoc);
-  gdn.def("chunk_backward", &backward, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "do"_a, "dq"_a, "dk"_a, "dv"_a, "dg"_a,
-          "dbeta"_a, "dht"_a.none() = nb::none(), "dh0"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(),
-          nb::kw_only(), "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = false,
-          "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto",
-          "stream"_a = 0, "cpu_threads"_a = nb::int_(0), kBackwardDoc);
-  gdn.def("problem", &problem, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "initial_state"_a.none() = nb::none(),
-          nb::kw_only(), "scale"_a.none() = nb::none(), "cu_seqlens"_a.none() = nb::none(),
-          "cu_seqlens_cpu"_a.none() = nb::none(),
+  // Tensors accept None too, so that a missing one is refused naming it (TensorArgs) like any other bad one.
+  gdn.def("chunk_forward", &forward<gdn::chunk_forward>, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
+          "beta"_a.none(), "o"_a.none(), "final_state"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(),
+          nb::kw_only(), "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = nb::bool_(false),
+          "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = nb::str("auto"),
+          "stream"_a = nb::int_(0), "cpu_threads"_a = nb::int_(0), kForwardDoc);
+  gdn.def("recurrent_forward", &forward<gdn::recurrent_forward>, "q"_a.none(), "k"_a.none(), "v"_a.none(),
+          "g"_a.none(), "beta"_a.none(), "o"_a.none(), "final_state"_a.none() = nb::none(),
+          "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
+          "use_qk_l2norm_in_kernel"_a = nb::bool_(false), "cu_seqlens"_a.none() = nb::none(),
+          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = nb::str("auto"), "stream"_a = nb::int_(0),
+          "cpu_threads"_a = nb::int_(0), kRecurrentDoc);
+  gdn.def("chunk_backward", &backward, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
+          "do"_a.none(), "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "dg"_a.none(), "dbeta"_a.none(),
+          "dht"_a.none() = nb::none(), "dh0"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(),
+          nb::kw_only(), "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = nb::bool_(false),
+          "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = nb::str("auto"),
+          "stream"_a = nb::int_(0), "cpu_threads"_a = nb::int_(0), kBackwardDoc);
+  gdn.def("problem", &problem, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
+          "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
+          "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(),
           "Validate a call's inputs and return its sizes and dtypes, to allocate outputs:\n"
           "{B, T, H, HV, K, V, N, scale, io_dtype, gate_dtype, beta_dtype, state_dtype, device}.");
-  gdn.def("resolve_backend", &resolve_backend, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a,
-          "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
-          "use_qk_l2norm_in_kernel"_a = false, "cu_seqlens"_a.none() = nb::none(),
-          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = "auto", "backward"_a = false,
+  gdn.def("resolve_backend", &resolve_backend, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
+          "beta"_a.none(), "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
+          "use_qk_l2norm_in_kernel"_a = nb::bool_(false), "cu_seqlens"_a.none() = nb::none(),
+          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = nb::str("auto"), "backward"_a = nb::bool_(false),
           "The name of the backend `backend` resolves to for this call (what \"auto\" picks).");
   gdn.def("backends", &backends,
           "Every registered backend, fastest first: [{name, available, reason, details, priority}].");

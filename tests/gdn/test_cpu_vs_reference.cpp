@@ -30,6 +30,12 @@ const Shape kShapes[] = {
     // but eps, and for K = 2 nearly so; the subtraction must not cancel.
     {"K1_l2norm", {1, 70, 1, 2, 1, 16, {}}, true, true, true},
     {"K2_l2norm", {2, 33, 2, 2, 2, 8, {}}, true, false, true},
+    // Head dims of fla's tests (60, 100) and others up to 256, K and V unequal.
+    {"K60_V100_GVA2_l2norm", {1, 130, 1, 2, 60, 100, {}}, true, true, true},
+    {"K100_V60_varlen", packed({65, 0, 3}, 1, 1, 100, 60), true, true, true},
+    {"K16_V200", {2, 65, 1, 1, 16, 200, {}}, false, true, true},
+    {"K200_V16_no_states", {1, 70, 2, 2, 200, 16, {}}, true, false, false},
+    {"K256_V128", {1, 66, 1, 1, 256, 128, {}}, true, true, true},
 };
 
 struct Precision {

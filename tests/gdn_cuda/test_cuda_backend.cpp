@@ -1,10 +1,12 @@
 // The cuda GDN backend against the fp64 reference on fresh random inputs: forward, backward and recurrent
-// step over head dims, dtypes, GVA, packed varlen (many short and a few long sequences), initial/final
-// states, the in-kernel L2 norm, strong decay and g = 0; bitwise determinism, CUDA-graph capture and the
+// step over head dims (those the kernels are compiled for, and others up to 256, run on padded copies),
+// dtypes, GVA, packed varlen (many short and a few long sequences), initial/final states, the in-kernel L2
+// norm, strong decay, g = 0 and g = -inf (full resets); bitwise determinism, CUDA-graph capture and the
 // availability reasons. Outputs are NaN-poisoned before every call, so an unwritten value fails.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -36,7 +38,10 @@ struct Case {
   GateRange gates{};
   DType cu_dtype = DType::i32;
   bool cu_seqlens_on_device = true;
+  bool gate_ends = false;  // g drawn from {gates.lo, gates.hi} with equal odds instead of between them
 };
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 // gtest names a parameter by its bytes unless told otherwise.
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -84,6 +89,25 @@ std::vector<Case> cases() {
   all.push_back({"bf16_two_segments", fixed(1, 600, 1, 1, 128, 128), DType::bf16, DType::f32, false, true, true});
   all.push_back({"f16_long_varlen_K64", packed({2900, 37, 2100}, 1, 2, 64, 128), DType::f16, DType::f32, true, false,
                  false});
+  // Head dims the kernels are not compiled for (fla's tests use 60 and 100): padded to 64, 128 or 256 and to
+  // a multiple of 64 inside the backend.
+  all.push_back({"bf16_K60_V100_gva_l2norm", fixed(2, 130, 2, 4, 60, 100), DType::bf16, DType::f32, true});
+  all.push_back({"f16_K100_V60_varlen", mixed_lengths(1, 2, 100, 60), DType::f16, DType::f32, true, true, true});
+  all.push_back({"f32_K16_V200", fixed(1, 150, 1, 2, 16, 200), DType::f32});
+  all.push_back({"f32_K60_V60_no_states", fixed(2, 70, 2, 2, 60, 60), DType::f32, DType::f32, true, false, false});
+  all.push_back({"bf16_K200_V16", fixed(1, 140, 2, 2, 200, 16), DType::bf16, DType::bf16});
+  all.push_back({"bf16_K256_V100_single_token", fixed(3, 1, 1, 2, 256, 100), DType::bf16});
+  // Decay at the extremes (issue 22): g = -inf (a full reset: e^(gamma_i - gamma_j) must not be -inf - -inf)
+  // and g = -1e4 (sums whose rounding would swamp the small gates after them), each mixed with weak gates.
+  for (DType io : {DType::bf16, DType::f32}) {
+    const std::string tag = std::string(dtype_name(io)) + "_";
+    all.push_back({tag + "reset_or_weak", packed({130, 64, 7}, 2, 4, 64, 64), io, DType::f32, true, true, true,
+                   GateRange{-kInfinity, -0.0625}, DType::i32, true, true});
+    all.push_back({tag + "huge_or_weak", packed({130, 64, 7}, 2, 4, 128, 128), io, DType::f32, true, true, true,
+                   GateRange{-1e4, -0.0625}, DType::i32, true, true});
+  }
+  all.push_back({"bf16_reset_every_token", fixed(1, 100, 1, 2, 128, 64), DType::bf16, DType::f32, false, true, true,
+                 GateRange{-kInfinity, -kInfinity}, DType::i32, true, true});
   return all;
 }
 
@@ -91,8 +115,13 @@ class CudaVsReference : public SeededTest, public ::testing::WithParamInterface<
  protected:
   Sample sample() {
     const Case& c = GetParam();
-    Sample s = random_sample(c.layout, c.io, c.gate, c.l2norm, c.initial_state, rng_, c.gates);
+    const GateRange gates = c.gate_ends ? GateRange{} : c.gates;  // the ends are drawn below
+    Sample s = random_sample(c.layout, c.io, c.gate, c.l2norm, c.initial_state, rng_, gates);
     s.cu_dtype = c.cu_dtype;
+    if (c.gate_ends) {
+      std::bernoulli_distribution coin(0.5);
+      for (double& g : s.g) g = coin(rng_) ? c.gates.lo : c.gates.hi;  // ends exact in float32
+    }
     return s;
   }
   DeviceCallOptions call() const { return {GetParam().cu_seqlens_on_device, true, nullptr}; }
@@ -242,12 +271,15 @@ TEST(CudaAvailability, ReasonsOnGpu) {
   const Availability on_cpu = backend.supports(problem_on(Device{}, DType::bf16, 128));
   EXPECT_FALSE(on_cpu.ok);
   EXPECT_NE(on_cpu.reason.find("on the CPU"), std::string::npos) << on_cpu.reason;
-  const Availability odd_dim = backend.supports(problem_on(gpu, DType::bf16, 96));
-  EXPECT_NE(odd_dim.reason.find("K = 96"), std::string::npos) << odd_dim.reason;
+  EXPECT_TRUE(backend.supports(problem_on(gpu, DType::bf16, 96)).ok);  // padded to 128
+  const Availability too_wide = backend.supports(problem_on(gpu, DType::bf16, 300));
+  EXPECT_NE(too_wide.reason.find("K = 300"), std::string::npos) << too_wide.reason;
   const Availability f64 = backend.supports(problem_on(gpu, DType::f64, 128));
   EXPECT_NE(f64.reason.find("float64"), std::string::npos) << f64.reason;
   const Availability f32_256 = backend.supports(problem_on(gpu, DType::f32, 256));
   EXPECT_NE(f32_256.reason.find("K = 256"), std::string::npos) << f32_256.reason;
+  const Availability f32_200 = backend.supports(problem_on(gpu, DType::f32, 200));  // would pad to 256
+  EXPECT_NE(f32_200.reason.find("K = 200"), std::string::npos) << f32_200.reason;
 }
 
 }  // namespace

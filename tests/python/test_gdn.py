@@ -83,6 +83,17 @@ def test_forward_matches_the_numpy_recurrence(rng, dtype, backend, layout):
     assert relative_error(final_state, want_final) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("K,V", [(16, 200), (60, 100), (100, 60), (200, 16), (256, 128)])
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_any_head_dim_up_to_256_matches_the_numpy_recurrence(rng, backend, K, V):
+    inputs = make_inputs(rng, H=1, HV=2, K=K, V=V, dtype=np.float64, lengths=[65, 0, 4])
+    want_o, want_final = naive_recurrence(**inputs, l2norm=True)
+    for function in (dt.chunk_gated_delta_rule, dt.fused_recurrent_gated_delta_rule):
+        o, final_state = function(**inputs, output_final_state=True, use_qk_l2norm_in_kernel=True, backend=backend)
+        assert relative_error(o, want_o) < 1e-10
+        assert relative_error(final_state, want_final) < 1e-10
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_recurrent_matches_the_numpy_recurrence(rng, dtype):
     inputs = make_inputs(rng, dtype=dtype, lengths=[5, 1, 0, 9], l2norm=False)

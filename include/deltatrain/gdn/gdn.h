@@ -18,6 +18,9 @@
 //   o              [B, T, HV, V]     same dtype as v
 //   final_state    [N, HV, K, V]     float32 (float64 when the inputs are float64)
 //
+// Head dims: the CPU backends take any K and V; the cuda backend K, V <= 256 (float32: K <= 128), running dims
+// other than K = 64, 128, 256 and V a multiple of 64 on zero-padded copies of the tensors.
+//
 // Dtypes: q, k, v share one of float16, bfloat16, float32, float64. g and beta are float32 or q's dtype.
 // A float64 call is float64 throughout (g, beta and the states too). Half-precision inputs are computed
 // in float32 on the CPU. Tensors are contiguous; all live on one device.

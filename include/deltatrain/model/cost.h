@@ -7,7 +7,7 @@
 //   lm_head    2 * vocab * hidden forward (tied or not), x3 for training.
 //   attention  QK^T and PV of causal softmax attention over the average causal context (seq_len + 1) / 2,
 //              per full-attention layer; the backward counts 2.5x the forward (FlashAttention's count).
-//   gdn        the GDN operator per linear-attention layer and value head, FLOP model of gdn-kernels.md §6
+//   gdn        the GDN operator per linear-attention layer and value head, FLOP model of docs/gdn-algorithm.md §6
 //              (chunk C = 64, dense as fla executes it).
 #pragma once
 
@@ -30,7 +30,7 @@ TokenFlops forward_flops_per_token(const Config& config, std::int64_t seq_len);
 // Forward + backward (a training step without recomputation).
 TokenFlops training_flops_per_token(const Config& config, std::int64_t seq_len);
 
-// The GDN operator's FLOPs per token and value head (gdn-kernels.md §6, chunk 64): forward
+// The GDN operator's FLOPs per token and value head (docs/gdn-algorithm.md §6, chunk 64): forward
 // 2(3CK + 2CV + 3KV) + (2/3)C^2, backward 18CK + 10CV + 16KV + 4C^2 (182,955 and 507,904 at K = V = 128).
 double gdn_forward_flops_per_token_head(std::int64_t key_dim, std::int64_t value_dim);
 double gdn_backward_flops_per_token_head(std::int64_t key_dim, std::int64_t value_dim);
