@@ -36,10 +36,21 @@ if(DELTATRAIN_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
+  # The CUDA runtime, one choice for every target (a binary with both would hold two runtimes): shared for
+  # the project's own build, static for a wheel (pyproject.toml), which then needs only the NVIDIA driver.
+  add_library(deltatrain_cudart INTERFACE)
+  if(DELTATRAIN_CUDA_STATIC_RUNTIME)
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
+    target_link_libraries(deltatrain_cudart INTERFACE CUDA::cudart_static)
+  else()
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+    target_link_libraries(deltatrain_cudart INTERFACE CUDA::cudart)
+  endif()
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
   find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
 endif()
-message(STATUS "deltatrain: CUDA backends ${DELTATRAIN_WITH_CUDA}, CPU arch ${DELTATRAIN_CPU_ARCH}")
+message(STATUS "deltatrain: CUDA backends ${DELTATRAIN_WITH_CUDA}, CPU arch ${DELTATRAIN_CPU_ARCH}, "
+               "whole project ${DELTATRAIN_FULL} (OFF: the Python package only)")
 
 # Warnings for the project's own code.
 add_library(deltatrain_warnings INTERFACE)

@@ -16,8 +16,6 @@ The low-level functions, which take preallocated outputs, a CUDA stream and a ho
 are in `deltatrain._deltatrain.gdn` (see their docstrings); `deltatrain.torch` builds autograd on them.
 """
 
-from importlib import metadata as _metadata
-
 import numpy as _np
 
 from . import _deltatrain
@@ -30,10 +28,8 @@ __all__ = [
     "parse_version",
 ]
 
-try:
-    __version__ = _metadata.version("deltatrain")
-except _metadata.PackageNotFoundError:  # imported from a build tree: the version the native module was built as
-    __version__ = _deltatrain.__version__
+# CMakeLists.txt's project version, compiled into the native module (the package metadata has the same one).
+__version__ = _deltatrain.__version__
 
 _gdn = _deltatrain.gdn
 

@@ -6,9 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 
 #include "deltatrain/comm/mpi_group.h"
@@ -68,6 +70,26 @@ inline std::string loaded_digest(const std::filesystem::path& path) {
   load_checkpoint(optimizer, path);
   const StateDigest digest = digest_state(optimizer);
   return std::to_string(optimizer.step_count()) + " " + digest.params + " " + digest.state;
+}
+
+// A fresh directory name under the system's temporary directory, unique per call (the tests run in parallel).
+inline std::filesystem::path fresh_temp_root(const std::string& prefix) {
+  const std::uint64_t nonce = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+  return std::filesystem::temp_directory_path() / (prefix + std::to_string(nonce));
+}
+
+// A checkpoint of the synthetic demo trained two steps on one rank, saved under `root` by a child; the
+// child's message is the loaded_digest of what it saved.
+inline ChildResult save_step_2_checkpoint(const std::filesystem::path& root) {
+  return run_child([&] {
+    DemoOptions options;
+    options.steps = 2;
+    options.save_at = 2;
+    options.checkpoint_root = root;
+    const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
+    run_demo(*group, options);
+    return loaded_digest(root);
+  });
 }
 
 }  // namespace deltatrain::optim

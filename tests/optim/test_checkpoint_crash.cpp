@@ -11,7 +11,6 @@
 
 #include <fstream>
 #include <functional>
-#include <random>
 
 #include "checkpoint_testing.h"
 #include "deltatrain/comm/mpi_group.h"
@@ -53,8 +52,7 @@ namespace {
 class KilledSave : public ::testing::TestWithParam<SaveStage> {
  protected:
   void SetUp() override {
-    const std::uint64_t nonce = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
-    root_ = fs::temp_directory_path() / ("deltatrain-crash-" + std::to_string(nonce));
+    root_ = fresh_temp_root("deltatrain-crash-");
   }
   void TearDown() override { fs::remove_all(root_); }
   fs::path root_;
@@ -62,15 +60,7 @@ class KilledSave : public ::testing::TestWithParam<SaveStage> {
 
 TEST_P(KilledSave, LeavesThePreviousCheckpointLoadableAndLatestPointingToIt) {
   const SaveStage stage = GetParam();
-  const ChildResult first = run_child([&] {
-    DemoOptions options;
-    options.steps = 2;
-    options.save_at = 2;
-    options.checkpoint_root = root_;
-    const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
-    run_demo(*group, options);
-    return loaded_digest(root_);
-  });
+  const ChildResult first = save_step_2_checkpoint(root_);
   ASSERT_EQ(first.exit_code, 0) << first.message;
 
   const ChildResult killed = run_child([&] {

@@ -7,7 +7,6 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
 
 #include "checkpoint_testing.h"
@@ -33,17 +32,8 @@ void write_all(const fs::path& path, const std::string& text) {
 class DamagedCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::uint64_t nonce = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
-    root_ = fs::temp_directory_path() / ("deltatrain-damage-" + std::to_string(nonce));
-    const ChildResult made = run_child([&] {
-      DemoOptions options;
-      options.steps = 2;
-      options.save_at = 2;
-      options.checkpoint_root = root_;
-      const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
-      run_demo(*group, options);
-      return loaded_digest(root_);
-    });
+    root_ = fresh_temp_root("deltatrain-damage-");
+    const ChildResult made = save_step_2_checkpoint(root_);
     ASSERT_EQ(made.exit_code, 0) << made.message;
     digest_ = made.message;
     dir_ = root_ / checkpoint_dir_name(2);

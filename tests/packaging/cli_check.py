@@ -1,0 +1,51 @@
+"""The command line's own behaviour: --version, "did you mean" for mistyped subcommands and options, and
+`bench gdn --pass both` running both passes as its help says.
+
+    python cli_check.py DELTATRAIN_BINARY
+"""
+
+import json
+import subprocess
+import sys
+
+
+def run(binary, *args):
+    return subprocess.run([binary, *args], capture_output=True, text=True, timeout=120)
+
+
+def expect(condition, what, result):
+    if not condition:
+        sys.exit(f"FAIL {what}\nexit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}")
+    print(f"PASS {what}")
+
+
+def main(binary, version):
+    result = run(binary, "--version")
+    expect(result.returncode == 0 and result.stdout.strip() == f"deltatrain {version}", "--version", result)
+
+    cases = [
+        (["trian"], "deltatrain: unknown subcommand 'trian'; did you mean 'train'?"),
+        (["bench", "gdm"], "deltatrain bench: unknown subcommand 'gdm'; did you mean 'gdn'?"),
+        (["model", "inof"], "deltatrain model: unknown subcommand 'inof'; did you mean 'info'?"),
+        (["train", "--stpes", "3"], "deltatrain train: unknown option '--stpes'; did you mean '--steps'?"),
+        (["bench", "gdn", "--jsn"], "deltatrain bench gdn: unknown option '--jsn'; did you mean '--json'?"),
+        (["bench", "gdn", "--repeats=2"], "deltatrain bench gdn: unknown option '--repeats'; did you mean '--repeat'?"),
+        (["xyzzy"], "deltatrain: unknown subcommand 'xyzzy'; the subcommands are"),
+    ]
+    for args, message in cases:
+        result = run(binary, *args)
+        expect(result.returncode != 0 and message in result.stderr, f"{' '.join(args)}: {message}", result)
+
+    result = run(binary, "bench", "gdn", "--backend", "cpu", "--heads", "1/1", "--seqlens", "1x64", "--dim", "64",
+                 "--repeat", "1", "--sgemm-size", "0", "--pass", "both", "--json")
+    passes = [row["pass"] for row in json.loads(result.stdout)["results"]] if result.returncode == 0 else []
+    expect(passes == ["fwd", "bwd"], "bench gdn --pass both runs fwd and bwd", result)
+    result = run(binary, "bench", "gdn", "--pass", "sideways")
+    expect(result.returncode == 1 and "--pass" in result.stderr and "fwd, bwd or both" in result.stderr,
+           "bench gdn --pass sideways is refused naming the flag", result)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: cli_check.py DELTATRAIN_BINARY VERSION")
+    main(sys.argv[1], sys.argv[2])
