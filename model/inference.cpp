@@ -38,7 +38,7 @@ InferenceState::InferenceState(const Config& config, const ModelOptions& options
   if (slots < 1) throw InvalidArgument("slots", "must be at least 1, got " + std::to_string(slots));
   if (max_length < 1 || max_length > INT32_MAX)
     throw InvalidArgument("max_length", "must be in [1, 2^31 - 1], got " + std::to_string(max_length));
-  memory_ = std::make_unique<Arena>(options.device);
+  memory_ = std::make_unique<Arena>(options.device, options.memory);
   layers_.resize(config.num_hidden_layers());
   lengths_.assign(slots, 0);
   for_each_tensor(config, options, slots, max_length,

@@ -1,20 +1,52 @@
-// What every implementation of Ops shares: the check of a matrix view, and the defaults of the inference
-// operations (a device whose kernels do not have them yet says so).
+// What every implementation of Ops shares: the device-independent checks of its arguments (a matrix view, offsets,
+// RoPE's extents, and the inference operations' caches and indices), so that the CPU and the GPU refuse the same
+// input with the same message.
 #include "ops.h"
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "deltatrain/core/error.h"
 
 namespace deltatrain::model {
 namespace {
 
-[[noreturn]] void not_on_this_device(const char* operation) {
-  throw Unavailable(std::string(operation) + " on this device", "decode kernels are not implemented on the GPU yet");
+std::string extent(std::int64_t n) { return n == kAnyExtent ? "?" : std::to_string(n); }
+
+void check_positive(std::int64_t value, const char* name) {
+  if (value <= 0) throw InvalidArgument(name, "must be positive, got " + std::to_string(value));
 }
 
-std::string extent(std::int64_t n) { return n == kAnyExtent ? "?" : std::to_string(n); }
+// One value per row.
+void check_count(std::size_t size, std::int64_t rows, const char* name) {
+  if (static_cast<std::int64_t>(size) != rows)
+    throw InvalidArgument(name, "must hold one value per row (" + std::to_string(rows) + "), got " +
+                                    std::to_string(size));
+}
+
+// Row indices, each in [0, rows).
+void check_row_indices(std::span<const std::int32_t> indices, std::int64_t rows, const char* name) {
+  for (const std::int32_t i : indices)
+    if (i < 0 || i >= rows)
+      throw InvalidArgument(name, "must lie in [0, " + std::to_string(rows) + "), got " + std::to_string(i));
+}
+
+// No index twice (rows a kernel writes to).
+void check_distinct(std::span<const std::int32_t> indices, const char* name) {
+  std::vector<std::int32_t> sorted(indices.begin(), indices.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw InvalidArgument(name, "must not repeat an index (each is written)");
+}
+
+CacheLayout cache_layout(const TensorView& v, const char* name, std::int64_t cols) {
+  if (v.ndim != 3 || v.shape[2] != cols || !v.is_contiguous())
+    throw InvalidArgument(name, "must be a contiguous [slots, rows, " + std::to_string(cols) + "] cache, got " +
+                                    v.shape_string());
+  if (v.data == nullptr && v.numel() > 0) throw InvalidArgument(name, "has no data");
+  return {v.shape[0], v.shape[1], cols};
+}
 
 }  // namespace
 
@@ -30,22 +62,95 @@ MatrixLayout matrix_layout(const TensorView& v, const char* name, std::int64_t r
   return {r, c, r > 1 ? v.strides[0] : std::max<std::int64_t>(c, 1)};
 }
 
-void Ops::copy_rows(const TensorView&, const IndexArray&, const TensorView&, const IndexArray&) {
-  not_on_this_device("copy_rows");
+void check_cu_seqlens(std::span<const std::int32_t> cu, std::int64_t rows) {
+  if (cu.empty() || cu.front() != 0 || cu.back() != rows)
+    throw InvalidArgument("cu_seqlens", "must start at 0 and end at the token count " + std::to_string(rows));
+  for (std::size_t n = 1; n < cu.size(); ++n)
+    if (cu[n] < cu[n - 1]) throw InvalidArgument("cu_seqlens", "must be non-decreasing");
 }
 
-void Ops::conv1d_silu_step(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                           const IndexArray&) {
-  not_on_this_device("conv1d_silu_step");
+void check_rope(int heads, int head_dim, int rotary_dim, double theta) {
+  check_positive(heads, "heads");
+  check_positive(head_dim, "head_dim");
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+    throw InvalidArgument("rotary_dim", "must be even and in [2, head_dim], got " + std::to_string(rotary_dim));
+  if (!(theta > 0)) throw InvalidArgument("theta", "must be positive");
 }
 
-void Ops::rope_at_positions(const TensorView&, int, int, int, double, const IndexArray&) {
-  not_on_this_device("rope_at_positions");
+void check_copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
+                     const IndexArray& src_rows) {
+  const MatrixLayout d = matrix_layout(dst, "dst");
+  const MatrixLayout s = matrix_layout(src, "src", kAnyExtent, d.cols);
+  if (dst_rows.size() != src_rows.size())
+    throw InvalidArgument("src_rows", "must hold as many rows as dst_rows (" + std::to_string(dst_rows.size()) +
+                                          "), got " + std::to_string(src_rows.size()));
+  check_row_indices(dst_rows.host, d.rows, "dst_rows");
+  check_distinct(dst_rows.host, "dst_rows");
+  check_row_indices(src_rows.host, s.rows, "src_rows");
 }
 
-void Ops::cached_attention(const TensorView&, const TensorView&, const TensorView&, const TensorView&, int, int, int,
-                           double, const IndexArray&, const IndexArray&, const IndexArray&) {
-  not_on_this_device("cached_attention");
+CacheLayout check_conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight,
+                                   const TensorView& state, const IndexArray& slots) {
+  const MatrixLayout xm = matrix_layout(x, "x");
+  matrix_layout(out, "out", xm.rows, xm.cols);
+  const MatrixLayout w = matrix_layout(weight, "weight", xm.cols);
+  if (w.cols < 2)
+    throw InvalidArgument("weight", "must be at least 2 taps wide to have a history, got " + std::to_string(w.cols));
+  const CacheLayout st = cache_layout(state, "state", xm.cols);
+  if (st.slot_rows != w.cols - 1)
+    throw InvalidArgument("state", "must hold W - 1 = " + std::to_string(w.cols - 1) + " rows per slot, got " +
+                                       std::to_string(st.slot_rows));
+  check_count(slots.size(), xm.rows, "slots");
+  check_row_indices(slots.host, st.slots, "slots");
+  check_distinct(slots.host, "slots");
+  return st;
+}
+
+void check_rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
+                             const IndexArray& positions) {
+  check_rope(heads, head_dim, rotary_dim, theta);
+  const MatrixLayout xm = matrix_layout(x, "x", kAnyExtent, std::int64_t{heads} * head_dim);
+  check_count(positions.size(), xm.rows, "positions");
+  for (const std::int32_t p : positions.host)
+    if (p < 0) throw InvalidArgument("positions", "must be >= 0, got " + std::to_string(p));
+}
+
+void check_attention_heads(int q_heads, int kv_heads, int head_dim) {
+  check_positive(q_heads, "q_heads");
+  check_positive(kv_heads, "kv_heads");
+  check_positive(head_dim, "head_dim");
+  if (q_heads % kv_heads != 0)
+    throw InvalidArgument("q_heads", "must be a multiple of kv_heads (" + std::to_string(kv_heads) + "), got " +
+                                         std::to_string(q_heads));
+}
+
+CacheLayout check_cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache,
+                                   const TensorView& v_cache, int q_heads, int kv_heads, int head_dim,
+                                   const IndexArray& cu_seqlens, const IndexArray& slots,
+                                   const IndexArray& lengths) {
+  check_attention_heads(q_heads, kv_heads, head_dim);
+  const MatrixLayout qm = matrix_layout(q, "q", kAnyExtent, std::int64_t{q_heads} * head_dim);
+  matrix_layout(o, "o", qm.rows, qm.cols);
+  const std::int64_t kv_cols = std::int64_t{kv_heads} * head_dim;
+  const CacheLayout kc = cache_layout(k_cache, "k_cache", kv_cols);
+  const CacheLayout vc = cache_layout(v_cache, "v_cache", kv_cols);
+  if (vc.slots != kc.slots || vc.slot_rows != kc.slot_rows)
+    throw InvalidArgument("v_cache", "must have k_cache's shape " + k_cache.shape_string() + ", got " +
+                                         v_cache.shape_string());
+  const std::span<const std::int32_t> cu = cu_seqlens.host;
+  check_cu_seqlens(cu, qm.rows);
+  const std::int64_t N = std::ssize(cu) - 1;
+  check_count(slots.size(), N, "slots");
+  check_count(lengths.size(), N, "lengths");
+  check_row_indices(slots.host, kc.slots, "slots");
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int64_t rows = cu[n + 1] - cu[n], length = lengths.host[n];
+    if (length < rows || length > kc.slot_rows)
+      throw InvalidArgument("lengths", "entry " + std::to_string(n) + " is " + std::to_string(length) +
+                                           ": must cover the sequence's new rows (" + std::to_string(rows) +
+                                           ") and fit a slot (" + std::to_string(kc.slot_rows) + ")");
+  }
+  return kc;
 }
 
 }  // namespace deltatrain::model

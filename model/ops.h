@@ -60,6 +60,35 @@ inline constexpr std::int64_t kAnyExtent = -1;  // an extent matrix_layout does 
 MatrixLayout matrix_layout(const TensorView& v, const char* name, std::int64_t rows = kAnyExtent,
                            std::int64_t cols = kAnyExtent);
 
+// The other checks every implementation shares: extents, index values and offsets, which do not depend on the
+// device. InvalidArgument names the argument; each implementation adds its own device and dtype checks.
+
+// cu_seqlens over `rows` packed rows: from 0 to rows, non-decreasing.
+void check_cu_seqlens(std::span<const std::int32_t> cu_seqlens, std::int64_t rows);
+// RoPE's extents: heads and head_dim positive, rotary_dim even in [2, head_dim], theta positive.
+void check_rope(int heads, int head_dim, int rotary_dim, double theta);
+
+// A cache [S, L, C] as kernels walk it: the matrix of its S * L contiguous rows of C values.
+struct CacheLayout {
+  std::int64_t slots = 0, slot_rows = 0, cols = 0;
+  std::int64_t rows() const { return slots * slot_rows; }
+};
+
+// The arguments of the inference operations below (shapes, cache layouts, index values, lengths), before
+// any kernel reads an index.
+void check_copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
+                     const IndexArray& src_rows);
+CacheLayout check_conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight,
+                                   const TensorView& state, const IndexArray& slots);  // the state's layout
+void check_rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
+                             const IndexArray& positions);
+// Attention's head counts: each positive, q_heads a multiple of kv_heads (GQA).
+void check_attention_heads(int q_heads, int kv_heads, int head_dim);
+CacheLayout check_cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache,
+                                   const TensorView& v_cache, int q_heads, int kv_heads, int head_dim,
+                                   const IndexArray& cu_seqlens, const IndexArray& slots,
+                                   const IndexArray& lengths);  // the caches' layout
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -156,25 +185,24 @@ class Ops {
   virtual void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
                              const TensorView& logprob, bool want_grad) = 0;
 
-  // Inference (rollout): prefill and decode with per-slot caches (deltatrain/model/inference.h). These are not
-  // pure: a device without them yet still builds, and the default throws Unavailable naming the operation.
-  // Caches are 3-D contiguous tensors [S, L, C]: S slots of L rows of C values.
+  // Inference (rollout): prefill and decode with per-slot caches (deltatrain/model/inference.h). Caches are 3-D
+  // contiguous tensors [S, L, C]: S slots of L rows of C values.
 
   // dst[dst_rows[i]] = src[src_rows[i]] for every i, rows of C values (dst [Rd, C], src [Rs, C], any row
-  // strides; the dst rows distinct): the K/V and state rows that go into and come out of cache slots.
+  // strides, any dtype; the dst rows distinct): the K/V and state rows that go into and come out of cache slots.
   virtual void copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
-                         const IndexArray& src_rows);
+                         const IndexArray& src_rows) = 0;
 
   // One token per sequence through conv1d_silu_forward, its history in a cache: x, out [N, C]; sequence n in
   // slot slots[n] of state [S, W - 1, C], which holds its last W - 1 inputs oldest first (zeros before its
   // start). pre[n, c] = sum_{j < W - 1} w[c, j] state[slot, j, c] + w[c, W - 1] x[n, c], out = silu(pre), and
   // the state shifts by one row with x[n] as its newest.
   virtual void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight,
-                                const TensorView& state, const IndexArray& slots);
+                                const TensorView& state, const IndexArray& slots) = 0;
 
   // rope (forward) with each row's position given instead of derived from sequence starts: positions [T].
   virtual void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
-                                 const IndexArray& positions);
+                                 const IndexArray& positions) = 0;
 
   // Attention of new query rows over cached keys and values: q, o [R, Hq * D] hold N sequences' new rows
   // (cu_seqlens [N + 1]); sequence n lives in slot slots[n] of k_cache and v_cache [S, L, Hkv * D], which hold
@@ -182,11 +210,13 @@ class Ops {
   // lengths[n] - m + i and attends to cache positions [0, that position] (GQA as attention_forward).
   virtual void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache,
                                 const TensorView& v_cache, int q_heads, int kv_heads, int head_dim, double scale,
-                                const IndexArray& cu_seqlens, const IndexArray& slots, const IndexArray& lengths);
+                                const IndexArray& cu_seqlens, const IndexArray& slots,
+                                const IndexArray& lengths) = 0;
 };
 
 // OpenMP threads (0: all available) over OpenBLAS for the products.
-std::unique_ptr<Ops> make_cpu_ops(int threads);
+// batch_invariant: products whose rows do not depend on the other rows (ModelOptions::batch_invariant).
+std::unique_ptr<Ops> make_cpu_ops(int threads, bool batch_invariant = false);
 // CUDA kernels, cuBLASLt and cuDNN on `device`, every call ordered on `stream` (a cudaStream_t); Unavailable
 // in a build without CUDA.
 std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream);

@@ -1,6 +1,6 @@
-// The GPU implementation of the model's kernels (model/ops.h): every argument is validated here, on the
-// host, before anything is launched; the launchers (kernels.h) and the products (gemm.h, attention.h) then
-// run on the object's stream without synchronising the host.
+// The GPU implementation of the model's kernels (model/ops.h): every argument is validated on the host (here,
+// and for the shared checks in ops.cpp) before anything is launched; the launchers (kernels.h) and the products
+// (gemm.h, attention.h) then run on the object's stream without synchronising the host.
 //
 // Dtypes: bfloat16 parameters and activations, float32 statistics (rstd, lse), gates (g, beta), loss
 // weights and log-probabilities, and float32 weight gradients; computation in float32.
@@ -8,6 +8,7 @@
 // added in block order (common.cuh), the embedding's by runs of sorted tokens (embedding.cu).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -184,11 +185,7 @@ class CudaOps final : public Ops {
   void rope(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta, const IndexArray& cu_seqlens,
             bool inverse) override {
     const DeviceGuard guard(device_.index);
-    check_positive(heads, "heads");
-    check_positive(head_dim, "head_dim");
-    if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
-      throw InvalidArgument("rotary_dim", "must be even and in [2, head_dim], got " + std::to_string(rotary_dim));
-    if (!(theta > 0)) throw InvalidArgument("theta", "must be positive");
+    check_rope(heads, head_dim, rotary_dim, theta);
     const Matrix xm = matrix(x, "x", bf16, kAny, Index{heads} * head_dim);
     cuda::rope(xm, heads, head_dim, rotary_dim, static_cast<float>(theta), sequences(cu_seqlens, xm.rows), inverse,
                stream_);
@@ -278,6 +275,52 @@ class CudaOps final : public Ops {
     zero(matrix(x, "x", x.dtype), x.dtype);
   }
 
+  // Inference: ops.cpp checks the shapes and index values; here the devices, dtypes and the indices' device copies.
+  void copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
+                 const IndexArray& src_rows) override {
+    const DeviceGuard guard(device_.index);
+    check_copy_rows(dst, dst_rows, src, src_rows);
+    const Index n = static_cast<Index>(dst_rows.size());
+    cuda::copy_rows(matrix(dst, "dst", dst.dtype), indices(dst_rows, "dst_rows", n), matrix(src, "src", dst.dtype),
+                    indices(src_rows, "src_rows", n), n, dtype_size(dst.dtype), stream_);
+  }
+
+  void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight, const TensorView& state,
+                        const IndexArray& slots) override {
+    const DeviceGuard guard(device_.index);
+    const CacheLayout layout = check_conv1d_silu_step(out, x, weight, state, slots);
+    const Matrix xm = matrix(x, "x", bf16);
+    cuda::conv1d_silu_step(matrix(out, "out", bf16), xm, matrix(weight, "weight", bf16),
+                           cache_rows(state, "state", bf16, layout), indices(slots, "slots", xm.rows), stream_);
+  }
+
+  void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
+                         const IndexArray& positions) override {
+    const DeviceGuard guard(device_.index);
+    check_rope_at_positions(x, heads, head_dim, rotary_dim, theta, positions);
+    const Matrix xm = matrix(x, "x", bf16);
+    cuda::rope_at_positions(xm, heads, head_dim, rotary_dim, static_cast<float>(theta),
+                            indices(positions, "positions", xm.rows), stream_);
+  }
+
+  void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                        int q_heads, int kv_heads, int head_dim, double scale, const IndexArray& cu_seqlens,
+                        const IndexArray& slots, const IndexArray& lengths) override {
+    const DeviceGuard guard(device_.index);
+    const CacheLayout layout =
+        check_cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, cu_seqlens, slots, lengths);
+    if (head_dim > cuda::kMaxCachedHeadDim)
+      throw Unavailable("cached_attention on " + device_name(device_),
+                        "head_dim " + std::to_string(head_dim) + " is over the " +
+                            std::to_string(cuda::kMaxCachedHeadDim) + " its kernel holds in registers");
+    const Matrix qm = matrix(q, "q", bf16);
+    const Index N = static_cast<Index>(slots.size());
+    cuda::cached_attention(matrix(o, "o", bf16), qm, cache_rows(k_cache, "k_cache", bf16, layout),
+                           cache_rows(v_cache, "v_cache", bf16, layout), layout.slot_rows, q_heads, kv_heads, head_dim,
+                           static_cast<float>(scale), sequences(cu_seqlens, qm.rows), indices(slots, "slots", N),
+                           indices(lengths, "lengths", N), stream_);
+  }
+
   void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
                      const TensorView& logprob, bool want_grad) override {
     const DeviceGuard guard(device_.index);
@@ -310,6 +353,13 @@ class CudaOps final : public Ops {
     return {v.data, m.rows, m.cols, m.row_stride};
   }
 
+  // A cache checked by ops.cpp as the matrix of its S * L rows.
+  Matrix cache_rows(const TensorView& v, const char* name, DType dtype, const CacheLayout& layout) const {
+    check_device(v, name);
+    check_dtype(v, name, dtype);
+    return {v.data, layout.rows(), layout.cols, std::max<Index>(layout.cols, 1)};
+  }
+
   template <class T>
   T* vector(const TensorView& v, const char* name, DType dtype, Index n) const {
     check_device(v, name);
@@ -338,21 +388,12 @@ class CudaOps final : public Ops {
   }
 
   static cuda::Sequences sequences(const IndexArray& cu, Index tokens) {
-    const auto& h = cu.host;
-    if (h.empty() || h.front() != 0 || h.back() != tokens)
-      throw InvalidArgument("cu_seqlens", "must start at 0 and end at the token count " + std::to_string(tokens));
-    for (std::size_t n = 1; n < h.size(); ++n)
-      if (h[n] < h[n - 1]) throw InvalidArgument("cu_seqlens", "must be non-decreasing");
-    return {indices(cu, "cu_seqlens", static_cast<Index>(h.size())), static_cast<int>(h.size()) - 1};
+    check_cu_seqlens(cu.host, tokens);
+    return {indices(cu, "cu_seqlens", static_cast<Index>(cu.size())), static_cast<int>(cu.size()) - 1};
   }
 
   static cuda::AttentionShape attention_shape(int q_heads, int kv_heads, int head_dim, double scale) {
-    check_positive(q_heads, "q_heads");
-    check_positive(kv_heads, "kv_heads");
-    check_positive(head_dim, "head_dim");
-    if (q_heads % kv_heads != 0)
-      throw InvalidArgument("q_heads", "must be a multiple of kv_heads (" + std::to_string(kv_heads) + "), got " +
-                                           std::to_string(q_heads));
+    check_attention_heads(q_heads, kv_heads, head_dim);
     return {q_heads, kv_heads, head_dim, static_cast<float>(scale)};
   }
 

@@ -97,6 +97,24 @@ void conv1d_silu_backward(Matrix dx, Matrix dweight, Matrix dout, Matrix x, Matr
                           Workspace& workspace, cudaStream_t stream);
 void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequences sequences, bool inverse,
           cudaStream_t stream);
+// The decode forms (ops.h): rope at the given positions [x.rows]; the conv over each sequence's history in
+// `state`, the matrix of the cache's S * (W - 1) rows, slot slots[n] for row n of x.
+void rope_at_positions(Matrix x, int heads, int head_dim, int rotary_dim, float theta, const std::int32_t* positions,
+                       cudaStream_t stream);
+void conv1d_silu_step(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
+                      cudaStream_t stream);
+
+// ---- decode.cu: the rest of the inference ops ----
+// dst row dst_rows[i] = src row src_rows[i] for i < count, rows of dst.cols elements of `element_size` bytes
+// (any dtype: the bytes move).
+void copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, const std::int32_t* src_rows, Index count,
+               std::size_t element_size, cudaStream_t stream);
+// Attention of q's rows (bfloat16 [R, Hq * D]) over the caches' rows (the matrices of their S * slot_rows rows of
+// Hkv * D), per ops.h's cached_attention; float32 scores and softmax, o bfloat16. head_dim <= kMaxCachedHeadDim.
+inline constexpr int kMaxCachedHeadDim = 512;
+void cached_attention(Matrix o, Matrix q, Matrix k_cache, Matrix v_cache, Index slot_rows, int q_heads, int kv_heads,
+                      int head_dim, float scale, Sequences sequences, const std::int32_t* slots,
+                      const std::int32_t* lengths, cudaStream_t stream);
 
 // ---- gates.cu: a, b, da, db, a_log, dt_bias bfloat16; g, beta, dg, dbeta float32; da_log, ddt_bias float32 (+=)
 void gdn_gates_forward(Matrix g, Matrix beta, Matrix a, Matrix b, const void* a_log, const void* dt_bias,

@@ -1,5 +1,6 @@
-// Ops along packed sequences: the causal depthwise convolution with SiLU and partial NeoX RoPE. Each thread
-// finds its row's sequence by binary search in cu_seqlens on the device, so launches need no host work.
+// Ops along packed sequences: the causal depthwise convolution with SiLU and partial NeoX RoPE, and their decode
+// forms (the conv over a cached history, RoPE at given positions). Each thread finds its row's sequence by binary
+// search in cu_seqlens on the device, so launches need no host work.
 #include "common.cuh"
 
 namespace deltatrain::model::cuda {
@@ -63,7 +64,35 @@ struct ConvWeightGrad {
   }
 };
 
-__global__ void rope_kernel(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequences seq,
+// One token per sequence (row n of x, slot slots[n]): thread (n, c) reads and shifts only column c of its
+// slot's W - 1 history rows, so no two threads touch one element. The taps are summed oldest first, as
+// Conv::pre sums them over a whole sequence.
+__global__ void conv1d_silu_step_kernel(Matrix out, Matrix x, Matrix w, Matrix state, const std::int32_t* slots) {
+  const Index C = x.cols, W = w.cols, index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (index >= x.rows * C) return;
+  const Index n = index / C, c = index % C, first = slots[n] * (W - 1);
+  const bf16* wc = row_of<const bf16>(w, c);
+  const bf16 newest = row_of<const bf16>(x, n)[c];
+  float sum = 0.f;
+  for (Index j = 0; j < W - 1; ++j) sum += to_float(wc[j]) * to_float(row_of<const bf16>(state, first + j)[c]);
+  sum += to_float(wc[W - 1]) * to_float(newest);
+  row_of<bf16>(out, n)[c] = to_bf16(silu(sum));
+  for (Index j = 0; j + 1 < W - 1; ++j) row_of<bf16>(state, first + j)[c] = row_of<const bf16>(state, first + j + 1)[c];
+  row_of<bf16>(state, first + W - 2)[c] = newest;
+}
+
+// Where each row sits: inside its packed sequence (training, prefill), or given (decode).
+struct InSequence {
+  Sequences seq;
+  __device__ Index operator()(Index t) const { return t - seq.cu[sequence_of(seq, t)]; }
+};
+struct Given {
+  const std::int32_t* positions;
+  __device__ Index operator()(Index t) const { return positions[t]; }
+};
+
+template <class Position>
+__global__ void rope_kernel(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Position position,
                             bool inverse) {
   const int half = rotary_dim / 2;
   const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
@@ -72,7 +101,7 @@ __global__ void rope_kernel(Matrix x, int heads, int head_dim, int rotary_dim, f
   const int i = static_cast<int>(index % half);
   // HF's float32 angles: inv_freq = 1 / theta^(2i / rotary_dim), angle = position * inv_freq.
   const float inv_freq = 1.f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
-  const float angle = static_cast<float>(t - seq.cu[sequence_of(seq, t)]) * inv_freq;
+  const float angle = static_cast<float>(position(t)) * inv_freq;
   const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
   bf16* row = row_of<bf16>(x, t);
   for (int h = 0; h < heads; ++h) {
@@ -81,6 +110,15 @@ __global__ void rope_kernel(Matrix x, int heads, int head_dim, int rotary_dim, f
     p[i] = to_bf16(x1 * c - x2 * s);  // x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1)
     p[i + half] = to_bf16(x2 * c + x1 * s);
   }
+}
+
+template <class Position>
+void launch_rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Position position, bool inverse,
+                 cudaStream_t stream) {
+  const Index n = x.rows * (rotary_dim / 2);
+  if (n == 0) return;
+  rope_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, heads, head_dim, rotary_dim, theta, position, inverse);
+  check_launch("rope");
 }
 
 }  // namespace
@@ -106,10 +144,20 @@ void conv1d_silu_backward(Matrix dx, Matrix dweight, Matrix dout, Matrix x, Matr
 
 void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequences sequences, bool inverse,
           cudaStream_t stream) {
-  const Index n = x.rows * (rotary_dim / 2);
+  launch_rope(x, heads, head_dim, rotary_dim, theta, InSequence{sequences}, inverse, stream);
+}
+
+void rope_at_positions(Matrix x, int heads, int head_dim, int rotary_dim, float theta, const std::int32_t* positions,
+                       cudaStream_t stream) {
+  launch_rope(x, heads, head_dim, rotary_dim, theta, Given{positions}, false, stream);
+}
+
+void conv1d_silu_step(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
+                      cudaStream_t stream) {
+  const Index n = x.rows * x.cols;
   if (n == 0) return;
-  rope_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, heads, head_dim, rotary_dim, theta, sequences, inverse);
-  check_launch("rope");
+  conv1d_silu_step_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, x, weight, state, slots);
+  check_launch("conv1d_silu_step");
 }
 
 }  // namespace deltatrain::model::cuda

@@ -1,6 +1,8 @@
 // The model on a GPU (bfloat16, cuBLASLt, the cuda GDN backend, the CUDA kernels of model/cuda/) against the CPU
 // model in float32 on the same bfloat16 weights: loss, logits and every parameter gradient, within what
-// bfloat16 activations allow; and bitwise the same twice. Every test skips (not passes) without a usable GPU.
+// bfloat16 activations allow; inference (prefill, then decode from the slots' states) against the CPU model's and
+// the GPU's own full forward; and bitwise the same twice. Every test skips (not passes) without a usable GPU.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +13,9 @@
 #include <vector>
 
 #include "deltatrain/core/bfloat16.h"
+#include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/system.h"
+#include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
 #include "model_testing.h"
@@ -32,8 +36,6 @@ class CudaModelTest : public testing::SeededTest {
     c.vocab_size = 1000;
     return c;
   }
-
-
 };
 
 // A float32 store holding exactly the bfloat16 store's values (and so the same model).
@@ -111,6 +113,184 @@ TEST_F(CudaModelTest, IsBitwiseDeterministic) {
   }
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(std::memcmp(first.grad_buffer().data, second.grad_buffer().data, first.grad_buffer().nbytes()), 0);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Inference
+
+// What a rollout feeds: prompts into slots, then decode steps of random tokens; sequence 1 sits out step 2, so
+// its slot advances behind the others.
+struct Plan {
+  std::vector<std::vector<std::int32_t>> tokens;  // each sequence's prompt, then the tokens decode feeds it
+  std::vector<std::int64_t> prompt_lengths;
+  std::vector<std::int32_t> slots;
+  std::vector<std::vector<int>> steps;  // the sequences each decode step feeds
+  std::int64_t slot_count = 0, max_length = 0;
+};
+
+// A one-token prompt (shorter than the conv history), prompts across GDN chunks of 64, shuffled slots, a slot
+// left free.
+Plan make_plan(std::mt19937_64& rng, std::int64_t vocab) {
+  Plan p;
+  p.prompt_lengths = {70, 1, 130};
+  p.slots = {2, 0, 3};
+  p.slot_count = 4;
+  const int steps = 6;
+  for (int s = 0; s < steps; ++s) p.steps.push_back(s == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1, 2});
+  for (std::size_t n = 0; n < p.prompt_lengths.size(); ++n) {
+    p.tokens.push_back(testing::random_tokens(rng, p.prompt_lengths[n] + steps, vocab));
+    p.max_length = std::max(p.max_length, p.prompt_lengths[n] + steps);
+  }
+  return p;
+}
+
+// The logits a rollout gives for the token at `position` of a sequence (predicting the next one).
+struct Record {
+  std::size_t sequence;
+  std::int64_t position;
+  std::vector<double> logits;
+};
+
+std::vector<Record> rollout(Model& model, const Plan& p) {
+  const std::int64_t V = model.config().vocab_size;
+  InferenceState state(model.config(), model.options(), p.slot_count, p.max_length);
+  std::vector<std::int32_t> prompts, cu{0};
+  for (std::size_t n = 0; n < p.tokens.size(); ++n) {
+    prompts.insert(prompts.end(), p.tokens[n].begin(), p.tokens[n].begin() + p.prompt_lengths[n]);
+    cu.push_back(static_cast<std::int32_t>(prompts.size()));
+  }
+  std::vector<double> logits(p.tokens.size() * V);
+  model.prefill({prompts, cu}, p.slots, state, logits);
+  std::vector<Record> records;
+  std::vector<std::int64_t> next(p.prompt_lengths);  // each sequence's next position
+  for (std::size_t n = 0; n < p.tokens.size(); ++n)
+    records.push_back({n, next[n] - 1, {logits.begin() + n * V, logits.begin() + (n + 1) * V}});
+  for (const std::vector<int>& step : p.steps) {
+    std::vector<std::int32_t> tokens, slots;
+    for (const int n : step) {
+      tokens.push_back(p.tokens[n][next[n]]);
+      slots.push_back(p.slots[n]);
+    }
+    logits.assign(step.size() * V, 0.0);
+    model.decode(tokens, slots, state, logits);
+    for (std::size_t i = 0; i < step.size(); ++i)
+      records.push_back(
+          {std::size_t(step[i]), next[step[i]]++, {logits.begin() + i * V, logits.begin() + (i + 1) * V}});
+  }
+  return records;
+}
+
+// The same records from one full forward (Model::logits) over every sequence's prompt and fed tokens, on the GPU.
+std::vector<Record> full_forward(Model& model, const Plan& p, const std::vector<Record>& like) {
+  const std::int64_t V = model.config().vocab_size;
+  std::vector<std::int64_t> fed(p.tokens.size(), 0);
+  for (const Record& r : like) fed[r.sequence] = std::max(fed[r.sequence], r.position + 1);
+  std::vector<std::int32_t> tokens, cu{0};
+  for (std::size_t n = 0; n < p.tokens.size(); ++n) {
+    tokens.insert(tokens.end(), p.tokens[n].begin(), p.tokens[n].begin() + fed[n]);
+    cu.push_back(static_cast<std::int32_t>(tokens.size()));
+  }
+  const auto T = std::ssize(tokens);
+  void* out = nullptr;
+  cuda_check(cudaMalloc(&out, T * V * sizeof(std::uint16_t)), "cudaMalloc");
+  model.logits({tokens, cu}, TensorView::contiguous(out, DType::bf16, {T, V}, model.options().device));
+  std::vector<std::uint16_t> bits(T * V);
+  cuda_check(cudaMemcpy(bits.data(), out, bits.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cudaFree(out);
+  std::vector<Record> records;
+  for (const Record& r : like) {
+    const std::int64_t row = cu[r.sequence] + r.position;
+    std::vector<double> logits(V);
+    for (std::int64_t v = 0; v < V; ++v) logits[v] = bf16_to_float(bits[row * V + v]);
+    records.push_back({r.sequence, r.position, std::move(logits)});
+  }
+  return records;
+}
+
+// |a - b| over every logit of the records, relative to the largest |b|.
+struct Gap {
+  double max = 0, mean = 0;
+};
+Gap gap(const std::vector<Record>& a, const std::vector<Record>& b) {
+  double scale = 0, sum = 0, worst = 0;
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].sequence, b[i].sequence);
+    EXPECT_EQ(a[i].position, b[i].position);
+    for (std::size_t v = 0; v < a[i].logits.size(); ++v) {
+      const double d = std::abs(a[i].logits[v] - b[i].logits[v]);
+      worst = std::isfinite(d) ? std::max(worst, d) : INFINITY;
+      sum += d;
+      scale = std::max(scale, std::abs(b[i].logits[v]));
+      ++count;
+    }
+  }
+  return {worst / scale, sum / double(count) / scale};
+}
+
+// How many records agree on the most likely next token.
+std::size_t same_argmax(const std::vector<Record>& a, const std::vector<Record>& b) {
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto top = [](const std::vector<double>& l) { return std::max_element(l.begin(), l.end()) - l.begin(); };
+    same += top(a[i].logits) == top(b[i].logits);
+  }
+  return same;
+}
+
+// Prefill and decode on the GPU against the float32 CPU model on the same weights, and against the GPU's own full
+// forward over the same tokens. Decode computes the training forward's function with other float32 reductions
+// (the recurrent GDN step from an fp32 state instead of the chunked kernel, attention over the cache in fp32
+// instead of the unfused kernel's bf16 probabilities) and bf16 roundings at the same points, so its distance
+// from the CPU model must be of the order of the GPU forward's own: within twice it, and its distance from the
+// GPU forward within the sum of the two (3x).
+TEST_F(CudaModelTest, PrefillAndDecodeMatchTheCpuModelAndTheFullForward) {
+  SKIP_WITHOUT_GPU();
+  const Config c = config();
+  ParamStore bf16(c, DType::bf16), f32(c, DType::f32);
+  bf16.init(0.05, seed_);
+  widen(bf16, f32);
+  const Plan plan = make_plan(rng_, c.vocab_size);
+
+  Model cpu(c, {.dtype = DType::f32});
+  cpu.bind(f32.params());
+  const std::vector<Record> expected = rollout(cpu, plan);
+
+  const Device gpu{DeviceType::cuda, 0};
+  DeviceParams device(bf16, gpu);
+  device.upload(bf16);
+  Model model(c, {.device = gpu, .dtype = DType::bf16});
+  model.bind(device.params());
+  const std::vector<Record> decoded = rollout(model, plan);
+  const std::vector<Record> forward = full_forward(model, plan, decoded);
+
+  const Gap decode_cpu = gap(decoded, expected), forward_cpu = gap(forward, expected);
+  const Gap decode_forward = gap(decoded, forward);
+  std::printf("logits relative to the largest, max / mean: gpu decode vs cpu %.2e / %.2e; gpu forward vs cpu %.2e / "
+              "%.2e; gpu decode vs gpu forward %.2e / %.2e; argmax agrees %zu of %zu (decode vs forward), %zu (decode "
+              "vs cpu)\n",
+              decode_cpu.max, decode_cpu.mean, forward_cpu.max, forward_cpu.mean, decode_forward.max,
+              decode_forward.mean, same_argmax(decoded, forward), decoded.size(), same_argmax(decoded, expected));
+  EXPECT_LT(forward_cpu.max, 5e-2);  // the premise: the GPU forward is a bf16 rendering of the CPU model
+  EXPECT_LE(decode_cpu.max, 2 * forward_cpu.max);
+  EXPECT_LE(decode_cpu.mean, 2 * forward_cpu.mean);
+  EXPECT_LE(decode_forward.max, 3 * forward_cpu.max);
+}
+
+TEST_F(CudaModelTest, DecodeIsBitwiseDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const Config c = config();
+  ParamStore bf16(c, DType::bf16);
+  bf16.init(0.05, seed_);
+  const Plan plan = make_plan(rng_, c.vocab_size);
+  const Device gpu{DeviceType::cuda, 0};
+  DeviceParams device(bf16, gpu);
+  device.upload(bf16);
+  Model model(c, {.device = gpu, .dtype = DType::bf16});
+  model.bind(device.params());
+  const std::vector<Record> first = rollout(model, plan), second = rollout(model, plan);
+  ASSERT_EQ(first.size(), second.size());
+  for (std::size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i].logits, second[i].logits) << "record " << i;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -639,6 +640,174 @@ TEST_F(CudaOpsTest, RepeatedCallsAreBitwiseIdentical) {
   ASSERT_EQ(first.size(), second.size());
   for (std::size_t i = 0; i < first.size(); ++i)
     EXPECT_TRUE(first[i] == second[i]) << "result " << i << " differs between two identical passes";
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Inference: rows into and out of cache slots, the conv decode step, RoPE at given positions, attention over a
+// cache, each against the CPU op (itself tested against whole-sequence forms in test_ops.cpp).
+
+// The rows [S * L, C] of a Both (no padding) as the contiguous cache [S, L, C].
+TensorView cache_view(const Both& rows, Side side, Index slots) {
+  TensorView v = rows.view(side);
+  const Index slot_rows = v.shape[0] / slots, cols = v.shape[1];
+  v.ndim = 3;
+  v.shape = {slots, slot_rows, cols};
+  v.strides = {slot_rows * cols, cols, 1};
+  return v;
+}
+
+TEST_F(CudaOpsTest, CopyRowsMovesRowsOfEveryDtypeAndAlignment) {
+  // K/V rows (bfloat16, 16-byte units, strided), bfloat16 rows of odd width (2-byte units), GDN state rows
+  // (float32, 16-byte units) and float32 rows of odd width (4-byte units).
+  struct Case {
+    DType dtype;
+    Index cols, dst_pad, src_pad;
+  };
+  for (const Case c : {Case{bf16, 64, 8, 0}, Case{bf16, 37, 3, 5}, Case{f32, 96, 0, 0}, Case{f32, 5, 2, 1}}) {
+    SCOPED_TRACE(std::string(dtype_name(c.dtype)) + ", cols " + std::to_string(c.cols));
+    const Index dst_rows = 40, src_rows = 30, count = 25;
+    // Distinct destinations, sources with repeats; rows not named keep their values.
+    std::vector<std::int32_t> to(dst_rows);
+    std::iota(to.begin(), to.end(), 0);
+    std::shuffle(to.begin(), to.end(), rng_);
+    to.resize(count);
+    const Indices dst_ids(to), src_ids(random_ints(count, 0, static_cast<int>(src_rows) - 1));
+    const Both src = random(c.dtype, src_rows, c.cols, c.src_pad), dst = random(c.dtype, dst_rows, c.cols, c.dst_pad);
+    on_both([&](Ops& ops, Side s) { ops.copy_rows(dst.view(s), dst_ids.array(), src.view(s), src_ids.array()); });
+    EXPECT_TRUE(matches("dst", dst, 0));
+  }
+}
+
+TEST_F(CudaOpsTest, Conv1dSiluStepUpdatesTheSlotsHistory) {
+  const Index W = 4, S = 6;
+  const std::vector<std::int32_t> slot_values{5, 0, 3, 2};  // slots 1 and 4 must stay as they are
+  const Index N = std::ssize(slot_values);
+  for (const Layout& l : kLayouts) {
+    SCOPED_TRACE("cols " + std::to_string(l.cols) + ", pad " + std::to_string(l.pad));
+    const Index C = l.cols;
+    const Indices slots(slot_values);
+    const Both w = random(bf16, C, W, 0), state = random(bf16, S * (W - 1), C, 0, -2, 2);
+    // Two steps: the second reads the history the first shifted.
+    for (int step = 0; step < 2; ++step) {
+      const Both x = random(bf16, N, C, l.pad, -2, 2), out = unset(bf16, N, C, l.pad);
+      on_both([&](Ops& ops, Side s) {
+        ops.conv1d_silu_step(out.view(s), x.view(s), w.view(s), cache_view(state, s, S), slots.array());
+      });
+      EXPECT_TRUE(matches("out", out, kBf16Tolerance));
+      EXPECT_TRUE(matches("state", state, 0));  // moved bfloat16 values, exact
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, RopeAtPositionsMatchesCpu) {
+  const Index T = 57;
+  const int heads = 3, head_dim = 64;
+  // Decode positions up to long contexts, where float32 angles are large.
+  const Indices positions(random_ints(T, 0, 40000));
+  for (const int rotary_dim : {16, 64}) {
+    SCOPED_TRACE("rotary_dim " + std::to_string(rotary_dim));
+    const Both x = random(bf16, T, heads * head_dim, 8);
+    on_both([&](Ops& ops, Side s) {
+      ops.rope_at_positions(x.view(s), heads, head_dim, rotary_dim, 1e7, positions.array());
+    });
+    EXPECT_TRUE(matches("x", x, kBf16Tolerance));
+  }
+}
+
+struct CachedAttentionCase {
+  int q_heads, kv_heads, head_dim;
+  std::vector<Index> news, lengths;  // per sequence: its new rows, and the positions its slot holds with them
+  Index slot_rows, q_pad;
+};
+
+TEST_F(CudaOpsTest, CachedAttentionMatchesCpu) {
+  const CachedAttentionCase cases[] = {
+      // Qwen3.5's attention heads, one new row per sequence (decode), lengths from 1 to a full slot
+      {8, 2, 256, {1, 1, 1, 1, 1}, {1, 2, 77, 300, 129}, 300, 0},
+      // several new rows per sequence (a chunk of a prompt), GQA over head dim 64, strided q and o
+      {4, 2, 64, {3, 1, 17}, {3, 40, 60}, 64, 8},
+      // head dims off multiples of 8 (element by element) and over 256 (two chunks per lane)
+      {3, 1, 68, {2, 1}, {5, 33}, 40, 0},
+      {2, 1, 512, {1, 4}, {90, 4}, 100, 0},
+  };
+  for (const CachedAttentionCase& c : cases) {
+    SCOPED_TRACE("q_heads " + std::to_string(c.q_heads) + ", kv_heads " + std::to_string(c.kv_heads) +
+                 ", head_dim " + std::to_string(c.head_dim));
+    const Index N = std::ssize(c.news), S = N + 2, q_cols = Index{c.q_heads} * c.head_dim;
+    const Index kv_cols = Index{c.kv_heads} * c.head_dim;
+    const Offsets cu = offsets(c.news);
+    // The sequences in shuffled slots of a cache with two slots to spare.
+    std::vector<std::int32_t> slot_values(S);
+    std::iota(slot_values.begin(), slot_values.end(), 0);
+    std::shuffle(slot_values.begin(), slot_values.end(), rng_);
+    slot_values.resize(N);
+    const Indices sequences(cu), slots(slot_values), lengths(Offsets(c.lengths.begin(), c.lengths.end()));
+    const Both q = random(bf16, cu.back(), q_cols, c.q_pad, -2, 2);
+    const Both k_cache = random(bf16, S * c.slot_rows, kv_cols, 0, -2, 2);
+    const Both v_cache = random(bf16, S * c.slot_rows, kv_cols, 0);
+    const double scale = 1 / std::sqrt(double(c.head_dim));
+    const Both o = unset(bf16, cu.back(), q_cols, c.q_pad);
+    const auto call = [&](Ops& ops, Side s) {
+      ops.cached_attention(o.view(s), q.view(s), cache_view(k_cache, s, S), cache_view(v_cache, s, S), c.q_heads,
+                           c.kv_heads, c.head_dim, scale, sequences.array(), slots.array(), lengths.array());
+    };
+    on_both(call);
+    EXPECT_TRUE(matches("o", o, kBf16Tolerance));
+    // The warps' partial softmaxes merge in a fixed order: the same bits again.
+    const std::vector<std::uint8_t> first = o.bytes();
+    call(*gpu_, Side::gpu);
+    EXPECT_TRUE(first == o.bytes()) << "a second identical call gave other bits";
+  }
+}
+
+TEST_F(CudaOpsTest, InferenceOpsRefuseHostTensorsWrongDtypesAndMissingDeviceIndices) {
+  const auto invalid = [](const std::string& argument, const auto& call) {
+    try {
+      call();
+      ADD_FAILURE() << "no InvalidArgument for " << argument;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  const std::vector<std::int32_t> row_values{0, 2};
+  const Indices rows(row_values);
+  const IndexArray host_only(row_values);  // no device copy
+  const Both src = random(bf16, 4, 16), dst = random(bf16, 5, 16), wide = random(f32, 4, 16);
+  invalid("src", [&] { gpu_->copy_rows(dst.view(Side::gpu), rows.array(), wide.view(Side::gpu), rows.array()); });
+  invalid("src", [&] { gpu_->copy_rows(dst.view(Side::gpu), rows.array(), src.view(Side::cpu), rows.array()); });
+  invalid("dst_rows", [&] { gpu_->copy_rows(dst.view(Side::gpu), host_only, src.view(Side::gpu), rows.array()); });
+
+  const Both x = random(bf16, 2, 16), out = unset(bf16, 2, 16), w = random(bf16, 16, 4);
+  const Both state = random(bf16, 3 * 3, 16), state32 = random(f32, 3 * 3, 16);
+  invalid("state", [&] {
+    gpu_->conv1d_silu_step(out.view(Side::gpu), x.view(Side::gpu), w.view(Side::gpu), cache_view(state32, Side::gpu, 3),
+                           rows.array());
+  });
+  invalid("slots", [&] {
+    gpu_->conv1d_silu_step(out.view(Side::gpu), x.view(Side::gpu), w.view(Side::gpu), cache_view(state, Side::gpu, 3),
+                           host_only);
+  });
+  // The shared checks (ops.cpp) name the same arguments as on the CPU.
+  invalid("slots", [&] {
+    gpu_->conv1d_silu_step(out.view(Side::gpu), x.view(Side::gpu), w.view(Side::gpu), cache_view(state, Side::gpu, 3),
+                           Indices(std::vector<std::int32_t>{1, 1}).array());
+  });
+
+  const Both xr = random(bf16, 2, 8);
+  invalid("positions", [&] { gpu_->rope_at_positions(xr.view(Side::gpu), 2, 4, 2, 1e4, host_only); });
+
+  const Both q = random(bf16, 2, 8), o = unset(bf16, 2, 8), kc = random(bf16, 3 * 5, 4);
+  const std::vector<std::int32_t> length_values{4};
+  const Indices cu(std::vector<std::int32_t>{0, 2}), slot(std::vector<std::int32_t>{1}), length(length_values);
+  invalid("k_cache", [&] {
+    gpu_->cached_attention(o.view(Side::gpu), q.view(Side::gpu), cache_view(kc, Side::cpu, 3),
+                           cache_view(kc, Side::gpu, 3), 2, 1, 4, 0.5, cu.array(), slot.array(), length.array());
+  });
+  invalid("lengths", [&] {
+    gpu_->cached_attention(o.view(Side::gpu), q.view(Side::gpu), cache_view(kc, Side::gpu, 3),
+                           cache_view(kc, Side::gpu, 3), 2, 1, 4, 0.5, cu.array(), slot.array(),
+                           IndexArray(length_values));
+  });
 }
 
 TEST_F(CudaOpsTest, RejectsHostTensorsAndWrongDtypes) {

@@ -1,0 +1,255 @@
+// The rollout engine on a GPU (bfloat16): batches of --batches sequences of --prompt random tokens, each generating
+// exactly --new-tokens greedy tokens (no stop tokens), through rollout::Engine with every prompt admitted in one
+// prefill. Parameters are HF's initialisation from a seed. Reports per batch size: the prefill's time, decode
+// tokens/s (the steps after the prefill), the cache's bytes (InferenceState::bytes) and the device memory the run
+// took; and where a decode step's time goes: Model::decode alone, the part of it that brings the logits to the host
+// as doubles (replayed here at the same size, as model.cpp's logits_to_host does it), greedy sampling on the host,
+// Model::decode with the vocabulary cut to 4096 (the layers and launches without the logits' host work), and the
+// bytes a step must move (weights once, each GDN state read and written, the K/V cache read) over --bandwidth-tbs
+// as the roofline.
+//
+//   rollout_benchmark [--config qwen3.5-0.8b] [--batches 64,256] [--prompt 128] [--new-tokens 256]
+//                     [--decode-probe 16] [--bandwidth-tbs 4.3] [--json FILE]
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string_view>
+#include <vector>
+
+#include "deltatrain/core/bfloat16.h"
+#include "deltatrain/core/cuda_check.h"
+#include "deltatrain/model/inference.h"
+#include "deltatrain/model/model.h"
+#include "deltatrain/model/params.h"
+#include "deltatrain/rollout/engine.h"
+#include "deltatrain/rollout/sampling.h"
+
+using namespace deltatrain;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::size_t used_bytes() {
+  std::size_t free = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return total - free;
+}
+
+// The bytes one decode step of `batch` sequences at cache length `length` must move: every parameter once
+// (bfloat16), each GDN state read and written (float32) and each conv history read and written, and the K/V
+// cache read.
+double decode_step_bytes(const model::Config& c, std::int64_t batch, std::int64_t length) {
+  double bytes = 2.0 * double(model::param_count(c));
+  for (int l = 0; l < c.num_hidden_layers(); ++l) {
+    if (c.layer_types[l] == model::LayerKind::linear_attention) {
+      bytes += 2.0 * batch * 4.0 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+      bytes += 2.0 * batch * 2.0 * (c.linear_conv_kernel_dim - 1) * c.linear_conv_dim();
+    } else {
+      bytes += batch * 2.0 * 2.0 * length * c.num_key_value_heads * c.head_dim;
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"the rollout engine on a GPU"};
+  std::string config_name = "qwen3.5-0.8b", json_path, batch_list = "64,256";
+  int prompt = 128, new_tokens = 256, probe_steps = 16;
+  double bandwidth_tbs = 4.3;
+  app.add_option("--config", config_name);
+  app.add_option("--batches", batch_list, "comma-separated batch sizes");
+  app.add_option("--prompt", prompt, "prompt tokens per sequence");
+  app.add_option("--new-tokens", new_tokens, "tokens generated per sequence");
+  app.add_option("--decode-probe", probe_steps, "Model::decode steps timed alone per batch size");
+  app.add_option("--bandwidth-tbs", bandwidth_tbs, "device memory bandwidth for the roofline (H200 copy: 4.3)");
+  app.add_option("--json", json_path);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<std::int64_t> batches;
+    for (std::size_t at = 0; at < batch_list.size();) {
+      const std::size_t comma = std::min(batch_list.find(',', at), batch_list.size());
+      batches.push_back(std::stoll(batch_list.substr(at, comma - at)));
+      at = comma + 1;
+    }
+    const model::Config config = model::load_config(config_name);
+    const std::int64_t V = config.vocab_size;
+    const Device gpu{DeviceType::cuda, 0};
+    cudaStream_t stream;
+    cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    model::ParamStore host(config, DType::bf16);
+    host.init(config.initializer_range, 1);
+    model::DeviceParams device(host, gpu);
+    device.upload(host, stream);
+    const model::ModelOptions options{.device = gpu, .dtype = DType::bf16, .stream = stream};
+    const std::int64_t max_length = prompt + new_tokens - 1;
+
+    nlohmann::ordered_json rows = nlohmann::json::array();
+    for (const std::int64_t B : batches) {
+      std::mt19937 rng(static_cast<unsigned>(B));
+      std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(V - 1));
+      std::vector<rollout::Request> requests(B);
+      for (std::int64_t i = 0; i < B; ++i) {
+        requests[i].id = static_cast<std::uint64_t>(i);
+        requests[i].prompt.resize(prompt);
+        for (auto& t : requests[i].prompt) t = token(rng);
+        requests[i].max_new_tokens = new_tokens;
+        requests[i].sampling.temperature = 0;  // greedy, as transformers' generate is run beside it
+      }
+
+      // The engine: the first step admits every prompt (one packed prefill, which draws each first token); every
+      // later step decodes one token for each sequence.
+      const std::size_t used_before = used_bytes();
+      double prefill_s = 0, decode_s = 0;
+      std::int64_t decode_tokens = 0, steps = 0;
+      std::vector<double> step_s;
+      std::size_t used_engine = 0, used_peak = 0;
+      {
+        rollout::Engine engine(config, options, device.params(),
+                               {.max_batch = B, .max_length = max_length, .max_prefill_tokens = B * prompt});
+        used_engine = used_bytes();
+        for (const rollout::Request& r : requests) engine.submit(r);
+        auto start = Clock::now();
+        engine.step();
+        prefill_s = seconds_since(start);
+        while (!engine.idle()) {
+          start = Clock::now();
+          const std::int64_t generated = engine.step();
+          const double s = seconds_since(start);
+          if (generated == 0) break;  // the last step only retires
+          decode_s += s;
+          decode_tokens += generated;
+          step_s.push_back(s);
+          ++steps;
+        }
+        used_peak = used_bytes();
+        const std::vector<rollout::Completion> done = engine.take_finished();
+        std::int64_t complete = 0;
+        for (const rollout::Completion& c : done) complete += std::ssize(c.tokens) == new_tokens;
+        if (complete != B)
+          throw std::runtime_error(std::to_string(B - complete) + " sequences did not get all their tokens");
+      }
+
+      // Model::decode alone on the same batch (prefilled prompts), and the host's share of it replayed: the
+      // [B, V] bfloat16 logits copied to a pageable vector and widened to doubles; then greedy sampling.
+      std::vector<std::int32_t> tokens, cu{0}, slots(B), next(B);
+      for (std::int64_t i = 0; i < B; ++i) {
+        tokens.insert(tokens.end(), requests[i].prompt.begin(), requests[i].prompt.end());
+        cu.push_back(static_cast<std::int32_t>(tokens.size()));
+      }
+      std::iota(slots.begin(), slots.end(), 0);
+      std::vector<double> model_decode_s, host_logits_s, greedy_s;
+      {  // freed before the next probe: a prefill of B x prompt tokens keeps every layer's activations
+        model::Model m(config, options);
+        m.bind(device.params());
+        model::InferenceState state(config, options, B, max_length);
+        std::vector<double> logits(B * V), replayed(B * V);
+        m.prefill({tokens, cu}, slots, state, logits);
+        void* device_logits = nullptr;  // finite bfloat16 values (0x3f3f, about 0.75) for the replayed copy
+        cuda_check(cudaMalloc(&device_logits, B * V * sizeof(std::uint16_t)), "cudaMalloc");
+        cuda_check(cudaMemset(device_logits, 0x3f, B * V * sizeof(std::uint16_t)), "cudaMemset");
+        std::vector<std::int32_t> scratch;
+        for (int s = 0; s < probe_steps + 2; ++s) {  // two warm-up steps
+          for (std::int64_t i = 0; i < B; ++i) next[i] = token(rng);
+          auto start = Clock::now();
+          m.decode(next, slots, state, logits);
+          const double decode = seconds_since(start);
+          start = Clock::now();
+          for (std::int64_t i = 0; i < B; ++i)
+            rollout::sample_token(std::span<const double>(logits).subspan(i * V, V), {.temperature = 0}, 0.5, false,
+                                  scratch);
+          const double greedy = seconds_since(start);
+          start = Clock::now();
+          std::vector<std::uint16_t> bits(B * V);
+          cuda_check(cudaMemcpyAsync(bits.data(), device_logits, bits.size() * sizeof(std::uint16_t),
+                                     cudaMemcpyDeviceToHost, stream),
+                     "cudaMemcpyAsync");
+          cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+          std::transform(bits.begin(), bits.end(), replayed.begin(),
+                         [](std::uint16_t b) { return double(bf16_to_float(b)); });
+          const double to_host = seconds_since(start);
+          if (s >= 2) model_decode_s.push_back(decode), host_logits_s.push_back(to_host), greedy_s.push_back(greedy);
+      }
+      cuda_check(cudaFree(device_logits), "cudaFree");
+      }
+
+      // The same decode with the vocabulary cut to its first kProbeVocab rows (the tied embedding's prefix, so the
+      // same weights): the layers, the final norm and the launches, without the full vocabulary's logits on the host.
+      constexpr std::int64_t kProbeVocab = 4096;
+      model::Config small = config;
+      small.vocab_size = kProbeVocab;
+      const model::TensorLookup full = device.params();
+      model::Model layers(small, options);
+      layers.bind([&](std::string_view name) {
+        TensorView v = full(name);
+        if (name == "model.embed_tokens.weight") v.shape[0] = kProbeVocab;
+        return v;
+      });
+      model::InferenceState small_state(small, options, B, max_length);
+      for (auto& t : tokens) t %= kProbeVocab;
+      std::vector<double> small_logits(B * kProbeVocab);
+      layers.prefill({tokens, cu}, slots, small_state, small_logits);
+      std::vector<double> layers_decode_s;
+      for (int s = 0; s < probe_steps + 2; ++s) {
+        for (std::int64_t i = 0; i < B; ++i) next[i] = token(rng) % kProbeVocab;
+        const auto start = Clock::now();
+        layers.decode(next, slots, small_state, small_logits);
+        if (s >= 2) layers_decode_s.push_back(seconds_since(start));
+      }
+
+      const double step = decode_s / double(std::max<std::int64_t>(steps, 1));
+      const double mean_length = prompt + new_tokens / 2.0;
+      const double roofline_s =
+          decode_step_bytes(config, B, static_cast<std::int64_t>(mean_length)) / (bandwidth_tbs * 1e12);
+      nlohmann::ordered_json row = {
+          {"batch", B},
+          {"prompt", prompt},
+          {"new_tokens", new_tokens},
+          {"prefill_s", prefill_s},
+          {"prefill_tokens_per_s", double(B * prompt) / prefill_s},
+          {"decode_tokens", decode_tokens},
+          {"decode_steps", steps},
+          {"decode_s", decode_s},
+          {"decode_tokens_per_s", double(decode_tokens) / decode_s},
+          {"engine_step_ms_mean", 1e3 * step},
+          {"engine_step_ms_median", 1e3 * median(step_s)},
+          {"model_decode_ms", 1e3 * median(model_decode_s)},
+          {"logits_to_host_ms", 1e3 * median(host_logits_s)},
+          {"greedy_sampling_ms", 1e3 * median(greedy_s)},
+          {"layers_decode_ms", 1e3 * median(layers_decode_s)},
+          {"roofline_step_ms", 1e3 * roofline_s},
+          {"roofline_tokens_per_s", double(B) / roofline_s},
+          {"cache_bytes", model::InferenceState::bytes(config, options, B, max_length)},
+          {"engine_memory_gib", double(used_engine - used_before) / (1ull << 30)},
+          {"run_peak_memory_gib", double(used_peak - used_before) / (1ull << 30)},
+      };
+      std::printf("%s\n", row.dump().c_str());
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+    cudaDeviceProp prop{};
+    cuda_check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    const nlohmann::ordered_json out = {{"gpu", prop.name}, {"config", config_name}, {"rows", rows}};
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rollout_benchmark: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
