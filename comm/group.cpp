@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <utility>
 
 #include "deltatrain/core/error.h"
@@ -169,5 +170,36 @@ void collectively(Group& group, const std::function<void()>& work) {
   }
 }
 
+double sum_over_ranks(Group& group, double local) {
+  std::string bytes(sizeof local, '\0');
+  std::memcpy(bytes.data(), &local, sizeof local);
+  double total = 0;
+  for (const std::string& each : group.all_gather_object(bytes)) {
+    double value;
+    std::memcpy(&value, each.data(), sizeof value);
+    total += value;
+  }
+  return total;
+}
+
+bool any_rank(Group& group, bool local) {
+  // Host bytes through the object exchange: a GPU group's collectives take device buffers.
+  for (const std::string& each : group.all_gather_object(local ? "1" : "0")) {
+    if (each == "1") return true;
+  }
+  return false;
+}
+
+double max_over_ranks(Group& group, double local) {
+  std::string bytes(sizeof local, '\0');
+  std::memcpy(bytes.data(), &local, sizeof local);
+  double largest = local;
+  for (const std::string& each : group.all_gather_object(bytes)) {
+    double value;
+    std::memcpy(&value, each.data(), sizeof value);
+    largest = std::max(largest, value);
+  }
+  return largest;
+}
 
 }  // namespace deltatrain::comm

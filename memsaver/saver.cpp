@@ -180,6 +180,19 @@ void Saver::resume() {
   resume_tags(tags_in_state(TagState::Paused, "resume"));
 }
 
+void Saver::prepare_backups(std::string_view tag) {
+  std::lock_guard lock(mutex_);
+  TagEntry& entry = find_tag(tag);
+  if (entry.second.backup != Backup::CpuCopy) {
+    throw InvalidArgument("tag", "tag " + quoted(tag) + " has policy " + std::string(to_string(entry.second.backup)) +
+                                     "; only cpu tags keep host copies to prepare");
+  }
+  for (std::uintptr_t address : entry.second.allocations) {
+    Allocation& allocation = allocations_.at(address);
+    if (!allocation.host_copy) allocation.host_copy = memory_->allocate_host(allocation.bytes);
+  }
+}
+
 void Saver::pause_tags(const std::vector<TagEntry*>& entries) {
   for (const TagEntry* entry : entries) {
     const Tag& tag = entry->second;
@@ -397,6 +410,41 @@ std::vector<TagStats> Saver::stats() const {
 TagStats Saver::stats(std::string_view tag) const {
   std::lock_guard lock(mutex_);
   return describe(find_tag(tag));
+}
+
+namespace {
+
+class TaggedAllocator final : public Allocator {
+ public:
+  TaggedAllocator(Saver& saver, Region region, Device device)
+      : saver_(saver), region_(std::move(region)), device_(device) {}
+  void* allocate(std::size_t bytes, const char* what) override {
+    try {
+      return saver_.allocate(region_, bytes);
+    } catch (const OutOfMemory& e) {
+      throw OutOfMemory(std::string(what) + " under tag " + quoted(region_.tag) + ": " + e.what());
+    }
+  }
+  void deallocate(void* address) noexcept override {
+    try {
+      saver_.free(address);
+    } catch (const Error&) {
+      // Unknown addresses cannot reach here (only this allocator's own are given back); a failed unmap in a
+      // destructor has nobody to tell.
+    }
+  }
+  Device device() const override { return device_; }
+
+ private:
+  Saver& saver_;
+  Region region_;
+  Device device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Allocator> make_allocator(Saver& saver, Region region, Device device) {
+  return std::make_unique<TaggedAllocator>(saver, std::move(region), device);
 }
 
 }  // namespace deltatrain::memsaver

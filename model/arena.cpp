@@ -15,7 +15,9 @@ namespace deltatrain::model {
 namespace {
 
 constexpr std::size_t kAlignment = 256;        // cuBLASLt and vectorised kernels want aligned operands
-constexpr std::size_t kMinChunk = 64ull << 20;  // few chunks, few device allocations
+// The smallest chunk: on a GPU large, so that a step makes few device allocations (a cudaMalloc synchronises
+// the device); on the CPU small, so that a small model (tests, the CPU demos) does not hold 64 MiB per arena.
+std::size_t min_chunk(Device device) { return device.type == DeviceType::cpu ? std::size_t{4} << 20 : std::size_t{64} << 20; }
 
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
@@ -61,7 +63,13 @@ void device_memset_zero(void* data, std::size_t bytes, Device device, void* stre
 
 
 Arena::~Arena() {
-  for (const Chunk& c : chunks_) device_free(c.data, device_);
+  for (const Chunk& c : chunks_) {
+    if (allocator_ != nullptr) {
+      allocator_->deallocate(c.data);
+    } else {
+      device_free(c.data, device_);
+    }
+  }
 }
 
 TensorView Arena::allocate(DType dtype, std::initializer_list<std::int64_t> shape) {
@@ -74,8 +82,9 @@ TensorView Arena::allocate(DType dtype, std::initializer_list<std::int64_t> shap
   }
   if (chunk_ == chunks_.size()) {
     const std::size_t last = chunks_.empty() ? 0 : chunks_.back().bytes;
-    const std::size_t size = std::max({bytes, kMinChunk, 2 * last});
-    chunks_.push_back({device_allocate(size, device_), size});
+    const std::size_t size = std::max({bytes, min_chunk(device_), 2 * last});
+    void* data = allocator_ != nullptr ? allocator_->allocate(size, "model activations") : device_allocate(size, device_);
+    chunks_.push_back({data, size});
     offset_ = 0;
   }
   void* data = static_cast<std::byte*>(chunks_[chunk_].data) + offset_;

@@ -8,13 +8,15 @@
 #include <initializer_list>
 #include <vector>
 
+#include "deltatrain/core/allocator.h"
 #include "deltatrain/core/tensor.h"
 
 namespace deltatrain::model {
 
 class Arena {
  public:
-  explicit Arena(Device device) : device_(device) {}
+  // Chunks from `allocator` when given (a memory saver's tag), else plain device memory.
+  explicit Arena(Device device, Allocator* allocator = nullptr) : device_(device), allocator_(allocator) {}
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -31,6 +33,7 @@ class Arena {
     std::size_t bytes = 0;
   };
   Device device_;
+  Allocator* allocator_;
   std::vector<Chunk> chunks_;
   std::size_t chunk_ = 0, offset_ = 0;  // where the next allocation goes
   std::size_t in_use_ = 0, peak_ = 0;

@@ -238,12 +238,7 @@ void save_hf_model(const fs::path& dir, const Config& config, const TensorLookup
   if (error) fail_fs("remove", temporary, error);
   try {
     if (!fs::create_directory(temporary, error) || error) fail_fs("create directory", temporary, error);
-    {
-      const std::string text = config_to_hf_json(config);
-      optim::File file = optim::File::create_new(temporary / kConfigFile);
-      file.write_all(text.data(), text.size());
-      file.sync();
-    }
+    optim::write_new_file(temporary / kConfigFile, config_to_hf_json(config));
     // "format": "pt" is what transformers expects of a safetensors file's metadata.
     optim::write_safetensors(temporary / kWeightsFile, tensors, {{"format", "pt"}});
     optim::sync_directory(temporary);

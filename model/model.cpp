@@ -108,14 +108,15 @@ struct Model::Impl {
   // The batch of the last forward, on the host and (on a GPU) on the device.
   std::vector<std::int32_t> tokens, cu_seqlens, targets;
   std::vector<double> weights, logprobs;
+  const TokenObjective* objective = nullptr;  // the batch's, for the forward's loss
   IndexArray token_ids, sequences, target_ids;
   TensorView weight_values, logprob_values;  // [T] on the device: float64 on the CPU, float32 on a GPU
   std::int64_t T = 0;
   bool trained = false;  // the last forward kept what backward() needs
 
-  Arena memory{options.device};     // activations kept from the forward, rewound each forward
-  Arena scratch{options.device};    // temporaries of one layer's backward, rewound for each layer
-  Arena recomputed{options.device};  // with recompute: the one layer's activations being recomputed
+  Arena memory{options.device, options.memory};     // activations kept from the forward, rewound each forward
+  Arena scratch{options.device, options.memory};    // temporaries of one layer's backward, rewound for each layer
+  Arena recomputed{options.device, options.memory};  // with recompute: the one layer's activations being recomputed
   std::vector<TensorView> layer_inputs;  // residual stream entering each layer, and after the last [L + 1]
   std::vector<LayerActivations> acts;    // one per layer (none with recompute)
   LayerActivations recompute_acts;
@@ -236,6 +237,13 @@ Model::Model(const Config& config, const ModelOptions& options) : impl_(std::mak
   validate(config);
   if (options.loss_chunk < 1) throw InvalidArgument("loss_chunk", "must be at least 1 token");
   if (options.cpu_threads < 0) throw InvalidArgument("cpu_threads", "must be >= 0 (0: all available)");
+  if (options.batch_invariant && options.device.type != DeviceType::cpu) {
+    throw InvalidArgument("batch_invariant", "is implemented for the CPU model only, not " + device_name(options.device));
+  }
+  if (options.memory != nullptr && options.memory->device() != options.device) {
+    throw InvalidArgument("memory", "allocates on " + device_name(options.memory->device()) + ", the model runs on " +
+                                        device_name(options.device));
+  }
   Impl& m = *impl_;
   if (options.device.type == DeviceType::cpu) {
     if (options.dtype != DType::f32 && options.dtype != DType::f64) {
@@ -243,7 +251,7 @@ Model::Model(const Config& config, const ModelOptions& options) : impl_(std::mak
                                          dtype_name(options.dtype));
     }
     m.act_dtype = m.stat_dtype = options.dtype;
-    m.ops = make_cpu_ops(options.cpu_threads);
+    m.ops = make_cpu_ops(options.cpu_threads, options.batch_invariant);
   } else {
     if (options.dtype != DType::bf16) {
       throw InvalidArgument("dtype", std::string("the GPU model computes in bfloat16, got ") + dtype_name(options.dtype));
@@ -310,6 +318,10 @@ void validate_batch(const Batch& batch, std::int64_t vocab_size) {
       }
     }
   }
+  if (!batch.weights.empty() && batch.objective != nullptr) {
+    throw InvalidArgument("weights", "must be empty when the batch has an objective (it replaces the weighted NLL)");
+  }
+  if (batch.objective != nullptr && !*batch.objective) throw InvalidArgument("objective", "is an empty function");
   if (!batch.weights.empty()) {
     if (static_cast<std::int64_t>(batch.weights.size()) != T) {
       throw InvalidArgument("weights", "needs one entry per token (" + std::to_string(T) + ")");
@@ -342,6 +354,7 @@ void Model::Impl::load_batch(const Batch& batch) {
     weights.assign(batch.weights.begin(), batch.weights.end());
   }
   logprobs.assign(targets.size(), 0.0);
+  objective = batch.objective;
   T = static_cast<std::int64_t>(tokens.size());
 
   memory.reset();
@@ -487,14 +500,16 @@ void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const Tens
 }
 
 // The gdn operator: chunked in training and prefill (which keeps each sequence's final state in its slot),
-// token by token from the slots' states in decode. The slots' rows are gathered into and scattered from
+// token by token from the slots' states in decode; token by token everywhere when batch-invariant (the chunked
+// form's sums depend on where a token falls in its chunk). The slots' rows are gathered into and scattered from
 // contiguous [N, HV, K, V] states, as the operator takes them.
 void Model::Impl::gdn_core(GdnActivations& a, const LayerState* state) {
   const Config& c = config;
   const std::int64_t HV = c.linear_num_value_heads, dv = c.linear_value_head_dim;
   const TensorView core = reshaped(a.core, {1, T, HV, dv});
+  const auto forward = options.batch_invariant ? gdn::recurrent_forward : gdn::chunk_forward;
   if (!state) {
-    gdn::chunk_forward(gdn_inputs(a), {core, std::nullopt}, gdn_options());
+    forward(gdn_inputs(a), {core, std::nullopt}, gdn_options());
     return;
   }
   scratch.reset();
@@ -508,7 +523,7 @@ void Model::Impl::gdn_core(GdnActivations& a, const LayerState* state) {
     inputs.initial_state = initial_state;
     gdn::recurrent_forward(inputs, {core, final_state}, gdn_options());
   } else {
-    gdn::chunk_forward(inputs, {core, final_state}, gdn_options());
+    forward(inputs, {core, final_state}, gdn_options());
   }
   ops->copy_rows(slot_rows, inference.slot_ids, as_matrix(final_state, N, per_slot), inference.sequence_ids);
 }
@@ -653,22 +668,52 @@ double Model::Impl::loss(bool want_grad) {
   const std::int64_t V = config.vocab_size, chunk = std::min<std::int64_t>(options.loss_chunk, T);
   scratch.reset();
   const TensorView logits = temp({chunk, V});
+  const bool on_host = options.device.type == DeviceType::cpu;
+  std::vector<float> staged;  // float32 values crossing to and from a GPU
+  // logprobs[begin, end) from the device (on the CPU they are written there directly).
+  auto fetch_logprobs = [&](std::int64_t begin, std::int64_t end) {
+    if (on_host) return;
+    staged.resize(static_cast<std::size_t>(end - begin));
+    copy_to_host(staged.data(), vector_slice(logprob_values, begin, end - begin).data, staged.size() * sizeof(float),
+                 options.device, options.stream);
+    synchronize(options.device, options.stream);
+    std::copy(staged.begin(), staged.end(), logprobs.begin() + begin);
+  };
+  double total = 0;
   for (std::int64_t begin = 0; begin < T; begin += chunk) {
     const std::int64_t end = std::min(T, begin + chunk), rows = end - begin;
     const TensorView chunk_logits = row_slice(logits, 0, rows);
     const TensorView h = row_slice(final_normed, begin, end);
+    const IndexArray chunk_targets = target_ids.slice(begin, rows);
+    const TensorView chunk_weights = vector_slice(weight_values, begin, rows);
+    const TensorView chunk_logprobs = vector_slice(logprob_values, begin, rows);
     linear(chunk_logits, h, params.lm_head);
-    ops->cross_entropy(chunk_logits, target_ids.slice(begin, rows), vector_slice(weight_values, begin, rows),
-                       vector_slice(logprob_values, begin, rows), want_grad);
+    if (objective != nullptr) {
+      // The objective's derivatives become this chunk's weights: d term / d logits = -weight * d nll / d logits.
+      ops->cross_entropy(chunk_logits, chunk_targets, chunk_weights, chunk_logprobs, false);
+      fetch_logprobs(begin, end);
+      std::vector<double> terms(static_cast<std::size_t>(rows)), derivatives(static_cast<std::size_t>(rows));
+      (*objective)(begin, std::span<const double>(logprobs).subspan(begin, rows), terms, derivatives);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        if (!std::isfinite(terms[r]) || !std::isfinite(derivatives[r])) {
+          throw InvalidArgument("objective", "gave a non-finite term or derivative at token " + std::to_string(begin + r));
+        }
+        total += terms[r];
+        weights[begin + r] = -derivatives[r];
+      }
+      if (want_grad && !on_host) {
+        staged.assign(weights.begin() + begin, weights.begin() + end);
+        copy_to_device(chunk_weights.data, staged.data(), staged.size() * sizeof(float), options.device, options.stream);
+        synchronize(options.device, options.stream);  // staged is reused by the next chunk
+      }
+      if (want_grad) ops->cross_entropy(chunk_logits, chunk_targets, chunk_weights, chunk_logprobs, true);
+    } else {
+      ops->cross_entropy(chunk_logits, chunk_targets, chunk_weights, chunk_logprobs, want_grad);
+    }
     if (want_grad) linear_backward(row_slice(d_final, begin, end), grads.lm_head, chunk_logits, h, params.lm_head, false);
   }
-  if (options.device.type != DeviceType::cpu) {
-    std::vector<float> values(T);
-    copy_to_host(values.data(), logprob_values.data, values.size() * sizeof(float), options.device, options.stream);
-    synchronize(options.device, options.stream);
-    std::copy(values.begin(), values.end(), logprobs.begin());
-  }
-  double total = 0;
+  if (objective != nullptr) return total;
+  fetch_logprobs(0, T);
   for (std::int64_t t = 0; t < T; ++t) total -= weights[t] * logprobs[t];
   return total;
 }

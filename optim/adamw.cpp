@@ -73,7 +73,8 @@ struct DistributedAdamW::Buffers {
 };
 
 DistributedAdamW::DistributedAdamW(comm::Group& group, const std::vector<ParamSpec>& params,
-                                   const AdamWConfig& config, const LayoutOptions& layout_options, void* stream)
+                                   const AdamWConfig& config, const LayoutOptions& layout_options, void* stream,
+                                   const OptimizerMemory& memory)
     : group_(group),
       layout_(make_param_layout(params, group.size(), layout_options)),
       config_(config),
@@ -83,12 +84,13 @@ DistributedAdamW::DistributedAdamW(comm::Group& group, const std::vector<ParamSp
   const Device device = group.device();
   for (const BufferLayout& buffer : layout_.buffers) {
     const auto local = static_cast<std::size_t>(layout_.local_numel(buffer));
-    buffers_->params.emplace_back(device, buffer.numel * dtype_size(buffer.dtype));
-    buffers_->grads.emplace_back(device, buffer.numel * sizeof(float));
-    buffers_->summed_grads.emplace_back(device, local * sizeof(float));
-    for (auto& tensor : buffers_->state) tensor.emplace_back(device, local * sizeof(float));
+    buffers_->params.emplace_back(device, buffer.numel * dtype_size(buffer.dtype), memory.params);
+    buffers_->grads.emplace_back(device, buffer.numel * sizeof(float), memory.grads);
+    buffers_->summed_grads.emplace_back(device, local * sizeof(float), memory.grads);
+    for (auto& tensor : buffers_->state) tensor.emplace_back(device, local * sizeof(float), memory.state);
   }
-  buffers_->sums = DeviceBuffer(device, (kSumSquaresScratch + layout_.buffers.size() + 1) * sizeof(double));
+  buffers_->sums =
+      DeviceBuffer(device, (kSumSquaresScratch + layout_.buffers.size() + 1) * sizeof(double), memory.state);
 }
 
 DistributedAdamW::~DistributedAdamW() = default;

@@ -482,10 +482,7 @@ fs::path save_checkpoint(const DistributedAdamW& optimizer, const fs::path& root
       metadata.files.push_back(
           {shard_file_name(r, dp_size), r, std::stoull(records[r].substr(space + 1)), records[r].substr(0, space)});
     }
-    const std::string text = metadata_to_json(metadata);
-    File file = File::create_new(temp_dir / kMetadata);
-    file.write_all(text.data(), text.size());
-    file.sync();
+    write_new_file(temp_dir / kMetadata, metadata_to_json(metadata));
     reached(SaveStage::metadata_written);
     sync_directory(temp_dir);
     if (replacing) {

@@ -133,14 +133,16 @@ void exchange_paths(const std::filesystem::path& a, const std::filesystem::path&
   }
 }
 
+void write_new_file(const std::filesystem::path& path, const std::string& content) {
+  File file = File::create_new(path);
+  file.write_all(content.data(), content.size());
+  file.sync();
+}
+
 void replace_file_atomically(const std::filesystem::path& path, const std::string& content) {
   const std::filesystem::path temporary = path.string() + ".tmp";
   std::filesystem::remove(temporary);  // left by a save that was killed
-  {
-    File file = File::create_new(temporary);
-    file.write_all(content.data(), content.size());
-    file.sync();
-  }
+  write_new_file(temporary, content);
   if (std::rename(temporary.c_str(), path.c_str()) != 0) fail("rename to", path);
   sync_directory(path.parent_path());
 }

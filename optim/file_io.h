@@ -44,6 +44,10 @@ void rename_no_replace(const std::filesystem::path& from, const std::filesystem:
 // Swaps two existing paths (files or directories) in one atomic step: each then names what the other did.
 void exchange_paths(const std::filesystem::path& a, const std::filesystem::path& b);
 
+// Creates `path` (Failure if it exists), writes `content` and syncs it: a file of a directory that is itself
+// written aside and renamed into place.
+void write_new_file(const std::filesystem::path& path, const std::string& content);
+
 // Writes `content` to a temporary file beside `path`, syncs it, renames it over `path`, and syncs
 // the directory: readers see the old content or the new, never a mix.
 void replace_file_atomically(const std::filesystem::path& path, const std::string& content);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "cuda_calls.h"
+#include "deltatrain/core/error.h"
 
 namespace deltatrain::optim {
 
@@ -16,8 +17,18 @@ constexpr std::size_t kHostAlignment = 64;
 
 }  // namespace
 
-DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes) : device_(device), bytes_(bytes) {
+DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes, Allocator* allocator)
+    : device_(device), allocator_(allocator), bytes_(bytes) {
   if (bytes == 0) return;
+  if (allocator != nullptr) {
+    if (allocator->device() != device) {
+      throw InvalidArgument("allocator", "allocates on " + device_name(allocator->device()) + ", the buffer belongs on " +
+                                             device_name(device));
+    }
+    data_ = allocator->allocate(bytes, "optimizer buffer");
+    fill_zero(data_, device, bytes, nullptr);
+    return;
+  }
   if (device.type == DeviceType::cpu) {
     data_ = std::aligned_alloc(kHostAlignment, (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
     if (data_ == nullptr) throw std::bad_alloc();
@@ -29,7 +40,9 @@ DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes) : device_(device), 
 
 DeviceBuffer::~DeviceBuffer() {
   if (data_ == nullptr) return;
-  if (device_.type == DeviceType::cpu) {
+  if (allocator_ != nullptr) {
+    allocator_->deallocate(data_);
+  } else if (device_.type == DeviceType::cpu) {
     std::free(data_);
   } else {
     cuda_free(data_);
@@ -37,12 +50,16 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : device_(other.device_), data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : device_(other.device_),
+      allocator_(other.allocator_),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
     DeviceBuffer old(std::move(*this));
     device_ = other.device_;
+    allocator_ = other.allocator_;
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
   }

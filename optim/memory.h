@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "deltatrain/core/allocator.h"
 #include "deltatrain/core/tensor.h"
 
 namespace deltatrain::optim {
@@ -11,8 +12,8 @@ namespace deltatrain::optim {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  // Zero-filled.
-  DeviceBuffer(Device device, std::size_t bytes);
+  // Zero-filled; from `allocator` when given (its device must be `device`), else plain device memory.
+  DeviceBuffer(Device device, std::size_t bytes, Allocator* allocator = nullptr);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
@@ -29,6 +30,7 @@ class DeviceBuffer {
 
  private:
   Device device_{};
+  Allocator* allocator_ = nullptr;
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
 };

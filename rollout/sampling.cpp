@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "deltatrain/core/error.h"
+#include "deltatrain/model/log_softmax.h"
 
 namespace deltatrain::rollout {
 namespace {
@@ -44,10 +45,7 @@ double uniform(std::uint64_t seed, std::uint64_t sequence, std::uint64_t index) 
 }
 
 double log_softmax_at(std::span<const double> logits, std::int32_t token) {
-  const double max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (const double l : logits) sum += std::exp(l - max);
-  return logits[token] - max - std::log(sum);
+  return model::log_sum_exp(logits.data(), std::ssize(logits)).log_prob(logits[token]);
 }
 
 Sample sample_token(std::span<const double> logits, const SamplingParams& params, double u, bool want_untempered,

@@ -13,5 +13,6 @@ void add_ckpt_command(CLI::App& app);
 void add_model_command(CLI::App& app);  // `model info`, `model check`
 void add_train_command(CLI::App& app);  // `train`: data-parallel training under mpirun
 void add_generate_command(CLI::App& app);  // `generate`: the rollout engine on token-id prompts
+void add_rl_command(CLI::App& app);  // `rl`: colocated GRPO under mpirun
 
 }  // namespace deltatrain::tools

@@ -1,12 +1,96 @@
 // deltatrain: the command line. Each subcommand is a thin file over the library.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "commands.h"
 #include "deltatrain/core/error.h"
 
+namespace {
+
+// Edits (insertions, deletions, substitutions, swaps of neighbours) that turn `a` into `b`.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The candidates closest to `typed`: those it begins (an abbreviation), else those within a third of their
+// length in edits (one typo in a short name, two in a long one).
+std::vector<std::string> closest(const std::string& typed, const std::vector<std::string>& candidates) {
+  std::vector<std::string> prefixed;
+  for (const std::string& c : candidates) {
+    if (typed.size() >= 2 && c.size() > typed.size() && c.compare(0, typed.size(), typed) == 0) prefixed.push_back(c);
+  }
+  if (!prefixed.empty()) return prefixed;
+  std::vector<std::string> best;
+  std::size_t best_distance = 0;
+  for (const std::string& c : candidates) {
+    const std::size_t distance = edit_distance(typed, c);
+    if (distance > std::max<std::size_t>(1, c.size() / 3)) continue;
+    if (best.empty() || distance < best_distance) best.clear(), best_distance = distance;
+    if (distance == best_distance) best.push_back(c);
+  }
+  return best;
+}
+
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    text += (i == 0 ? "'" : i + 1 == names.size() ? " or '" : ", '") + names[i] + "'";
+  }
+  return text;
+}
+
+// After a parse error: for each argument the deepest parsed command did not take, the subcommand or option
+// it was probably meant to be. CLI11 says only that an argument was not expected.
+void suggest_corrections(const CLI::App& app) {
+  const CLI::App* command = &app;
+  std::string path = app.get_name();
+  while (!command->get_subcommands().empty()) {
+    command = command->get_subcommands().front();
+    path += " " + command->get_name();
+  }
+  std::vector<std::string> subcommands, options;
+  for (const CLI::App* sub : command->get_subcommands([](const CLI::App*) { return true; })) {
+    subcommands.push_back(sub->get_name());
+  }
+  for (const CLI::Option* option : command->get_options()) {
+    for (const std::string& name : option->get_lnames()) options.push_back("--" + name);
+  }
+  for (const std::string& argument : command->remaining()) {
+    const bool is_option = argument.size() > 1 && argument[0] == '-';
+    if (!is_option && subcommands.empty()) continue;  // a stray value: CLI11's message lists it
+    const std::string typed = is_option ? argument.substr(0, argument.find('=')) : argument;
+    const std::vector<std::string> matches = closest(typed, is_option ? options : subcommands);
+    const char* kind = is_option ? "option" : "subcommand";
+    if (!matches.empty()) {
+      std::fprintf(stderr, "%s: unknown %s '%s'; did you mean %s?\n", path.c_str(), kind, typed.c_str(),
+                   quoted_list(matches).c_str());
+    } else if (!is_option) {
+      std::fprintf(stderr, "%s: unknown subcommand '%s'; the subcommands are %s\n", path.c_str(), typed.c_str(),
+                   quoted_list(subcommands).c_str());
+    }
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"deltatrain: Gated DeltaNet training runtime for colocated RL"};
+  CLI::App app{"deltatrain: Gated DeltaNet training runtime for colocated RL", "deltatrain"};
+  app.set_version_flag("--version", "deltatrain " DELTATRAIN_VERSION);
   app.require_subcommand(1);
   deltatrain::tools::add_info_command(app);
   CLI::App* bench = app.add_subcommand("bench", "measure a component on this machine");
@@ -18,9 +102,11 @@ int main(int argc, char** argv) {
   deltatrain::tools::add_model_command(app);
   deltatrain::tools::add_train_command(app);
   deltatrain::tools::add_generate_command(app);
+  deltatrain::tools::add_rl_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0) suggest_corrections(app);
     return app.exit(e);
   } catch (const deltatrain::Error& e) {
     std::fprintf(stderr, "deltatrain: %s\n", e.what());

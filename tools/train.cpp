@@ -2,30 +2,23 @@
 // rank without mpirun). Rank 0 prints a progress line per step (a bar on a terminal), writes the JSONL log
 // and, at the end, the loss chart (python -m deltatrain.charts) when --log is given.
 #include <mpi.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "run_support.h"
 #include "deltatrain/comm/mpi_group.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/config.h"
 #include "deltatrain/model/cost.h"
 #include "deltatrain/train/trainer.h"
-
-extern char** environ;
 
 namespace deltatrain::tools {
 namespace {
@@ -59,27 +52,6 @@ struct TrainArgs {
   double peak_flops = 0;
 };
 
-// Set by SIGINT/SIGTERM; the trainer polls it between steps. The handler does nothing else.
-volatile std::sig_atomic_t g_stop = 0;
-extern "C" void request_stop(int) { g_stop = 1; }
-
-struct MpiSession {
-  MpiSession() { MPI_Init(nullptr, nullptr); }
-  ~MpiSession() { MPI_Finalize(); }
-};
-
-std::string duration_text(double seconds) {
-  if (!(seconds >= 0) || seconds > 1e7) return "?";
-  const long s = static_cast<long>(seconds + 0.5);
-  char text[32];
-  if (s >= 3600) {
-    std::snprintf(text, sizeof text, "%ldh%02ldm", s / 3600, s / 60 % 60);
-  } else {
-    std::snprintf(text, sizeof text, "%ldm%02lds", s / 60, s % 60);
-  }
-  return text;
-}
-
 // Rank 0's view of training: the console and the JSONL log.
 class Reporter : public train::Observer {
  public:
@@ -87,15 +59,8 @@ class Reporter : public train::Observer {
       : args_(args),
         steps_(options.steps),
         flops_per_token_(model::training_flops_per_token(options.config, options.seq_len).total()),
-        // mpirun hands its ranks a pseudo-terminal whatever its own output is: a bar only outside mpirun.
-        terminal_(isatty(STDOUT_FILENO) != 0 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) {
-    if (!args.log.empty()) {
-      const fs::path parent = fs::path(args.log).parent_path();
-      std::error_code ignored;  // a failure shows as the open's below
-      if (!parent.empty()) fs::create_directories(parent, ignored);
-      log_.open(args.log, args.resume.empty() ? std::ios::trunc : std::ios::app);
-      if (!log_) throw InvalidArgument("log", "cannot open " + args.log + " for writing");
-    }
+        terminal_(progress_on_terminal()) {
+    if (!args.log.empty()) log_ = open_log(args.log, !args.resume.empty());
   }
 
   void on_start(const train::StartReport& start) override {
@@ -187,43 +152,6 @@ class Reporter : public train::Observer {
   std::ofstream log_;
 };
 
-// One thread per core that this rank has to itself: mpirun says how many ranks share the node.
-int default_threads() {
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  const int ranks = local != nullptr ? std::max(1, std::atoi(local)) : 1;
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
-}
-
-// The loss chart through python; a missing python or matplotlib is reported, never fatal.
-void draw_chart(const std::string& log, const std::string& chart) {
-  const char* from_env = std::getenv("DELTATRAIN_PYTHON");
-  const std::string python = from_env != nullptr && *from_env != '\0' ? from_env : "python3";
-  const fs::path script = fs::path(DELTATRAIN_SOURCE_DIR) / "python" / "deltatrain" / "charts.py";
-  std::vector<std::string> argv_text = {python};
-  if (fs::exists(script)) {
-    argv_text.push_back(script.string());  // the source tree's script: needs no installed package
-  } else {
-    argv_text.insert(argv_text.end(), {"-m", "deltatrain.charts"});
-  }
-  argv_text.insert(argv_text.end(), {log, chart});
-  std::vector<char*> argv;
-  for (std::string& a : argv_text) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  int status = 0;
-  if (posix_spawnp(&pid, python.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-    std::printf("chart: not drawn, %s not found (set DELTATRAIN_PYTHON to a python with matplotlib)\n", python.c_str());
-    return;
-  }
-  waitpid(pid, &status, 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    std::printf("chart: %s\n", chart.c_str());
-  } else {
-    std::printf("chart: not drawn (%s exited with status %d; see its message above)\n", python.c_str(),
-                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  }
-}
-
 train::TrainOptions make_options(const TrainArgs& args) {
   train::TrainOptions o;
   o.config = model::load_config(args.config);
@@ -256,41 +184,23 @@ train::TrainOptions make_options(const TrainArgs& args) {
 }
 
 void run_train_command(const TrainArgs& args) {
-  bool chart = false;
-  {
-    MpiSession mpi;
-    int rank = 0, ranks = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-    struct sigaction action {};
-    action.sa_handler = request_stop;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, nullptr);
-    sigaction(SIGTERM, &action, nullptr);
-    try {
-      const train::TrainOptions options = make_options(args);
-      train::check_options(options, ranks);  // before the reporter computes FLOPs from them
-      std::unique_ptr<Reporter> reporter;
-      if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
-      const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
-      const train::TrainResult result = train::train(*group, options, reporter.get(), [] { return g_stop != 0; });
-      if (rank == 0) {
-        reporter->end_bar();
-        std::printf("%s at step %lld\nparams_sha256  %s\nstate_sha256   %s\n",
-                    result.stopped ? "stopped on a signal" : "done", static_cast<long long>(result.step),
-                    result.digest.params.c_str(), result.digest.state.c_str());
-        std::fflush(stdout);
-      }
-      chart = rank == 0 && !args.log.empty() && args.chart != "none";
-    } catch (const Error&) {
-      // The trainer raises the same error on every rank: rank 0 reports it, the others just fail.
-      if (rank == 0) throw;
-      throw CLI::RuntimeError(1);
-    }
-  }
-  if (chart) {
-    draw_chart(args.log, args.chart.empty() ? fs::path(args.log).replace_extension(".png").string() : args.chart);
-  }
+  run_collective_command(
+      [&](int rank, int ranks) {
+        const train::TrainOptions options = make_options(args);
+        train::check_options(options, ranks);  // before the reporter computes FLOPs from them
+        std::unique_ptr<Reporter> reporter;
+        if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
+        const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
+        const train::TrainResult result = train::train(*group, options, reporter.get(), stop_requested);
+        if (rank == 0) {
+          reporter->end_bar();
+          std::printf("%s at step %lld\nparams_sha256  %s\nstate_sha256   %s\n",
+                      result.stopped ? "stopped on a signal" : "done", static_cast<long long>(result.step),
+                      result.digest.params.c_str(), result.digest.state.c_str());
+          std::fflush(stdout);
+        }
+      },
+      args.log, args.chart);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "deltatrain/optim/adamw.h"
 #include "deltatrain/optim/checkpoint.h"
 #include "deltatrain/train/data.h"
+#include "deltatrain/train/step_directory.h"
 #include "optim/file_io.h"
 
 namespace deltatrain::train {
@@ -28,26 +29,6 @@ namespace {
 constexpr const char* kStateFile = "trainer.json";
 constexpr const char* kStateFormat = "deltatrain-trainer";
 constexpr int kStateVersion = 1;
-constexpr const char* kLatest = "latest";
-
-// Doubles summed over ranks in rank order, so the result does not depend on the engine's reduction order.
-double sum_over_ranks(comm::Group& group, double local) {
-  std::string bytes(sizeof local, '\0');
-  std::memcpy(bytes.data(), &local, sizeof local);
-  double total = 0;
-  for (const std::string& each : group.all_gather_object(bytes)) {
-    double value;
-    std::memcpy(&value, each.data(), sizeof value);
-    total += value;
-  }
-  return total;
-}
-
-bool any_rank(comm::Group& group, bool local) {
-  std::int32_t flag = local ? 1 : 0;
-  group.all_reduce(&flag, &flag, 1, DType::i32, comm::ReduceOp::max);
-  return flag != 0;
-}
 
 // A packed batch in host memory, and the model's view of it.
 struct HostBatch {
@@ -128,7 +109,7 @@ class Trainer {
     TrainResult result;
     const Clock::time_point began = Clock::now();
     while (optimizer_.step_count() < options_.steps) {
-      if (any_rank(group_, stop_requested && stop_requested())) {
+      if (comm::any_rank(group_, stop_requested && stop_requested())) {
         result.stopped = true;
         break;
       }
@@ -147,7 +128,7 @@ class Trainer {
     // Rank 0's view decides (it writes the checkpoints), so every rank enters the save or none does.
     const bool saved = group_.rank() == 0 &&
                        fs::exists(options_.checkpoint_root / optim::checkpoint_dir_name(optimizer_.step_count()));
-    if (!options_.checkpoint_root.empty() && !any_rank(group_, saved)) result.last_checkpoint = save();
+    if (!options_.checkpoint_root.empty() && !comm::any_rank(group_, saved)) result.last_checkpoint = save();
     result.step = optimizer_.step_count();
     result.digest = optim::digest_state(optimizer_);
     return result;
@@ -193,7 +174,7 @@ class Trainer {
     StepReport report;
     report.step = optimizer_.step_count();
     // Each rank's loss is (dp/N) x its share of the NLL sum: the global mean is their sum over dp.
-    report.loss = sum_over_ranks(group_, local_loss) / group_.size();
+    report.loss = comm::sum_over_ranks(group_, local_loss) / group_.size();
     report.lr = config.lr;
     report.grad_norm = optimizer_.grad_norm();
     report.tokens = options_.tokens_per_step;
@@ -222,7 +203,7 @@ class Trainer {
       nll += model_.forward(batch.view(), false);
       targets += plan.targets;
     }
-    const double total = sum_over_ranks(group_, nll);
+    const double total = comm::sum_over_ranks(group_, nll);
     if (observer_) observer_->on_eval({optimizer_.step_count(), targets > 0 ? total / targets : 0.0,
                                        options_.eval_batches * options_.tokens_per_step});
   }
@@ -275,49 +256,16 @@ class Trainer {
   }
 
   fs::path save() {
-    const fs::path& root = options_.checkpoint_root;
-    const std::string name = optim::checkpoint_dir_name(optimizer_.step_count());
-    const fs::path final_dir = root / name;
-    const fs::path temp_dir = root / (".tmp-" + name);
-    const bool leader = group_.rank() == 0;
-    try {
-      collectively(group_, [&] {
-        if (!leader) return;
-        if (fs::exists(final_dir)) throw Failure("checkpoint " + final_dir.string() + " already exists; nothing is overwritten");
-        fs::create_directories(root);
-        fs::remove_all(temp_dir);  // left by a save that was killed
-        fs::create_directory(temp_dir);
-      });
-      optim::save_checkpoint(optimizer_, temp_dir / "optimizer");
-      collectively(group_, [&] {
-        if (!leader) return;
-        model::save_hf_model(temp_dir / "model", options_.config,
-                             [this](std::string_view n) { return optimizer_.param(n); }, DType::f32);
-        const std::string text = state_to_json(state());
-        optim::File file = optim::File::create_new(temp_dir / kStateFile);
-        file.write_all(text.data(), text.size());
-        file.sync();
-        optim::sync_directory(temp_dir);
-        optim::rename_no_replace(temp_dir, final_dir);
-        optim::sync_directory(root);
-        optim::replace_file_atomically(root / kLatest, name + "\n");
-      });
-    } catch (const Error& e) {
-      if (leader) {
-        std::error_code ignored;
-        fs::remove_all(temp_dir, ignored);  // frees what the failed save took; the previous checkpoints stay
-      }
-      std::string latest = "none";
-      try {
-        latest = resolve_train_checkpoint(root).string();
-      } catch (const Error&) {
-        // No earlier checkpoint under this root: "none" says so.
-      }
-      throw Failure("the checkpoint of step " + std::to_string(optimizer_.step_count()) + " was not saved (" +
-                    e.what() + "); the latest complete checkpoint is " + latest);
-    }
-    if (observer_) observer_->on_save(optimizer_.step_count(), final_dir);
-    return final_dir;
+    const fs::path dir = save_step_directory(
+        group_, options_.checkpoint_root, optimizer_.step_count(), kStateFile,
+        [this](const fs::path& temp) { optim::save_checkpoint(optimizer_, temp / "optimizer"); },
+        [this](const fs::path& temp) {
+          model::save_hf_model(temp / "model", options_.config,
+                               [this](std::string_view n) { return optimizer_.param(n); }, DType::f32);
+          optim::write_new_file(temp / kStateFile, state_to_json(state()));
+        });
+    if (observer_) observer_->on_save(optimizer_.step_count(), dir);
+    return dir;
   }
 
   fs::path resume(const fs::path& path) {
@@ -444,18 +392,6 @@ TrainerState state_from_json(const std::string& text, const std::string& source)
   }
 }
 
-fs::path resolve_train_checkpoint(const fs::path& path) {
-  if (fs::exists(path / kStateFile)) return path;
-  if (fs::exists(path / kLatest)) {
-    std::string name = optim::read_text_file(path / kLatest);
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    const fs::path dir = path / name;
-    if (!fs::exists(dir / kStateFile)) {
-      throw Failure("checkpoint root " + path.string() + ": `latest` names " + dir.string() + ", which has no " + kStateFile);
-    }
-    return dir;
-  }
-  throw Failure("no training checkpoint at " + path.string() + ": it holds neither " + kStateFile + " nor " + kLatest);
-}
+fs::path resolve_train_checkpoint(const fs::path& path) { return resolve_step_directory(path, kStateFile); }
 
 }  // namespace deltatrain::train

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "deltatrain/core/error.h"
+#include "deltatrain/model/log_softmax.h"
 #include "ops.h"
 
 namespace deltatrain::model {
@@ -81,32 +82,12 @@ T* vector(const TensorView& v, const char* name, Index n) {
   return v.ptr<T>();
 }
 
-// A validated cache [S, L, C] (contiguous) seen as the matrix of its S * L rows; *slot_rows = L.
+// A cache checked by ops.cpp (check_conv1d_silu_step, check_cached_attention) as the matrix of its S * L rows.
 template <class T>
-Mat<T> cache(const TensorView& v, const char* name, Index cols, Index* slot_rows) {
+Mat<T> cache_rows(const TensorView& v, const char* name, const CacheLayout& layout) {
   check_host(v, name);
   check_dtype<T>(v, name);
-  if (v.ndim != 3 || v.shape[2] != cols || !v.is_contiguous())
-    throw InvalidArgument(name, "must be a contiguous [slots, rows, " + std::to_string(cols) + "] cache, got " +
-                                    v.shape_string());
-  if (v.data == nullptr && v.numel() > 0) throw InvalidArgument(name, "has no data");
-  *slot_rows = v.shape[1];
-  return {v.ptr<T>(), v.shape[0] * v.shape[1], cols, std::max<Index>(cols, 1)};
-}
-
-// Row indices, each in [0, rows).
-void check_rows(std::span<const std::int32_t> indices, Index rows, const char* name) {
-  for (const std::int32_t i : indices)
-    if (i < 0 || i >= rows)
-      throw InvalidArgument(name, "must lie in [0, " + std::to_string(rows) + "), got " + std::to_string(i));
-}
-
-// No index twice (slots a kernel writes to).
-void check_distinct(std::span<const std::int32_t> indices, const char* name) {
-  std::vector<std::int32_t> sorted(indices.begin(), indices.end());
-  std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-    throw InvalidArgument(name, "must not repeat an index (each is written)");
+  return {v.ptr<T>(), layout.rows(), layout.cols, std::max<Index>(layout.cols, 1)};
 }
 
 // Runs body.template operator()<T>() with T the C++ type of `primary`'s dtype; the others are checked against it.
@@ -142,12 +123,8 @@ void check_tokens(std::span<const std::int32_t> tokens, Index rows) {
 class Sequences {
  public:
   Sequences(std::span<const std::int32_t> cu, Index tokens) : cu_(cu) {
-    if (cu.empty() || cu.front() != 0 || cu.back() != tokens)
-      throw InvalidArgument("cu_seqlens", "must start at 0 and end at the token count " + std::to_string(tokens));
-    for (std::size_t n = 1; n < cu.size(); ++n) {
-      if (cu[n] < cu[n - 1]) throw InvalidArgument("cu_seqlens", "must be non-decreasing");
-      max_length_ = std::max<Index>(max_length_, cu[n] - cu[n - 1]);
-    }
+    check_cu_seqlens(cu, tokens);
+    for (std::size_t n = 1; n < cu.size(); ++n) max_length_ = std::max<Index>(max_length_, cu[n] - cu[n - 1]);
   }
   Index count() const { return static_cast<Index>(cu_.size()) - 1; }
   Index begin(Index n) const { return cu_[n]; }
@@ -229,15 +206,44 @@ int blas_int(Index value, const char* name) {
   return static_cast<int>(value);
 }
 
+// Batch-invariant products: each element of a row summed over k in order, in float64, one row at a time, so a
+// row's values do not depend on how many rows the product has, nor which (OpenBLAS picks kernels, blockings and,
+// for one row, gemv by the shape). Eight columns at a time for independent chains; several times slower than BLAS.
 template <class T>
-void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
-          const TensorView& c) {
+void gemm_rows_invariant(int threads, bool trans_a, bool trans_b, double alpha, Mat<T> a, Mat<T> b, double beta,
+                         Mat<T> c, Index K) {
+  constexpr Index kColumns = 8;
+  const auto a_at = [&](Index i, Index k) { return static_cast<double>(trans_a ? a.row(k)[i] : a.row(i)[k]); };
+  const auto b_at = [&](Index k, Index j) { return static_cast<double>(trans_b ? b.row(j)[k] : b.row(k)[j]); };
+  parallel_for(threads, c.rows, [&](Index i) {
+    for (Index j0 = 0; j0 < c.cols; j0 += kColumns) {
+      const Index width = std::min(kColumns, c.cols - j0);
+      double sum[kColumns] = {};
+      for (Index k = 0; k < K; ++k) {
+        const double x = a_at(i, k);
+        for (Index jj = 0; jj < width; ++jj) sum[jj] += x * b_at(k, j0 + jj);
+      }
+      for (Index jj = 0; jj < width; ++jj) {
+        T& out = c.row(i)[j0 + jj];
+        out = static_cast<T>(alpha * sum[jj] + (beta == 0 ? 0.0 : beta * static_cast<double>(out)));
+      }
+    }
+  });
+}
+
+template <class T>
+void gemm(int threads, bool invariant, bool trans_a, bool trans_b, double alpha, const TensorView& a,
+          const TensorView& b, double beta, const TensorView& c) {
   const Mat<T> cm = matrix<T>(c, "c");
   const Index M = cm.rows, N = cm.cols;
   const Mat<T> am = trans_a ? matrix<T>(a, "a", kAny, M) : matrix<T>(a, "a", M, kAny);
   const Index K = trans_a ? am.rows : am.cols;
   const Mat<T> bm = trans_b ? matrix<T>(b, "b", N, K) : matrix<T>(b, "b", K, N);
   if (M == 0 || N == 0) return;
+  if (invariant) {
+    gemm_rows_invariant<T>(threads, trans_a, trans_b, alpha, am, bm, beta, cm, K);
+    return;
+  }
   blas_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, blas_int(M, "c"),
             blas_int(N, "c"), blas_int(K, "a"), static_cast<T>(alpha), am.data, blas_int(am.ld, "a"), bm.data,
             blas_int(bm.ld, "b"), static_cast<T>(beta), cm.data, blas_int(cm.ld, "c"));
@@ -652,12 +658,10 @@ void cross_entropy(int threads, Mat<T> logits, std::span<const std::int32_t> tar
       if (want_grad) std::fill_n(row, V, T(0));
       return;
     }
-    const T max = *std::max_element(row, row + V);
-    double sum = 0;
-    for (Index c = 0; c < V; ++c) sum += std::exp(row[c] - max);
-    const double lse = max + std::log(sum);
-    logprob[r] = row[target] - lse;
+    const LogSumExp s = log_sum_exp(row, V);
+    logprob[r] = s.log_prob(row[target]);
     if (!want_grad) return;
+    const double lse = s.lse();
     for (Index c = 0; c < V; ++c) {
       const double p = std::exp(static_cast<T>(row[c] - lse));
       row[c] = static_cast<T>(weights[r] * (c == target ? p - 1.0 : p));
@@ -677,11 +681,13 @@ std::span<double> host_doubles(const TensorView& v, const char* name) {
 
 class CpuOps final : public Ops {
  public:
-  explicit CpuOps(int threads) : threads_(threads) {}
+  CpuOps(int threads, bool batch_invariant) : threads_(threads), batch_invariant_(batch_invariant) {}
 
   void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
             const TensorView& c) override {
-    dispatch(c, "c", [&]<class T>() { model::gemm<T>(trans_a, trans_b, alpha, a, b, beta, c); });
+    dispatch(c, "c", [&]<class T>() {
+      model::gemm<T>(threads(), batch_invariant_, trans_a, trans_b, alpha, a, b, beta, c);
+    });
   }
 
   void embedding_forward(const TensorView& out, const IndexArray& token_ids,
@@ -844,15 +850,9 @@ class CpuOps final : public Ops {
 
   void copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
                  const IndexArray& src_rows) override {
+    check_copy_rows(dst, dst_rows, src, src_rows);
     dispatch(dst, "dst", [&]<class T>() {
-      const Mat<T> d = matrix<T>(dst, "dst");
-      const Mat<T> s = matrix<T>(src, "src", kAny, d.cols);
-      if (dst_rows.size() != src_rows.size())
-        throw InvalidArgument("src_rows", "must hold as many rows as dst_rows (" + std::to_string(dst_rows.size()) +
-                                              "), got " + std::to_string(src_rows.size()));
-      check_rows(dst_rows.host, d.rows, "dst_rows");
-      check_distinct(dst_rows.host, "dst_rows");
-      check_rows(src_rows.host, s.rows, "src_rows");
+      const Mat<T> d = matrix<T>(dst, "dst"), s = matrix<T>(src, "src");
       parallel_for(threads(), static_cast<Index>(dst_rows.size()),
                    [&](Index i) { std::copy_n(s.row(src_rows.host[i]), d.cols, d.row(dst_rows.host[i])); });
     });
@@ -860,63 +860,35 @@ class CpuOps final : public Ops {
 
   void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight, const TensorView& state,
                         const IndexArray& slots) override {
+    const CacheLayout layout = check_conv1d_silu_step(out, x, weight, state, slots);
     dispatch(x, "x", [&]<class T>() {
-      const Mat<T> xm = matrix<T>(x, "x");
-      const Mat<T> w = matrix<T>(weight, "weight", xm.cols, kAny);
-      if (w.cols < 2) throw InvalidArgument("weight", "must be at least 2 taps wide to have a history, got " +
-                                                          std::to_string(w.cols));
-      Index history = 0;
-      const Mat<T> st = cache<T>(state, "state", xm.cols, &history);
-      if (history != w.cols - 1)
-        throw InvalidArgument("state", "must hold W - 1 = " + std::to_string(w.cols - 1) + " rows per slot, got " +
-                                           std::to_string(history));
-      check_same_rows(xm.rows, slots.size(), "slots");
-      check_rows(slots.host, st.rows / history, "slots");
-      check_distinct(slots.host, "slots");
+      const Mat<T> xm = matrix<T>(x, "x"), w = matrix<T>(weight, "weight");
       std::vector<T> window(static_cast<std::size_t>(xm.rows * w.cols * xm.cols));
-      model::conv1d_silu_step<T>(threads(), matrix<T>(out, "out", xm.rows, xm.cols), xm, w, st, slots.host,
-                                 window.data());
+      model::conv1d_silu_step<T>(threads(), matrix<T>(out, "out"), xm, w, cache_rows<T>(state, "state", layout),
+                                 slots.host, window.data());
     });
   }
 
   void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
                          const IndexArray& positions) override {
+    check_rope_at_positions(x, heads, head_dim, rotary_dim, theta, positions);
     dispatch(x, "x", [&]<class T>() {
-      check_rope(heads, head_dim, rotary_dim, theta);
-      const Mat<T> xm = matrix<T>(x, "x", kAny, Index{heads} * head_dim);
-      check_same_rows(xm.rows, positions.size(), "positions");
-      for (const std::int32_t p : positions.host)
-        if (p < 0) throw InvalidArgument("positions", "must be >= 0, got " + std::to_string(p));
-      model::rope<T>(threads(), xm, heads, head_dim, rotary_dim, theta, [&](Index t) { return positions.host[t]; },
-                     false);
+      model::rope<T>(threads(), matrix<T>(x, "x"), heads, head_dim, rotary_dim, theta,
+                     [&](Index t) { return positions.host[t]; }, false);
     });
   }
 
   void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                         int q_heads, int kv_heads, int head_dim, double scale, const IndexArray& cu_seqlens,
                         const IndexArray& slots, const IndexArray& lengths) override {
+    const CacheLayout layout =
+        check_cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, cu_seqlens, slots, lengths);
     dispatch(q, "q", [&]<class T>() {
-      const AttentionShape s = attention_shape(q_heads, kv_heads, head_dim);
-      const Mat<T> qm = matrix<T>(q, "q", kAny, s.q_heads * s.head_dim);
-      const Index kv_cols = s.kv_heads * s.head_dim;
-      Index slot_rows = 0, v_slot_rows = 0;
-      const Mat<T> kc = cache<T>(k_cache, "k_cache", kv_cols, &slot_rows);
-      const Mat<T> vc = cache<T>(v_cache, "v_cache", kv_cols, &v_slot_rows);
-      if (vc.rows != kc.rows || v_slot_rows != slot_rows)
-        throw InvalidArgument("v_cache", "must have k_cache's shape " + k_cache.shape_string() + ", got " +
-                                              v_cache.shape_string());
-      const Sequences seq(cu_seqlens.host, qm.rows);
-      check_same_rows(seq.count(), slots.size(), "slots");
-      check_same_rows(seq.count(), lengths.size(), "lengths");
-      check_rows(slots.host, slot_rows > 0 ? kc.rows / slot_rows : 0, "slots");
-      for (Index n = 0; n < seq.count(); ++n)
-        if (lengths.host[n] < seq.end(n) - seq.begin(n) || lengths.host[n] > slot_rows)
-          throw InvalidArgument("lengths", "entry " + std::to_string(n) + " is " + std::to_string(lengths.host[n]) +
-                                               ": must cover the sequence's new rows (" +
-                                               std::to_string(seq.end(n) - seq.begin(n)) + ") and fit a slot (" +
-                                               std::to_string(slot_rows) + ")");
-      model::cached_attention<T>(threads(), matrix<T>(o, "o", qm.rows, qm.cols), qm, kc, vc, slot_rows, s, scale, seq,
-                                 slots.host, lengths.host);
+      const Mat<T> qm = matrix<T>(q, "q");
+      model::cached_attention<T>(threads(), matrix<T>(o, "o"), qm, cache_rows<T>(k_cache, "k_cache", layout),
+                                 cache_rows<T>(v_cache, "v_cache", layout), layout.slot_rows,
+                                 attention_shape(q_heads, kv_heads, head_dim), scale,
+                                 Sequences(cu_seqlens.host, qm.rows), slots.host, lengths.host);
     });
   }
 
@@ -1020,32 +992,20 @@ class CpuOps final : public Ops {
     });
   }
 
-  static void check_rope(int heads, int head_dim, int rotary_dim, double theta) {
-    check_positive(heads, "heads");
-    check_positive(head_dim, "head_dim");
-    if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
-      throw InvalidArgument("rotary_dim", "must be even and in [2, head_dim], got " + std::to_string(rotary_dim));
-    if (!(theta > 0)) throw InvalidArgument("theta", "must be positive");
-  }
-
   static AttentionShape attention_shape(int q_heads, int kv_heads, int head_dim) {
-    check_positive(q_heads, "q_heads");
-    check_positive(kv_heads, "kv_heads");
-    check_positive(head_dim, "head_dim");
-    if (q_heads % kv_heads != 0)
-      throw InvalidArgument("q_heads", "must be a multiple of kv_heads (" + std::to_string(kv_heads) + "), got " +
-                                           std::to_string(q_heads));
+    check_attention_heads(q_heads, kv_heads, head_dim);
     return {q_heads, kv_heads, head_dim};
   }
 
   int threads_;
+  bool batch_invariant_;
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(int threads) {
+std::unique_ptr<Ops> make_cpu_ops(int threads, bool batch_invariant) {
   if (threads < 0) throw InvalidArgument("threads", "must be >= 0 (0: all available), got " + std::to_string(threads));
-  return std::make_unique<CpuOps>(threads);
+  return std::make_unique<CpuOps>(threads, batch_invariant);
 }
 
 }  // namespace deltatrain::model

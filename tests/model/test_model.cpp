@@ -100,10 +100,85 @@ TEST_F(ModelTest, BadInputIsRefusedByName) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos) << e.what();
   }
+  // An objective replaces the weights; both at once, or an empty function, are refused.
+  const TokenObjective objective = [](std::int64_t, std::span<const double> lp, std::span<double> terms,
+                                      std::span<double> derivatives) {
+    for (std::size_t i = 0; i < lp.size(); ++i) terms[i] = derivatives[i] = 0;
+  };
+  const std::vector<double> weights(6, 0.1);
+  expect_invalid({.tokens = tokens, .cu_seqlens = cu, .weights = weights, .objective = &objective}, "weights");
+  const TokenObjective empty;
+  expect_invalid({.tokens = tokens, .cu_seqlens = cu, .objective = &empty}, "objective");
+
   // Still bound to the good parameters: a forward and backward run.
   store.zero_grads();
   EXPECT_TRUE(std::isfinite(model.forward({tokens, cu})));
   model.backward();
+}
+
+// A token objective (the RL losses') against a second algorithm: the objective's derivatives at the
+// parameters' log-probabilities, computed by a separate forward, used as the weights of a plain weighted-NLL
+// forward give the same gradient (d term / d logits = -weight * d nll / d logits). The objective here is
+// nonlinear in logp, so a wrong chunk offset or a derivative applied with the wrong sign shows. Several
+// chunks, a token without a target, two sequences.
+TEST_F(ModelTest, TokenObjectiveGradientEqualsWeightsFromItsDerivatives) {
+  const Config config = small_config(false);
+  ParamStore store(config, DType::f64);
+  store.init(0.5, seed_);
+  Model model(config, {.dtype = DType::f64, .loss_chunk = 3});
+  model.bind(store.params(), store.grads());
+  const std::vector<std::int32_t> tokens = testing::random_tokens(rng_, 11, config.vocab_size);
+  const std::vector<std::int32_t> cu{0, 5, 11};
+  std::vector<std::int32_t> targets = next_token_targets(tokens, cu);
+  targets[2] = -1;
+  std::uniform_real_distribution<double> coefficient(-2, 2);
+  std::vector<double> a(tokens.size()), b(tokens.size());
+  for (std::size_t t = 0; t < tokens.size(); ++t) a[t] = coefficient(rng_), b[t] = coefficient(rng_);
+  // term_t = a_t exp(logp_t) + b_t logp_t^2
+  std::vector<std::int64_t> seen;
+  const TokenObjective objective = [&](std::int64_t begin, std::span<const double> lp, std::span<double> terms,
+                                       std::span<double> derivatives) {
+    for (std::size_t i = 0; i < lp.size(); ++i) {
+      const std::size_t t = static_cast<std::size_t>(begin) + i;
+      seen.push_back(static_cast<std::int64_t>(t));
+      if (targets[t] < 0) {
+        terms[i] = derivatives[i] = 0;
+        continue;
+      }
+      terms[i] = a[t] * std::exp(lp[i]) + b[t] * lp[i] * lp[i];
+      derivatives[i] = a[t] * std::exp(lp[i]) + 2 * b[t] * lp[i];
+    }
+  };
+  store.zero_grads();
+  const double loss = model.forward({.tokens = tokens, .cu_seqlens = cu, .targets = targets, .objective = &objective});
+  model.backward();
+  std::vector<std::int64_t> every(tokens.size());
+  for (std::size_t t = 0; t < every.size(); ++t) every[t] = static_cast<std::int64_t>(t);
+  EXPECT_EQ(seen, every) << "the objective sees each token once, in order";
+  const std::vector<double> objective_grads(store.grad_buffer().ptr<double>(),
+                                            store.grad_buffer().ptr<double>() + store.numel());
+
+  // The second algorithm: log-probabilities first, then the derivatives as weights of a weighted NLL.
+  model.forward({tokens, cu, targets}, false);
+  const std::vector<double> lp(model.token_logprobs().begin(), model.token_logprobs().end());
+  std::vector<double> weights(tokens.size(), 0.0);
+  double expected_loss = 0;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    if (targets[t] < 0) continue;
+    expected_loss += a[t] * std::exp(lp[t]) + b[t] * lp[t] * lp[t];
+    weights[t] = -(a[t] * std::exp(lp[t]) + 2 * b[t] * lp[t]);
+  }
+  EXPECT_NEAR(loss, expected_loss, 1e-12 * (1 + std::abs(expected_loss)));
+  store.zero_grads();
+  model.forward({tokens, cu, targets, weights});
+  model.backward();
+  double largest = 0, difference = 0;
+  for (std::int64_t i = 0; i < store.numel(); ++i) {
+    largest = std::max(largest, std::abs(store.grad_buffer().ptr<double>()[i]));
+    difference = std::max(difference, std::abs(store.grad_buffer().ptr<double>()[i] - objective_grads[i]));
+  }
+  EXPECT_GT(largest, 1e-3);
+  EXPECT_LE(difference, 1e-12 * largest);
 }
 
 }  // namespace

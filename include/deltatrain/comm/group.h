@@ -154,4 +154,12 @@ class Group {
 // when there are several, so that no rank walks on into a collective alone. Collective.
 void collectively(Group& group, const std::function<void()>& work);
 
+// Host doubles summed over the ranks in rank order, so the result is the same whatever the engine's
+// reduction order (and bitwise the same on every rank). Collective.
+double sum_over_ranks(Group& group, double local);
+// The largest of the ranks' host doubles. Collective.
+double max_over_ranks(Group& group, double local);
+// Whether `local` is true on any rank. Collective.
+bool any_rank(Group& group, bool local);
+
 }  // namespace deltatrain::comm

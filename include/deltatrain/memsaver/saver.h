@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "deltatrain/core/allocator.h"
 #include "deltatrain/memsaver/physical_memory.h"
 
 namespace deltatrain::memsaver {
@@ -97,6 +98,11 @@ class Saver {
   void register_backup(std::string_view tag, const std::vector<BackupSegment>& segments);
   void unregister_backup(std::string_view tag);
 
+  // Allocates now the pinned host copies that pausing a cpu tag fills (otherwise the first pause allocates
+  // them, and pinning gigabytes takes seconds): what a loop calls once, before its first phase switch.
+  // InvalidArgument for an unknown tag or one that is not a cpu tag.
+  void prepare_backups(std::string_view tag);
+
   std::vector<TagStats> stats() const;  // sorted by tag
   TagStats stats(std::string_view tag) const;
 
@@ -144,5 +150,9 @@ class Saver {
   std::map<std::string, Tag, std::less<>> tags_;
   std::unordered_map<std::uintptr_t, Allocation> allocations_;
 };
+
+// An Allocator (core/allocator.h) whose allocations are the saver's under `region`, on `device` (the device
+// of the saver's physical memory: the CPU for host pages, the GPU for CUDA VMM). The saver must outlive it.
+std::unique_ptr<Allocator> make_allocator(Saver& saver, Region region, Device device);
 
 }  // namespace deltatrain::memsaver

@@ -17,11 +17,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
+#include "deltatrain/core/allocator.h"
 #include "deltatrain/core/tensor.h"
 #include "deltatrain/model/config.h"
 #include "deltatrain/model/params.h"
@@ -39,11 +41,27 @@ struct ModelOptions {
   void* stream = nullptr;          // GPU: the cudaStream_t every kernel and copy of the model runs on
   std::int64_t loss_chunk = 1024;  // tokens per chunk of the loss (logits of loss_chunk x vocab at once)
   bool recompute = false;          // keep only each layer's input; recompute the layer in the backward
+  // Where activations (and an InferenceState's caches) are allocated; null: plain device memory. Its
+  // device must be `device`. It must outlive the model.
+  Allocator* memory = nullptr;
+  // CPU only. Every token's logits a function of its own sequence's prefix alone, computed the same way
+  // whatever the batch, the prefix's length or the path (training forward, prefill, decode): products row by
+  // row in a fixed order, the GDN recurrence token by token everywhere (its backward stays chunked), and the
+  // rest row-wise already. A rollout and a trainer both in this mode agree on every log-probability bit for bit
+  // (RL's true on-policy), at several times the cost of the products.
+  bool batch_invariant = false;
 };
 
 // The dtype of the gradients a model with these options accumulates into (the parameters' on the CPU,
 // float32 on a GPU).
 DType gradient_dtype(const ModelOptions& options);
+
+// An objective of the targets' log-probabilities that is not a weighted NLL (GRPO's clipped ratio, a KL to a
+// reference policy): loss = sum_t term_t(logp_t). The forward calls it chunk by chunk, in token order, with the
+// log-probabilities of tokens [begin, begin + logprobs.size()) (0 where the target is -1), before it forms
+// that chunk's gradient; it writes each token's term and d term / d logp (0 and 0 where the target is -1).
+using TokenObjective = std::function<void(std::int64_t begin, std::span<const double> logprobs,
+                                          std::span<double> terms, std::span<double> derivatives)>;
 
 // Host memory. tokens [T]; cu_seqlens [N + 1] from 0 to T, non-decreasing. targets [T] (-1: no loss at
 // that position): default the next token of the same sequence (the last token of each sequence has none).
@@ -53,6 +71,7 @@ struct Batch {
   std::span<const std::int32_t> cu_seqlens;
   std::span<const std::int32_t> targets = {};
   std::span<const double> weights = {};
+  const TokenObjective* objective = nullptr;  // instead of the weighted NLL (then weights must be empty)
 };
 
 class Model {

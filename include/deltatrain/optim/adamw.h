@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "deltatrain/comm/group.h"
+#include "deltatrain/core/allocator.h"
 #include "deltatrain/core/tensor.h"
 #include "deltatrain/optim/layout.h"
 
@@ -39,12 +40,21 @@ enum class StateTensor { main_param, exp_avg, exp_avg_sq };
 inline constexpr StateTensor kStateTensors[] = {StateTensor::main_param, StateTensor::exp_avg, StateTensor::exp_avg_sq};
 const char* state_tensor_name(StateTensor tensor);  // "fp32_param", "exp_avg", "exp_avg_sq"
 
+// Where the optimizer's buffers live, by role (null: plain device memory). The RL loop gives each role its
+// own memory-saver tag, so that the rollout phase can park the gradients and the state and keep the weights.
+struct OptimizerMemory {
+  Allocator* params = nullptr;  // the model parameters (full)
+  Allocator* grads = nullptr;   // their gradients (full) and this rank's summed shard
+  Allocator* state = nullptr;   // main parameters, moments and the norm scratch (this rank's shards)
+};
+
 class DistributedAdamW {
  public:
   // `stream` (a cudaStream_t) carries every GPU operation; ignored for CPU groups. The group must
   // outlive the optimizer; it may be released and reloaded between steps.
   DistributedAdamW(comm::Group& group, const std::vector<ParamSpec>& params, const AdamWConfig& config,
-                   const LayoutOptions& layout_options = {}, void* stream = nullptr);
+                   const LayoutOptions& layout_options = {}, void* stream = nullptr,
+                   const OptimizerMemory& memory = {});
   ~DistributedAdamW();
   DistributedAdamW(const DistributedAdamW&) = delete;
   DistributedAdamW& operator=(const DistributedAdamW&) = delete;

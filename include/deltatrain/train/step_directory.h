@@ -1,0 +1,30 @@
+// Checkpoints as one directory per step under a root, written whole or not at all: the trainer's and the RL
+// loop's. A save writes .tmp-step-00000010, fsyncs it, renames it to step-00000010 and then replaces
+// `latest`, so a process killed or a disk that fills at any point leaves the previous checkpoint and `latest`
+// intact; nothing existing is overwritten.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "deltatrain/comm/group.h"
+
+namespace deltatrain::train {
+
+// Collective. `write_all_ranks(dir)` runs on every rank (the optimizer's sharded save), then
+// `write_leader(dir)` on rank 0 only (the model, the state file), into the temporary directory; then rank 0
+// renames it into place and moves `latest`. Returns the step directory. A failure on any rank raises Failure
+// on every rank, saying why and naming the checkpoint that stays the latest (`state_file` marks a step
+// directory, e.g. "trainer.json"); the temporary directory is removed.
+std::filesystem::path save_step_directory(comm::Group& group, const std::filesystem::path& root, std::int64_t step,
+                                          const std::string& state_file,
+                                          const std::function<void(const std::filesystem::path&)>& write_all_ranks,
+                                          const std::function<void(const std::filesystem::path&)>& write_leader);
+
+// The step directory `path` denotes: itself when it holds `state_file`, else what its `latest` names.
+// Failure naming the path otherwise.
+std::filesystem::path resolve_step_directory(const std::filesystem::path& path, const std::string& state_file);
+
+}  // namespace deltatrain::train

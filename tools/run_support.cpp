@@ -1,0 +1,121 @@
+#include "run_support.h"
+
+#include <mpi.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "deltatrain/core/error.h"
+
+extern char** environ;
+
+namespace deltatrain::tools {
+namespace {
+
+// Set by SIGINT/SIGTERM; the handler does nothing else.
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void request_stop(int) { g_stop = 1; }
+
+}  // namespace
+
+void run_collective_command(const std::function<void(int rank, int ranks)>& body, const std::string& log,
+                            const std::string& chart) {
+  struct MpiSession {
+    MpiSession() { MPI_Init(nullptr, nullptr); }
+    ~MpiSession() { MPI_Finalize(); }
+  };
+  bool draw = false;
+  {
+    MpiSession mpi;
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    struct sigaction action {};
+    action.sa_handler = request_stop;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
+    try {
+      body(rank, ranks);
+      draw = rank == 0 && !log.empty() && chart != "none";
+    } catch (const Error&) {
+      if (rank == 0) throw;
+      throw CLI::RuntimeError(1);
+    }
+  }
+  if (draw) draw_chart(log, chart.empty() ? std::filesystem::path(log).replace_extension(".png").string() : chart);
+}
+
+bool stop_requested() { return g_stop != 0; }
+
+std::string duration_text(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const long s = static_cast<long>(seconds + 0.5);
+  char text[32];
+  if (s >= 3600) {
+    std::snprintf(text, sizeof text, "%ldh%02ldm", s / 3600, s / 60 % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%ldm%02lds", s / 60, s % 60);
+  }
+  return text;
+}
+
+int default_threads() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
+}
+
+bool progress_on_terminal() {
+  return isatty(STDOUT_FILENO) != 0 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr;
+}
+
+std::ofstream open_log(const std::string& path, bool append) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ignored;  // a failure shows as the open's below
+  if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+  std::ofstream log(path, append ? std::ios::app : std::ios::trunc);
+  if (!log) throw InvalidArgument("log", "cannot open " + path + " for writing");
+  return log;
+}
+
+void draw_chart(const std::string& log, const std::string& chart) {
+  namespace fs = std::filesystem;
+  const char* from_env = std::getenv("DELTATRAIN_PYTHON");
+  const std::string python = from_env != nullptr && *from_env != '\0' ? from_env : "python3";
+  const fs::path script = fs::path(DELTATRAIN_SOURCE_DIR) / "python" / "deltatrain" / "charts.py";
+  std::vector<std::string> argv_text = {python};
+  if (fs::exists(script)) {
+    argv_text.push_back(script.string());  // the source tree's script: needs no installed package
+  } else {
+    argv_text.insert(argv_text.end(), {"-m", "deltatrain.charts"});
+  }
+  argv_text.insert(argv_text.end(), {log, chart});
+  std::vector<char*> argv;
+  for (std::string& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int status = 0;
+  if (posix_spawnp(&pid, python.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::printf("chart: not drawn, %s not found (set DELTATRAIN_PYTHON to a python with matplotlib)\n", python.c_str());
+    return;
+  }
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    std::printf("chart: %s\n", chart.c_str());
+  } else {
+    std::printf("chart: not drawn (%s exited with status %d; see its message above)\n", python.c_str(),
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+}
+
+}  // namespace deltatrain::tools

@@ -1,0 +1,72 @@
+#include "deltatrain/train/step_directory.h"
+
+#include <system_error>
+
+#include "deltatrain/core/error.h"
+#include "deltatrain/optim/checkpoint.h"
+#include "optim/file_io.h"
+
+namespace deltatrain::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kLatest = "latest";
+}  // namespace
+
+fs::path save_step_directory(comm::Group& group, const fs::path& root, std::int64_t step,
+                             const std::string& state_file, const std::function<void(const fs::path&)>& write_all_ranks,
+                             const std::function<void(const fs::path&)>& write_leader) {
+  const std::string name = optim::checkpoint_dir_name(step);
+  const fs::path final_dir = root / name;
+  const fs::path temp_dir = root / (".tmp-" + name);
+  const bool leader = group.rank() == 0;
+  try {
+    comm::collectively(group, [&] {
+      if (!leader) return;
+      if (fs::exists(final_dir)) throw Failure("checkpoint " + final_dir.string() + " already exists; nothing is overwritten");
+      fs::create_directories(root);
+      fs::remove_all(temp_dir);  // left by a save that was killed
+      fs::create_directory(temp_dir);
+    });
+    write_all_ranks(temp_dir);
+    comm::collectively(group, [&] {
+      if (!leader) return;
+      write_leader(temp_dir);
+      optim::sync_directory(temp_dir);
+      optim::rename_no_replace(temp_dir, final_dir);
+      optim::sync_directory(root);
+      optim::replace_file_atomically(root / kLatest, name + "\n");
+    });
+  } catch (const Error& e) {
+    if (leader) {
+      std::error_code ignored;
+      fs::remove_all(temp_dir, ignored);  // frees what the failed save took; the previous checkpoints stay
+    }
+    std::string latest = "none";
+    try {
+      latest = resolve_step_directory(root, state_file).string();
+    } catch (const Error&) {
+      // No earlier checkpoint under this root: "none" says so.
+    }
+    throw Failure("the checkpoint of step " + std::to_string(step) + " was not saved (" + e.what() +
+                  "); the latest complete checkpoint is " + latest);
+  }
+  return final_dir;
+}
+
+fs::path resolve_step_directory(const fs::path& path, const std::string& state_file) {
+  if (fs::exists(path / state_file)) return path;
+  if (fs::exists(path / kLatest)) {
+    std::string name = optim::read_text_file(path / kLatest);
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const fs::path dir = path / name;
+    if (!fs::exists(dir / state_file)) {
+      throw Failure("checkpoint root " + path.string() + ": `latest` names " + dir.string() + ", which has no " + state_file);
+    }
+    return dir;
+  }
+  throw Failure("no checkpoint at " + path.string() + ": it holds neither " + state_file + " nor " + kLatest);
+}
+
+}  // namespace deltatrain::train
