@@ -53,8 +53,8 @@ class PhysicalMemory {
   virtual std::uint64_t device_bytes_in_use() const = 0;
 };
 
-// Anonymous host mappings: reserve with PROT_NONE, map with MAP_FIXED|MAP_POPULATE, unmap by replacing the
-// range with a fresh PROT_NONE mapping (so the pages are freed and the resident size falls).
+// Anonymous host mappings: reserve with PROT_NONE, map with MAP_FIXED and populate (MADV_POPULATE_WRITE), unmap
+// by replacing the range with a fresh PROT_NONE mapping (so the pages are freed and the resident size falls).
 std::unique_ptr<PhysicalMemory> make_host_pages();
 
 // CUDA virtual memory management on one device (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess,

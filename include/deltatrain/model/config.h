@@ -51,7 +51,7 @@ std::vector<LayerKind> interval_layer_types(int layers, int full_attention_inter
 // InvalidArgument naming the field when a value is out of range or head counts do not divide.
 void validate(const Config& config);
 
-// Built-in shapes: "tiny" (about 1M parameters, for tests and CPU demos; head dims the GPU kernels
+// Built-in shapes: "tiny" (1.65M parameters, for tests and CPU demos; head dims the GPU kernels
 // take) and "qwen3.5-0.8b" (Qwen3.5-0.8B's text model).
 std::vector<std::string> preset_names();
 Config preset(std::string_view name);  // InvalidArgument listing the presets for an unknown name
