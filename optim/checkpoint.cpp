@@ -379,6 +379,18 @@ std::string read_latest(const fs::path& root) {
 
 }  // namespace
 
+bool save_replaces_leftover(const fs::path& root, std::int64_t step) {
+  const fs::path dir = root / checkpoint_dir_name(step);
+  if (!fs::exists(dir)) return false;
+  const std::optional<std::int64_t> latest =
+      fs::exists(root / kLatest) ? checkpoint_dir_step(read_latest(root)) : std::nullopt;
+  if (latest && *latest >= step) {
+    throw Failure("checkpoint " + dir.string() + " already exists and `latest` names it or a later step; " +
+                  "nothing is overwritten");
+  }
+  return true;
+}
+
 fs::path resolve_checkpoint(const fs::path& path) {
   if (fs::exists(path / kMetadata)) return path;
   if (fs::exists(path / kLatest)) {
@@ -422,15 +434,7 @@ fs::path save_checkpoint(const DistributedAdamW& optimizer, const fs::path& root
   bool replacing = false;  // rank 0: final_dir is an interrupted save's, which `latest` never named
   collectively(group, [&] {
     if (rank != 0) return;
-    if (fs::exists(final_dir)) {
-      const std::optional<std::int64_t> latest =
-          fs::exists(root / kLatest) ? checkpoint_dir_step(read_latest(root)) : std::nullopt;
-      if (latest && *latest >= optimizer.step_count()) {
-        throw Failure("checkpoint " + final_dir.string() + " already exists and `latest` names it or a later step; " +
-                      "nothing is overwritten");
-      }
-      replacing = true;
-    }
+    replacing = save_replaces_leftover(root, optimizer.step_count());
     fs::create_directories(root);
     fs::remove_all(temp_dir);  // left by a save that was killed
     fs::create_directory(temp_dir);

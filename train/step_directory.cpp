@@ -21,10 +21,11 @@ fs::path save_step_directory(comm::Group& group, const fs::path& root, std::int6
   const fs::path final_dir = root / name;
   const fs::path temp_dir = root / (".tmp-" + name);
   const bool leader = group.rank() == 0;
+  bool replacing = false;  // rank 0: final_dir is a killed save's, which `latest` never named
   try {
     comm::collectively(group, [&] {
       if (!leader) return;
-      if (fs::exists(final_dir)) throw Failure("checkpoint " + final_dir.string() + " already exists; nothing is overwritten");
+      replacing = optim::save_replaces_leftover(root, step);
       fs::create_directories(root);
       fs::remove_all(temp_dir);  // left by a save that was killed
       fs::create_directory(temp_dir);
@@ -34,8 +35,16 @@ fs::path save_step_directory(comm::Group& group, const fs::path& root, std::int6
       if (!leader) return;
       write_leader(temp_dir);
       optim::sync_directory(temp_dir);
-      optim::rename_no_replace(temp_dir, final_dir);
-      optim::sync_directory(root);
+      if (replacing) {
+        // One atomic exchange: at any kill the step's name holds a complete directory; the leftover, now
+        // under the temporary name, is removed here or by the next save.
+        optim::exchange_paths(temp_dir, final_dir);
+        optim::sync_directory(root);
+        fs::remove_all(temp_dir);
+      } else {
+        optim::rename_no_replace(temp_dir, final_dir);
+        optim::sync_directory(root);
+      }
       optim::replace_file_atomically(root / kLatest, name + "\n");
     });
   } catch (const Error& e) {

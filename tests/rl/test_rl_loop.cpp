@@ -18,6 +18,7 @@
 namespace deltatrain::rl {
 namespace {
 
+namespace fs = std::filesystem;
 using testing_support::SharedTempDir;
 
 // The model tests' small hybrid, with room for the task alphabet's 40 tokens.
@@ -141,6 +142,33 @@ TEST_F(Rl, ResumeIsBitwiseAcrossTheLoop) {
     EXPECT_EQ(a.kl, b.kl);
   }
   EXPECT_GT(straight.steps.back().kl, 0.0) << "the policy moved away from its reference";
+
+  // A save killed after its rename and before `latest` moved leaves a step directory beyond `latest`: a run
+  // resumed from `latest` replaces it when it saves that step, and stops at nothing.
+  RlOptions again = options;
+  again.checkpoint_root = dir.path() / "killed";
+  again.resume.clear();
+  again.steps = 1;
+  run_rl(*group_, again);  // step-00000003, and `latest` names it
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const fs::path leftover = again.checkpoint_root / "step-00000004";
+  if (rank == 0) fs::create_directories(leftover / "model");  // half a checkpoint, as a kill could leave it
+  MPI_Barrier(MPI_COMM_WORLD);
+  again.resume = again.checkpoint_root;
+  again.steps = 2;
+  again.save_every = 1;
+  const RlResult replaced = run_rl(*group_, again);
+  EXPECT_EQ(replaced.step, 4);
+  EXPECT_TRUE(fs::exists(leftover / "rl.json")) << "the leftover was replaced by a whole checkpoint";
+  // Saving a step that `latest` already names is refused: nothing is overwritten.
+  again.resume = again.checkpoint_root / "step-00000003";
+  try {
+    run_rl(*group_, again);
+    ADD_FAILURE() << "step 4 was saved over the checkpoint `latest` names";
+  } catch (const Failure& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing is overwritten"), std::string::npos) << e.what();
+  }
 
   // A checkpoint of another config is refused by name, and so is one of another task.
   RlOptions other = options;

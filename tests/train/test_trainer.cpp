@@ -317,9 +317,12 @@ TEST_F(Trainer, AFailedSaveSaysWhyAndKeepsTheLastCheckpoint) {
   o.steps = 4;
   o.save_every = 2;
   o.checkpoint_root = dir_.path() / "ckpt";
-  // Something already in the place of step 4's checkpoint: its save fails, as on a full disk, part-way.
+  // Something unusable in the place of step 4's checkpoint (a symbolic link to itself: every look at it fails):
+  // its save fails, as on a full disk, part-way. (A plain directory there is a killed save's leftover, which a
+  // save replaces: tests/rl.)
   if (world_->rank() == 0) {
-    fs::create_directories(o.checkpoint_root / "step-00000004");
+    fs::create_directories(o.checkpoint_root);
+    fs::create_symlink("step-00000004", o.checkpoint_root / "step-00000004");
   }
   world_->barrier();
   expect_refusal<Failure>([&] { train(*world_, o); }, "latest complete checkpoint is " +

@@ -1,7 +1,9 @@
 // Checkpoints as one directory per step under a root, written whole or not at all: the trainer's and the RL
 // loop's. A save writes .tmp-step-00000010, fsyncs it, renames it to step-00000010 and then replaces
 // `latest`, so a process killed or a disk that fills at any point leaves the previous checkpoint and `latest`
-// intact; nothing existing is overwritten.
+// intact. Nothing that `latest` names (or a later step) is overwritten; a step directory beyond `latest` (a save
+// killed after its rename, before `latest` moved) is replaced when that step is saved again
+// (optim::save_replaces_leftover), so a resumed run does not stop there.
 #pragma once
 
 #include <cstdint>
