@@ -170,17 +170,22 @@ void collectively(Group& group, const std::function<void()>& work) {
   }
 }
 
-double sum_over_ranks(Group& group, double local) {
-  std::string bytes(sizeof local, '\0');
-  std::memcpy(bytes.data(), &local, sizeof local);
-  double total = 0;
+std::vector<double> sum_over_ranks(Group& group, std::span<const double> local) {
+  std::string bytes(local.size_bytes(), '\0');
+  std::memcpy(bytes.data(), local.data(), bytes.size());
+  std::vector<double> total(local.size(), 0.0);
   for (const std::string& each : group.all_gather_object(bytes)) {
-    double value;
-    std::memcpy(&value, each.data(), sizeof value);
-    total += value;
+    if (each.size() != bytes.size()) throw StateError("sum_over_ranks: the ranks passed different counts");
+    for (std::size_t i = 0; i < total.size(); ++i) {
+      double value;
+      std::memcpy(&value, each.data() + i * sizeof value, sizeof value);
+      total[i] += value;
+    }
   }
   return total;
 }
+
+double sum_over_ranks(Group& group, double local) { return sum_over_ranks(group, std::span<const double>(&local, 1))[0]; }
 
 bool any_rank(Group& group, bool local) {
   // Host bytes through the object exchange: a GPU group's collectives take device buffers.

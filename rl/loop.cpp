@@ -203,12 +203,6 @@ RlState state_from_json(const std::string& text, const std::string& source) {
   }
 }
 
-// Element-wise sums of host doubles over the ranks, in rank order (one collective for many statistics).
-std::vector<double> sum_over_ranks(comm::Group& group, std::vector<double> local) {
-  for (double& value : local) value = comm::sum_over_ranks(group, value);
-  return local;
-}
-
 class Loop {
  public:
   Loop(comm::Group& group, const RlOptions& options, Observer* observer)
@@ -475,8 +469,8 @@ class Loop {
       reward_sum += r;
       reward_squares += r * r;
     }
-    const std::vector<double> global = sum_over_ranks(
-        group_, {local_loss, reward_sum, reward_squares, static_cast<double>(rewards.size()), static_cast<double>(generated),
+    const std::vector<double> global = comm::sum_over_ranks(
+        group_, std::vector<double>{local_loss, reward_sum, reward_squares, static_cast<double>(rewards.size()), static_cast<double>(generated),
                  static_cast<double>(batch.tokens.size()), sums.clipped, sums.tis, sums.kl, sums.mismatch,
                  sums.mismatch_kl, sums.tokens});
     const double samples = global[3], tokens = std::max(1.0, global[11]);
@@ -556,7 +550,7 @@ class Loop {
   }
 
   double report_eval(const std::vector<double>& local) {
-    const std::vector<double> global = sum_over_ranks(group_, local);
+    const std::vector<double> global = comm::sum_over_ranks(group_, local);
     EvalReport report;
     report.step = optimizer_.step_count();
     report.problems = static_cast<std::int64_t>(global[2]);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -157,6 +158,8 @@ void collectively(Group& group, const std::function<void()>& work);
 // Host doubles summed over the ranks in rank order, so the result is the same whatever the engine's
 // reduction order (and bitwise the same on every rank). Collective.
 double sum_over_ranks(Group& group, double local);
+// The same element-wise, for many values in one exchange (every rank passes as many). Collective.
+std::vector<double> sum_over_ranks(Group& group, std::span<const double> local);
 // The largest of the ranks' host doubles. Collective.
 double max_over_ranks(Group& group, double local);
 // Whether `local` is true on any rank. Collective.
