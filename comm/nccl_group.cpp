@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <future>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "deltatrain/core/cuda_check.h"
@@ -67,6 +69,11 @@ class NcclGroup final : public Group {
     set_memory_check(std::move(check));
   }
   ~NcclGroup() override {
+    try {
+      communicator();  // a rebuild or a teardown still running
+    } catch (const std::exception&) {
+      // A destructor reports nothing: the failure was the rebuild's or the teardown's, and nothing uses it now.
+    }
     if (comm_ != nullptr) ncclCommDestroy(comm_);
     cudaFree(barrier_word_);
     int finalized = 0;
@@ -80,34 +87,39 @@ class NcclGroup final : public Group {
  protected:
   void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                      void* stream) override {
-    nccl_check(ncclAllReduce(send, recv, count, nccl_datatype(dtype), nccl_op(op), comm_, as_stream(stream)),
-               "ncclAllReduce", comm_);
+    ncclComm_t comm = communicator();
+    nccl_check(ncclAllReduce(send, recv, count, nccl_datatype(dtype), nccl_op(op), comm, as_stream(stream)),
+               "ncclAllReduce", comm);
   }
   void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, ReduceOp op,
                          void* stream) override {
-    nccl_check(ncclReduceScatter(send, recv, recv_count, nccl_datatype(dtype), nccl_op(op), comm_, as_stream(stream)),
-               "ncclReduceScatter", comm_);
+    ncclComm_t comm = communicator();
+    nccl_check(ncclReduceScatter(send, recv, recv_count, nccl_datatype(dtype), nccl_op(op), comm, as_stream(stream)),
+               "ncclReduceScatter", comm);
   }
   void do_all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, void* stream) override {
-    nccl_check(ncclAllGather(send, recv, send_count, nccl_datatype(dtype), comm_, as_stream(stream)), "ncclAllGather",
-               comm_);
+    ncclComm_t comm = communicator();
+    nccl_check(ncclAllGather(send, recv, send_count, nccl_datatype(dtype), comm, as_stream(stream)), "ncclAllGather",
+               comm);
   }
   void do_all_to_all(const void* send, void* recv, std::size_t count, DType dtype, void* stream) override {
+    ncclComm_t comm = communicator();
     const std::size_t block = count * dtype_size(dtype);
     nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (int peer = 0; peer < size(); ++peer) {
-      nccl_check(ncclSend(static_cast<const char*>(send) + peer * block, count, nccl_datatype(dtype), peer, comm_,
+      nccl_check(ncclSend(static_cast<const char*>(send) + peer * block, count, nccl_datatype(dtype), peer, comm,
                           as_stream(stream)),
-                 "ncclSend", comm_);
-      nccl_check(ncclRecv(static_cast<char*>(recv) + peer * block, count, nccl_datatype(dtype), peer, comm_,
+                 "ncclSend", comm);
+      nccl_check(ncclRecv(static_cast<char*>(recv) + peer * block, count, nccl_datatype(dtype), peer, comm,
                           as_stream(stream)),
-                 "ncclRecv", comm_);
+                 "ncclRecv", comm);
     }
-    nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm_);
+    nccl_check(ncclGroupEnd(), "ncclGroupEnd", comm);
   }
   void do_broadcast(void* data, std::size_t count, DType dtype, int root, void* stream) override {
-    nccl_check(ncclBroadcast(data, data, count, nccl_datatype(dtype), root, comm_, as_stream(stream)), "ncclBroadcast",
-               comm_);
+    ncclComm_t comm = communicator();
+    nccl_check(ncclBroadcast(data, data, count, nccl_datatype(dtype), root, comm, as_stream(stream)), "ncclBroadcast",
+               comm);
   }
   // Objects are host bytes: they travel over the MPI bootstrap communicator, never through the GPU.
   std::string do_broadcast_object(const std::string& bytes, int root) override {
@@ -117,34 +129,56 @@ class NcclGroup final : public Group {
     return mpi_all_gather_bytes(members_, bytes);
   }
   void do_barrier(void* stream) override {
-    nccl_check(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm_, as_stream(stream)),
-               "ncclAllReduce", comm_);
+    ncclComm_t comm = communicator();
+    nccl_check(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat32, ncclSum, comm, as_stream(stream)),
+               "ncclAllReduce", comm);
     cuda_check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
   }
   void do_send(const void* data, std::size_t count, DType dtype, int peer, void* stream) override {
-    nccl_check(ncclSend(data, count, nccl_datatype(dtype), peer, comm_, as_stream(stream)), "ncclSend", comm_);
+    ncclComm_t comm = communicator();
+    nccl_check(ncclSend(data, count, nccl_datatype(dtype), peer, comm, as_stream(stream)), "ncclSend", comm);
   }
   void do_recv(void* data, std::size_t count, DType dtype, int peer, void* stream) override {
-    nccl_check(ncclRecv(data, count, nccl_datatype(dtype), peer, comm_, as_stream(stream)), "ncclRecv", comm_);
+    ncclComm_t comm = communicator();
+    nccl_check(ncclRecv(data, count, nccl_datatype(dtype), peer, comm, as_stream(stream)), "ncclRecv", comm);
   }
-  // Finalize flushes outstanding operations; destroy then frees the communicator's device buffers.
+  // The teardown and the rebuild run on a worker thread, so that a phase switch does not wait for them: the
+  // teardown overlaps whatever the caller does next (the rollout), the rebuild overlaps the memory the caller
+  // restores before its first collective. Only the unique id's broadcast stays on the calling thread (MPI is
+  // initialised for one thread). The next operation, release or reload waits for the work in flight and
+  // raises its failure.
   void do_release() override {
-    nccl_check(ncclCommFinalize(comm_), "ncclCommFinalize", comm_);
-    nccl_check(ncclCommDestroy(comm_), "ncclCommDestroy");
-    comm_ = nullptr;
+    ncclComm_t comm = std::exchange(communicator(), nullptr);
+    in_flight_ = std::async(std::launch::async, [comm, device = device_] {
+      cuda_check(cudaSetDevice(device), "cudaSetDevice");
+      // Finalize flushes outstanding operations; destroy then frees the communicator's device buffers.
+      nccl_check(ncclCommFinalize(comm), "ncclCommFinalize", comm);
+      nccl_check(ncclCommDestroy(comm), "ncclCommDestroy");
+    });
   }
   void do_reload() override {
+    communicator();  // the teardown of the previous one, and its failure if it failed
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
     ncclUniqueId id{};
     if (rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, members_), "MPI_Bcast");
-    nccl_check(ncclCommInitRank(&comm_, size(), id, rank()), "ncclCommInitRank");
+    in_flight_ = std::async(std::launch::async, [this, id, ranks = size(), me = rank(), device = device_] {
+      cuda_check(cudaSetDevice(device), "cudaSetDevice");
+      nccl_check(ncclCommInitRank(&comm_, ranks, id, me), "ncclCommInitRank");
+    });
+  }
+
+  // The communicator, once the teardown or rebuild in flight is done (rethrowing its failure).
+  ncclComm_t& communicator() {
+    if (in_flight_.valid()) in_flight_.get();
+    return comm_;
   }
 
  private:
   MPI_Comm members_;  // the bootstrap: carries the unique id at every reload, and host objects
   int device_;
   ncclComm_t comm_ = nullptr;
+  std::future<void> in_flight_;  // the communicator's teardown or rebuild (do_release, do_reload)
   void* barrier_word_ = nullptr;
 };
 

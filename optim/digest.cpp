@@ -4,9 +4,11 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <vector>
 
 #include "deltatrain/core/error.h"
@@ -15,6 +17,8 @@
 namespace deltatrain::optim {
 
 namespace {
+
+constexpr std::size_t kHashChunk = std::size_t{16} << 20;
 
 void openssl_check(int ok, const char* call) {
   if (ok != 1) throw Failure(std::string(call) + " failed (OpenSSL)");
@@ -49,11 +53,16 @@ std::string Sha256::hex_digest() {
 std::string sha256_file(const std::filesystem::path& path) {
   const File file = File::open_read(path);
   Sha256 sha;
-  std::vector<char> chunk(std::size_t{16} << 20);
-  for (std::uint64_t offset = 0;;) {
-    const std::size_t got = file.read_some(chunk.data(), chunk.size(), offset);
+  // Two buffers: the next chunk is read while the last one is hashed on a second thread, so a check takes the
+  // longer of the read and the hash, not their sum.
+  std::array<std::vector<char>, 2> buffers{std::vector<char>(kHashChunk), std::vector<char>(kHashChunk)};
+  std::future<void> hashed;
+  for (std::uint64_t offset = 0, index = 0;; ++index) {
+    std::vector<char>& buffer = buffers[index % 2];
+    const std::size_t got = file.read_some(buffer.data(), buffer.size(), offset);
+    if (hashed.valid()) hashed.get();
     if (got == 0) break;
-    sha.update(chunk.data(), got);
+    hashed = std::async(std::launch::async, [&sha, &buffer, got] { sha.update(buffer.data(), got); });
     offset += got;
   }
   return sha.hex_digest();

@@ -1,6 +1,7 @@
 #include "deltatrain/optim/safetensors.h"
 
 #include <bit>
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "deltatrain/core/error.h"
@@ -144,8 +145,11 @@ std::string write_safetensors(const std::filesystem::path& path, const std::vect
     std::size_t left = numel_of(tensors[t].shape) * dtype_size(tensors[t].dtype);
     while (left > 0) {
       const std::size_t chunk = std::min(left, kWriteChunk);
-      sha.update(data, chunk);
+      // The chunk is hashed on a second thread while this one writes it: a save takes the longer of the two,
+      // not their sum. (The future's destructor waits, so a failed write never leaves the hash running.)
+      std::future<void> hashed = std::async(std::launch::async, [&sha, data, chunk] { sha.update(data, chunk); });
       file.write_all(data, chunk);
+      hashed.get();
       data += chunk;
       left -= chunk;
     }

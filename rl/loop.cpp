@@ -17,9 +17,9 @@
 #include "deltatrain/optim/checkpoint.h"
 #include "deltatrain/rl/tasks.h"
 #include "deltatrain/rollout/engine.h"
+#include "deltatrain/train/parameters.h"
 #include "deltatrain/train/step_directory.h"
 #include "optim/file_io.h"
-#include "optim/memory.h"
 
 namespace deltatrain::rl {
 
@@ -105,16 +105,6 @@ class PhaseMemory {
   std::unique_ptr<memsaver::Saver> saver_;
   std::map<std::string, std::unique_ptr<Allocator>> allocators_;
 };
-
-// The model's dtype, the one place it is chosen: float32 on the CPU, bfloat16 on a GPU (the optimizer keeps
-// float32 main weights and moments either way).
-DType param_dtype(Device device) { return device.type == DeviceType::cpu ? DType::f32 : DType::bf16; }
-
-std::vector<optim::ParamSpec> param_specs(const model::Config& config, Device device) {
-  std::vector<optim::ParamSpec> specs;
-  for (const model::ParamInfo& info : model::param_infos(config)) specs.push_back({info.name, info.shape, param_dtype(device)});
-  return specs;
-}
 
 // "auto": the saver's backend for the group's device.
 std::string memory_backend(const std::string& option, Device device) {
@@ -211,7 +201,7 @@ class Loop {
         observer_(observer),
         task_(make_task(options.task)),
         memory_(memory_backend(options.memory, group.device()), group.device()),
-        optimizer_(group, param_specs(options.config, group.device()),
+        optimizer_(group, train::param_specs(options.config, group.device()),
                    {options.lr, options.beta1, options.beta2, options.eps, options.weight_decay, options.max_grad_norm},
                    {}, nullptr,
                    {memory_.allocator("weights"), memory_.allocator("grads"), memory_.allocator("optimizer")}),
@@ -274,7 +264,7 @@ class Loop {
 
  private:
   model::ModelOptions model_options(std::string_view tag) const {
-    return {.device = group_.device(), .dtype = param_dtype(group_.device()), .cpu_threads = options_.cpu_threads,
+    return {.device = group_.device(), .dtype = train::param_dtype(group_.device()), .cpu_threads = options_.cpu_threads,
             .memory = memory_.allocator(tag), .batch_invariant = options_.true_on_policy};
   }
 
@@ -287,43 +277,31 @@ class Loop {
       group_.release();  // the rollout communicates nothing
       communicator_s_ += seconds_since(start);
     }
-    memory_.switch_to(phase);
     if (phase == Phase::train && group_.released()) {
+      // First, so that NCCL's rebuild (on its worker thread) overlaps the memory restored below.
       const Clock::time_point reload = Clock::now();
       group_.reload();
       communicator_s_ += seconds_since(reload);
     }
+    memory_.switch_to(phase);
     phase_ = phase;
     const double seconds = seconds_since(start);
     (phase == Phase::rollout ? rollout_memory_ : train_memory_) = memory_.use();  // a measurement, not the switch
     return seconds;
   }
 
-  // The starting weights (the --init model's, or the seeded ones) into the optimizer's parameter buffers,
-  // through a host copy in the model's dtype (the buffers may be on a GPU).
+  // The starting weights: the --init model's, or the seeded ones.
   void initialize() {
-    model::ParamStore host(options_.config, param_dtype(group_.device()));
+    model::ParamStore host(options_.config, train::param_dtype(group_.device()));
     if (!options_.init.empty()) {
       comm::collectively(group_, [&] { model::load_hf_weights(options_.init, options_.config, host.params()); });
     } else {
       host.init(options_.config.initializer_range, options_.seed);
     }
-    for (const model::ParamInfo& info : model::param_infos(options_.config)) {
-      const TensorView from = host.param(info.name), to = optimizer_.param(info.name);
-      optim::copy_from_host(to.data, to.device, from.data, from.nbytes(), nullptr);
-    }
-    optimizer_.initialize_from_params();
+    train::start_from(optimizer_, host);
   }
 
-  // The parameters as they are now, on the host in the model's dtype (checkpoints, the KL reference).
-  std::unique_ptr<model::ParamStore> host_params() const {
-    auto host = std::make_unique<model::ParamStore>(options_.config, param_dtype(group_.device()));
-    for (const model::ParamInfo& info : model::param_infos(options_.config)) {
-      const TensorView from = optimizer_.param(info.name), to = host->param(info.name);
-      optim::copy_to_host(to.data, from.data, to.nbytes(), from.device, nullptr);
-    }
-    return host;
-  }
+  std::unique_ptr<model::ParamStore> host_params() const { return train::host_params(optimizer_, options_.config); }
 
   void set_lr(double lr) {
     optim::AdamWConfig config = optimizer_.config();
@@ -574,8 +552,11 @@ class Loop {
         group_, options_.checkpoint_root, optimizer_.step_count(), kStateFile,
         [this](const fs::path& temp) { optim::save_checkpoint(optimizer_, temp / "optimizer"); },
         [this](const fs::path& temp) {
-          model::save_hf_model(temp / "model", options_.config, host_params()->params(), DType::f32);
-          if (reference_) model::save_hf_model(temp / "reference", options_.config, reference_->params(), DType::f32);
+          // In the parameters' own dtype: bf16 on a GPU, float32 on the CPU (the optimizer's checkpoint holds the
+          // float32 main weights).
+          const std::unique_ptr<model::ParamStore> params = host_params();
+          model::save_hf_model(temp / "model", options_.config, params->params(), params->dtype());
+          if (reference_) model::save_hf_model(temp / "reference", options_.config, reference_->params(), reference_->dtype());
           optim::write_new_file(temp / kStateFile, state_json(state()).dump(2) + "\n");
         });
     if (observer_) observer_->on_save(optimizer_.step_count(), dir);
@@ -617,7 +598,7 @@ class Loop {
                     ", the optimizer's checkpoint step " + std::to_string(optimizer_.step_count()));
     }
     if (options_.grpo.kl_coef > 0 && fs::exists(dir / "reference")) {
-      reference_ = std::make_unique<model::ParamStore>(options_.config, param_dtype(group_.device()));
+      reference_ = std::make_unique<model::ParamStore>(options_.config, train::param_dtype(group_.device()));
       comm::collectively(group_, [&] { model::load_hf_weights(dir / "reference", options_.config, reference_->params()); });
       bind_reference();
     }

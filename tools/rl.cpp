@@ -15,8 +15,6 @@
 
 #include "commands.h"
 #include "run_support.h"
-#include "deltatrain/comm/mpi_group.h"
-#include "deltatrain/comm/nccl_group.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/config.h"
 #include "deltatrain/rl/loop.h"
@@ -54,14 +52,6 @@ struct RlArgs {
   std::string device = "cpu";
   bool keep_communicator = false;
 };
-
-// The communicator of the ranks: MPI on CPUs, NCCL with one GPU per rank (its local rank's).
-std::unique_ptr<comm::Group> make_group(const std::string& device) {
-  if (device == "cpu") return comm::make_mpi_group(MPI_COMM_WORLD);
-  if (device != "cuda") throw InvalidArgument("device", "must be cpu or cuda, got '" + device + "'");
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  return comm::make_nccl_group(MPI_COMM_WORLD, local != nullptr ? std::atoi(local) : 0);
-}
 
 double mib(std::uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
@@ -244,10 +234,11 @@ void run_rl_command(const RlArgs& args) {
         const std::unique_ptr<comm::Group> group = make_group(args.device);
         const rl::RlResult result = rl::run_rl(*group, options, reporter.get(), stop_requested);
         if (rank == 0) {
-          std::printf("%s at step %lld, held-out accuracy %.3f\nparams_sha256  %s\nstate_sha256   %s\n",
-                      result.stopped ? "stopped on a signal" : "done", static_cast<long long>(result.step),
-                      result.final_accuracy, result.digest.params.c_str(), result.digest.state.c_str());
-          std::fflush(stdout);
+          char summary[128];
+          std::snprintf(summary, sizeof summary, "%s at step %lld, held-out accuracy %.3f",
+                        result.stopped ? "stopped on a signal" : "done", static_cast<long long>(result.step),
+                        result.final_accuracy);
+          print_result(summary, result.digest);
         }
       },
       args.log, args.chart);

@@ -14,7 +14,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "deltatrain/comm/mpi_group.h"
+#include "deltatrain/comm/nccl_group.h"
 #include "deltatrain/core/error.h"
+#include "deltatrain/core/system.h"
 
 extern char** environ;
 
@@ -116,6 +119,27 @@ void draw_chart(const std::string& log, const std::string& chart) {
     std::printf("chart: not drawn (%s exited with status %d; see its message above)\n", python.c_str(),
                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   }
+}
+
+std::unique_ptr<comm::Group> make_group(const std::string& device) {
+  if (device == "cpu") return comm::make_mpi_group(MPI_COMM_WORLD);
+  if (device != "cuda") throw InvalidArgument("device", "must be cpu or cuda, got '" + device + "'");
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  return comm::make_nccl_group(MPI_COMM_WORLD, local != nullptr ? std::atoi(local) : 0);
+}
+
+void print_result(const std::string& summary, const optim::StateDigest& digest) {
+  std::printf("%s\nparams_sha256  %s\nstate_sha256   %s\n", summary.c_str(), digest.params.c_str(), digest.state.c_str());
+  std::fflush(stdout);
+}
+
+double known_peak_flops(const std::string& device) {
+  if (device != "cuda" || cuda_info().gpus.empty()) return 0;
+  // Dense bf16 tensor-core peaks from the vendors' data sheets (SXM parts).
+  const std::string& name = cuda_info().gpus.front().name;
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
+  if (name.find("A100") != std::string::npos) return 312e12;
+  return 0;
 }
 
 }  // namespace deltatrain::tools

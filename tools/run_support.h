@@ -3,9 +3,14 @@
 #pragma once
 
 #include <csignal>
+#include <cstdint>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
+
+#include "deltatrain/comm/group.h"
+#include "deltatrain/optim/digest.h"
 
 namespace deltatrain::tools {
 
@@ -16,6 +21,18 @@ namespace deltatrain::tools {
 void run_collective_command(const std::function<void(int rank, int ranks)>& body, const std::string& log,
                             const std::string& chart);
 bool stop_requested();
+
+// The communicator of the ranks (--device): MPI on CPUs, NCCL with one GPU per rank (its local rank's).
+// InvalidArgument naming --device for anything but cpu and cuda.
+std::unique_ptr<comm::Group> make_group(const std::string& device);
+
+// Rank 0's last lines of a run: how it ended (`summary`: "done at step 40, ...") and the digests of the final
+// state, which a resumed run must reproduce.
+void print_result(const std::string& summary, const optim::StateDigest& digest);
+
+// Dense bf16 FLOP/s of the device `device` runs on, for MFU: the peak of GPUs whose figure we know (by name),
+// 0 where unknown (the CPU, other GPUs: pass --peak-flops).
+double known_peak_flops(const std::string& device);
 
 std::string duration_text(double seconds);  // "4m05s", "1h02m"; "?" when unknown
 // One thread per core that this rank has to itself: mpirun says how many ranks share the node.

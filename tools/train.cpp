@@ -1,7 +1,6 @@
 // `deltatrain train`: data-parallel training of the hybrid GDN model on every rank that mpirun starts (one
 // rank without mpirun). Rank 0 prints a progress line per step (a bar on a terminal), writes the JSONL log
 // and, at the end, the loss chart (python -m deltatrain.charts) when --log is given.
-#include <mpi.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -14,8 +13,9 @@
 
 #include "commands.h"
 #include "run_support.h"
-#include "deltatrain/comm/mpi_group.h"
+#include "deltatrain/comm/nccl_group.h"
 #include "deltatrain/core/error.h"
+#include "deltatrain/core/system.h"
 #include "deltatrain/model/config.h"
 #include "deltatrain/model/cost.h"
 #include "deltatrain/train/trainer.h"
@@ -50,7 +50,10 @@ struct TrainArgs {
   std::uint64_t seed = 1234;
   int threads = 0;
   double peak_flops = 0;
+  std::string device = "cpu";
 };
+
+double gib(double bytes) { return bytes / (1ull << 30); }
 
 // Rank 0's view of training: the console and the JSONL log.
 class Reporter : public train::Observer {
@@ -59,6 +62,7 @@ class Reporter : public train::Observer {
       : args_(args),
         steps_(options.steps),
         flops_per_token_(model::training_flops_per_token(options.config, options.seq_len).total()),
+        peak_flops_(args.peak_flops > 0 ? args.peak_flops : known_peak_flops(args.device)),
         terminal_(progress_on_terminal()) {
     if (!args.log.empty()) log_ = open_log(args.log, !args.resume.empty());
   }
@@ -70,6 +74,12 @@ class Reporter : public train::Observer {
                 static_cast<long long>(start.train_tokens),
                 start.resumed_from.empty() ? "starting at" : ("resumed from " + start.resumed_from.string() + " at").c_str(),
                 static_cast<long long>(start.step), static_cast<long long>(steps_));
+    if (!start.resumed_from.empty()) {
+      std::printf("loaded %.2f GiB in %.2f s (%.2f GiB/s)\n", gib(start.resume_bytes), start.resume_seconds,
+                  gib(start.resume_bytes) / start.resume_seconds);
+      write({{"kind", "resume"}, {"step", start.step}, {"dir", start.resumed_from.string()},
+             {"seconds", start.resume_seconds}, {"bytes", start.resume_bytes}});
+    }
     std::fflush(stdout);
   }
 
@@ -77,16 +87,17 @@ class Reporter : public train::Observer {
     const double tokens_per_s = r.seconds > 0 ? r.tokens / r.seconds : 0;
     const double done = static_cast<double>(r.step - first_step_);
     const double eta = done > 0 ? r.elapsed / done * static_cast<double>(steps_ - r.step) : -1;
-    std::string mfu;
-    if (args_.peak_flops > 0) {
-      char text[32];
-      std::snprintf(text, sizeof text, "  mfu %.2f%%", 100 * flops_per_token_ * tokens_per_s / args_.peak_flops);
-      mfu = text;
-    }
+    const double mfu = peak_flops_ > 0 ? flops_per_token_ * tokens_per_s / peak_flops_ : 0;
+    std::string extra;
+    if (mfu > 0) extra += "  mfu " + fixed(100 * mfu, 1) + "%";
+    // The GPU's memory in use after the step, as its driver counts it (the step's arenas stay allocated, so
+    // this is the step's peak plus the CUDA context).
+    const double device_bytes = args_.device == "cuda" ? device_memory_in_use() : 0;
+    if (device_bytes > 0) extra += "  mem " + fixed(gib(device_bytes), 1) + " GiB";
     char line[256];
     std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  tok/s %.0f%s  eta %s",
                   static_cast<long long>(r.step), static_cast<long long>(steps_), r.loss, r.lr, r.grad_norm,
-                  tokens_per_s, mfu.c_str(), duration_text(eta).c_str());
+                  tokens_per_s, extra.c_str(), duration_text(eta).c_str());
     if (terminal_) {
       constexpr int kWidth = 24;
       const int filled = steps_ > 0 ? static_cast<int>(kWidth * r.step / steps_) : kWidth;
@@ -96,8 +107,12 @@ class Reporter : public train::Observer {
       std::printf("%s\n", line);
     }
     std::fflush(stdout);
-    write({{"kind", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-           {"tokens", r.tokens}, {"tokens_per_s", tokens_per_s}, {"elapsed", r.elapsed}});
+    nlohmann::ordered_json row = {{"kind", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr},
+                                  {"grad_norm", r.grad_norm}, {"tokens", r.tokens}, {"seconds", r.seconds},
+                                  {"tokens_per_s", tokens_per_s}, {"elapsed", r.elapsed}};
+    if (mfu > 0) row["mfu"] = mfu;
+    if (device_bytes > 0) row["device_memory_bytes"] = device_bytes;
+    write(row);
   }
 
   void on_eval(const train::EvalReport& r) override {
@@ -115,9 +130,11 @@ class Reporter : public train::Observer {
            {"text", valid_utf8(r.completion_text)}, {"tokens", r.completion}});
   }
 
-  void on_save(std::int64_t step, const fs::path& dir) override {
+  void on_save(const train::SaveReport& r) override {
     end_bar();
-    std::printf("saved %s\n", dir.string().c_str());
+    std::printf("saved %s: %.2f GiB in %.2f s (%.2f GiB/s)\n", r.dir.string().c_str(), gib(r.bytes), r.seconds,
+                gib(r.bytes) / r.seconds);
+    write({{"kind", "save"}, {"step", r.step}, {"dir", r.dir.string()}, {"seconds", r.seconds}, {"bytes", r.bytes}});
   }
 
   void end_bar() {
@@ -137,6 +154,15 @@ class Reporter : public train::Observer {
     return nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
         .get<std::string>();
   }
+  static std::string fixed(double value, int decimals) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.*f", decimals, value);
+    return text;
+  }
+  static double device_memory_in_use() {
+    const std::uint64_t total = cuda_info().gpus.empty() ? 0 : cuda_info().gpus.front().memory_bytes;
+    return total > 0 ? static_cast<double>(total - comm::cuda_free_bytes()) : 0;
+  }
   static std::string printable(const std::string& text) {
     std::string out;
     for (char c : text) out += c == '\n' ? std::string("\\n") : std::string(1, c);
@@ -147,6 +173,7 @@ class Reporter : public train::Observer {
   std::int64_t steps_;
   std::int64_t first_step_ = 0;
   double flops_per_token_;
+  double peak_flops_;
   bool terminal_;
   bool bar_open_ = false;
   std::ofstream log_;
@@ -190,14 +217,13 @@ void run_train_command(const TrainArgs& args) {
         train::check_options(options, ranks);  // before the reporter computes FLOPs from them
         std::unique_ptr<Reporter> reporter;
         if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
-        const std::unique_ptr<comm::Group> group = comm::make_mpi_group(MPI_COMM_WORLD);
+        const std::unique_ptr<comm::Group> group = make_group(args.device);
         const train::TrainResult result = train::train(*group, options, reporter.get(), stop_requested);
         if (rank == 0) {
           reporter->end_bar();
-          std::printf("%s at step %lld\nparams_sha256  %s\nstate_sha256   %s\n",
-                      result.stopped ? "stopped on a signal" : "done", static_cast<long long>(result.step),
-                      result.digest.params.c_str(), result.digest.state.c_str());
-          std::fflush(stdout);
+          print_result(std::string(result.stopped ? "stopped on a signal" : "done") + " at step " +
+                           std::to_string(result.step),
+                       result.digest);
         }
       },
       args.log, args.chart);
@@ -235,8 +261,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "initial weights, data order and samples")->capture_default_str();
   cmd->add_option("--threads", args->threads, "CPU threads per rank (0: the cores divided by the local ranks)")
       ->capture_default_str();
-  cmd->add_option("--peak-flops", args->peak_flops, "peak FLOP/s of one rank's device, for MFU (0: MFU not shown)")
+  cmd->add_option("--peak-flops", args->peak_flops,
+                  "peak FLOP/s of one rank's device, for MFU (0: the known peak of an H100/H200/A100, else no MFU)")
       ->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu (MPI ranks) or cuda (one GPU per rank, NCCL)")->capture_default_str();
   cmd->callback([args] { run_train_command(*args); });
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <string>
 
@@ -15,7 +14,9 @@
 #include "deltatrain/model/params.h"
 #include "deltatrain/optim/adamw.h"
 #include "deltatrain/optim/checkpoint.h"
+#include "deltatrain/rollout/engine.h"
 #include "deltatrain/train/data.h"
+#include "deltatrain/train/parameters.h"
 #include "deltatrain/train/step_directory.h"
 #include "optim/file_io.h"
 
@@ -58,14 +59,16 @@ HostBatch build_batch(std::span<const std::vector<Piece>> rows, const std::vecto
   return batch;
 }
 
-// A uniform double in [0, 1) from (seed, a, b), for temperature sampling: the same draw on every platform.
-double uniform(std::uint64_t seed, std::uint64_t a, std::uint64_t b) {
-  std::uint64_t z = seed ^ (a * 0x9e3779b97f4a7c15ull) ^ (b * 0xc2b2ae3d27d4eb4full);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
+// The bytes of the regular files under `dir`: what a checkpoint wrote or a resume read.
+std::int64_t bytes_under(const fs::path& dir) {
+  std::int64_t bytes = 0;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) bytes += static_cast<std::int64_t>(entry.file_size());
+  }
+  return bytes;
 }
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::string config_differences(const std::string& saved, const std::string& current) {
   const nlohmann::json a = nlohmann::json::parse(saved), b = nlohmann::json::parse(current);
@@ -89,19 +92,24 @@ class Trainer {
         train_lengths_(data_.train_lengths()),
         validation_lengths_(data_.validation_lengths()),
         plan_options_{options.tokens_per_step, options.seq_len, group.size(), true, options.seed},
-        optimizer_(group, param_specs(options.config),
+        optimizer_(group, param_specs(options.config, group.device()),
                    {options.schedule.lr, options.beta1, options.beta2, options.eps, options.weight_decay, options.clip}),
-        model_(options.config, {.device = group.device(), .dtype = kParamDType, .cpu_threads = options.cpu_threads}) {
-    model_.bind([this](std::string_view name) { return optimizer_.param(name); },
-                [this](std::string_view name) { return optimizer_.grad(name); });
+        model_(options.config, model_options()) {
+    model_.bind(params(), [this](std::string_view name) { return optimizer_.grad(name); });
   }
 
   TrainResult run(const std::function<bool()>& stop_requested) {
-    StartReport start{0, {}, model::param_count(options_.config), data_.train_token_count(), group_.size()};
+    StartReport start;
+    start.parameters = model::param_count(options_.config);
+    start.train_tokens = data_.train_token_count();
+    start.dp_size = group_.size();
     if (options_.resume.empty()) {
       initialize();
     } else {
+      const Clock::time_point began = Clock::now();
       start.resumed_from = resume(options_.resume);
+      start.resume_seconds = seconds_since(began);
+      start.resume_bytes = bytes_under(start.resumed_from);
       start.step = optimizer_.step_count();
     }
     if (observer_) observer_->on_start(start);
@@ -115,8 +123,8 @@ class Trainer {
       }
       const Clock::time_point step_began = Clock::now();
       StepReport report = train_step();
-      report.seconds = std::chrono::duration<double>(Clock::now() - step_began).count();
-      report.elapsed = std::chrono::duration<double>(Clock::now() - began).count();
+      report.seconds = seconds_since(step_began);
+      report.elapsed = seconds_since(began);
       if (observer_) observer_->on_step(report);
       const std::int64_t step = optimizer_.step_count();
       if (options_.eval_every > 0 && step % options_.eval_every == 0) evaluate();
@@ -135,22 +143,18 @@ class Trainer {
   }
 
  private:
-  static std::vector<optim::ParamSpec> param_specs(const model::Config& config) {
-    std::vector<optim::ParamSpec> specs;
-    for (const model::ParamInfo& info : model::param_infos(config)) specs.push_back({info.name, info.shape, kParamDType});
-    return specs;
+  model::ModelOptions model_options() const {
+    return {.device = group_.device(), .dtype = param_dtype(group_.device()), .cpu_threads = options_.cpu_threads};
+  }
+  model::TensorLookup params() const {
+    return [this](std::string_view name) { return optimizer_.param(name); };
   }
 
-  // The seeded initial weights, the same on every rank, written where the model reads them.
+  // The seeded initial weights, the same on every rank.
   void initialize() {
-    if (group_.device().type != DeviceType::cpu) {
-      throw Unavailable("trainer", "initialising parameters on a GPU group is not implemented yet");
-    }
-    for (const model::ParamInfo& info : model::param_infos(options_.config)) {
-      model::init_param(info, options_.config.initializer_range, options_.seed, kParamDType,
-                        optimizer_.param(info.name).data);
-    }
-    optimizer_.initialize_from_params();
+    model::ParamStore host(options_.config, param_dtype(group_.device()));
+    host.init(options_.config.initializer_range, options_.seed);
+    start_from(optimizer_, host);
   }
 
   StepReport train_step() {
@@ -209,42 +213,24 @@ class Trainer {
   }
 
   // Generation on rank 0 from the start of the first non-empty validation document (Dataset makes sure there
-  // is one), recomputing the whole sequence for each new token; the other ranks wait at the next collective.
+  // is one), by the rollout engine on the trainer's parameters in place; the other ranks wait at the next
+  // collective. The draws are keyed by (seed, step), so a resumed run samples what the straight run did.
   void sample() {
     if (group_.rank() != 0) return;
     const std::vector<Document>& documents = data_.validation_documents();
     const Document& first = *std::find_if(documents.begin(), documents.end(), [](const Document& d) { return d.length > 0; });
     const std::span<const std::int32_t> source = data_.validation_tokens(first);
+    rollout::Request request;
+    request.id = static_cast<std::uint64_t>(optimizer_.step_count());
+    request.prompt.assign(source.begin(), source.begin() + std::min<std::int64_t>(options_.prompt_tokens, first.length));
+    request.max_new_tokens = static_cast<std::int32_t>(options_.sample_tokens);
+    request.sampling = {.temperature = options_.temperature, .seed = options_.seed};
+    rollout::Engine engine(options_.config, model_options(), params(),
+                           {.max_batch = 1, .max_length = std::ssize(request.prompt) + options_.sample_tokens});
     SampleReport report;
     report.step = optimizer_.step_count();
-    report.prompt.assign(source.begin(), source.begin() + std::min<std::int64_t>(options_.prompt_tokens, first.length));
-    std::vector<std::int32_t> tokens = report.prompt;
-    const std::int64_t vocab = options_.config.vocab_size;
-    std::vector<float> logits;
-    for (std::int64_t i = 0; i < options_.sample_tokens; ++i) {
-      const auto length = static_cast<std::int64_t>(tokens.size());
-      const std::vector<std::int32_t> cu{0, static_cast<std::int32_t>(length)};
-      logits.resize(static_cast<std::size_t>(length * vocab));
-      model_.logits({tokens, cu}, TensorView::contiguous(logits.data(), kParamDType, {length, vocab}));
-      const float* last = logits.data() + (length - 1) * vocab;
-      std::int32_t next = static_cast<std::int32_t>(std::max_element(last, last + vocab) - last);
-      if (options_.temperature > 0) {
-        // Softmax at the temperature, drawn by inverse CDF.
-        std::vector<double> p(static_cast<std::size_t>(vocab));
-        double total = 0;
-        for (std::int64_t v = 0; v < vocab; ++v) total += p[v] = std::exp((last[v] - last[next]) / options_.temperature);
-        double u = uniform(options_.seed, static_cast<std::uint64_t>(report.step), static_cast<std::uint64_t>(i)) * total;
-        for (std::int64_t v = 0; v < vocab; ++v) {
-          u -= p[v];
-          if (u < 0) {
-            next = static_cast<std::int32_t>(v);
-            break;
-          }
-        }
-      }
-      tokens.push_back(next);
-      report.completion.push_back(next);
-    }
+    report.prompt = request.prompt;
+    report.completion = engine.generate(std::span(&request, 1)).front().tokens;
     report.prompt_text = data_.vocabulary().decode(report.prompt);
     report.completion_text = data_.vocabulary().decode(report.completion);
     if (observer_) observer_->on_sample(report);
@@ -256,15 +242,16 @@ class Trainer {
   }
 
   fs::path save() {
+    const Clock::time_point began = Clock::now();
     const fs::path dir = save_step_directory(
         group_, options_.checkpoint_root, optimizer_.step_count(), kStateFile,
         [this](const fs::path& temp) { optim::save_checkpoint(optimizer_, temp / "optimizer"); },
         [this](const fs::path& temp) {
-          model::save_hf_model(temp / "model", options_.config,
-                               [this](std::string_view n) { return optimizer_.param(n); }, DType::f32);
+          const std::unique_ptr<model::ParamStore> host = host_params(optimizer_, options_.config);
+          model::save_hf_model(temp / "model", options_.config, host->params(), host->dtype());
           optim::write_new_file(temp / kStateFile, state_to_json(state()));
         });
-    if (observer_) observer_->on_save(optimizer_.step_count(), dir);
+    if (observer_) observer_->on_save({optimizer_.step_count(), dir, seconds_since(began), bytes_under(dir)});
     return dir;
   }
 
@@ -334,7 +321,7 @@ void check_options(const TrainOptions& options, int dp_size) {
   non_negative("save-every", options.save_every);
   non_negative("eval-every", options.eval_every);
   non_negative("sample-every", options.sample_every);
-  non_negative("sample-tokens", options.sample_tokens);
+  if (options.sample_tokens < 1) throw InvalidArgument("sample-tokens", "must be >= 1; got " + std::to_string(options.sample_tokens));
   if (options.eval_batches < 1) throw InvalidArgument("eval-batches", "must be >= 1; got " + std::to_string(options.eval_batches));
   if (options.prompt_tokens < 1) throw InvalidArgument("prompt-tokens", "must be >= 1; got " + std::to_string(options.prompt_tokens));
   if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {

@@ -84,6 +84,8 @@ def main():
         expect_refused(binary, common + ["--schedule", "linear"], "schedule")
         expect_refused(binary, common + ["--lr", "-1"], "lr")
         expect_refused(binary, common + ["--resume", "latest"], "resume")
+        expect_refused(binary, common + ["--device", "tpu"], "device")
+        expect_refused(binary, common + ["--sample-tokens", "0"], "sample-tokens")
         expect_refused(binary, ["--config", "tiny", "--data", os.path.join(tmp, "nowhere")], os.path.join(tmp, "nowhere"))
         bad = os.path.join(tmp, "bad")
         os.makedirs(bad)

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "deltatrain/comm/mpi_group.h"
+#include "deltatrain/comm/nccl_group.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/hf_checkpoint.h"
 #include "deltatrain/model/params.h"
@@ -91,11 +93,13 @@ struct Recorder : Observer {
   std::vector<StepReport> steps;
   std::vector<EvalReport> evals;
   std::vector<SampleReport> samples;
+  std::vector<SaveReport> saves;
   StartReport start;
   void on_start(const StartReport& r) override { start = r; }
   void on_step(const StepReport& r) override { steps.push_back(r); }
   void on_eval(const EvalReport& r) override { evals.push_back(r); }
   void on_sample(const SampleReport& r) override { samples.push_back(r); }
+  void on_save(const SaveReport& r) override { saves.push_back(r); }
 };
 
 // The ranks of MPI_COMM_WORLD below `size` as a group; nullptr on the others. Collective over the world.
@@ -208,6 +212,14 @@ TEST_F(Trainer, ResumeIsBitwise) {
   Recorder second;
   const TrainResult resumed = train(*world_, o, &second);
   EXPECT_EQ(second.start.step, 3);
+  // The resume reports what it read: at least the model's and the optimizer's files.
+  EXPECT_GE(second.start.resume_bytes, static_cast<std::int64_t>(
+                                           fs::file_size(o.checkpoint_root / "step-00000003/model/model.safetensors")));
+  if (world_->rank() == 0) {
+    ASSERT_EQ(first.saves.size(), 1u);
+    EXPECT_EQ(first.saves[0].dir, part.last_checkpoint);
+    EXPECT_EQ(first.saves[0].bytes, second.start.resume_bytes) << "a resume reads the directory a save wrote";
+  }
   ASSERT_EQ(second.steps.size(), 5u);
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(second.steps[i].loss, straight.steps[3 + i].loss) << "step " << 4 + i;  // bitwise
@@ -348,6 +360,61 @@ TEST_F(Trainer, RefusesBadOptionsNamingTheFlag) {
   o = base_options(data_, seed_);
   o.config.vocab_size = 32;  // smaller than the shards' vocabulary
   expect_refusal<InvalidArgument>([&] { train(*world_, o); }, "train-00000.bin");
+}
+
+// The trainer on a GPU (one rank, NCCL; skipped without one): the same run as on the CPU within what the
+// bf16 model allows, samples from the rollout engine, and a resume that continues bitwise.
+class TrainerCuda : public Trainer {
+ protected:
+  void SetUp() override {
+    std::string reason;
+    if (!comm::nccl_available(&reason)) GTEST_SKIP() << reason;
+    Trainer::SetUp();
+    gpu_ = comm::make_nccl_group(MPI_COMM_WORLD, 0);
+  }
+  std::unique_ptr<comm::Group> gpu_;
+};
+
+TEST_F(TrainerCuda, FollowsTheCpuTrainerInBf16) {
+  TrainOptions o = base_options(data_, seed_);
+  o.steps = 12;
+  o.sample_every = 12;
+  o.sample_tokens = 6;
+  Recorder cpu, gpu;
+  train(*world_, o, &cpu);
+  train(*gpu_, o, &gpu);
+  ASSERT_EQ(gpu.steps.size(), cpu.steps.size());
+  for (std::size_t i = 0; i < cpu.steps.size(); ++i) {
+    // bf16 weights and activations against float32: the losses agree to bf16's few digits.
+    EXPECT_NEAR(gpu.steps[i].loss, cpu.steps[i].loss, 2e-2 * cpu.steps[i].loss) << "step " << i + 1;
+  }
+  EXPECT_LT(gpu.steps.back().loss, 0.8 * gpu.steps.front().loss) << "the loss did not fall on the GPU";
+  ASSERT_EQ(gpu.samples.size(), 1u);
+  EXPECT_EQ(gpu.samples[0].completion.size(), 6u);
+}
+
+TEST_F(TrainerCuda, ResumeIsBitwise) {
+  TrainOptions o = base_options(data_, seed_);
+  o.checkpoint_root = dir_.path() / "straight";
+  Recorder straight;
+  const TrainResult full = train(*gpu_, o, &straight);
+
+  o.checkpoint_root = dir_.path() / "interrupted";
+  Recorder first;
+  train(*gpu_, o, &first, stop_at(first, 3));
+  o.resume = o.checkpoint_root;
+  Recorder second;
+  const TrainResult resumed = train(*gpu_, o, &second);
+  ASSERT_EQ(second.steps.size(), straight.steps.size() - 3);
+  for (std::size_t i = 0; i < second.steps.size(); ++i) {
+    EXPECT_EQ(second.steps[i].loss, straight.steps[3 + i].loss) << "step " << 4 + i;  // bitwise
+    EXPECT_EQ(second.steps[i].grad_norm, straight.steps[3 + i].grad_norm);
+  }
+  EXPECT_EQ(resumed.digest.params, full.digest.params);
+  EXPECT_EQ(resumed.digest.state, full.digest.state);
+  // The checkpoint's model is the bf16 parameters, loadable by the CPU trainer's reader.
+  const std::vector<float> params = saved_params(resumed.last_checkpoint, o.config);
+  EXPECT_TRUE(std::all_of(params.begin(), params.end(), [](float v) { return std::isfinite(v); }));
 }
 
 }  // namespace
