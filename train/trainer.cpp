@@ -109,7 +109,9 @@ class Trainer {
       const Clock::time_point began = Clock::now();
       start.resumed_from = resume(options_.resume);
       start.resume_seconds = seconds_since(began);
-      start.resume_bytes = bytes_under(start.resumed_from);
+      // What a resume reads: the trainer state and the optimizer's checkpoint (model/ is for export).
+      start.resume_bytes = bytes_under(start.resumed_from / "optimizer") +
+                           static_cast<std::int64_t>(fs::file_size(start.resumed_from / kStateFile));
       start.step = optimizer_.step_count();
     }
     if (observer_) observer_->on_start(start);

@@ -212,13 +212,13 @@ TEST_F(Trainer, ResumeIsBitwise) {
   Recorder second;
   const TrainResult resumed = train(*world_, o, &second);
   EXPECT_EQ(second.start.step, 3);
-  // The resume reports what it read: at least the model's and the optimizer's files.
-  EXPECT_GE(second.start.resume_bytes, static_cast<std::int64_t>(
-                                           fs::file_size(o.checkpoint_root / "step-00000003/model/model.safetensors")));
+  // The resume reports what it read: the optimizer's shards at least, less than the save wrote (model/ is not read).
+  const fs::path optimizer_files = o.checkpoint_root / "step-00000003/optimizer/step-00000003";
+  EXPECT_GE(second.start.resume_bytes, static_cast<std::int64_t>(fs::file_size(optimizer_files / optim::shard_file_name(0, 4))));
   if (world_->rank() == 0) {
     ASSERT_EQ(first.saves.size(), 1u);
     EXPECT_EQ(first.saves[0].dir, part.last_checkpoint);
-    EXPECT_EQ(first.saves[0].bytes, second.start.resume_bytes) << "a resume reads the directory a save wrote";
+    EXPECT_GT(first.saves[0].bytes, second.start.resume_bytes);
   }
   ASSERT_EQ(second.steps.size(), 5u);
   for (int i = 0; i < 5; ++i) {

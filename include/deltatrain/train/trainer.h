@@ -63,7 +63,7 @@ struct StartReport {
   std::int64_t step = 0;     // where training starts (non-zero after a resume)
   std::filesystem::path resumed_from;  // empty for a fresh start
   double resume_seconds = 0;           // loading the checkpoint (model, optimizer, trainer state)
-  std::int64_t resume_bytes = 0;       // the files it read
+  std::int64_t resume_bytes = 0;       // the files it read (trainer.json, optimizer/)
   std::int64_t parameters = 0;
   std::int64_t train_tokens = 0;  // in the training shards
   int dp_size = 1;
