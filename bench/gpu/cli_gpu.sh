@@ -22,7 +22,7 @@ ROOT=/tmp/cli-gpu
 pack() {
   local build=${1:-build-cligpu}
   cmake -S . -B "$build" -G Ninja -DDELTATRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DDELTATRAIN_CPU_ARCH=x86-64-v3 -DCMAKE_BUILD_TYPE=Release >/dev/null || return 1
+    -DDELTATRAIN_CPU_ARCH=x86-64-v3 -DCMAKE_BUILD_TYPE=Release -DDELTATRAIN_TESTS=ON >/dev/null || return 1
   # shellcheck disable=SC2086
   cmake --build "$build" --target deltatrain $GPU_TESTS -j "$(nproc)" || return 1
   local stage
