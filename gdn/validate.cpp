@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
@@ -100,6 +101,50 @@ template <class Index>
 std::vector<std::int64_t> read_offsets(const TensorView& cu) {
   const Index* values = cu.ptr<const Index>();
   return std::vector<std::int64_t>(values, values + cu.shape[0]);
+}
+
+// state_indices (and its host copy) into p.state_indices, and the pool's size into p.state_rows: the recurrent step
+// only, one int32 row per sequence, each naming a row of initial_state.
+void read_state_indices(const Inputs& in, Problem& p) {
+  if (p.op != Operation::recurrent) {
+    throw InvalidArgument("state_indices", std::string("addresses pools of states in the recurrent step only, not in the ") +
+                                               operation_name(p.op));
+  }
+  if (!in.initial_state) {
+    throw InvalidArgument("state_indices", "names rows of initial_state, which is then required (the pool [S, HV, K, V])");
+  }
+  const TensorView& indices = *in.state_indices;
+  expect_shape("state_indices", indices, {p.N}, "[N], one state row per sequence");
+  expect_dtype("state_indices", indices, DType::i32, "state rows are int32");
+  expect_common("state_indices", indices, p.device);
+  const TensorView* host = &indices;
+  if (indices.device.type != DeviceType::cpu) {
+    if (!in.state_indices_host) {
+      throw InvalidArgument("state_indices_host", "a host copy of state_indices is required when state_indices is on " +
+                                                      device_name(indices.device));
+    }
+    host = &*in.state_indices_host;
+    if (host->device.type != DeviceType::cpu || host->ndim != 1 || host->shape[0] != p.N ||
+        host->dtype != DType::i32 || !host->is_contiguous()) {
+      throw InvalidArgument("state_indices_host", "must be a contiguous int32 CPU tensor of shape " +
+                                                      indices.shape_string() + " like state_indices, got " +
+                                                      host->shape_string() + " " + dtype_name(host->dtype) + " on " +
+                                                      device_name(host->device));
+    }
+    expect_aligned("state_indices_host", *host);
+  }
+  const TensorView& pool = *in.initial_state;
+  expect_rank("initial_state", pool, 4, "[S, HV, K, V], the pool state_indices addresses");
+  p.state_rows = pool.shape[0];
+  const std::int32_t* values = host->ptr<const std::int32_t>();
+  p.state_indices.assign(values, values + p.N);
+  for (std::int64_t n = 0; n < p.N; ++n) {
+    if (p.state_indices[n] < 0 || p.state_indices[n] >= p.state_rows) {
+      throw InvalidArgument("state_indices", "entry " + std::to_string(n) + " is " + std::to_string(p.state_indices[n]) +
+                                                 ", outside the rows [0, " + std::to_string(p.state_rows) +
+                                                 ") of the state pool initial_state");
+    }
+  }
 }
 
 }  // namespace
@@ -222,10 +267,14 @@ Problem make_problem(const Inputs& in, const Options& options, Operation op) {
     for (std::int64_t b = 0; b <= p.B; ++b) p.offsets[b] = b * p.T;
   }
 
+  p.state_rows = p.N;
+  if (in.state_indices) read_state_indices(in, p);
   if (in.initial_state) {
     const TensorView& h0 = *in.initial_state;
-    expect_shape("initial_state", h0, {p.N, p.HV, p.K, p.V},
-                 p.varlen ? "[N, HV, K, V], N = number of sequences in cu_seqlens" : "[N, HV, K, V], N = B");
+    expect_shape("initial_state", h0, {p.state_rows, p.HV, p.K, p.V},
+                 !p.state_indices.empty() ? "[S, HV, K, V], the pool state_indices addresses"
+                 : p.varlen             ? "[N, HV, K, V], N = number of sequences in cu_seqlens"
+                                        : "[N, HV, K, V], N = B");
     expect_common("initial_state", h0, device);
     expect_dtype("initial_state", h0, p.state_dtype, fp64 ? "a float64 call is float64 throughout" : "states are float32");
     p.has_initial_state = true;
@@ -254,9 +303,21 @@ void check_forward_outputs(const Problem& p, const ForwardOutputs& out) {
   expect_common("o", out.o, p.device);
   expect_dtype("o", out.o, p.io_dtype, "o has v's dtype");
   if (out.final_state) {
-    expect_shape("final_state", *out.final_state, {p.N, p.HV, p.K, p.V}, "[N, HV, K, V]");
+    expect_shape("final_state", *out.final_state, {p.state_rows, p.HV, p.K, p.V},
+                 p.state_indices.empty() ? "[N, HV, K, V]" : "[S, HV, K, V] like the pool initial_state");
     expect_common("final_state", *out.final_state, p.device);
     expect_dtype("final_state", *out.final_state, p.state_dtype, "states are float32, or float64 in a float64 call");
+    // Two sequences ending in one row would race for it.
+    std::vector<std::int64_t> writer(p.state_indices.empty() ? 0 : p.state_rows, -1);
+    for (std::int64_t n = 0; n < std::ssize(p.state_indices); ++n) {
+      std::int64_t& first = writer[p.state_indices[n]];
+      if (first >= 0) {
+        throw InvalidArgument("state_indices", "entries " + std::to_string(first) + " and " + std::to_string(n) +
+                                                   " both name state row " + std::to_string(p.state_indices[n]) +
+                                                   ": the sequences writing final_state need distinct rows");
+      }
+      first = n;
+    }
   }
 }
 

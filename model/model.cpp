@@ -116,13 +116,15 @@ struct Model::Impl {
 
   Arena memory{options.device, options.memory};     // activations kept from the forward, rewound each forward
   Arena scratch{options.device, options.memory};    // temporaries of one layer's backward, rewound for each layer
-  Arena recomputed{options.device, options.memory};  // with recompute: the one layer's activations being recomputed
+  // The one layer's activations being computed when they are not kept (with recompute, or outside training).
+  Arena recomputed{options.device, options.memory};
   std::vector<TensorView> layer_inputs;  // residual stream entering each layer, and after the last [L + 1]
-  std::vector<LayerActivations> acts;    // one per layer (none with recompute)
+  std::vector<LayerActivations> acts;    // one per layer in a training forward (none with recompute)
   LayerActivations recompute_acts;
   TensorView final_rstd, final_normed;   // final norm
   TensorView d_final;                    // the loss's gradient w.r.t. final_normed, formed in forward
   InferenceStep inference;               // inference.state is null outside prefill and decode
+  Arena staged_logits{options.device, options.memory};  // prefill and decode into host doubles: the device logits
 
   Impl(const Config& c, const ModelOptions& o) : config(c), options(o) {}
 
@@ -134,10 +136,11 @@ struct Model::Impl {
   void load_batch(const Batch& batch);
   IndexArray index_array(const std::vector<std::int32_t>& host);
   void upload_inference();
-  void check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows,
-                   std::span<const double> logits) const;
+  void check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows) const;
+  void check_logits(const TensorView& logits, std::int64_t rows) const;
+  TensorView stage_logits(std::int64_t rows, std::span<const double> out);
   void run_layers();
-  void logits_to_host(const TensorView& rows, std::span<double> out);
+  void logits_to_host(const TensorView& logits, std::span<double> out);
   void allocate(bool training);
   void allocate_layer(LayerActivations& a, LayerKind kind, Arena& arena);
   LayerActivations& activations(int layer);
@@ -423,20 +426,29 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
   }
 }
 
+// A training forward keeps what its backward reads: every layer's input and, without recompute, every layer's
+// activations. Any other forward (prefill, decode, logits, a loss alone) reads neither past the layer: one set of
+// activations serves each layer in turn, as recompute's does, and two residual-stream buffers take turns as a
+// layer's input and output (a layer reads its input only before it writes its output).
 void Model::Impl::allocate(bool training) {
   const int L = config.num_hidden_layers();
   layer_inputs.clear();
-  for (int l = 0; l <= L; ++l) layer_inputs.push_back(act({T, config.hidden_size}));
-  acts.assign(options.recompute ? 0 : L, LayerActivations{});
+  if (training) {
+    for (int l = 0; l <= L; ++l) layer_inputs.push_back(act({T, config.hidden_size}));
+  } else {
+    const TensorView streams[2] = {act({T, config.hidden_size}), act({T, config.hidden_size})};
+    for (int l = 0; l <= L; ++l) layer_inputs.push_back(streams[l % 2]);
+  }
+  acts.assign(training && !options.recompute ? L : 0, LayerActivations{});
   for (int l = 0; l < static_cast<int>(acts.size()); ++l) allocate_layer(acts[l], config.layer_types[l], memory);
   final_rstd = stat({T});
   final_normed = act({T, config.hidden_size});
   d_final = training ? act({T, config.hidden_size}) : TensorView{};
 }
 
-// A layer's activations: kept from the forward, or (with recompute) one set reused by each layer in turn.
+// A layer's activations: kept from a training forward, or one set reused by each layer in turn.
 LayerActivations& Model::Impl::activations(int layer) {
-  if (!options.recompute) return acts[layer];
+  if (!acts.empty()) return acts[layer];
   recomputed.reset();
   allocate_layer(recompute_acts, config.layer_types[layer], recomputed);
   return recompute_acts;
@@ -501,8 +513,9 @@ void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const Tens
 
 // The gdn operator: chunked in training and prefill (which keeps each sequence's final state in its slot),
 // token by token from the slots' states in decode; token by token everywhere when batch-invariant (the chunked
-// form's sums depend on where a token falls in its chunk). The slots' rows are gathered into and scattered from
-// contiguous [N, HV, K, V] states, as the operator takes them.
+// form's sums depend on where a token falls in its chunk). Decode updates each slot's state where it lies (the
+// operator's state_indices: no copies); prefill starts from empty states and scatters its final states, which the
+// chunked kernels write as contiguous [N, HV, K, V], into the slots.
 void Model::Impl::gdn_core(GdnActivations& a, const LayerState* state) {
   const Config& c = config;
   const std::int64_t HV = c.linear_num_value_heads, dv = c.linear_value_head_dim;
@@ -512,19 +525,24 @@ void Model::Impl::gdn_core(GdnActivations& a, const LayerState* state) {
     forward(gdn_inputs(a), {core, std::nullopt}, gdn_options());
     return;
   }
-  scratch.reset();
   const std::int64_t N = std::ssize(inference.slots), K = c.linear_key_head_dim, per_slot = HV * K * dv;
-  const TensorView slot_rows = as_matrix(state->gdn_state, state->gdn_state.shape[0], per_slot);
-  const TensorView final_state = temp_stat({N, HV, K, dv});
   gdn::Inputs inputs = gdn_inputs(a);
   if (inference.decode) {
-    const TensorView initial_state = temp_stat({N, HV, K, dv});
-    ops->copy_rows(as_matrix(initial_state, N, per_slot), inference.sequence_ids, slot_rows, inference.slot_ids);
-    inputs.initial_state = initial_state;
-    gdn::recurrent_forward(inputs, {core, final_state}, gdn_options());
-  } else {
-    forward(inputs, {core, final_state}, gdn_options());
+    const IndexArray& slots = inference.slot_ids;
+    const TensorView slots_host = TensorView::contiguous(const_cast<std::int32_t*>(slots.host.data()), DType::i32, {N});
+    const bool on_gpu = options.device.type != DeviceType::cpu;
+    inputs.initial_state = state->gdn_state;
+    inputs.state_indices =
+        on_gpu ? TensorView::contiguous(const_cast<std::int32_t*>(slots.device), DType::i32, {N}, options.device)
+               : slots_host;
+    if (on_gpu) inputs.state_indices_host = slots_host;
+    gdn::recurrent_forward(inputs, {core, state->gdn_state}, gdn_options());
+    return;
   }
+  scratch.reset();
+  const TensorView final_state = temp_stat({N, HV, K, dv});
+  forward(inputs, {core, final_state}, gdn_options());
+  const TensorView slot_rows = as_matrix(state->gdn_state, state->gdn_state.shape[0], per_slot);
   ops->copy_rows(slot_rows, inference.slot_ids, as_matrix(final_state, N, per_slot), inference.sequence_ids);
 }
 
@@ -767,9 +785,9 @@ void Model::logits(const Batch& batch, const TensorView& out) {
   synchronize(m.options.device, m.options.stream);
 }
 
-// The arguments every inference step shares: a state of this model, N distinct slots in it, logits [N, vocab].
-void Model::Impl::check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows,
-                              std::span<const double> logits) const {
+// The arguments every inference step shares: a state of this model, N distinct slots in it.
+void Model::Impl::check_state(const InferenceState& state, std::span<const std::int32_t> slots,
+                              std::int64_t rows) const {
   if (params.layers.empty()) throw StateError("Model: bind() the parameters before prefill or decode");
   const LayerState& first = state.layer(0);
   const TensorView& probe = config.layer_types[0] == LayerKind::linear_attention ? first.conv_state : first.k_cache;
@@ -790,10 +808,26 @@ void Model::Impl::check_state(const InferenceState& state, std::span<const std::
     if (seen[slot]) throw InvalidArgument("slots", "slot " + std::to_string(slot) + " appears twice");
     seen[slot] = true;
   }
-  if (static_cast<std::int64_t>(logits.size()) != rows * config.vocab_size) {
-    throw InvalidArgument("logits", "must hold " + std::to_string(rows) + " x " + std::to_string(config.vocab_size) +
-                                        " values, got " + std::to_string(logits.size()));
+}
+
+void Model::Impl::check_logits(const TensorView& logits, std::int64_t rows) const {
+  if (logits.ndim != 2 || logits.shape[0] != rows || logits.shape[1] != config.vocab_size ||
+      logits.dtype != act_dtype || !(logits.device == options.device) || !logits.is_contiguous()) {
+    throw InvalidArgument("logits", "must be a contiguous [" + std::to_string(rows) + ", " +
+                                        std::to_string(config.vocab_size) + "] " + dtype_name(act_dtype) +
+                                        " tensor on the model's device, got " + logits.shape_string() + " " +
+                                        dtype_name(logits.dtype));
   }
+}
+
+// The device logits [rows, vocab] that prefill and decode into host doubles (`out`) compute before widening.
+TensorView Model::Impl::stage_logits(std::int64_t rows, std::span<const double> out) {
+  if (static_cast<std::int64_t>(out.size()) != rows * config.vocab_size) {
+    throw InvalidArgument("logits", "must hold " + std::to_string(rows) + " x " + std::to_string(config.vocab_size) +
+                                        " values, got " + std::to_string(out.size()));
+  }
+  staged_logits.reset();
+  return staged_logits.allocate(act_dtype, {rows, config.vocab_size});
 }
 
 void Model::Impl::upload_inference() {
@@ -811,11 +845,8 @@ void Model::Impl::upload_inference() {
   s.length_ids = index_array(s.lengths);
 }
 
-// logits = rows lm_head^T, as float64 on the host.
-void Model::Impl::logits_to_host(const TensorView& rows, std::span<double> out) {
-  scratch.reset();
-  const TensorView logits = temp({rows.shape[0], config.vocab_size});
-  linear(logits, rows, params.lm_head);
+// The device logits as float64 on the host.
+void Model::Impl::logits_to_host(const TensorView& logits, std::span<double> out) {
   const auto n = static_cast<std::size_t>(logits.numel());
   if (options.device.type == DeviceType::cpu) {
     if (act_dtype == DType::f64) std::copy_n(logits.ptr<double>(), n, out.begin());
@@ -839,10 +870,20 @@ struct InferenceScope {
 void Model::prefill(const Batch& prompts, std::span<const std::int32_t> slots, InferenceState& state,
                     std::span<double> logits) {
   Impl& m = *impl_;
+  // An empty cu_seqlens is refused by the step itself.
+  const TensorView device_logits = m.stage_logits(std::max<std::int64_t>(std::ssize(prompts.cu_seqlens) - 1, 0), logits);
+  prefill(prompts, slots, state, device_logits);
+  m.logits_to_host(device_logits, logits);
+}
+
+void Model::prefill(const Batch& prompts, std::span<const std::int32_t> slots, InferenceState& state,
+                    const TensorView& logits) {
+  Impl& m = *impl_;
   const Batch batch{prompts.tokens, prompts.cu_seqlens};
   validate_batch(batch, m.config.vocab_size);
   const std::int64_t N = std::ssize(prompts.cu_seqlens) - 1;
-  m.check_state(state, slots, N, logits);
+  m.check_state(state, slots, N);
+  m.check_logits(logits, N);
   for (std::int64_t n = 0; n < N; ++n) {
     const std::int64_t length = prompts.cu_seqlens[n + 1] - prompts.cu_seqlens[n];
     if (length < 1 || length > state.max_length()) {
@@ -879,18 +920,27 @@ void Model::prefill(const Batch& prompts, std::span<const std::int32_t> slots, I
   m.run_layers();
   const TensorView last = m.act({N, m.config.hidden_size});
   m.ops->copy_rows(last, s.sequence_ids, m.final_normed, s.last_row_ids);
-  m.logits_to_host(last, logits);
+  m.linear(logits, last, m.params.lm_head);
   for (std::int64_t n = 0; n < N; ++n) state.lengths_[slots[n]] = prompts.cu_seqlens[n + 1] - prompts.cu_seqlens[n];
 }
 
 void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::int32_t> slots, InferenceState& state,
                    std::span<double> logits) {
   Impl& m = *impl_;
+  const TensorView device_logits = m.stage_logits(std::ssize(tokens), logits);
+  decode(tokens, slots, state, device_logits);
+  m.logits_to_host(device_logits, logits);
+}
+
+void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::int32_t> slots, InferenceState& state,
+                   const TensorView& logits) {
+  Impl& m = *impl_;
   const auto N = std::ssize(tokens);
   std::vector<std::int32_t> cu(N + 1);
   std::iota(cu.begin(), cu.end(), 0);
   validate_batch({tokens, cu}, m.config.vocab_size);
-  m.check_state(state, slots, N, logits);
+  m.check_state(state, slots, N);
+  m.check_logits(logits, N);
   for (const std::int32_t slot : slots) {
     if (state.length(slot) < 1 || state.length(slot) >= state.max_length()) {
       throw InvalidArgument("slots", "slot " + std::to_string(slot) + " holds " + std::to_string(state.length(slot)) +
@@ -916,7 +966,7 @@ void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::in
   const InferenceScope scope{s};
   m.allocate(false);
   m.run_layers();
-  m.logits_to_host(m.final_normed, logits);
+  m.linear(logits, m.final_normed, m.params.lm_head);
   for (const std::int32_t slot : slots) ++state.lengths_[slot];
 }
 

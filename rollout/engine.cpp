@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "arena.h"  // model/: the logits' memory, from the model's allocator
 #include "deltatrain/core/error.h"
 
 namespace deltatrain::rollout {
@@ -48,6 +49,8 @@ Engine::Engine(const model::Config& config, const model::ModelOptions& model_opt
   model_ = std::make_unique<model::Model>(config, model_options);
   model_->bind(params);
   state_ = std::make_unique<model::InferenceState>(config, model_options, options.max_batch, options.max_length);
+  logits_memory_ = std::make_unique<model::Arena>(model_options.device, model_options.memory);
+  logits_ = logits_memory_->allocate(model_options.dtype, {options.max_batch, config.vocab_size});
   slots_.resize(options.max_batch);
 }
 
@@ -100,27 +103,39 @@ bool Engine::idle() const {
 
 std::vector<Completion> Engine::take_finished() { return std::exchange(finished_, {}); }
 
-void Engine::accept(std::int64_t slot, std::span<const double> logits) {
-  Running& r = *slots_[slot];
-  Completion& c = r.completion;
-  const SamplingParams& p = r.request.sampling;
-  const auto index = static_cast<std::uint64_t>(c.tokens.size());
-  const Sample s = sample_token(logits, p, uniform(p.seed, r.request.id, index), r.request.untempered_logprobs, scratch_);
-  c.tokens.push_back(s.token);
-  c.logprobs.push_back(s.logprob);
-  if (r.request.untempered_logprobs) c.untempered_logprobs.push_back(s.untempered_logprob);
-  const auto& stops = r.request.stop_tokens;
-  if (std::find(stops.begin(), stops.end(), s.token) != stops.end()) {
-    c.finish = FinishReason::stop;
-    r.finished = true;
-  } else if (std::ssize(c.tokens) >= r.request.max_new_tokens) {
-    c.finish = FinishReason::length;
-    r.finished = true;
+TensorView Engine::logit_rows(std::int64_t rows) const {
+  return TensorView::contiguous(logits_.data, logits_.dtype, {rows, config_.vocab_size}, logits_.device);
+}
+
+void Engine::sample_and_accept(std::span<const std::int32_t> slots) {
+  const auto N = std::ssize(slots);
+  std::vector<RowSampling> rows(N);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const Running& r = *slots_[slots[n]];
+    const SamplingParams& p = r.request.sampling;
+    const auto index = static_cast<std::uint64_t>(r.completion.tokens.size());
+    rows[n] = {p, uniform(p.seed, r.request.id, index), r.request.untempered_logprobs};
+  }
+  const std::vector<Sample> samples = sampler_.sample(logit_rows(N), rows, model_->options().stream);
+  for (std::int64_t n = 0; n < N; ++n) {
+    Running& r = *slots_[slots[n]];
+    Completion& c = r.completion;
+    const Sample& s = samples[n];
+    c.tokens.push_back(s.token);
+    c.logprobs.push_back(s.logprob);
+    if (r.request.untempered_logprobs) c.untempered_logprobs.push_back(s.untempered_logprob);
+    const auto& stops = r.request.stop_tokens;
+    if (std::find(stops.begin(), stops.end(), s.token) != stops.end()) {
+      c.finish = FinishReason::stop;
+      r.finished = true;
+    } else if (std::ssize(c.tokens) >= r.request.max_new_tokens) {
+      c.finish = FinishReason::length;
+      r.finished = true;
+    }
   }
 }
 
 std::int64_t Engine::step() {
-  const std::int64_t V = config_.vocab_size;
   std::vector<SlotPhase> phases(slots_.size(), SlotPhase::free);
   for (std::size_t s = 0; s < slots_.size(); ++s) {
     if (slots_[s]) phases[s] = slots_[s]->finished ? SlotPhase::finished : SlotPhase::running;
@@ -151,24 +166,21 @@ std::int64_t Engine::step() {
       cu.push_back(static_cast<std::int32_t>(tokens.size()));
       slots.push_back(static_cast<std::int32_t>(a.slot));
     }
-    logits_.resize(plan.admit.size() * V);
-    model_->prefill({tokens, cu}, slots, *state_, logits_);
+    model_->prefill({tokens, cu}, slots, *state_, logit_rows(std::ssize(slots)));
     // Admission takes the requests off the queue only once their prefill succeeded.
     for (std::size_t i = 0; i < plan.admit.size(); ++i) {
       const Request& r = waiting_[plan.admit[i].waiting];
       Completion started;
       started.id = r.id;
       slots_[plan.admit[i].slot] = Running{r, std::move(started), false};
-      accept(plan.admit[i].slot, std::span<const double>(logits_).subspan(i * V, V));
     }
+    sample_and_accept(slots);
     waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(plan.admit.size()));
     generated += std::ssize(plan.admit);
   }
   if (!decode_slots.empty()) {
-    logits_.resize(decode_slots.size() * V);
-    model_->decode(decode_tokens, decode_slots, *state_, logits_);
-    for (std::size_t i = 0; i < decode_slots.size(); ++i)
-      accept(decode_slots[i], std::span<const double>(logits_).subspan(i * V, V));
+    model_->decode(decode_tokens, decode_slots, *state_, logit_rows(std::ssize(decode_slots)));
+    sample_and_accept(decode_slots);
     generated += std::ssize(decode_slots);
   }
   return generated;

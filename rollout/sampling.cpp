@@ -7,6 +7,7 @@
 
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/log_softmax.h"
+#include "device_sampler.h"
 
 namespace deltatrain::rollout {
 namespace {
@@ -23,6 +24,22 @@ std::uint64_t mix(std::uint64_t z) {
 std::int32_t argmax(std::span<const double> logits) {
   return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
+
+// Neumaier's compensated sum: the error of a float64 sum of the kept weights stays near one rounding whatever their
+// number and order (a plain running sum of 248k weights, most far below the total, loses ~1e-12 of it), so the
+// CPU's totals agree with the GPU's tree sums (rollout/cuda/) to rounding.
+class CompensatedSum {
+ public:
+  void add(double x) {
+    const double t = sum_ + x;
+    compensation_ += std::abs(sum_) >= std::abs(x) ? (sum_ - t) + x : (x - t) + sum_;
+    sum_ = t;
+  }
+  double value() const { return sum_ + compensation_; }
+
+ private:
+  double sum_ = 0, compensation_ = 0;
+};
 
 }  // namespace
 
@@ -49,14 +66,16 @@ double log_softmax_at(std::span<const double> logits, std::int32_t token) {
 }
 
 Sample sample_token(std::span<const double> logits, const SamplingParams& params, double u, bool want_untempered,
-              std::vector<std::int32_t>& order) {
+                    std::vector<std::int32_t>& order) {
   Sample out;
   const auto V = static_cast<std::int64_t>(logits.size());
   if (params.temperature == 0) {
     out.token = argmax(logits);
   } else {
-    // Candidates, most probable first; only as much of the order is sorted as top-k and top-p need.
     const double inv_t = 1.0 / params.temperature;
+    const double max = *std::max_element(logits.begin(), logits.end()) * inv_t;
+    const auto weight = [&](std::int32_t id) { return std::exp(logits[id] * inv_t - max); };
+    // The ranking: the larger logit first, the lower id among equals. The kept tokens are order[0, kept).
     const auto before = [&](std::int32_t a, std::int32_t b) {
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     };
@@ -67,32 +86,30 @@ Sample sample_token(std::span<const double> logits, const SamplingParams& params
       kept = params.top_k;
       std::nth_element(order.begin(), order.begin() + (kept - 1), order.end(), before);
     }
-    // The inverse CDF walks the candidates most probable first under top-p, in id order otherwise (never in
-    // nth_element's arbitrary order, which a rounding-level change of the logits could reshuffle).
     const bool nucleus = params.top_p < 1;
     if (nucleus) std::sort(order.begin(), order.begin() + kept, before);
-    else std::sort(order.begin(), order.begin() + kept);
-    const double max = *std::max_element(logits.begin(), logits.end()) * inv_t;
-    double total = 0;
-    for (std::int64_t i = 0; i < kept; ++i) total += std::exp(logits[order[i]] * inv_t - max);
+    CompensatedSum kept_mass;
+    for (std::int64_t i = 0; i < kept; ++i) kept_mass.add(weight(order[i]));
+    double total = kept_mass.value();
     if (nucleus) {
-      // The shortest prefix of the sorted candidates whose probability reaches top_p.
-      double mass = 0;
+      // The shortest prefix of the ranking whose probability reaches top_p.
+      CompensatedSum mass;
       std::int64_t n = 0;
       while (n < kept) {
-        mass += std::exp(logits[order[n++]] * inv_t - max);
-        if (mass >= params.top_p * total) break;
+        mass.add(weight(order[n++]));
+        if (mass.value() >= params.top_p * total) break;
       }
       kept = n;
-      total = mass;
+      total = mass.value();
     }
-    // Inverse CDF over the candidates in their order (index order when nothing was sorted).
+    // The inverse CDF over the kept tokens in id order (sampling.h says why).
+    std::sort(order.begin(), order.begin() + kept);
     const double target = u * total;
-    double cumulative = 0;
-    std::int64_t pick = kept - 1;  // u * total rounding up to total falls on the last candidate
+    CompensatedSum cumulative;
+    std::int64_t pick = kept - 1;  // u * total rounding up to total falls on the last kept token
     for (std::int64_t i = 0; i < kept; ++i) {
-      cumulative += std::exp(logits[order[i]] * inv_t - max);
-      if (target < cumulative) {
+      cumulative.add(weight(order[i]));
+      if (target < cumulative.value()) {
         pick = i;
         break;
       }
@@ -101,6 +118,45 @@ Sample sample_token(std::span<const double> logits, const SamplingParams& params
     out.logprob = logits[out.token] * inv_t - max - std::log(total);
   }
   if (want_untempered) out.untempered_logprob = log_softmax_at(logits, out.token);
+  return out;
+}
+
+BatchSampler::BatchSampler() = default;
+BatchSampler::~BatchSampler() = default;
+
+std::vector<Sample> BatchSampler::sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream) {
+  const bool on_cpu = logits.device.type == DeviceType::cpu;
+  const bool dtype_ok = on_cpu ? logits.dtype == DType::f32 || logits.dtype == DType::f64 : logits.dtype == DType::bf16;
+  if (logits.ndim != 2 || logits.shape[1] < 1 || !logits.is_contiguous() || !dtype_ok) {
+    throw InvalidArgument("logits", std::string("must be a contiguous [N, V >= 1] matrix of ") +
+                                        (on_cpu ? "float32 or float64 on the CPU" : "bfloat16 on a GPU") + ", got " +
+                                        logits.shape_string() + " " + dtype_name(logits.dtype) + " on " +
+                                        device_name(logits.device));
+  }
+  const std::int64_t N = logits.shape[0], V = logits.shape[1];
+  if (std::ssize(rows) != N) {
+    throw InvalidArgument("rows", "needs one per row of logits (" + std::to_string(N) + "), got " +
+                                      std::to_string(rows.size()));
+  }
+  for (std::int64_t n = 0; n < N; ++n) {
+    validate(rows[n].params, "rows[" + std::to_string(n) + "].params");
+    if (!(rows[n].u >= 0 && rows[n].u < 1)) {
+      throw InvalidArgument("rows[" + std::to_string(n) + "].u", "must be in [0, 1), got " + std::to_string(rows[n].u));
+    }
+  }
+  std::vector<Sample> out(N);
+  if (N == 0) return out;
+  if (!on_cpu) {
+    if (!device_ || !(device_->device() == logits.device)) device_ = make_cuda_sampler(logits.device);
+    device_->sample(logits, rows, stream, out);
+    return out;
+  }
+  row_.resize(V);
+  for (std::int64_t n = 0; n < N; ++n) {
+    if (logits.dtype == DType::f64) std::copy_n(logits.ptr<double>() + n * V, V, row_.begin());
+    else std::copy_n(logits.ptr<float>() + n * V, V, row_.begin());
+    out[n] = sample_token(row_, rows[n].params, rows[n].u, rows[n].want_untempered, scratch_);
+  }
   return out;
 }
 

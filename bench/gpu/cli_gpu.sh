@@ -1,34 +1,37 @@
 #!/usr/bin/env bash
 # The command line and the GPU test suites on one H200, in two steps:
 #
-#   bench/gpu/cli_gpu.sh pack [BUILD]      here: build the CLI and the GPU test executables ($GPU_TESTS) for
-#                                          sm_90a and a portable CPU target in BUILD (default build-cligpu), pack
-#                                          them with the libraries the GPU machine lacks (OpenBLAS, Open MPI from
-#                                          make_ompi_bundle.sh) into .device-build/cli-gpu.tar.xz
-#   bench/gpu/cli_gpu.sh tests OUT         there (the device tool, carrying .device-build): every packed GPU test
+#   bench/gpu/cli_gpu.sh pack [BUILD]      here: build the CLI and the GPU tests and benchmarks ($GPU_BINARIES) for
+#                                          sm_90a and the CPU target CPU_ARCH (default x86-64-v3) in BUILD
+#                                          (default build-cligpu), pack them with the libraries the GPU machine
+#                                          lacks (OpenBLAS, Open MPI from make_ompi_bundle.sh) into
+#                                          .device-build/cli-gpu.tar.xz
+#   bench/gpu/cli_gpu.sh tests OUT         there (the device tool, carrying .device-build): every packed test_*
 #                                          executable, its log in OUT/<name>.log
 #   bench/gpu/cli_gpu.sh rl OUT ARGS...    there: `deltatrain rl --device cuda ARGS...`, log OUT/rl.jsonl, output
 #                                          OUT/rl.txt
 #   bench/gpu/cli_gpu.sh train OUT ARGS... there: `deltatrain train --device cuda ARGS...`, log OUT/train.jsonl,
 #                                          output OUT/train.txt
+#   bench/gpu/cli_gpu.sh exec OUT BINARY ARGS...
+#                                          there: a packed binary (a benchmark) with the same environment
 #   bench/gpu/cli_gpu.sh disk OUT DIR      there: the fsynced write and the cold read bandwidth of DIR's disk (dd,
 #                                          4 GiB), what checkpoint saves and loads are measured against
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUNDLE=.device-build/cli-gpu.tar.xz
-GPU_TESTS=${GPU_TESTS:-test_train_mpi test_cuda_ops test_cuda_model test_gdn_cuda}
+GPU_BINARIES=${GPU_BINARIES:-test_train_mpi test_cuda_ops test_cuda_model test_gdn_cuda test_cuda_sampling rollout_benchmark model_step_benchmark}
 ROOT=/tmp/cli-gpu
 
 pack() {
   local build=${1:-build-cligpu}
   cmake -S . -B "$build" -G Ninja -DDELTATRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DDELTATRAIN_CPU_ARCH=x86-64-v3 -DCMAKE_BUILD_TYPE=Release -DDELTATRAIN_TESTS=ON >/dev/null || return 1
+    -DDELTATRAIN_CPU_ARCH="${CPU_ARCH:-x86-64-v3}" -DCMAKE_BUILD_TYPE=Release -DDELTATRAIN_TESTS=ON >/dev/null || return 1
   # shellcheck disable=SC2086
-  cmake --build "$build" --target deltatrain $GPU_TESTS -j "$(nproc)" || return 1
+  cmake --build "$build" --target deltatrain $GPU_BINARIES -j "$(nproc)" || return 1
   local stage
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/lib" .device-build
-  for binary in deltatrain $GPU_TESTS; do cp "$build/bin/$binary" "$stage/bin/"; done
+  for binary in deltatrain $GPU_BINARIES; do cp "$build/bin/$binary" "$stage/bin/"; done
   ldd "$build/bin/deltatrain" | awk '/openblas|gfortran|quadmath|gomp|libcrypto/ {print $3}' | xargs -r cp -L -t "$stage/lib"
   bench/gpu/make_ompi_bundle.sh "$stage/ompi" >/dev/null || return 1
   tar -cJf "$BUNDLE" -C "$stage" .
@@ -79,6 +82,13 @@ cli() {
   return $status
 }
 
+run_binary() {
+  local out=$1 binary=$2
+  shift 2
+  setup "$out" >/dev/null || return 1
+  "$ROOT/bin/$binary" "$@"
+}
+
 disk() {
   local out=$1 dir=$2
   mkdir -p "$out" "$dir"
@@ -92,6 +102,8 @@ case ${1:-} in
   pack) shift; pack "$@" ;;
   tests) shift; tests "$@" ;;
   rl | train) cli "$@" ;;
+  exec) shift; run_binary "$@" ;;
   disk) shift; disk "$@" ;;
-  *) echo "usage: $0 pack [BUILD] | tests OUT | rl OUT ARGS... | train OUT ARGS... | disk OUT DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 pack [BUILD] | tests OUT | rl OUT ARGS... | train OUT ARGS... | exec OUT BINARY ARGS... | disk OUT DIR" >&2
+     exit 2 ;;
 esac

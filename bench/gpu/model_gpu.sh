@@ -22,12 +22,12 @@ pack() {
   local build=${1:-build-gpu}
   cmake -S . -B "$build" -G Ninja -DDELTATRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DDELTATRAIN_CPU_ARCH=x86-64-v3 -DCMAKE_BUILD_TYPE=Release >/dev/null || return 1
-  cmake --build "$build" --target test_cuda_ops test_cuda_model model_step_benchmark rollout_benchmark -j "$(nproc)" ||
+  cmake --build "$build" --target test_cuda_ops test_cuda_model test_cuda_sampling model_step_benchmark rollout_benchmark -j "$(nproc)" ||
     return 1
   local stage
   stage=$(mktemp -d)
   mkdir -p "$stage/lib" .device-build
-  cp "$build"/bin/{test_cuda_ops,test_cuda_model,model_step_benchmark,rollout_benchmark} "$stage/"
+  cp "$build"/bin/{test_cuda_ops,test_cuda_model,test_cuda_sampling,model_step_benchmark,rollout_benchmark} "$stage/"
   # Libraries the GPU machine's image does not have (its CUDA libraries come from its Python wheels).
   ldd "$build/bin/test_cuda_model" | awk '/openblas|gfortran|quadmath|gomp/ {print $3}' | xargs -r cp -L -t "$stage/lib"
   tar -cJf "$BUNDLE" -C "$stage" .
@@ -58,6 +58,8 @@ tests() {
   timeout 120 /tmp/gpu/test_cuda_model >"$out/test_cuda_model.log" 2>&1
   echo "test_cuda_model exit $?"
   grep -E 'loss:|gradients:|logits relative|Failure|FAILED|PASSED|Expected|actual' "$out/test_cuda_model.log" | head -30
+  timeout 300 /tmp/gpu/test_cuda_sampling >"$out/test_cuda_sampling.log" 2>&1
+  echo "test_cuda_sampling exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_cuda_sampling.log" | tr '\n' ' ')"
 }
 
 run() {

@@ -2,11 +2,12 @@
 // exactly --new-tokens greedy tokens (no stop tokens), through rollout::Engine with every prompt admitted in one
 // prefill. Parameters are HF's initialisation from a seed. Reports per batch size: the prefill's time, decode
 // tokens/s (the steps after the prefill), the cache's bytes (InferenceState::bytes) and the device memory the run
-// took; and where a decode step's time goes: Model::decode alone, the part of it that brings the logits to the host
-// as doubles (replayed here at the same size, as model.cpp's logits_to_host does it), greedy sampling on the host,
-// Model::decode with the vocabulary cut to 4096 (the layers and launches without the logits' host work), and the
-// bytes a step must move (weights once, each GDN state read and written, the K/V cache read) over --bandwidth-tbs
-// as the roofline.
+// took; and where a decode step's time goes: Model::decode into device logits alone (the engine's path), the GPU
+// sampling of those logits (BatchSampler: greedy, temperature 1 with top-p 0.9, top-k 50), the former host path
+// for comparison (Model::decode into host doubles, then greedy sample_token on the host), Model::decode with the
+// vocabulary cut to 4096 (the layers and launches without the full vocabulary's product), and the bytes a step
+// must move (weights once, each GDN state read and written, the K/V cache read) over --bandwidth-tbs as the
+// roofline.
 //
 //   rollout_benchmark [--config qwen3.5-0.8b] [--batches 64,256] [--prompt 128] [--new-tokens 256]
 //                     [--decode-probe 16] [--bandwidth-tbs 4.3] [--json FILE]
@@ -23,7 +24,6 @@
 #include <string_view>
 #include <vector>
 
-#include "deltatrain/core/bfloat16.h"
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
@@ -146,47 +146,56 @@ int main(int argc, char** argv) {
           throw std::runtime_error(std::to_string(B - complete) + " sequences did not get all their tokens");
       }
 
-      // Model::decode alone on the same batch (prefilled prompts), and the host's share of it replayed: the
-      // [B, V] bfloat16 logits copied to a pageable vector and widened to doubles; then greedy sampling.
+      // Model::decode alone on the same batch (prefilled prompts) into device logits, the GPU sampling of them in
+      // three modes, and the former host path: decode into host doubles, then greedy sampling on the host.
       std::vector<std::int32_t> tokens, cu{0}, slots(B), next(B);
       for (std::int64_t i = 0; i < B; ++i) {
         tokens.insert(tokens.end(), requests[i].prompt.begin(), requests[i].prompt.end());
         cu.push_back(static_cast<std::int32_t>(tokens.size()));
       }
       std::iota(slots.begin(), slots.end(), 0);
-      std::vector<double> model_decode_s, host_logits_s, greedy_s;
+      const std::vector<rollout::SamplingParams> modes{
+          {.temperature = 0}, {.temperature = 1.0, .top_p = 0.9}, {.temperature = 1.0, .top_k = 50}};
+      std::vector<double> model_decode_s, host_decode_s, host_greedy_s;
+      std::vector<std::vector<double>> gpu_sampling_s(modes.size());
       {  // freed before the next probe: a prefill of B x prompt tokens keeps every layer's activations
         model::Model m(config, options);
         m.bind(device.params());
         model::InferenceState state(config, options, B, max_length);
-        std::vector<double> logits(B * V), replayed(B * V);
-        m.prefill({tokens, cu}, slots, state, logits);
-        void* device_logits = nullptr;  // finite bfloat16 values (0x3f3f, about 0.75) for the replayed copy
+        void* device_logits = nullptr;
         cuda_check(cudaMalloc(&device_logits, B * V * sizeof(std::uint16_t)), "cudaMalloc");
-        cuda_check(cudaMemset(device_logits, 0x3f, B * V * sizeof(std::uint16_t)), "cudaMemset");
+        const TensorView logits = TensorView::contiguous(device_logits, DType::bf16, {B, V}, gpu);
+        std::vector<double> host_logits(B * V);
+        m.prefill({tokens, cu}, slots, state, logits);
+        rollout::BatchSampler sampler;
+        std::vector<rollout::RowSampling> draws(B);
         std::vector<std::int32_t> scratch;
         for (int s = 0; s < probe_steps + 2; ++s) {  // two warm-up steps
           for (std::int64_t i = 0; i < B; ++i) next[i] = token(rng);
+          const bool host_path = s % 2 == 1;  // the host path on odd steps, the device path on even ones
           auto start = Clock::now();
+          if (host_path) {
+            m.decode(next, slots, state, host_logits);
+            const double decode = seconds_since(start);
+            start = Clock::now();
+            for (std::int64_t i = 0; i < B; ++i)
+              rollout::sample_token(std::span<const double>(host_logits).subspan(i * V, V), {.temperature = 0}, 0.5,
+                                    false, scratch);
+            if (s >= 2) host_decode_s.push_back(decode), host_greedy_s.push_back(seconds_since(start));
+            continue;
+          }
           m.decode(next, slots, state, logits);
-          const double decode = seconds_since(start);
-          start = Clock::now();
-          for (std::int64_t i = 0; i < B; ++i)
-            rollout::sample_token(std::span<const double>(logits).subspan(i * V, V), {.temperature = 0}, 0.5, false,
-                                  scratch);
-          const double greedy = seconds_since(start);
-          start = Clock::now();
-          std::vector<std::uint16_t> bits(B * V);
-          cuda_check(cudaMemcpyAsync(bits.data(), device_logits, bits.size() * sizeof(std::uint16_t),
-                                     cudaMemcpyDeviceToHost, stream),
-                     "cudaMemcpyAsync");
           cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-          std::transform(bits.begin(), bits.end(), replayed.begin(),
-                         [](std::uint16_t b) { return double(bf16_to_float(b)); });
-          const double to_host = seconds_since(start);
-          if (s >= 2) model_decode_s.push_back(decode), host_logits_s.push_back(to_host), greedy_s.push_back(greedy);
-      }
-      cuda_check(cudaFree(device_logits), "cudaFree");
+          const double decode = seconds_since(start);
+          if (s >= 2) model_decode_s.push_back(decode);
+          for (std::size_t mode = 0; mode < modes.size(); ++mode) {
+            for (std::int64_t i = 0; i < B; ++i) draws[i] = {modes[mode], rollout::uniform(7, i, s), false};
+            start = Clock::now();
+            sampler.sample(logits, draws, stream);
+            if (s >= 2) gpu_sampling_s[mode].push_back(seconds_since(start));
+          }
+        }
+        cuda_check(cudaFree(device_logits), "cudaFree");
       }
 
       // The same decode with the vocabulary cut to its first kProbeVocab rows (the tied embedding's prefix, so the
@@ -230,8 +239,11 @@ int main(int argc, char** argv) {
           {"engine_step_ms_mean", 1e3 * step},
           {"engine_step_ms_median", 1e3 * median(step_s)},
           {"model_decode_ms", 1e3 * median(model_decode_s)},
-          {"logits_to_host_ms", 1e3 * median(host_logits_s)},
-          {"greedy_sampling_ms", 1e3 * median(greedy_s)},
+          {"gpu_sampling_greedy_ms", 1e3 * median(gpu_sampling_s[0])},
+          {"gpu_sampling_top_p_ms", 1e3 * median(gpu_sampling_s[1])},
+          {"gpu_sampling_top_k_ms", 1e3 * median(gpu_sampling_s[2])},
+          {"host_path_decode_ms", 1e3 * median(host_decode_s)},
+          {"host_path_greedy_sampling_ms", 1e3 * median(host_greedy_s)},
           {"layers_decode_ms", 1e3 * median(layers_decode_s)},
           {"roofline_step_ms", 1e3 * roofline_s},
           {"roofline_tokens_per_s", double(B) / roofline_s},

@@ -122,8 +122,8 @@ struct Call {
   static cuda::MatrixBatch rows(const Problem& p, std::int64_t heads, std::int64_t width) {
     return {1, p.tokens() * heads, width};
   }
-  // A [N, HV, K, V] state.
-  static cuda::MatrixBatch states(const Problem& p) { return {p.N * p.HV, p.K, p.V}; }
+  // A [N, HV, K, V] state, or a pool [S, HV, K, V] with state_indices.
+  static cuda::MatrixBatch states(const Problem& p) { return {p.state_rows * p.HV, p.K, p.V}; }
 
   // `data` as the kernels read it: the caller's tensor, or its copy padded into `copy`.
   const void* input(const void* data, const cuda::MatrixBatch& from, const cuda::MatrixBatch& to,
@@ -199,6 +199,7 @@ struct Call {
       k.h0 = static_cast<const float*>(
           input(in.initial_state->data, states(p), states(kernel), sizeof(float), copy.h0));
     }
+    if (in.state_indices) k.state_indices = in.state_indices->ptr<const int>();
 
     k.chunk_table = static_cast<cuda::ChunkInfo*>(region(layout.chunk_table));
     k.sequence_chunks = static_cast<int*>(region(layout.sequence_chunks));
@@ -228,9 +229,14 @@ struct Call {
   }
 
   // The outputs of a forward or recurrent step: o and the final state.
-  void forward_outputs(const ForwardOutputs& out) {
+  void forward_outputs(const Problem& p, const ForwardOutputs& out) {
     params.o = output(out.o.data, layout.padded.o);
-    if (out.final_state) params.ht = static_cast<float*>(output(out.final_state->data, layout.padded.ht));
+    if (!out.final_state) return;
+    params.ht = static_cast<float*>(output(out.final_state->data, layout.padded.ht));
+    // The crop copies the whole pool back: its rows that no sequence writes must hold what the caller's did.
+    if (padded && !p.state_indices.empty()) {
+      cuda::copy_padded(out.final_state->data, states(p), params.ht, states(kernel), sizeof(float), stream);
+    }
   }
   void crop_forward_outputs(const Problem& p, const ForwardOutputs& out) const {
     crop(params.o, rows(kernel, p.HV, kernel.V), out.o.data, rows(p, p.HV, p.V), dtype_size(p.io_dtype));
@@ -304,7 +310,7 @@ class CudaBackend final : public Backend {
   void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) const override {
     Call call(p, in);
     call.expect_vector_rows("o", out.o.data);
-    call.forward_outputs(out);
+    call.forward_outputs(p, out);
     cuda::KernelSequence kernels;
     call.prepare(p.io_dtype, kernels);
     cuda::launch_state_forward(call.params, p.io_dtype, false, kernels);
@@ -346,7 +352,7 @@ class CudaBackend final : public Backend {
 
   void recurrent(const Problem& p, const Inputs& in, const ForwardOutputs& out) const override {
     Call call(p, in);
-    call.forward_outputs(out);
+    call.forward_outputs(p, out);
     cuda::KernelSequence kernels;
     cuda::launch_recurrent(call.params, p.io_dtype, kernels);
     kernels.run(call.params, call.stream);

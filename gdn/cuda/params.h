@@ -49,11 +49,13 @@ struct Params {
   const void* beta = nullptr;
   bool g_float = true;
   bool beta_float = true;
-  const float* h0 = nullptr;  // [N, HV, K, V] or null
+  const float* h0 = nullptr;  // [N, HV, K, V], a pool [S, HV, K, V] with state_indices, or null
+  // The recurrent step with a state pool: sequence n's row of h0 and ht ([N] int32), or null for row n.
+  const int* state_indices = nullptr;
 
   // Forward outputs.
   void* o = nullptr;
-  float* ht = nullptr;  // [N, HV, K, V] or null
+  float* ht = nullptr;  // [N, HV, K, V], a pool [S, HV, K, V] with state_indices, or null
 
   // Backward inputs and outputs.
   const void* d_o = nullptr;

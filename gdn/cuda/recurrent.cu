@@ -1,6 +1,7 @@
 // The token-by-token recurrence (the rollout step): per (sequence, value head, 32 columns of V) one CTA of
 // eight warps; warp w holds rows [w K/8, (w+1) K/8) of the float32 state for its lane's column, and the
-// sums over K (h^T k and h^T q) are combined across warps in a fixed order.
+// sums over K (h^T k and h^T q) are combined across warps in a fixed order. With state_indices the sequence's state
+// is read from and written back to its row of the pools h0 and ht, which may be one tensor (in place).
 #include "chunk.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -20,7 +21,8 @@ __global__ void __launch_bounds__(kRecurrentThreads) recurrent_kernel(Params p) 
   const int n = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
   const int v = blockIdx.z * 32 + lane, key0 = warp * kRows;
-  const std::int64_t state_base = (static_cast<std::int64_t>(n) * p.HV + hv) * K * p.V;
+  const std::int64_t state_row = p.state_indices != nullptr ? p.state_indices[n] : n;
+  const std::int64_t state_base = (state_row * p.HV + hv) * K * p.V;
 
   float state[kRows];
 #pragma unroll

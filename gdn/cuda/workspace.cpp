@@ -28,7 +28,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   if (upload_offsets) take(layout.offsets, (problem.N + 1) * sizeof(std::int64_t));
   if (padded) {
     const std::size_t qk_bytes = tokens * H * K * io, v_bytes = tokens * HV * V * io;
-    const std::size_t state_bytes = static_cast<std::size_t>(problem.N) * HV * K * V * f32;
+    const std::size_t state_bytes = static_cast<std::size_t>(problem.state_rows) * HV * K * V * f32;
     WorkspaceLayout::Padded& copy = layout.padded;
     take(copy.q, qk_bytes);
     take(copy.k, qk_bytes);

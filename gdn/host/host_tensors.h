@@ -120,32 +120,34 @@ struct InputArrays {
       : q(in.q, "q"), k(in.k, "k"), v(in.v, "v"), g(in.g, "g"), beta(in.beta, "beta") {
     if (in.initial_state) h0.emplace(*in.initial_state, "initial_state");
   }
-  // The state sequence n's value head j starts from: initial_state, or zeros.
+  // The state sequence n's value head j starts from: its row of initial_state, or zeros.
   void initial_state(const Problem& p, std::int64_t n, std::int64_t j, T* state) const {
     if (h0) {
-      std::copy_n(&(*h0)[(n * p.HV + j) * p.K * p.V], p.K * p.V, state);
+      std::copy_n(&(*h0)[(p.state_row(n) * p.HV + j) * p.K * p.V], p.K * p.V, state);
     } else {
       std::fill_n(state, p.K * p.V, T(0));
     }
   }
 };
 
-// The forward's outputs in compute type T; commit() once everything is written.
+// The forward's outputs in compute type T; commit() once everything is written. Final states go straight into
+// the caller's tensor, converted state by state: a pool's rows that no sequence ends in stay as they were.
 template <class T>
 struct ForwardArrays {
   OutputArray<T> o;
-  std::optional<OutputArray<T>> final_state;
-  explicit ForwardArrays(const ForwardOutputs& out) : o(out.o, "o") {
-    if (out.final_state) final_state.emplace(*out.final_state, "final_state");
-  }
-  // Records the state sequence n's value head j ends in, when the caller asked for final states.
+  std::optional<TensorView> final_state;
+  explicit ForwardArrays(const ForwardOutputs& out) : o(out.o, "o"), final_state(out.final_state) {}
+  // Records the state sequence n's value head j ends in (in its row), when the caller asked for final states.
   void store_final_state(const Problem& p, std::int64_t n, std::int64_t j, const T* state) {
-    if (final_state) std::copy_n(state, p.K * p.V, &(*final_state)[(n * p.HV + j) * p.K * p.V]);
+    if (!final_state) return;
+    const std::int64_t first = (p.state_row(n) * p.HV + j) * p.K * p.V;
+    if (final_state->dtype == dtype_of<T>()) {
+      std::copy_n(state, p.K * p.V, final_state->ptr<T>() + first);
+      return;
+    }
+    for (std::int64_t i = 0; i < p.K * p.V; ++i) store_element<T>(final_state->data, final_state->dtype, first + i, state[i]);
   }
-  void commit() {
-    o.commit();
-    if (final_state) final_state->commit();
-  }
+  void commit() { o.commit(); }
 };
 
 // The backward's incoming gradients and its outputs in compute type T.

@@ -1,7 +1,11 @@
 // Ops along packed sequences: the causal depthwise convolution with SiLU and partial NeoX RoPE, and their decode
 // forms (the conv over a cached history, RoPE at given positions). Each thread finds its row's sequence by binary
 // search in cu_seqlens on the device, so launches need no host work.
+#include <iterator>
+#include <string>
+
 #include "common.cuh"
+#include "deltatrain/core/error.h"
 
 namespace deltatrain::model::cuda {
 namespace {
@@ -29,40 +33,84 @@ __global__ void conv1d_silu_forward_kernel(Matrix out, Conv conv) {
   row_of<bf16>(out, t)[c] = to_bf16(silu(conv.pre(t, c, start)));
 }
 
-// dpre[u, c] = dout[u, c] silu'(pre[u, c]) for the rows u of the sequence starting at `start`.
-__device__ __forceinline__ float conv_dpre(const Conv& conv, const Matrix& dout, Index u, Index c, Index start) {
-  return to_float(row_of<const bf16>(dout, u)[c]) * silu_grad(conv.pre(u, c, start));
+// The backward of conv1d + SiLU in one pass: thread c of block (x, y) walks channel c down the strip of rows
+// [t0, t1) = [y, y + 1) x strip_rows and the W - 1 rows after it, keeping the last W inputs and the last W
+// values of dpre = dout silu'(pre) in registers. So each pre-activation is computed once (not once per tap of
+// each gradient, 2W times), and the strip's weight-gradient sums go to partials[y][c * W + j] for
+// column_finish_kernel to add in strip order (deterministic). dx[t] = sum_j w[c, j] dpre[t + (W - 1) - j] over
+// the rows of t's sequence; dweight[c, j] = sum_t dpre[t] x[t - (W - 1) + j] over the taps inside t's sequence.
+template <int W>
+__global__ void __launch_bounds__(128) conv1d_silu_backward_kernel(Matrix dx, Matrix dout, Conv conv, Index strip_rows,
+                                                                   float* partials) {
+  const Index C = conv.x.cols, T = conv.x.rows;
+  const Index c = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const Index t0 = blockIdx.y * strip_rows, t1 = min(T, t0 + strip_rows);
+  float w[W], window[W], dpre[W], dweight[W];
+  int sequence_at[W];  // the sequence of the rows dpre holds (-1: past the last row)
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    w[j] = to_float(row_of<const bf16>(conv.w, c)[j]);
+    // window[j] is x[u - (W - 1) + j] at row u; before the first shift (u = t0), the rows up to t0 - 1.
+    const Index r = t0 - W + j;
+    window[j] = r >= 0 ? to_float(row_of<const bf16>(conv.x, r)[c]) : 0.f;
+    dpre[j] = 0.f;
+    dweight[j] = 0.f;
+    sequence_at[j] = -1;
+  }
+  int n = sequence_of(conv.seq, t0);
+  Index start = conv.seq.cu[n], end = conv.seq.cu[n + 1];
+  for (Index u = t0; u < t1 + (W - 1); ++u) {
+    const bool inside = u < T;
+#pragma unroll
+    for (int j = 0; j + 1 < W; ++j) {
+      window[j] = window[j + 1];
+      dpre[j] = dpre[j + 1];
+      sequence_at[j] = sequence_at[j + 1];
+    }
+    float d = 0.f;
+    if (inside) {
+      while (u >= end) {  // the next sequence holding u (empty ones are skipped)
+        ++n;
+        start = conv.seq.cu[n];
+        end = conv.seq.cu[n + 1];
+      }
+      window[W - 1] = to_float(row_of<const bf16>(conv.x, u)[c]);
+      // The taps in the order Conv::pre sums them (the forward's), only those inside u's sequence.
+      float pre = 0.f;
+#pragma unroll
+      for (int j = 0; j < W; ++j)
+        if (u - (W - 1) + j >= start) pre += w[j] * window[j];
+      d = to_float(row_of<const bf16>(dout, u)[c]) * silu_grad(pre);
+      if (u < t1) {
+#pragma unroll
+        for (int j = 0; j < W; ++j)
+          if (u - (W - 1) + j >= start) dweight[j] += d * window[j];
+      }
+    }
+    dpre[W - 1] = d;
+    sequence_at[W - 1] = inside ? n : -1;
+    // Row t = u - (W - 1) now has every later row whose taps read it.
+    const Index t = u - (W - 1);
+    if (t >= t0 && t < t1) {
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const int k = W - 1 - j;  // dpre[k] is row t + k, whose tap j reads row t
+        if (sequence_at[k] == sequence_at[0]) sum += w[j] * dpre[k];
+      }
+      row_of<bf16>(dx, t)[c] = to_bf16(sum);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < W; ++j) partials[blockIdx.y * C * W + c * W + j] = dweight[j];
 }
 
-// dx[t, c] = sum_j w[c, j] dpre[t + (W - 1) - j, c] over the rows inside t's sequence.
-__global__ void conv1d_silu_dx_kernel(Matrix dx, Matrix dout, Conv conv) {
-  const Index C = conv.x.cols, W = conv.w.cols;
-  const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
-  if (index >= conv.x.rows * C) return;
-  const Index t = index / C, c = index % C;
-  const int n = sequence_of(conv.seq, t);
-  const Index start = conv.seq.cu[n], end = conv.seq.cu[n + 1];
-  const bf16* wc = row_of<const bf16>(conv.w, c);
-  float sum = 0.f;
-  for (Index j = 0; j < W; ++j) {
-    const Index later = t + (W - 1) - j;  // the row whose tap j reads row t
-    if (later < end) sum += to_float(wc[j]) * conv_dpre(conv, dout, later, c, start);
-  }
-  row_of<bf16>(dx, t)[c] = to_bf16(sum);
+template <int W>
+void launch_conv1d_silu_backward(dim3 grid, cudaStream_t stream, Matrix dx, Matrix dout, Conv conv, Index strip_rows,
+                                 float* partials) {
+  conv1d_silu_backward_kernel<W><<<grid, 128, 0, stream>>>(dx, dout, conv, strip_rows, partials);
 }
-
-// dweight[c, j]'s term of row t: dpre[t, c] x[t - (W - 1) + j, c], column index c * W + j.
-struct ConvWeightGrad {
-  Conv conv;
-  Matrix dout;
-  __device__ float operator()(Index t, Index column) const {
-    const Index W = conv.w.cols, c = column / W, j = column % W;
-    const Index start = conv.seq.cu[sequence_of(conv.seq, t)];
-    const Index src = t - (W - 1) + j;
-    if (src < start) return 0.f;
-    return conv_dpre(conv, dout, t, c, start) * to_float(row_of<const bf16>(conv.x, src)[c]);
-  }
-};
 
 // One token per sequence (row n of x, slot slots[n]): thread (n, c) reads and shifts only column c of its
 // slot's W - 1 history rows, so no two threads touch one element. The taps are summed oldest first, as
@@ -132,14 +180,28 @@ void conv1d_silu_forward(Matrix out, Matrix x, Matrix weight, Sequences sequence
 
 void conv1d_silu_backward(Matrix dx, Matrix dweight, Matrix dout, Matrix x, Matrix weight, Sequences sequences,
                           Workspace& workspace, cudaStream_t stream) {
-  const Index n = x.rows * x.cols;
-  if (n == 0) return;
+  const Index T = x.rows, C = x.cols, W = weight.cols;
+  if (T == 0 || C == 0) return;
+  constexpr Index kMaxStrips = 65535;  // gridDim.y
+  const Index strip_rows = std::max<Index>(128, (T + kMaxStrips - 1) / kMaxStrips);
+  const Index strips = (T + strip_rows - 1) / strip_rows;
+  auto* partials = reinterpret_cast<float*>(workspace.reserve(strips * C * W * sizeof(float)));
+  const dim3 grid(grid_for(C, 128), static_cast<unsigned>(strips));
   const Conv conv{x, weight, sequences};
-  conv1d_silu_dx_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dx, dout, conv);
+  using Launch = void (*)(dim3, cudaStream_t, Matrix, Matrix, Conv, Index, float*);
+  constexpr Launch kByWidth[] = {launch_conv1d_silu_backward<1>, launch_conv1d_silu_backward<2>,
+                                 launch_conv1d_silu_backward<3>, launch_conv1d_silu_backward<4>,
+                                 launch_conv1d_silu_backward<5>, launch_conv1d_silu_backward<6>,
+                                 launch_conv1d_silu_backward<7>, launch_conv1d_silu_backward<8>};
+  if (W < 1 || W > static_cast<Index>(std::size(kByWidth))) {
+    throw Unavailable("conv1d_silu_backward", "the CUDA kernel takes conv widths 1 to 8, got " + std::to_string(W));
+  }
+  kByWidth[W - 1](grid, stream, dx, dout, conv, strip_rows, partials);
   check_launch("conv1d_silu_backward");
-  // dweight is contiguous [C, W] (checked by the caller), so its C * W values are one row of column sums.
-  column_sums("conv1d_silu_backward (dweight)", ConvWeightGrad{conv, dout}, x.rows, weight.rows * weight.cols,
-              static_cast<float*>(dweight.data), workspace, stream);
+  // dweight is contiguous [C, W] (checked by the caller): the strips' partial sums, added in strip order.
+  column_finish_kernel<<<grid_for(C * W, kColumnThreads), kColumnThreads, 0, stream>>>(partials, strips, C * W,
+                                                                                        static_cast<float*>(dweight.data));
+  check_launch("conv1d_silu_backward (dweight)");
 }
 
 void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequences sequences, bool inverse,

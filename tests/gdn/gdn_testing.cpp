@@ -260,6 +260,55 @@ BackwardResult run_backward(const Sample& s, const Cotangents& c, const RunOptio
   return r;
 }
 
+StatePool random_pool(const Sample& s, std::int64_t rows, std::vector<std::int32_t> indices, bool in_place,
+                      std::mt19937& rng) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  StatePool pool{rows, {}, {}, std::move(indices)};
+  const std::int64_t count = count_of(pool.shape(s.layout));
+  pool.initial = draw(count, rng, normal, s.state());
+  if (!in_place) pool.final_before = draw(count, rng, normal, s.state());
+  return pool;
+}
+
+Sample gathered(Sample s, const StatePool& pool) {
+  const Layout& l = s.layout;
+  const std::int64_t per_state = l.HV * l.K * l.V;
+  s.h0.clear();
+  for (const std::int32_t row : pool.indices) append(s.h0, rows(pool.initial, per_state, row, row + 1));
+  return s;
+}
+
+std::vector<double> scattered(const StatePool& pool, const Layout& l, const std::vector<double>& final_states) {
+  const std::int64_t per_state = l.HV * l.K * l.V;
+  std::vector<double> result = pool.final_before.empty() ? pool.initial : pool.final_before;
+  for (std::size_t n = 0; n < pool.indices.size(); ++n) {
+    std::copy_n(final_states.begin() + static_cast<std::int64_t>(n) * per_state, per_state,
+                result.begin() + pool.indices[n] * per_state);
+  }
+  return result;
+}
+
+ForwardResult run_recurrent_on_pool(const Sample& s, const StatePool& pool, const RunOptions& run) {
+  Sample without_h0 = s;
+  without_h0.h0.clear();
+  Bound bound(without_h0);
+  const bool in_place = run.final_state && pool.final_before.empty();
+  ForwardResult result{HostTensor(s.io, s.layout.v_shape()), {}};
+  if (run.final_state) {
+    result.ht = HostTensor(in_place ? pool.initial : pool.final_before, s.state(), pool.shape(s.layout));
+  }
+  // In place, the final pool's tensor is the initial pool too.
+  const HostTensor initial = in_place ? HostTensor() : HostTensor(pool.initial, s.state(), pool.shape(s.layout));
+  const HostTensor indices(std::vector<double>(pool.indices.begin(), pool.indices.end()), DType::i32,
+                           {static_cast<std::int64_t>(pool.indices.size())});
+  bound.inputs.initial_state = in_place ? result.ht.view() : initial.view();
+  bound.inputs.state_indices = indices.view();
+  ForwardOutputs outputs{result.o.view(), std::nullopt};
+  if (run.final_state) outputs.final_state = result.ht.view();
+  recurrent_forward(bound.inputs, outputs, options_of(s, run));
+  return result;
+}
+
 double relative_error(const std::vector<double>& actual, const std::vector<double>& expected) {
   if (actual.size() != expected.size()) return std::numeric_limits<double>::infinity();
   double largest = 0, error = 0;

@@ -103,6 +103,27 @@ struct BackwardResult {
 };
 BackwardResult run_backward(const Sample& sample, const Cotangents& cotangents, const RunOptions& options);
 
+// A pool of S states that the recurrent step addresses through state_indices (gdn.h).
+struct StatePool {
+  std::int64_t rows = 0;              // S
+  std::vector<double> initial;        // [S, HV, K, V]: the states the sequences start from
+  std::vector<double> final_before;   // a separate final_state pool's values before the call; empty: the final
+                                      // states go into the initial pool itself (in place)
+  std::vector<std::int32_t> indices;  // [N]: sequence n's row
+  std::vector<std::int64_t> shape(const Layout& layout) const { return {rows, layout.HV, layout.K, layout.V}; }
+};
+// A pool of `rows` random states in the sample's state dtype, and with `in_place` false a separate final pool of
+// other random values.
+StatePool random_pool(const Sample& sample, std::int64_t rows, std::vector<std::int32_t> indices, bool in_place,
+                      std::mt19937& rng);
+// The same call without a pool: the rows the indices name gathered as the sample's initial states.
+Sample gathered(Sample sample, const StatePool& pool);
+// The final pool a call on `pool` must leave: the pool the final states go into, with row indices[n] replaced by
+// sequence n's state of `final_states` [N, HV, K, V].
+std::vector<double> scattered(const StatePool& pool, const Layout& layout, const std::vector<double>& final_states);
+// The recurrent step on the pool (sample.h0 is not used): o, and in ht the final pool (when options.final_state).
+ForwardResult run_recurrent_on_pool(const Sample& sample, const StatePool& pool, const RunOptions& options);
+
 // max |actual - expected| / max |expected| (infinite when anything is not finite).
 double relative_error(const std::vector<double>& actual, const std::vector<double>& expected);
 ::testing::AssertionResult close(const std::string& what, const std::vector<double>& actual,

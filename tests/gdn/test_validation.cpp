@@ -176,6 +176,81 @@ std::vector<BadCase> backward_cases() {
   };
 }
 
+// The baseline call's two sequences on a pool of three states (rows 2 and 0), updated in place.
+TensorView state_indices(Call& c, Spare& s, std::vector<std::int32_t> rows = {2, 0}) {
+  const TensorView pool = s.make(DType::f32, {3, c.layout.HV, c.layout.K, c.layout.V});
+  c.in.initial_state = pool;
+  c.out.final_state = pool;
+  c.in.state_indices = s.make(DType::i32, {static_cast<std::int64_t>(rows.size())});
+  std::copy(rows.begin(), rows.end(), c.in.state_indices->ptr<std::int32_t>());
+  return pool;
+}
+
+// Each breaks a valid call on a pool of states (state_indices) for the recurrent step.
+std::vector<BadCase> state_index_cases() {
+  return {
+      {"state_index_beyond_the_pool", "state_indices", "entry 1 is 3, outside the rows [0, 3)",
+       [](Call& c, Spare& s) { state_indices(c, s, {2, 3}); }},
+      {"state_index_negative", "state_indices", "entry 0 is -1", [](Call& c, Spare& s) { state_indices(c, s, {-1, 0}); }},
+      {"state_index_repeated_with_final_state", "state_indices", "entries 0 and 1 both name state row 1",
+       [](Call& c, Spare& s) { state_indices(c, s, {1, 1}); }},
+      {"state_indices_one_too_few", "state_indices", "got [1]", [](Call& c, Spare& s) { state_indices(c, s, {0}); }},
+      {"state_indices_one_too_many", "state_indices", "got [3]", [](Call& c, Spare& s) { state_indices(c, s, {0, 1, 2}); }},
+      {"state_indices_2d", "state_indices", "[2, 1]",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.state_indices->ndim = 2;
+         c.in.state_indices->shape[1] = 1;
+         c.in.state_indices->strides[1] = 1;
+       }},
+      {"state_indices_int64", "state_indices", "int64",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.state_indices = s.make(DType::i64, {2});
+       }},
+      {"state_indices_float", "state_indices", "float32",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.state_indices = s.make(DType::f32, {2});
+       }},
+      {"state_indices_on_another_device", "state_indices", "cuda:0",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.state_indices->device = Device{DeviceType::cuda, 0};
+       }},
+      {"state_indices_misaligned", "state_indices", "not a multiple",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.state_indices = misaligned(s, *c.in.state_indices);
+       }},
+      {"state_indices_strided", "state_indices", "contiguous",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.state_indices->strides[0] = 2;
+       }},
+      {"state_indices_without_initial_state", "state_indices", "initial_state, which is then required",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.initial_state.reset();
+       }},
+      {"state_pool_head_dims", "initial_state", "[3, 4, 8, 8]",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.initial_state = s.make(DType::f32, {3, 4, 8, 9});
+       }},
+      {"state_pool_bf16", "initial_state", "bfloat16",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.in.initial_state = s.make(DType::bf16, {3, 4, 8, 8});
+       }},
+      {"final_pool_of_other_rows", "final_state", "like the pool initial_state, got [2, 4, 8, 8]",
+       [](Call& c, Spare& s) {
+         state_indices(c, s);
+         c.out.final_state = c.ht.view();
+       }},
+  };
+}
+
 void expect_invalid(const BadCase& bad, const std::function<void(const Call&)>& run) {
   SCOPED_TRACE(bad.name);
   Call call;
@@ -203,6 +278,35 @@ TEST(BadInput, ForwardAndRecurrent) {
   for (const BadCase& bad : forward_output_cases()) {
     expect_invalid(bad, [](const Call& c) { chunk_forward(c.in, c.out, c.options); });
     expect_invalid(bad, [](const Call& c) { recurrent_forward(c.in, c.out, c.options); });
+  }
+}
+
+TEST(BadInput, StateIndices) {
+  for (const BadCase& bad : state_index_cases()) {
+    expect_invalid(bad, [](const Call& c) { recurrent_forward(c.in, c.out, c.options); });
+  }
+}
+
+// A pool of states is the recurrent step's: the chunked operations refuse state_indices by name.
+TEST(BadInput, StateIndicesOutsideTheRecurrentStep) {
+  const BadCase bad{"state_indices_in_chunked_call", "state_indices", "in the recurrent step only",
+                    [](Call& c, Spare& s) { state_indices(c, s); }};
+  expect_invalid(bad, [](const Call& c) { chunk_forward(c.in, c.out, c.options); });
+  expect_invalid(bad, [](const Call& c) { chunk_backward(c.in, c.grads_in, c.grads_out, c.options); });
+  expect_invalid(bad, [](const Call& c) { resolve_backend(c.in, c.options); });
+}
+
+TEST(BadInput, StateIndicesBaselineIsValid) {
+  for (const std::string backend : {"auto", "reference", "cpu"}) {
+    Call call;
+    Spare spare;
+    state_indices(call, spare);
+    call.options.backend = backend;
+    EXPECT_NO_THROW(recurrent_forward(call.in, call.out, call.options)) << backend;
+    // Repeated rows are fine when nothing is written back.
+    state_indices(call, spare, {1, 1});
+    call.out.final_state.reset();
+    EXPECT_NO_THROW(recurrent_forward(call.in, call.out, call.options)) << backend;
   }
 }
 

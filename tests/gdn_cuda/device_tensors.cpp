@@ -117,6 +117,34 @@ ForwardResult cuda_forward(const Sample& s, const DeviceCallOptions& options, bo
   return result;
 }
 
+ForwardResult cuda_recurrent_on_pool(const Sample& s, const StatePool& pool, const DeviceCallOptions& options) {
+  Sample without_h0 = s;
+  without_h0.h0.clear();
+  const DeviceSample device(without_h0, options);
+  const bool in_place = options.final_state && pool.final_before.empty();
+  const DeviceTensor o(HostTensor(s.io, s.layout.v_shape()), true);
+  const DeviceTensor initial(HostTensor(pool.initial, s.state(), pool.shape(s.layout)));
+  DeviceTensor separate_final;
+  if (options.final_state && !in_place) {
+    separate_final = DeviceTensor(HostTensor(pool.final_before, s.state(), pool.shape(s.layout)));
+  }
+  const HostTensor indices_host(std::vector<double>(pool.indices.begin(), pool.indices.end()), DType::i32,
+                                {static_cast<std::int64_t>(pool.indices.size())});
+  const DeviceTensor indices(indices_host);
+  Inputs inputs = device.inputs();
+  inputs.initial_state = initial.view();
+  inputs.state_indices = indices.view();
+  inputs.state_indices_host = indices_host.view();
+  const DeviceTensor& final_pool = in_place ? initial : separate_final;
+  ForwardOutputs outputs{o.view(), std::nullopt};
+  if (options.final_state) outputs.final_state = final_pool.view();
+  recurrent_forward(inputs, outputs, device.options(options));
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the recurrent step");
+  ForwardResult result{o.download(), {}};
+  if (options.final_state) result.ht = final_pool.download();
+  return result;
+}
+
 BackwardResult cuda_backward(const Sample& s, const Cotangents& c, const DeviceCallOptions& options) {
   const Layout& l = s.layout;
   const DeviceSample device(s, options);

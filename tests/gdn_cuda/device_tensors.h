@@ -59,6 +59,9 @@ class DeviceSample {
 // The forward (chunked or recurrent) and the backward on the cuda backend, outputs poisoned first.
 ForwardResult cuda_forward(const Sample& sample, const DeviceCallOptions& options, bool recurrent = false);
 BackwardResult cuda_backward(const Sample& sample, const Cotangents& cotangents, const DeviceCallOptions& options);
+// The recurrent step on a pool of states (state_indices on the GPU with their host copy; sample.h0 is not used),
+// o poisoned first: o, and in ht the final pool (when options.final_state).
+ForwardResult cuda_recurrent_on_pool(const Sample& sample, const StatePool& pool, const DeviceCallOptions& options);
 
 // ||actual - expected||_F / ||expected||_F; infinite when anything is not finite.
 double frobenius_error(const std::vector<double>& actual, const std::vector<double>& expected);

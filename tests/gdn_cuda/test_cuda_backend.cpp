@@ -1,14 +1,18 @@
 // The cuda GDN backend against the fp64 reference on fresh random inputs: forward, backward and recurrent
 // step over head dims (those the kernels are compiled for, and others up to 256, run on padded copies),
 // dtypes, GVA, packed varlen (many short and a few long sequences), initial/final states, the in-kernel L2
-// norm, strong decay, g = 0 and g = -inf (full resets); bitwise determinism, CUDA-graph capture and the
-// availability reasons. Outputs are NaN-poisoned before every call, so an unwritten value fails.
+// norm, strong decay, g = 0 and g = -inf (full resets); the recurrent step on a pool of states (state_indices);
+// bitwise determinism, CUDA-graph capture and the availability reasons. Outputs are NaN-poisoned before every
+// call, so an unwritten value fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "deltatrain/core/error.h"
@@ -228,6 +232,83 @@ TEST_F(CudaBackend, CapturedInGraph) {
   EXPECT_EQ(dg.download().bytes(), direct_grads.dg.bytes());
   EXPECT_EQ(dbeta.download().bytes(), direct_grads.dbeta.bytes());
   EXPECT_EQ(dh0.download().bytes(), direct_grads.dh0.bytes());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// The recurrent step on a pool of states (state_indices) against the cpu backend's call on the rows the indices
+// name, gathered, with its final states scattered back (tests/gdn/test_state_indices.cpp holds the CPU backends to
+// that bit for bit): decode's one token a sequence at the 0.8B model's head dims, and a few tokens a sequence at
+// head dims the kernels run on padded copies; in place and into a separate pool. Rows no index names come back
+// bit for bit.
+TEST_F(CudaBackend, StateIndicesMatchTheGatheredCallOnTheCpu) {
+  SKIP_WITHOUT_CUDA_BACKEND();
+  const std::pair<Layout, DType> shapes[] = {{packed({1, 1, 1, 1, 1, 1}, 16, 16, 128, 128), DType::bf16},
+                                             {packed({3, 1, 0, 5, 2}, 2, 4, 48, 80), DType::f32},
+                                             {packed({2, 1, 1}, 1, 2, 64, 64), DType::f16}};
+  for (const auto& [layout, io] : shapes) {
+    for (const bool in_place : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(io)) + (in_place ? " in place" : " into a separate pool"));
+      const Sample s = random_sample(layout, io, DType::f32, true, false, rng_);
+      const std::int64_t N = layout.sequences(), rows_in_pool = 2 * N + 3, per_state = layout.HV * layout.K * layout.V;
+      std::vector<std::int32_t> order(rows_in_pool);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng_);
+      const StatePool pool =
+          random_pool(s, rows_in_pool, std::vector<std::int32_t>(order.begin(), order.begin() + N), in_place, rng_);
+      const ForwardResult ours = cuda_recurrent_on_pool(s, pool, {true, true, nullptr});
+      const ForwardResult expected = run_forward(gathered(s, pool), {"cpu", true, true, 0});
+      const std::vector<double> expected_pool = scattered(pool, layout, expected.ht.values());
+      const std::vector<double> final_pool = ours.ht.values();
+      std::vector<double> written;
+      for (const std::int32_t row : pool.indices) append(written, rows(final_pool, per_state, row, row + 1));
+      const double tol = cuda_tolerance(io);
+      EXPECT_TRUE(frobenius_close("o", ours.o.values(), expected.o.values(), tol));
+      EXPECT_TRUE(frobenius_close("the written rows of the pool", written, expected.ht.values(), tol));
+      for (std::int64_t row = 0; row < rows_in_pool; ++row) {
+        if (std::find(pool.indices.begin(), pool.indices.end(), row) != pool.indices.end()) continue;
+        EXPECT_EQ(rows(final_pool, per_state, row, row + 1), rows(expected_pool, per_state, row, row + 1))
+            << "row " << row << " of the pool, which no index names";
+      }
+    }
+  }
+}
+
+// The decode step on a pool, captured in a CUDA graph (after a direct call sized the workspace) and replayed on the
+// same initial pool, gives the bits of the direct call: the indices are read on the device, nothing synchronises.
+TEST_F(CudaBackend, StateIndicesCapturedInGraph) {
+  SKIP_WITHOUT_CUDA_BACKEND();
+  const Sample s = random_sample(packed({1, 1, 1, 1}, 16, 16, 128, 128), DType::bf16, DType::f32, true, false, rng_);
+  const StatePool pool = random_pool(s, 9, {7, 2, 5, 0}, true, rng_);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const DeviceCallOptions call{true, true, stream};
+  const ForwardResult direct = cuda_recurrent_on_pool(s, pool, call);
+
+  Sample without_h0 = s;
+  without_h0.h0.clear();
+  const DeviceSample device(without_h0, call);
+  DeviceTensor o(HostTensor(s.io, s.layout.v_shape()), true);
+  const DeviceTensor states(HostTensor(pool.initial, s.state(), pool.shape(s.layout)));
+  const HostTensor indices_host(std::vector<double>(pool.indices.begin(), pool.indices.end()), DType::i32,
+                                {static_cast<std::int64_t>(pool.indices.size())});
+  const DeviceTensor indices(indices_host);
+  Inputs inputs = device.inputs();
+  inputs.initial_state = states.view();
+  inputs.state_indices = indices.view();
+  inputs.state_indices_host = indices_host.view();
+
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  recurrent_forward(inputs, {o.view(), states.view()}, device.options(call));
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(o.download().bytes(), direct.o.bytes());
+  EXPECT_EQ(states.download().bytes(), direct.ht.bytes());
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);

@@ -4,13 +4,20 @@
 // prints the seed and DELTATRAIN_TEST_SEED=<seed> replays it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <new>
+#include <numeric>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "deltatrain/core/allocator.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/check.h"
+#include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
 #include "model_testing.h"
@@ -33,6 +40,75 @@ class ModelTest : public testing::SeededTest {
 };
 
 class ModelChecks : public ModelTest, public ::testing::WithParamInterface<bool> {};
+
+// Host memory that remembers the most it held at once.
+class CountingAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t bytes, const char* what) override {
+    void* data = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (data == nullptr) throw std::bad_alloc();
+    sizes_[data] = bytes;
+    held_ += bytes;
+    peak_ = std::max(peak_, held_);
+    return data;
+  }
+  void deallocate(void* address) noexcept override {
+    held_ -= sizes_[address];
+    sizes_.erase(address);
+    std::free(address);
+  }
+  Device device() const override { return {}; }
+  std::size_t peak() const { return peak_; }
+
+ private:
+  std::map<void*, std::size_t> sizes_;
+  std::size_t held_ = 0, peak_ = 0;
+};
+
+// The most memory a model of `layers` layers (the small hybrid's shape otherwise) takes for its activations in a
+// prefill of `prompts` and in a training forward of the same tokens.
+struct PeakBytes {
+  std::size_t prefill = 0, training = 0;
+};
+PeakBytes activation_peaks(int layers, const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& cu,
+                           std::uint64_t seed) {
+  Config config = testing::small_hybrid_config(true);
+  config.layer_types = interval_layer_types(layers, 2);
+  ParamStore store(config, DType::f64);
+  store.init(0.3, seed);
+  PeakBytes peaks;
+  const std::int64_t prompts = std::ssize(cu) - 1;
+  {
+    CountingAllocator memory;
+    Model model(config, {.dtype = DType::f64, .cpu_threads = 1, .memory = &memory});
+    model.bind(store.params());
+    InferenceState state(config, {.dtype = DType::f64}, prompts, tokens.size());  // its own memory
+    std::vector<std::int32_t> slots(prompts);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::vector<double> logits(prompts * config.vocab_size);
+    model.prefill({tokens, cu}, slots, state, logits);
+    peaks.prefill = memory.peak();
+  }
+  CountingAllocator memory;
+  Model model(config, {.dtype = DType::f64, .cpu_threads = 1, .memory = &memory});
+  model.bind(store.params(), store.grads());
+  model.forward({tokens, cu});
+  peaks.training = memory.peak();
+  return peaks;
+}
+
+// Inference keeps no layer's activations past the layer: a prefill takes the same memory whatever the number of
+// layers, while a training forward (which keeps them for its backward) takes more with more layers. The tokens are
+// enough for one layer's activations to outgrow the arena's smallest chunk, so that keeping them would show.
+TEST_F(ModelTest, PrefillMemoryDoesNotGrowWithTheLayers) {
+  std::vector<std::int32_t> cu{0};
+  for (int n = 0; n < 8; ++n) cu.push_back(cu.back() + 200 + static_cast<std::int32_t>(rng_() % 100));
+  const std::vector<std::int32_t> tokens = testing::random_tokens(rng_, cu.back(), small_config(true).vocab_size);
+  const std::uint64_t seed = rng_();
+  const PeakBytes two = activation_peaks(2, tokens, cu, seed), eight = activation_peaks(8, tokens, cu, seed);
+  EXPECT_EQ(eight.prefill, two.prefill);
+  EXPECT_GT(eight.training, two.training);
+}
 
 TEST_P(ModelChecks, PassOnASmallHybrid) { expect_all_pass(small_config(GetParam()), {}); }
 

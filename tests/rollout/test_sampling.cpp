@@ -1,7 +1,9 @@
 // Sampling against its definition: greedy is the argmax, the empirical distribution of many draws matches the
-// transformed softmax (temperature, top-k, top-p) computed here from the definition, the returned logprobs are
-// those of the transformed distribution, draws are a function of (seed, sequence, index) alone, and
-// parameters out of range are refused by name.
+// transformed softmax (temperature, top-k, top-p) computed here from the definition (per token and by a
+// chi-square over the kept set, ties included), a draw u maps to the kept token where the id-order cumulative
+// probability first exceeds u, the returned logprobs are those of the transformed distribution, draws are a
+// function of (seed, sequence, index) alone, BatchSampler's rows are sample_token's, and parameters out of range
+// are refused by name. Fresh random logits each run (a failing test prints its seed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include "deltatrain/core/error.h"
 #include "deltatrain/rollout/sampling.h"
+#include "model_testing.h"
 
 namespace deltatrain::rollout {
 namespace {
@@ -38,6 +41,8 @@ std::vector<double> transformed(const std::vector<double>& logits, const Samplin
   for (int i = 0; i < kept; ++i) out[ids[i]] = w[ids[i]] / z / mass;
   return out;
 }
+
+class SamplingTest : public model::testing::SeededTest {};
 
 std::vector<double> random_logits(std::mt19937_64& rng, int V) {
   std::normal_distribution<double> n(0, 2);
@@ -122,6 +127,184 @@ TEST(Sampling, ParametersOutOfRangeAreRefusedByName) {
   EXPECT_EQ(argument({.top_p = 1.0000001}), "r.top_p");
   EXPECT_EQ(argument({.top_p = NAN}), "r.top_p");
   EXPECT_EQ(argument({.top_k = -3}), "r.top_k");
+}
+
+// Logits with many ties: small integers over a few values, scaled, so that top-k and top-p cuts fall inside runs
+// of equal logits.
+std::vector<double> tied_logits(std::mt19937_64& rng, int V, int distinct) {
+  std::uniform_int_distribution<int> level(0, distinct - 1);
+  std::vector<double> l(V);
+  for (auto& x : l) x = 0.75 * level(rng);
+  return l;
+}
+
+// The cases every distribution test runs: plain, temperatures, top-k (inside a tie, >= V), top-p (tiny, 1,
+// inside a tie), both.
+std::vector<SamplingParams> sampling_cases(int V) {
+  return {{.temperature = 1.0},
+          {.temperature = 0.6},
+          {.temperature = 1.7, .top_k = 3},
+          {.temperature = 1.0, .top_k = V},
+          {.temperature = 1.0, .top_k = V + 5},
+          {.temperature = 1.0, .top_k = 1},
+          {.temperature = 1.0, .top_p = 0.5},
+          {.temperature = 0.8, .top_p = 1e-9},
+          {.temperature = 1.0, .top_p = 1.0, .top_k = 4},
+          {.temperature = 1.3, .top_p = 0.7, .top_k = 6}};
+}
+
+std::string describe(const SamplingParams& p) {
+  return "temperature " + std::to_string(p.temperature) + " top_p " + std::to_string(p.top_p) + " top_k " +
+         std::to_string(p.top_k);
+}
+
+// The inverse CDF in id order: u maps to the first kept token whose cumulative probability (in id order) exceeds
+// u. Checked on random and tied logits for draws not within 1e-9 of a boundary of the reference's cumulative sums.
+TEST_F(SamplingTest, ADrawMapsToTheKeptTokenWhoseIdOrderCumulativeProbabilityFirstExceedsIt) {
+  std::vector<std::int32_t> scratch;
+  int checked = 0;
+  for (const bool tied : {false, true}) {
+    const int V = 29;
+    for (const SamplingParams& p : sampling_cases(V)) {
+      const std::vector<double> logits = tied ? tied_logits(rng_, V, 4) : random_logits(rng_, V);
+      const std::vector<double> ref = transformed(logits, p);
+      for (int i = 0; i < 500; ++i) {
+        const double u = uniform(rng_(), 1, i);
+        double cumulative = 0, nearest_boundary = 1;
+        int expected = -1;
+        for (int v = 0; v < V; ++v) {
+          if (ref[v] == 0) continue;
+          cumulative += ref[v];
+          nearest_boundary = std::min(nearest_boundary, std::abs(cumulative - u));
+          if (expected < 0 && u < cumulative) expected = v;
+        }
+        if (nearest_boundary < 1e-9 || expected < 0) continue;
+        const Sample s = sample_token(logits, p, u, false, scratch);
+        ASSERT_EQ(s.token, expected) << describe(p) << (tied ? " tied" : "") << " u " << u;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 9000);
+}
+
+// 20000 draws per case against the reference probabilities by a chi-square over the kept tokens: its mean is
+// the degrees of freedom d and its standard deviation sqrt(2 d) when the draws follow the reference; the bound
+// d + 7 sqrt(2 d) + 10 fails a wrong distribution (a token's probability off by a tenth moves the statistic by
+// hundreds) and a correct one practically never. Tokens outside the kept set must never be drawn.
+TEST_F(SamplingTest, DrawsPassAChiSquareAgainstTheReferenceWithTies) {
+  std::vector<std::int32_t> scratch;
+  for (const bool tied : {false, true}) {
+    const int V = 17;
+    for (const SamplingParams& p : sampling_cases(V)) {
+      const std::vector<double> logits = tied ? tied_logits(rng_, V, 3) : random_logits(rng_, V);
+      const std::vector<double> ref = transformed(logits, p);
+      std::vector<int> counts(V, 0);
+      const int draws = 20000;
+      const std::uint64_t seed = rng_();
+      for (int i = 0; i < draws; ++i) {
+        const Sample s = sample_token(logits, p, uniform(seed, 5, i), false, scratch);
+        ASSERT_GT(ref[s.token], 0.0) << "drew a token outside the kept set: " << describe(p);
+        ASSERT_NEAR(s.logprob, std::log(ref[s.token]), 1e-12) << describe(p);
+        ++counts[s.token];
+      }
+      double chi2 = 0;
+      int kept = 0;
+      for (int v = 0; v < V; ++v) {
+        if (ref[v] == 0) continue;
+        ++kept;
+        const double expected = draws * ref[v];
+        chi2 += (counts[v] - expected) * (counts[v] - expected) / expected;
+      }
+      const double d = kept - 1;
+      EXPECT_LT(chi2, d + 7 * std::sqrt(2 * d) + 10) << describe(p) << (tied ? " tied" : "") << ": " << kept
+                                                     << " kept";
+    }
+  }
+}
+
+// Where the cuts fall inside runs of equal logits, the lower ids are kept: all-equal logits keep ids [0, k) under
+// top_k = k and the first ceil(top_p V) ids under top_p; top_k = 1 keeps the first of the largest.
+TEST(Sampling, CutsInsideTiesKeepTheLowerIds) {
+  std::vector<std::int32_t> scratch;
+  const std::vector<double> flat(10, 0.25);
+  for (int i = 0; i < 200; ++i) {
+    const double u = uniform(3, 4, i);
+    EXPECT_LT(sample_token(flat, {.top_k = 3}, u, false, scratch).token, 3);
+    EXPECT_EQ(sample_token(flat, {.top_k = 3}, u, false, scratch).token, static_cast<int>(u * 3));
+    EXPECT_LT(sample_token(flat, {.top_p = 0.45}, u, false, scratch).token, 5);
+    const Sample s = sample_token(flat, {.top_p = 0.5}, u, false, scratch);
+    EXPECT_LT(s.token, 5);
+    EXPECT_NEAR(s.logprob, std::log(0.2), 1e-15);
+  }
+  const std::vector<double> two_tops{1.0, 2.0, -1.0, 2.0};
+  EXPECT_EQ(sample_token(two_tops, {.top_k = 1}, 0.99, false, scratch).token, 1);
+  EXPECT_EQ(sample_token(two_tops, {.top_p = 0.1}, 0.99, false, scratch).token, 1);
+}
+
+// Every row of a float32 or float64 matrix, each with its own parameters, draw and untempered flag: the tokens and
+// logprobs (bit for bit) of sample_token on the row widened to float64.
+TEST_F(SamplingTest, BatchSamplerRowsAreSampleTokenOnEachRow) {
+  BatchSampler sampler;
+  std::vector<std::int32_t> scratch;
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    for (const int V : {1, 7, 301}) {
+      const int N = 23;
+      const std::vector<SamplingParams> cases = sampling_cases(V);
+      std::vector<double> values(N * V);
+      std::vector<float> narrow(N * V);
+      std::vector<RowSampling> rows(N);
+      for (int n = 0; n < N; ++n) {
+        const std::vector<double> row = n % 3 == 0 ? tied_logits(rng_, V, 5) : random_logits(rng_, V);
+        for (int v = 0; v < V; ++v) {
+          narrow[n * V + v] = static_cast<float>(row[v]);
+          values[n * V + v] = dtype == DType::f32 ? double(narrow[n * V + v]) : row[v];
+        }
+        SamplingParams p = n % 5 == 4 ? SamplingParams{.temperature = 0} : cases[n % cases.size()];
+        rows[n] = {p, uniform(rng_(), n, 0), n % 2 == 0};
+      }
+      void* data = dtype == DType::f32 ? static_cast<void*>(narrow.data()) : static_cast<void*>(values.data());
+      const std::vector<Sample> out = sampler.sample(TensorView::contiguous(data, dtype, {N, V}), rows);
+      ASSERT_EQ(out.size(), std::size_t(N));
+      for (int n = 0; n < N; ++n) {
+        const std::span<const double> row(values.data() + n * V, V);
+        const Sample expected = sample_token(row, rows[n].params, rows[n].u, rows[n].want_untempered, scratch);
+        EXPECT_EQ(out[n].token, expected.token) << "row " << n << " V " << V;
+        EXPECT_EQ(out[n].logprob, expected.logprob) << "row " << n << " V " << V;
+        EXPECT_EQ(out[n].untempered_logprob, expected.untempered_logprob) << "row " << n << " V " << V;
+        if (rows[n].want_untempered) {
+          EXPECT_EQ(out[n].untempered_logprob, log_softmax_at(row, out[n].token));
+        }
+      }
+    }
+  }
+}
+
+TEST(Sampling, BatchSamplerRefusesBadArgumentsByName) {
+  BatchSampler sampler;
+  std::vector<float> logits(2 * 3, 0.f);
+  std::vector<std::uint16_t> bf16(2 * 3, 0);
+  const TensorView view = TensorView::contiguous(logits.data(), DType::f32, {2, 3});
+  std::vector<RowSampling> rows(2);
+  const auto argument_of = [&](const TensorView& v, const std::vector<RowSampling>& r) {
+    try {
+      sampler.sample(v, r);
+    } catch (const InvalidArgument& e) {
+      return e.argument();
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(argument_of(view, rows), "(accepted)");
+  EXPECT_EQ(argument_of(TensorView::contiguous(bf16.data(), DType::bf16, {2, 3}), rows), "logits");
+  EXPECT_EQ(argument_of(TensorView::contiguous(logits.data(), DType::f32, {6}), rows), "logits");
+  EXPECT_EQ(argument_of(TensorView::contiguous(logits.data(), DType::f32, {2, 0}), rows), "logits");
+  EXPECT_EQ(argument_of(view, std::vector<RowSampling>(3)), "rows");
+  std::vector<RowSampling> bad = rows;
+  bad[1].u = 1.0;
+  EXPECT_EQ(argument_of(view, bad), "rows[1].u");
+  bad = rows;
+  bad[0].params.top_p = 0;
+  EXPECT_EQ(argument_of(view, bad), "rows[0].params.top_p");
 }
 
 }  // namespace

@@ -27,6 +27,10 @@ struct Problem {
   bool l2norm = false;
   bool has_initial_state = false;
   bool has_final_state = false;  // forward: final_state requested; backward: dht given
+  // The recurrent step with state_indices: each sequence's row of the state pools (host values, [N]); empty
+  // otherwise, when sequence n's state is row n.
+  std::vector<std::int32_t> state_indices;
+  std::int64_t state_rows = 0;  // rows of initial_state and final_state: the pool's S, or N
   DType io_dtype = DType::f32;    // q, k, v, o
   DType gate_dtype = DType::f32;  // g
   DType beta_dtype = DType::f32;
@@ -38,6 +42,7 @@ struct Problem {
   std::int64_t tokens() const { return B * T; }
   std::int64_t group() const { return HV / H; }  // value heads per q/k head
   std::int64_t max_seqlen() const;
+  std::int64_t state_row(std::int64_t n) const { return state_indices.empty() ? n : state_indices[n]; }
 };
 
 // Whether something can be done, and if not, why (one sentence a user can act on).

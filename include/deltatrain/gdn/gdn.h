@@ -17,6 +17,12 @@
 //                                    sequence n is tokens [cu_seqlens[n], cu_seqlens[n+1]) of the T tokens
 //   o              [B, T, HV, V]     same dtype as v
 //   final_state    [N, HV, K, V]     float32 (float64 when the inputs are float64)
+//   state_indices  [N]               optional, int32, recurrent step only (fla's ssm_state_indices): the states are
+//                                    then pools [S, HV, K, V] of any S >= 1; sequence n starts from
+//                                    initial_state[state_indices[n]] (required) and ends in
+//                                    final_state[state_indices[n]]; rows no index names are left as they are, and
+//                                    final_state may be initial_state itself (the pool updated in place). Indices
+//                                    lie in [0, S) and, when final_state is written, are distinct.
 //
 // Head dims: the CPU backends take any K and V; the cuda backend K, V <= 256 (float32: K <= 128), running dims
 // other than K = 64, 128, 256 and V a multiple of 64 on zero-padded copies of the tensors.
@@ -56,6 +62,11 @@ struct Inputs {
   // When cu_seqlens lives on a GPU, a host copy of it, so that neither validation nor scheduling
   // has to synchronise with the device to read the sequence boundaries.
   std::optional<TensorView> cu_seqlens_host;
+  // The recurrent step only: the row of the state pools each sequence reads and writes, on the tensors' device
+  // (see the layout above). The kernels read it there, so a step stays free of host synchronisation (CUDA
+  // graphs); when it lives on a GPU, validation reads the host copy state_indices_host instead.
+  std::optional<TensorView> state_indices = std::nullopt;
+  std::optional<TensorView> state_indices_host = std::nullopt;
 };
 
 struct ForwardOutputs {

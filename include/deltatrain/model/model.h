@@ -5,7 +5,7 @@
 //   double loss = m.forward(batch);                  // sum over tokens of weight * -log p(target)
 //   m.backward();                                    // accumulates into the bound gradients
 //   m.prefill(prompts, slots, state, logits);        // rollout: prompts into cache slots (inference.h)
-//   m.decode(tokens, slots, state, logits);          // one token per slot
+//   m.decode(tokens, slots, state, logits);          // one token per slot (logits: on the device, or host doubles)
 //
 // The batch is packed: B = 1, the sequences one after another with cu_seqlens, as the GDN operator takes
 // them. Nothing mixes tokens across sequences (convolution, GDN state, attention, RoPE positions).
@@ -103,15 +103,21 @@ class Model {
   void logits(const Batch& batch, const TensorView& out);
 
   // Inference (rollout) through the same layers, with the state of each sequence kept in a slot of `state`
-  // (inference.h). Logits come back to the host in float64 ([N, vocab] row-major): sampling runs there.
+  // (inference.h). The logits [N, vocab] go to a contiguous tensor of the model's dtype on its device that the
+  // caller owns (written on options.stream and not waited for: a GPU sampler reads them there), or come back
+  // to the host in float64 (the same step into a device buffer, then copied and widened).
   //
   // prefill: each sequence n of `prompts` (packed as a Batch; targets and weights are ignored) runs from an
   // empty state into slot slots[n], replacing what the slot held; writes the logits of its last token.
   // InvalidArgument: an empty prompt, one longer than the state's max_length, a slot out of range or repeated.
   void prefill(const Batch& prompts, std::span<const std::int32_t> slots, InferenceState& state,
+               const TensorView& logits);
+  void prefill(const Batch& prompts, std::span<const std::int32_t> slots, InferenceState& state,
                std::span<double> logits);
   // decode: appends tokens[n] to slot slots[n] (at position state.length(slot)) and writes the next logits.
   // InvalidArgument: a token outside the vocabulary, an empty or full slot, a slot out of range or repeated.
+  void decode(std::span<const std::int32_t> tokens, std::span<const std::int32_t> slots, InferenceState& state,
+              const TensorView& logits);
   void decode(std::span<const std::int32_t> tokens, std::span<const std::int32_t> slots, InferenceState& state,
               std::span<double> logits);
 

@@ -11,8 +11,10 @@
 // Each sequence lives in one of max_batch slots of a model::InferenceState (its GDN and conv states, its K/V
 // cache of max_length positions). A step retires the finished sequences, admits waiting requests into free
 // slots (one packed prefill, which gives each its first token), then decodes one token for every other
-// running sequence. What a sequence generates depends only on its request: the model's function of its own
-// tokens and the draws keyed by (seed, id, token index); never on the batch around it.
+// running sequence. The logits stay on the model's device: one BatchSampler call draws every row's token there
+// and only the tokens and logprobs come back. What a sequence generates depends only on its request: the
+// model's function of its own tokens and the draws keyed by (seed, id, token index); never on the batch around
+// it.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,10 @@
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
 #include "deltatrain/rollout/sampling.h"
+
+namespace deltatrain::model {
+class Arena;
+}
 
 namespace deltatrain::rollout {
 
@@ -102,8 +108,10 @@ class Engine {
     bool finished = false;
   };
   void validate_request(const Request& request) const;
-  // Draws the next token of the sequence in `slot` from its logits row and records it.
-  void accept(std::int64_t slot, std::span<const double> logits);
+  // Draws the next token of each sequence in `slots` from row n of the logits (the first slots.size() rows of
+  // logits_), then records it.
+  void sample_and_accept(std::span<const std::int32_t> slots);
+  TensorView logit_rows(std::int64_t rows) const;  // the first `rows` rows of logits_
 
   model::Config config_;
   EngineOptions options_;
@@ -112,8 +120,9 @@ class Engine {
   std::deque<Request> waiting_;
   std::vector<std::optional<Running>> slots_;
   std::vector<Completion> finished_;
-  std::vector<double> logits_;
-  std::vector<std::int32_t> scratch_;
+  std::unique_ptr<model::Arena> logits_memory_;
+  TensorView logits_;  // [max_batch, vocab] in the model's dtype on its device
+  BatchSampler sampler_;
 };
 
 }  // namespace deltatrain::rollout

@@ -1,4 +1,4 @@
-// Sampling one token from a row of logits, in float64 on the host: temperature, top-k, top-p (nucleus), greedy.
+// Sampling tokens from rows of logits, in float64: temperature, top-k, top-p (nucleus), greedy.
 //
 // The distribution a token is drawn from: the logits divided by the temperature, then only the top_k largest
 // kept (0: all), then only the smallest set of the most probable tokens whose probability reaches top_p (the
@@ -6,15 +6,22 @@
 // id among equal ones) with probability 1. Ties in the orderings go to the lower token id, so the result is a
 // function of the logits and the draw alone.
 //
+// The draw u maps to a token by the inverse CDF over the kept tokens in id order (whatever top-k and top-p
+// kept): the first kept token whose cumulative probability exceeds u. Id order, not probability order, so that
+// a GPU finds the token with one block-wide prefix sum over the row, exactly as the CPU walks it.
+//
 // The draw is counter-based: uniform(seed, sequence, index) hashes the three, so token `index` of sequence
 // `sequence` gets the same draw whatever batch it runs in and whatever ran before (batch invariance, exact
 // resume).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "deltatrain/core/tensor.h"
 
 namespace deltatrain::rollout {
 
@@ -44,5 +51,37 @@ Sample sample_token(std::span<const double> logits, const SamplingParams& params
 
 // log softmax(logits)[token] in float64.
 double log_softmax_at(std::span<const double> logits, std::int32_t token);
+
+// What one row of a batch is sampled with.
+struct RowSampling {
+  SamplingParams params;  // valid (validate); its seed is not read: u is the draw
+  double u = 0;           // the draw in [0, 1), e.g. uniform(params.seed, sequence, index)
+  bool want_untempered = false;
+};
+
+class DeviceSampler;  // rollout/device_sampler.h
+
+// Samples every row of a logits matrix in one call, where the logits are: on the CPU (float32 or float64, each
+// row widened to float64 and drawn by sample_token), or on a GPU (bfloat16, computed there in float64 by the
+// same algorithm, only the N samples coming back). Holds the scratch each side reuses, so that a call allocates
+// nothing once a batch of its size has run.
+class BatchSampler {
+ public:
+  BatchSampler();
+  ~BatchSampler();
+  BatchSampler(const BatchSampler&) = delete;
+  BatchSampler& operator=(const BatchSampler&) = delete;
+
+  // logits [N, V] contiguous, finite; rows [N]. stream: on a GPU, the cudaStream_t the logits were written on
+  // (the sampling runs after that work, on it); unused on the CPU. InvalidArgument names "logits" (its shape,
+  // dtype, layout) or "rows" (their count, or `rows[n].params...` out of range); Unavailable on a GPU in a
+  // build without CUDA.
+  std::vector<Sample> sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream = nullptr);
+
+ private:
+  std::vector<double> row_;
+  std::vector<std::int32_t> scratch_;
+  std::unique_ptr<DeviceSampler> device_;  // made at the first GPU call
+};
 
 }  // namespace deltatrain::rollout

@@ -1,0 +1,501 @@
+// BatchSampler on a GPU: one thread block per row of bfloat16 logits computes in float64 exactly the algorithm
+// of sample_token (sampling.cpp), so that on the same values the two draw the same token and logprobs equal
+// to rounding; only the N samples come back to the host.
+//
+// A bfloat16 value is a 16-bit pattern, and a monotone map of it (key_of) orders the keys as the values. So a
+// count per key is all a row's distribution needs: the tempered weight of every token with one key is the same
+// number, weight(key). A block counts one half of the 65536 keys at a time in shared memory (128 KiB), and
+// reduces each half to per-group sums (a group: the 256 keys of one high byte): count, tempered mass and
+// untempered mass. top_k and top_p are then radix selects over the ranking (larger key first, lower id among
+// equals): walk the groups from the top to the one where the count (top_k) or the kept mass (top_p) is
+// reached, count that group's 256 keys in one more pass over the row, and walk them to the cut key and how
+// many of the tokens at it are kept (the lowest ids). The draw is the inverse CDF over the kept tokens in id
+// order: a block-wide prefix sum over the row, tile by tile, until the cumulative mass passes u * total.
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include "deltatrain/core/cuda_check.h"
+#include "deltatrain/core/error.h"
+#include "device_sampler.h"
+
+namespace deltatrain::rollout {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kItems = 4;         // consecutive tokens per thread in a tile of the walk
+constexpr int kKeyBits = 16;
+constexpr int kGroups = 256;      // a key's high byte
+constexpr int kGroupKeys = 256;   // its low byte
+constexpr int kHalfKeys = 1 << (kKeyBits - 1);
+constexpr int kHalfGroups = kGroups / 2;
+constexpr std::size_t kHistogramBytes = kHalfKeys * sizeof(unsigned);
+
+struct RowRequest {
+  double temperature;  // 0: greedy
+  double top_p;
+  double u;
+  std::int64_t top_k;  // 0 or >= V: no cut
+  std::int32_t want_untempered;
+};
+
+struct RowResult {
+  double logprob;
+  double untempered_logprob;
+  std::int32_t token;
+};
+
+// The order-preserving key of a bfloat16 pattern: larger value, larger key (-0 is +0, as they compare equal).
+__device__ __forceinline__ unsigned key_of(unsigned bits) {
+  if (bits == 0x8000u) bits = 0;
+  return (bits & 0x8000u) ? (~bits & 0xFFFFu) : (bits | 0x8000u);
+}
+
+__device__ __forceinline__ double value_of(unsigned key) {
+  const unsigned bits = (key & 0x8000u) ? (key & 0x7FFFu) : (~key & 0xFFFFu);
+  return static_cast<double>(__uint_as_float(bits << 16));
+}
+
+struct Larger {
+  template <class T>
+  __device__ T operator()(const T& a, const T& b) const { return a > b ? a : b; }
+};
+struct Smaller {
+  template <class T>
+  __device__ T operator()(const T& a, const T& b) const { return a < b ? a : b; }
+};
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset);
+  return x;
+}
+
+// Where the row's tokens are cut: those with a key above cut_key are kept, and of those at cut_key the
+// keep_at_cut lowest ids; total is the kept tokens' tempered mass.
+struct Cut {
+  bool active;
+  unsigned key;
+  long long keep_at_cut;
+  double total;
+};
+
+struct SharedState {
+  unsigned group_count[kGroups];
+  double group_mass[kGroups];   // sum of weight(key) over the group's tokens
+  double group_umass[kGroups];  // sum of exp(value - max) over them (the untempered log-softmax)
+  unsigned key_count[kGroupKeys];  // one group's tokens per key
+  double key_mass[kGroupKeys];     // their kept mass per key
+  unsigned max_key;
+  int argmax;
+  int top_k_group;                 // the group the top-k cut falls in
+  long long count_above;           // tokens ranked above the group being walked
+  double mass_above;               // their kept mass
+  double top_k_group_mass;         // the kept mass of top_k_group
+  Cut cut;
+  int pick;
+  union {
+    cub::BlockReduce<unsigned long long, kThreads>::TempStorage max_u64;
+    cub::BlockReduce<int, kThreads>::TempStorage reduce_int;
+    cub::BlockScan<int, kThreads>::TempStorage scan_int;
+    cub::BlockScan<double, kThreads>::TempStorage scan_double;
+  } cub;
+};
+
+class RowKernel {
+ public:
+  __device__ RowKernel(const std::uint16_t* row, long long V, const RowRequest& r, unsigned* histogram,
+                       SharedState& s)
+      : row_(row), V_(V), r_(r), histogram_(histogram), s_(s), greedy_(r.temperature == 0),
+        inv_t_(greedy_ ? 0.0 : 1.0 / r.temperature) {}
+
+  __device__ void run(RowResult& result) {
+    const bool want_untempered = r_.want_untempered != 0;
+    const bool summarise = !greedy_ || want_untempered;
+    find_max_and_count_half(summarise);
+    max_value_ = value_of(s_.max_key);
+    max_t_ = __dmul_rn(max_value_, inv_t_);
+    double log_sum_untempered = 0;
+    if (summarise) {
+      summarise_half(1);
+      count_half(0);
+      summarise_half(0);
+      if (want_untempered) {
+        double sum = 0;
+        for (int g = 0; g < kGroups; ++g) sum += s_.group_umass[g];
+        log_sum_untempered = log(sum);
+      }
+    }
+    int token = s_.argmax;
+    double logprob = 0;
+    if (!greedy_) {
+      select_top_k();
+      if (r_.top_p < 1) select_top_p();
+      token = draw();
+      logprob = tempered(key_of(row_[token])) - log(s_.cut.total);
+    }
+    if (threadIdx.x == 0) {
+      result.token = token;
+      result.logprob = logprob;
+      result.untempered_logprob =
+          want_untempered ? (value_of(key_of(row_[token])) - max_value_) - log_sum_untempered : 0.0;
+    }
+  }
+
+ private:
+  __device__ unsigned key(long long i) const { return key_of(row_[i]); }
+  // __dmul_rn: a product rounded on its own, as the CPU's (no fused multiply-add).
+  __device__ double tempered(unsigned key) const { return __dmul_rn(value_of(key), inv_t_) - max_t_; }
+  __device__ double weight(unsigned key) const { return exp(tempered(key)); }
+
+  // One pass: the largest key with its lowest id, and the counts of the upper half's keys.
+  __device__ void find_max_and_count_half(bool count) {
+    if (count) clear_histogram();
+    unsigned long long best = 0;  // key in the high word, the complement of the id in the low one
+    for (long long i = threadIdx.x; i < V_; i += kThreads) {
+      const unsigned k = key(i);
+      best = max(best, (static_cast<unsigned long long>(k) << 32) | (0xFFFFFFFFull - static_cast<unsigned long long>(i)));
+      if (count && k >= kHalfKeys) atomicAdd(&histogram_[k - kHalfKeys], 1u);
+    }
+    best = cub::BlockReduce<unsigned long long, kThreads>(s_.cub.max_u64).Reduce(best, Larger());
+    if (threadIdx.x == 0) {
+      s_.max_key = static_cast<unsigned>(best >> 32);
+      s_.argmax = static_cast<int>(0xFFFFFFFFull - (best & 0xFFFFFFFFull));
+    }
+    __syncthreads();
+  }
+
+  __device__ void clear_histogram() {
+    for (int b = threadIdx.x; b < kHalfKeys; b += kThreads) histogram_[b] = 0;
+    __syncthreads();
+  }
+
+  __device__ void count_half(int half) {
+    clear_histogram();
+    for (long long i = threadIdx.x; i < V_; i += kThreads) {
+      const unsigned k = key(i);
+      if ((k >> (kKeyBits - 1)) == static_cast<unsigned>(half)) atomicAdd(&histogram_[k - half * kHalfKeys], 1u);
+    }
+    __syncthreads();
+  }
+
+  // The histogram of one half into its groups' sums: a warp per group, only keys that occur cost an exp.
+  __device__ void summarise_half(int half) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int local = warp; local < kHalfGroups; local += kWarps) {
+      const int group = half * kHalfGroups + local;
+      unsigned count = 0;
+      double mass = 0, umass = 0;
+      for (int low = lane; low < kGroupKeys; low += 32) {
+        const unsigned c = histogram_[local * kGroupKeys + low];
+        if (c == 0) continue;
+        const unsigned k = (static_cast<unsigned>(group) << 8) | static_cast<unsigned>(low);
+        count += c;
+        if (!greedy_) mass += c * weight(k);
+        if (r_.want_untempered) umass += c * exp(value_of(k) - max_value_);
+      }
+      count = warp_sum(count);
+      mass = warp_sum(mass);
+      umass = warp_sum(umass);
+      if (lane == 0) {
+        s_.group_count[group] = count;
+        s_.group_mass[group] = mass;
+        s_.group_umass[group] = umass;
+      }
+    }
+    __syncthreads();
+  }
+
+  // The counts of one group's keys, in one pass over the row.
+  __device__ void count_group(int group) {
+    for (int b = threadIdx.x; b < kGroupKeys; b += kThreads) s_.key_count[b] = 0;
+    __syncthreads();
+    for (long long i = threadIdx.x; i < V_; i += kThreads) {
+      const unsigned k = key(i);
+      if (static_cast<int>(k >> 8) == group) atomicAdd(&s_.key_count[k & 0xFFu], 1u);
+    }
+    __syncthreads();
+  }
+
+  // How many of the group's tokens at key `k` are kept so far (top-k only: before the top-p cut).
+  __device__ long long kept_count(unsigned k, unsigned count) const {
+    const Cut& c = s_.cut;
+    if (!c.active || k > c.key) return count;
+    return k == c.key ? c.keep_at_cut : 0;
+  }
+
+  __device__ void select_top_k() {
+    const long long k = r_.top_k;
+    if (threadIdx.x == 0) s_.cut = {false, 0, 0, 0};
+    if (!(k > 0 && k < V_)) {
+      if (threadIdx.x == 0) {
+        double total = 0;
+        for (int g = kGroups - 1; g >= 0; --g) total += s_.group_mass[g];
+        s_.cut.total = total;
+      }
+      __syncthreads();
+      return;
+    }
+    if (threadIdx.x == 0) {
+      long long above = 0;
+      double mass = 0;
+      int g = kGroups - 1;
+      while (above + s_.group_count[g] < k) {
+        above += s_.group_count[g];
+        mass += s_.group_mass[g];
+        --g;
+      }
+      s_.top_k_group = g;
+      s_.count_above = above;
+      s_.mass_above = mass;
+    }
+    __syncthreads();
+    const int group = s_.top_k_group;
+    count_group(group);
+    if (threadIdx.x < kGroupKeys) {
+      const unsigned key = (static_cast<unsigned>(group) << 8) | threadIdx.x;
+      s_.key_mass[threadIdx.x] = s_.key_count[threadIdx.x] ? s_.key_count[threadIdx.x] * weight(key) : 0.0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      long long above = s_.count_above;
+      double mass = 0;
+      int low = kGroupKeys - 1;
+      while (above + s_.key_count[low] < k) {
+        above += s_.key_count[low];
+        mass += s_.key_mass[low];
+        --low;
+      }
+      const unsigned cut_key = (static_cast<unsigned>(group) << 8) | static_cast<unsigned>(low);
+      const long long keep = k - above;
+      const double group_mass = mass + keep * weight(cut_key);
+      s_.top_k_group_mass = group_mass;
+      s_.cut = {true, cut_key, keep, s_.mass_above + group_mass};
+    }
+    __syncthreads();
+  }
+
+  // The shortest prefix of the ranking (within the top-k cut) whose mass reaches top_p * total.
+  __device__ void select_top_p() {
+    const double target = r_.top_p * s_.cut.total;
+    const bool after_top_k = s_.cut.active;
+    const int k_group = after_top_k ? s_.top_k_group : -1;
+    if (threadIdx.x == 0) {
+      double mass = 0;
+      int found = -1;
+      for (int g = kGroups - 1; g >= 0 && g >= k_group; --g) {
+        const double m = g == k_group ? s_.top_k_group_mass : s_.group_mass[g];
+        if (mass + m >= target) {
+          found = g;
+          break;
+        }
+        mass += m;
+      }
+      s_.pick = found;  // -1: rounding kept every token
+      s_.mass_above = mass;
+    }
+    __syncthreads();
+    const int group = s_.pick;
+    if (group < 0) return;
+    if (group != k_group) count_group(group);  // else key_count holds it from the top-k cut
+    if (threadIdx.x < kGroupKeys) {
+      const unsigned key = (static_cast<unsigned>(group) << 8) | threadIdx.x;
+      const long long kept = kept_count(key, s_.key_count[threadIdx.x]);
+      s_.key_mass[threadIdx.x] = kept ? kept * weight(key) : 0.0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double mass = s_.mass_above;
+      int low = kGroupKeys - 1, last = -1;
+      for (; low >= 0; --low) {
+        const unsigned key = (static_cast<unsigned>(group) << 8) | static_cast<unsigned>(low);
+        if (kept_count(key, s_.key_count[low]) == 0) continue;
+        last = low;
+        if (mass + s_.key_mass[low] >= target) break;
+        mass += s_.key_mass[low];
+      }
+      if (low < 0) {  // rounding between the group's sum and its keys': the group's last kept key, all of it
+        low = last;
+        mass -= s_.key_mass[low];
+      }
+      const unsigned key = (static_cast<unsigned>(group) << 8) | static_cast<unsigned>(low);
+      const long long available = kept_count(key, s_.key_count[low]);
+      const double w = weight(key);
+      // The fewest tokens at the cut key (lowest ids first) whose mass reaches the target.
+      long long keep = w > 0 ? static_cast<long long>(ceil((target - mass) / w)) : available;
+      keep = min(max(keep, 1ll), available);
+      s_.cut = {true, key, keep, mass + keep * w};
+    }
+    __syncthreads();
+  }
+
+  // The inverse CDF over the kept tokens in id order: the first whose cumulative mass exceeds u * total (the
+  // last kept token if rounding leaves u * total at or above the sum).
+  __device__ int draw() {
+    const Cut cut = s_.cut;
+    const double target = r_.u * cut.total;
+    double carry = 0;
+    long long at_cut_before = 0;
+    int last_kept = -1;
+    for (long long base = 0; base < V_; base += static_cast<long long>(kThreads) * kItems) {
+      unsigned keys[kItems];
+      int at_cut = 0;
+      for (int j = 0; j < kItems; ++j) {
+        const long long i = base + threadIdx.x * kItems + j;
+        keys[j] = i < V_ ? key(i) : 0;
+        if (i < V_ && cut.active && keys[j] == cut.key) ++at_cut;
+      }
+      int at_cut_rank = 0, at_cut_tile = 0;
+      cub::BlockScan<int, kThreads>(s_.cub.scan_int).ExclusiveSum(at_cut, at_cut_rank, at_cut_tile);
+      __syncthreads();
+      long long rank = at_cut_before + at_cut_rank;
+      double w[kItems];
+      double thread_mass = 0;
+      for (int j = 0; j < kItems; ++j) {
+        const long long i = base + threadIdx.x * kItems + j;
+        bool kept = i < V_;
+        if (kept && cut.active) kept = keys[j] > cut.key || (keys[j] == cut.key && rank++ < cut.keep_at_cut);
+        w[j] = kept ? weight(keys[j]) : -1.0;  // -1: not kept
+        if (kept) {
+          thread_mass += w[j];
+          last_kept = static_cast<int>(i);
+        }
+      }
+      double mass_before = 0, tile_mass = 0;
+      cub::BlockScan<double, kThreads>(s_.cub.scan_double).ExclusiveSum(thread_mass, mass_before, tile_mass);
+      __syncthreads();
+      double cumulative = carry + mass_before;
+      int first = INT_MAX;
+      for (int j = 0; j < kItems; ++j) {
+        if (w[j] < 0) continue;
+        cumulative += w[j];
+        if (target < cumulative) {
+          first = static_cast<int>(base + threadIdx.x * kItems + j);
+          break;
+        }
+      }
+      first = cub::BlockReduce<int, kThreads>(s_.cub.reduce_int).Reduce(first, Smaller());
+      if (threadIdx.x == 0) s_.pick = first;
+      __syncthreads();
+      if (s_.pick != INT_MAX) return s_.pick;
+      carry += tile_mass;
+      at_cut_before += at_cut_tile;
+    }
+    last_kept = cub::BlockReduce<int, kThreads>(s_.cub.reduce_int).Reduce(last_kept, Larger());
+    if (threadIdx.x == 0) s_.pick = last_kept;
+    __syncthreads();
+    return s_.pick;
+  }
+
+  const std::uint16_t* row_;
+  long long V_;
+  RowRequest r_;
+  unsigned* histogram_;
+  SharedState& s_;
+  bool greedy_;
+  double inv_t_;
+  double max_value_ = 0, max_t_ = 0;
+};
+
+__global__ void __launch_bounds__(kThreads) sample_rows(const std::uint16_t* __restrict__ logits, long long V,
+                                                        const RowRequest* __restrict__ requests,
+                                                        RowResult* __restrict__ results) {
+  extern __shared__ unsigned histogram[];
+  __shared__ SharedState shared;
+  RowKernel kernel(logits + static_cast<long long>(blockIdx.x) * V, V, requests[blockIdx.x], histogram, shared);
+  kernel.run(results[blockIdx.x]);
+}
+
+// Makes `device` current for the sampler's calls and restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// The per-row requests go up and the results come back through pinned host buffers and a device workspace,
+// both grown (never shrunk) to the largest batch seen, so that a call allocates nothing once it has run at its
+// size.
+class CudaSampler final : public DeviceSampler {
+ public:
+  explicit CudaSampler(Device device) : device_(device) {
+    const DeviceGuard guard(device_.index);
+    cuda_check(cudaFuncSetAttribute(sample_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kHistogramBytes)),
+               "cudaFuncSetAttribute");
+  }
+  ~CudaSampler() override { release(); }
+
+  Device device() const override { return device_; }
+
+  void sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream_handle,
+              std::span<Sample> out) override {
+    const DeviceGuard guard(device_.index);
+    const auto stream = static_cast<cudaStream_t>(stream_handle);
+    const std::int64_t N = logits.shape[0], V = logits.shape[1];
+    if (V > INT_MAX) throw InvalidArgument("logits", "a GPU samples rows of at most 2^31 - 1 tokens, got " + std::to_string(V));
+    reserve(N);
+    for (std::int64_t n = 0; n < N; ++n) {
+      const SamplingParams& p = rows[n].params;
+      host_requests_[n] = {p.temperature, p.top_p, rows[n].u, p.top_k, rows[n].want_untempered ? 1 : 0};
+    }
+    cuda_check(cudaMemcpyAsync(device_requests_, host_requests_, N * sizeof(RowRequest), cudaMemcpyHostToDevice, stream),
+               "cudaMemcpyAsync");
+    sample_rows<<<static_cast<unsigned>(N), kThreads, kHistogramBytes, stream>>>(
+        static_cast<const std::uint16_t*>(logits.data), V, device_requests_, device_results_);
+    cuda_check(cudaGetLastError(), "sample_rows");
+    cuda_check(cudaMemcpyAsync(host_results_, device_results_, N * sizeof(RowResult), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync");
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    for (std::int64_t n = 0; n < N; ++n)
+      out[n] = {host_results_[n].token, host_results_[n].logprob, host_results_[n].untempered_logprob};
+  }
+
+ private:
+  void reserve(std::int64_t rows) {
+    if (rows <= capacity_) return;
+    release();
+    cuda_check(cudaMalloc(&device_requests_, rows * sizeof(RowRequest)), "cudaMalloc");
+    cuda_check(cudaMalloc(&device_results_, rows * sizeof(RowResult)), "cudaMalloc");
+    cuda_check(cudaMallocHost(&host_requests_, rows * sizeof(RowRequest)), "cudaMallocHost");
+    cuda_check(cudaMallocHost(&host_results_, rows * sizeof(RowResult)), "cudaMallocHost");
+    capacity_ = rows;
+  }
+  void release() {
+    cudaFree(device_requests_);
+    cudaFree(device_results_);
+    cudaFreeHost(host_requests_);
+    cudaFreeHost(host_results_);
+    device_requests_ = nullptr;
+    device_results_ = nullptr;
+    host_requests_ = nullptr;
+    host_results_ = nullptr;
+    capacity_ = 0;
+  }
+
+  Device device_;
+  std::int64_t capacity_ = 0;
+  RowRequest* device_requests_ = nullptr;
+  RowResult* device_results_ = nullptr;
+  RowRequest* host_requests_ = nullptr;
+  RowResult* host_results_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceSampler> make_cuda_sampler(Device device) { return std::make_unique<CudaSampler>(device); }
+
+}  // namespace deltatrain::rollout

@@ -1,0 +1,26 @@
+// The GPU side of BatchSampler: the CUDA kernels of rollout/cuda/, or (a build without CUDA) a stub that says
+// why there are none.
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "deltatrain/core/tensor.h"
+#include "deltatrain/rollout/sampling.h"
+
+namespace deltatrain::rollout {
+
+class DeviceSampler {
+ public:
+  virtual ~DeviceSampler() = default;
+  virtual Device device() const = 0;
+  // logits [N, V] contiguous bfloat16 on device(), rows [N] and out [N], all checked by BatchSampler. Runs on
+  // `stream` (a cudaStream_t); returns once the N samples are in `out`.
+  virtual void sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream,
+                      std::span<Sample> out) = 0;
+};
+
+// Unavailable naming the device when this build has no CUDA.
+std::unique_ptr<DeviceSampler> make_cuda_sampler(Device device);
+
+}  // namespace deltatrain::rollout

@@ -1,0 +1,210 @@
+// BatchSampler on a GPU against BatchSampler on the CPU on the identical values: fresh random bfloat16 logits
+// (several batch sizes, vocabularies of 1, odd sizes and 248,320, planted ties at the top and inside the cuts,
+// signed zeros), every sampling mode per row; the tokens must be equal and the logprobs (sampled and
+// untempered) within 1e-12. Then the engine on the GPU against the same steps taken by hand: the GPU model's
+// logits brought to the host as doubles and sampled there with the same draws. Every test skips (not passes)
+// without a usable GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "deltatrain/core/bfloat16.h"
+#include "deltatrain/core/cuda_check.h"
+#include "deltatrain/core/system.h"
+#include "deltatrain/model/inference.h"
+#include "deltatrain/model/model.h"
+#include "deltatrain/model/params.h"
+#include "deltatrain/rollout/engine.h"
+#include "deltatrain/rollout/sampling.h"
+#include "model_testing.h"
+
+namespace deltatrain::rollout {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                      \
+  do {                                                                          \
+    if (!cuda_info().usable()) GTEST_SKIP() << cuda_info().unavailable_reason;  \
+  } while (0)
+
+const Device kGpu{DeviceType::cuda, 0};
+
+class CudaSamplingTest : public model::testing::SeededTest {};
+
+// Device memory freed at scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) { cuda_check(cudaMalloc(&data_, std::max<std::size_t>(bytes, 1)), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// Row n's logits: normal with a scale that varies by row (flat to peaked), as bfloat16, with ties planted: the
+// row's maximum repeated at a few random places, a run of one value copied over ~2% of the row (so top-k and
+// top-p cuts land inside runs of equal values), and +0 / -0.
+std::vector<std::uint16_t> random_bf16_logits(std::mt19937_64& rng, std::int64_t N, std::int64_t V) {
+  std::vector<std::uint16_t> bits(N * V);
+  std::uniform_int_distribution<std::int64_t> position(0, V - 1);
+  for (std::int64_t n = 0; n < N; ++n) {
+    std::normal_distribution<float> value(0.f, 0.5f + 4.f * float(n % 7));
+    std::uint16_t* row = bits.data() + n * V;
+    for (std::int64_t v = 0; v < V; ++v) row[v] = float_to_bf16(value(rng));
+    const std::uint16_t top = *std::max_element(row, row + V, [](std::uint16_t a, std::uint16_t b) {
+      return bf16_to_float(a) < bf16_to_float(b);
+    });
+    for (int i = 0; i < 3; ++i) row[position(rng)] = top;
+    const std::uint16_t common = row[position(rng)];
+    for (std::int64_t i = 0; i < V / 50; ++i) row[position(rng)] = common;
+    row[position(rng)] = float_to_bf16(0.f);
+    row[position(rng)] = float_to_bf16(-0.f);
+  }
+  return bits;
+}
+
+// Every mode, by row: greedy, plain, temperatures, top-k (1, small, >= V, V - 1), top-p (tiny, mid, 1), both.
+SamplingParams mode(std::int64_t n, std::int64_t V) {
+  const auto k = [&](std::int64_t value) { return static_cast<std::int32_t>(std::min<std::int64_t>(value, INT32_MAX)); };
+  switch (n % 12) {
+    case 0: return {.temperature = 0};
+    case 1: return {.temperature = 1.0};
+    case 2: return {.temperature = 0.3};
+    case 3: return {.temperature = 2.5};
+    case 4: return {.temperature = 1.0, .top_k = 1};
+    case 5: return {.temperature = 0.8, .top_k = 50};
+    case 6: return {.temperature = 1.0, .top_k = k(V + 3)};
+    case 7: return {.temperature = 1.0, .top_k = k(std::max<std::int64_t>(V - 1, 1))};
+    case 8: return {.temperature = 1.0, .top_p = 1e-6};
+    case 9: return {.temperature = 0.9, .top_p = 0.9};
+    case 10: return {.temperature = 1.2, .top_p = 1.0, .top_k = 1000};
+    default: return {.temperature = 0.7, .top_p = 0.6, .top_k = k(V / 3 + 1)};
+  }
+}
+
+void expect_gpu_equals_cpu(std::mt19937_64& rng, std::int64_t N, std::int64_t V) {
+  const std::vector<std::uint16_t> bits = random_bf16_logits(rng, N, V);
+  std::vector<double> widened(bits.size());
+  std::transform(bits.begin(), bits.end(), widened.begin(), [](std::uint16_t b) { return double(bf16_to_float(b)); });
+  std::vector<RowSampling> rows(N);
+  const std::uint64_t seed = rng();
+  for (std::int64_t n = 0; n < N; ++n) rows[n] = {mode(n + N, V), uniform(seed, n, 0), n % 2 == 1};
+
+  DeviceBuffer logits(bits.size() * sizeof(std::uint16_t));
+  cuda_check(cudaMemcpy(logits.data(), bits.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+  BatchSampler gpu, cpu;
+  const std::vector<Sample> on_gpu = gpu.sample(TensorView::contiguous(logits.data(), DType::bf16, {N, V}, kGpu), rows);
+  const std::vector<Sample> on_cpu = cpu.sample(TensorView::contiguous(widened.data(), DType::f64, {N, V}), rows);
+  ASSERT_EQ(on_gpu.size(), std::size_t(N));
+  for (std::int64_t n = 0; n < N; ++n) {
+    const SamplingParams& p = rows[n].params;
+    const std::string where = "N " + std::to_string(N) + " V " + std::to_string(V) + " row " + std::to_string(n) +
+                              ": temperature " + std::to_string(p.temperature) + " top_p " + std::to_string(p.top_p) +
+                              " top_k " + std::to_string(p.top_k) + " u " + std::to_string(rows[n].u);
+    EXPECT_EQ(on_gpu[n].token, on_cpu[n].token) << where;
+    EXPECT_NEAR(on_gpu[n].logprob, on_cpu[n].logprob, 1e-12) << where;
+    EXPECT_NEAR(on_gpu[n].untempered_logprob, on_cpu[n].untempered_logprob, 1e-12) << where;
+  }
+  // Calls after the first reuse the workspace: a second call on the same rows gives the same samples.
+  const std::vector<Sample> again = gpu.sample(TensorView::contiguous(logits.data(), DType::bf16, {N, V}, kGpu), rows);
+  for (std::int64_t n = 0; n < N; ++n) EXPECT_EQ(again[n].token, on_gpu[n].token) << "row " << n;
+}
+
+TEST_F(CudaSamplingTest, EqualsTheCpuSamplerOnTheQwenVocabulary) {
+  SKIP_WITHOUT_GPU();
+  for (const std::int64_t N : {1, 37, 256}) expect_gpu_equals_cpu(rng_, N, 248320);
+}
+
+TEST_F(CudaSamplingTest, EqualsTheCpuSamplerOnOddAndTinyVocabularies) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_equals_cpu(rng_, 512, 4099);
+  expect_gpu_equals_cpu(rng_, 24, 1);
+  expect_gpu_equals_cpu(rng_, 24, 2);
+  expect_gpu_equals_cpu(rng_, 24, 4097);
+  expect_gpu_equals_cpu(rng_, 24, 100003);
+}
+
+// A row of one value: every cut falls inside the tie, on the lowest ids.
+TEST_F(CudaSamplingTest, AllEqualLogitsKeepTheLowestIds) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t N = 12, V = 10007;
+  std::vector<std::uint16_t> bits(N * V, float_to_bf16(1.5f));
+  std::vector<double> widened(N * V, 1.5);
+  std::vector<RowSampling> rows(N);
+  for (std::int64_t n = 0; n < N; ++n) rows[n] = {mode(n, V), uniform(seed_, n, 1), true};
+  DeviceBuffer logits(bits.size() * sizeof(std::uint16_t));
+  cuda_check(cudaMemcpy(logits.data(), bits.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+  BatchSampler gpu, cpu;
+  const std::vector<Sample> on_gpu = gpu.sample(TensorView::contiguous(logits.data(), DType::bf16, {N, V}, kGpu), rows);
+  const std::vector<Sample> on_cpu = cpu.sample(TensorView::contiguous(widened.data(), DType::f64, {N, V}), rows);
+  for (std::int64_t n = 0; n < N; ++n) {
+    EXPECT_EQ(on_gpu[n].token, on_cpu[n].token) << "row " << n;
+    EXPECT_NEAR(on_gpu[n].logprob, on_cpu[n].logprob, 1e-12) << "row " << n;
+    EXPECT_NEAR(on_gpu[n].untempered_logprob, -std::log(double(V)), 1e-12) << "row " << n;
+  }
+}
+
+// The engine on the GPU (logits kept on the device, one sampling call per step) against the same schedule by
+// hand: every prompt prefilled at once into slots 0.., then decode steps over all of them, the GPU model's logits
+// widened to host doubles and drawn with sample_token and the same draws.
+TEST_F(CudaSamplingTest, EngineOnTheGpuEqualsHostSamplingOfTheSameLogits) {
+  SKIP_WITHOUT_GPU();
+  model::Config c = model::preset("tiny");
+  c.vocab_size = 1000;
+  model::ParamStore store(c, DType::bf16);
+  store.init(0.05, seed_);
+  model::DeviceParams device(store, kGpu);
+  device.upload(store);
+  const model::ModelOptions options{.device = kGpu, .dtype = DType::bf16};
+  const std::int64_t sequences = 6, new_tokens = 12;
+  std::vector<Request> requests(sequences);
+  for (std::int64_t n = 0; n < sequences; ++n) {
+    Request& r = requests[n];
+    r.id = 100 + n;
+    r.prompt = model::testing::random_tokens(rng_, 5 + 7 * n, c.vocab_size);
+    r.max_new_tokens = new_tokens;
+    r.sampling = mode(n, c.vocab_size);
+    r.sampling.seed = rng_();
+    r.untempered_logprobs = n % 2 == 0;
+  }
+  Engine engine(c, options, device.params(), {.max_batch = sequences, .max_length = 256});
+  const std::vector<Completion> out = engine.generate(requests);
+
+  model::Model m(c, options);
+  m.bind(device.params());
+  model::InferenceState state(c, options, sequences, 256);
+  std::vector<std::int32_t> prompts, cu{0}, slots;
+  for (std::int64_t n = 0; n < sequences; ++n) {
+    prompts.insert(prompts.end(), requests[n].prompt.begin(), requests[n].prompt.end());
+    cu.push_back(static_cast<std::int32_t>(prompts.size()));
+    slots.push_back(static_cast<std::int32_t>(n));
+  }
+  std::vector<double> logits(sequences * c.vocab_size);
+  std::vector<std::int32_t> scratch, last(sequences);
+  m.prefill({prompts, cu}, slots, state, logits);
+  for (std::int64_t t = 0; t < new_tokens; ++t) {
+    if (t > 0) m.decode(last, slots, state, logits);
+    for (std::int64_t n = 0; n < sequences; ++n) {
+      const Request& r = requests[n];
+      const std::span<const double> row(logits.data() + n * c.vocab_size, c.vocab_size);
+      const Sample s = sample_token(row, r.sampling, uniform(r.sampling.seed, r.id, t), r.untempered_logprobs, scratch);
+      ASSERT_EQ(out[n].tokens[t], s.token) << "sequence " << n << " token " << t;
+      EXPECT_NEAR(out[n].logprobs[t], s.logprob, 1e-12) << "sequence " << n << " token " << t;
+      if (r.untempered_logprobs) {
+        EXPECT_NEAR(out[n].untempered_logprobs[t], s.untempered_logprob, 1e-12) << "sequence " << n << " token " << t;
+      }
+      last[n] = s.token;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deltatrain::rollout
