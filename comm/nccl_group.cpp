@@ -69,10 +69,12 @@ class NcclGroup final : public Group {
     set_memory_check(std::move(check));
   }
   ~NcclGroup() override {
-    try {
-      communicator();  // a rebuild or a teardown still running
-    } catch (const std::exception&) {
-      // A destructor reports nothing: the failure was the rebuild's or the teardown's, and nothing uses it now.
+    for (std::future<void>* work : {&rebuild_, &teardown_}) {
+      try {
+        if (work->valid()) work->get();
+      } catch (const std::exception&) {
+        // A destructor reports nothing: the failure was the rebuild's or the teardown's, and nothing uses it now.
+      }
     }
     if (comm_ != nullptr) ncclCommDestroy(comm_);
     cudaFree(barrier_word_);
@@ -142,14 +144,16 @@ class NcclGroup final : public Group {
     ncclComm_t comm = communicator();
     nccl_check(ncclRecv(data, count, nccl_datatype(dtype), peer, comm, as_stream(stream)), "ncclRecv", comm);
   }
-  // The teardown and the rebuild run on a worker thread, so that a phase switch does not wait for them: the
-  // teardown overlaps whatever the caller does next (the rollout), the rebuild overlaps the memory the caller
-  // restores before its first collective. Only the unique id's broadcast stays on the calling thread (MPI is
-  // initialised for one thread). The next operation, release or reload waits for the work in flight and
-  // raises its failure.
+  // The teardown and the rebuild run on worker threads, so that a phase switch does not wait for them: the
+  // teardown overlaps whatever the caller does next (the rollout; it may still run when the next rebuild
+  // starts, as the two communicators are independent), the rebuild overlaps the memory the caller restores
+  // before its first collective. Only the unique id's broadcast stays on the calling thread (MPI is initialised
+  // for one thread). An operation or a release waits for the rebuild in flight and raises its failure; the
+  // next release waits for the previous teardown.
   void do_release() override {
     ncclComm_t comm = std::exchange(communicator(), nullptr);
-    in_flight_ = std::async(std::launch::async, [comm, device = device_] {
+    if (teardown_.valid()) teardown_.get();
+    teardown_ = std::async(std::launch::async, [comm, device = device_] {
       cuda_check(cudaSetDevice(device), "cudaSetDevice");
       // Finalize flushes outstanding operations; destroy then frees the communicator's device buffers.
       nccl_check(ncclCommFinalize(comm), "ncclCommFinalize", comm);
@@ -157,20 +161,19 @@ class NcclGroup final : public Group {
     });
   }
   void do_reload() override {
-    communicator();  // the teardown of the previous one, and its failure if it failed
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
     ncclUniqueId id{};
     if (rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, members_), "MPI_Bcast");
-    in_flight_ = std::async(std::launch::async, [this, id, ranks = size(), me = rank(), device = device_] {
+    rebuild_ = std::async(std::launch::async, [this, id, ranks = size(), me = rank(), device = device_] {
       cuda_check(cudaSetDevice(device), "cudaSetDevice");
       nccl_check(ncclCommInitRank(&comm_, ranks, id, me), "ncclCommInitRank");
     });
   }
 
-  // The communicator, once the teardown or rebuild in flight is done (rethrowing its failure).
+  // The communicator, once the rebuild in flight is done (rethrowing its failure).
   ncclComm_t& communicator() {
-    if (in_flight_.valid()) in_flight_.get();
+    if (rebuild_.valid()) rebuild_.get();
     return comm_;
   }
 
@@ -178,7 +181,8 @@ class NcclGroup final : public Group {
   MPI_Comm members_;  // the bootstrap: carries the unique id at every reload, and host objects
   int device_;
   ncclComm_t comm_ = nullptr;
-  std::future<void> in_flight_;  // the communicator's teardown or rebuild (do_release, do_reload)
+  std::future<void> rebuild_;   // do_reload's, until the first operation
+  std::future<void> teardown_;  // do_release's, until the next release or the destructor
   void* barrier_word_ = nullptr;
 };
 

@@ -1,10 +1,11 @@
 // The NCCL engine: GPU ranks, device buffers, operations enqueued on the caller's stream.
 // The NCCL unique id is bootstrapped over MPI among the same members.
 //
-// release() and reload() return before the communicator's teardown (~0.1-0.2 s on an H200) or rebuild is done:
-// both run on a worker thread, so a phase switch overlaps them with its other work (the rollout after a release,
-// the restored training memory before the first collective after a reload). The next operation, release or
-// reload waits for the one in flight and raises its failure; the teardown's device memory is free once it ends.
+// release() and reload() return before the communicator's teardown (~0.2 s on an H200) or rebuild is done: both
+// run on worker threads, so a phase switch overlaps them with its other work (the rollout after a release, the
+// restored training memory before the first collective after a reload; a rebuild does not wait for the previous
+// teardown). The next operation waits for the rebuild and raises its failure; the teardown's device memory is
+// free once it ends (at the latest when the next release or the group's destruction waits for it).
 #pragma once
 
 #include <mpi.h>
