@@ -1,5 +1,6 @@
 #include "deltatrain/optim/checkpoint.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <climits>
@@ -11,6 +12,7 @@
 #include "deltatrain/core/error.h"
 #include "deltatrain/optim/digest.h"
 #include "deltatrain/optim/safetensors.h"
+#include "chunked_read.h"
 #include "file_io.h"
 #include "memory.h"
 
@@ -232,6 +234,13 @@ void check_file_size(const File& file, const CheckpointFile& record) {
   }
 }
 
+void check_checksum(const fs::path& file, const std::string& sha, const CheckpointFile& record) {
+  if (sha != record.sha256) {
+    throw Failure("file " + file.string() + " is corrupted: its SHA-256 is " + sha + " but metadata.json records " +
+                  record.sha256);
+  }
+}
+
 }  // namespace
 
 std::string checkpoint_dir_name(std::int64_t step) {
@@ -407,11 +416,7 @@ fs::path resolve_checkpoint(const fs::path& path) {
 void verify_checkpoint_file(const fs::path& dir, const CheckpointFile& record) {
   const fs::path file = dir / record.name;
   check_file_size(File::open_read(file), record);
-  const std::string sha = sha256_file(file);
-  if (sha != record.sha256) {
-    throw Failure("file " + file.string() + " is corrupted: its SHA-256 is " + sha + " but metadata.json records " +
-                  record.sha256);
-  }
+  check_checksum(file, sha256_file(file), record);
 }
 
 CheckpointMetadata read_checkpoint_metadata(const fs::path& path) {
@@ -442,22 +447,27 @@ fs::path save_checkpoint(const DistributedAdamW& optimizer, const fs::path& root
 
   std::string file_record;
   collectively(group, [&] {
-    std::vector<std::vector<float>> host;  // [buffer * 3 + tensor]
+    // Straight from the state: host state is written as it is, a GPU's is fetched chunk by chunk into a small
+    // staging buffer while the last chunk is written and hashed (no host copy of the whole state).
     std::vector<TensorToWrite> tensors;
-    for (std::size_t b = 0; b < layout.buffers.size(); ++b) {
-      for (StateTensor tensor : kStateTensors) {
-        const TensorView local = optimizer.local_state(tensor, static_cast<int>(b));
-        host.emplace_back(local.numel());
-        copy_to_host(host.back().data(), local.data, local.nbytes(), local.device, optimizer.stream());
-      }
-    }
     for (std::size_t b = 0; b < layout.buffers.size(); ++b) {
       const BufferLayout& buffer = layout.buffers[b];
       for (std::size_t k = 0; k < buffer.buckets.size(); ++k) {
-        for (std::size_t t = 0; t < std::size(kStateTensors); ++t) {
-          tensors.push_back({shard_tensor_name(kStateTensors[t], static_cast<int>(b), static_cast<int>(k)), DType::f32,
-                             {layout.shard_numel(buffer.buckets[k])},
-                             host[b * 3 + t].data() + layout.local_offset(buffer.buckets[k])});
+        for (StateTensor state : kStateTensors) {
+          const TensorView local = optimizer.local_state(state, static_cast<int>(b));
+          const char* shard =
+              static_cast<const char*>(local.data) + layout.local_offset(buffer.buckets[k]) * sizeof(float);
+          TensorToWrite tensor{shard_tensor_name(state, static_cast<int>(b), static_cast<int>(k)), DType::f32,
+                               {layout.shard_numel(buffer.buckets[k])}};
+          if (local.device.type == DeviceType::cpu) {
+            tensor.data = shard;
+          } else {
+            tensor.read = [shard, device = local.device, stream = optimizer.stream()](
+                              std::uint64_t offset, std::size_t bytes, void* staging) {
+              copy_to_host(staging, shard + offset, bytes, device, stream);
+            };
+          }
+          tensors.push_back(std::move(tensor));
         }
       }
     }
@@ -466,9 +476,9 @@ fs::path save_checkpoint(const DistributedAdamW& optimizer, const fs::path& root
         file, tensors,
         {{"format", kFormat}, {"rank", std::to_string(rank)}, {"dp_size", std::to_string(dp_size)},
          {"step", std::to_string(optimizer.step_count())}},
-        [&](std::size_t written) {
+        {.after_tensor = [&](std::size_t written) {
           if (written == 1) reached(SaveStage::shard_partly_written);
-        });
+        }});
     file_record = sha + " " + std::to_string(fs::file_size(file));
   });
   reached(SaveStage::shards_written);
@@ -510,49 +520,116 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
   comm::Group& group = optimizer.group();
   const int rank = group.rank();
   const ParamLayout& layout = optimizer.layout();
+  const Device device = optimizer.local_state(StateTensor::main_param, 0).device;
   CheckpointMetadata metadata;
-  std::vector<std::vector<float>> host;  // [buffer * 3 + tensor], this rank's shards
+  // The new shards are assembled beside the state, on its device, and replace it only once every rank has read
+  // and checked everything: a failed load leaves the optimizer as it was. Zero-filled: padding and alignment
+  // gaps, which no copy covers, stay zero.
+  std::vector<DeviceBuffer> staged;  // [buffer * 3 + tensor], this rank's shards
   for (const BufferLayout& buffer : layout.buffers) {
-    for (std::size_t t = 0; t < std::size(kStateTensors); ++t) host.emplace_back(layout.local_numel(buffer), 0.0f);
+    for (std::size_t t = 0; t < std::size(kStateTensors); ++t) {
+      staged.emplace_back(device, static_cast<std::size_t>(layout.local_numel(buffer)) * sizeof(float));
+    }
   }
 
   collectively(group, [&] {
     const fs::path dir = resolve_checkpoint(path);
     metadata = metadata_from_json(read_text_file(dir / kMetadata), (dir / kMetadata).string());
+    // Every rank's plan (pure arithmetic), so that each file's checksum is checked by one rank that reads the
+    // whole file anyway where there is one: the lowest rank that needs any of it; a file no rank needs is
+    // checked by rank f % size.
+    std::vector<std::set<int>> sources_of_rank(group.size());
     std::vector<ShardCopy> plan;
     try {
-      plan = plan_reshard(metadata.layout, layout, rank);
+      for (int r = 0; r < group.size(); ++r) {
+        std::vector<ShardCopy> copies = plan_reshard(metadata.layout, layout, r);
+        for (const ShardCopy& copy : copies) sources_of_rank[r].insert(copy.source_rank);
+        if (r == rank) plan = std::move(copies);
+      }
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("checkpoint", std::string(e.what()) + " (checkpoint " + dir.string() + ")");
     }
-    for (int f = rank; f < metadata.dp_size && options.verify_checksums; f += group.size()) {
-      verify_checkpoint_file(dir, metadata.files[f]);
-    }
-    std::set<int> sources;
-    for (const ShardCopy& copy : plan) sources.insert(copy.source_rank);
-    for (int source : sources) {
-      const fs::path path_of_file = dir / metadata.files[source].name;
+    for (int source = 0; source < metadata.dp_size; ++source) {
+      int checker = source % group.size();
+      for (int r = group.size() - 1; r >= 0; --r) {
+        if (sources_of_rank[r].count(source) != 0) checker = r;
+      }
+      const bool check = options.verify_checksums && checker == rank;
+      const bool needed = sources_of_rank[rank].count(source) != 0;
+      if (!needed) {
+        if (check) verify_checkpoint_file(dir, metadata.files[source]);
+        continue;
+      }
+      const CheckpointFile& record = metadata.files[source];
+      const fs::path path_of_file = dir / record.name;
       const File file = File::open_read(path_of_file);
-      check_file_size(file, metadata.files[source]);
-      const SafetensorsHeader header = read_safetensors_header(path_of_file);
-      check_shard_header(header, path_of_file, metadata, source);
+      check_file_size(file, record);
+      SafetensorsHeader header;
+      try {
+        header = read_safetensors_header(path_of_file);
+        check_shard_header(header, path_of_file, metadata, source);
+      } catch (const Failure&) {
+        // A damaged header is, first of all, a file whose checksum does not match: say so, as a checksum
+        // pass ahead of the header would.
+        if (check) verify_checkpoint_file(dir, record);
+        throw;
+      }
+      // This rank's byte ranges of the file, each with where its bytes go.
+      struct Placement {
+        ByteRange bytes;
+        char* target;
+      };
+      std::vector<Placement> placements;
       for (const ShardCopy& copy : plan) {
         if (copy.source_rank != source) continue;
         const std::int64_t target = layout.local_offset(layout.buffers[copy.buffer].buckets[copy.target_bucket]) +
                                     copy.target_offset;
         for (std::size_t t = 0; t < std::size(kStateTensors); ++t) {
           const SafetensorsEntry* entry = header.find(shard_tensor_name(kStateTensors[t], copy.buffer, copy.source_bucket));
-          file.read_exact(host[copy.buffer * 3 + t].data() + target, copy.numel * sizeof(float),
-                          header.data_start + entry->begin + copy.source_offset * sizeof(float));
+          const std::uint64_t begin = header.data_start + entry->begin + copy.source_offset * sizeof(float);
+          placements.push_back({{begin, begin + copy.numel * sizeof(float)},
+                                staged[copy.buffer * 3 + t].as<char>() + target * sizeof(float)});
         }
       }
+      std::sort(placements.begin(), placements.end(),
+                [](const Placement& a, const Placement& b) { return a.bytes.begin < b.bytes.begin; });
+      // Checked: the whole file, once, hashed on the way. Otherwise only the ranges, adjacent ones merged.
+      ChunkedRead read{.chunk_bytes = options.chunk_bytes, .device = device, .stream = optimizer.stream()};
+      Sha256 sha;
+      if (check) {
+        read.ranges = {{0, record.bytes}};
+        read.sha = &sha;
+      } else {
+        for (const Placement& placement : placements) {
+          if (!read.ranges.empty() && read.ranges.back().end == placement.bytes.begin) {
+            read.ranges.back().end = placement.bytes.end;
+          } else {
+            read.ranges.push_back(placement.bytes);
+          }
+        }
+      }
+      // Chunks come in file order, so one cursor walks the sorted placements.
+      std::size_t next = 0;
+      read.deliver = [&](std::uint64_t offset, const char* data, std::size_t bytes) {
+        const std::uint64_t end = offset + bytes;
+        while (next < placements.size() && placements[next].bytes.end <= offset) ++next;
+        for (std::size_t p = next; p < placements.size() && placements[p].bytes.begin < end; ++p) {
+          const Placement& placement = placements[p];
+          const std::uint64_t from = std::max(offset, placement.bytes.begin);
+          const std::uint64_t to = std::min(end, placement.bytes.end);
+          copy_from_host_async(placement.target + (from - placement.bytes.begin), device, data + (from - offset),
+                               to - from, optimizer.stream());
+        }
+      };
+      read_chunked(file, read);
+      if (check) check_checksum(path_of_file, sha.hex_digest(), record);
     }
   });
 
   for (std::size_t b = 0; b < layout.buffers.size(); ++b) {
     for (std::size_t t = 0; t < std::size(kStateTensors); ++t) {
       const TensorView local = optimizer.local_state(kStateTensors[t], static_cast<int>(b));
-      copy_from_host(local.data, local.device, host[b * 3 + t].data(), local.nbytes(), optimizer.stream());
+      copy_on_device(local.data, staged[b * 3 + t].data(), local.nbytes(), device, optimizer.stream());
     }
   }
   optimizer.restore_step(metadata.step);

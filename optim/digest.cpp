@@ -1,24 +1,17 @@
 #include "deltatrain/optim/digest.h"
 
-#include <fcntl.h>
 #include <openssl/evp.h>
-#include <unistd.h>
 
-#include <array>
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
-#include <future>
 #include <vector>
 
 #include "deltatrain/core/error.h"
+#include "chunked_read.h"
 #include "file_io.h"
 
 namespace deltatrain::optim {
 
 namespace {
-
-constexpr std::size_t kHashChunk = std::size_t{16} << 20;
 
 void openssl_check(int ok, const char* call) {
   if (ok != 1) throw Failure(std::string(call) + " failed (OpenSSL)");
@@ -53,18 +46,7 @@ std::string Sha256::hex_digest() {
 std::string sha256_file(const std::filesystem::path& path) {
   const File file = File::open_read(path);
   Sha256 sha;
-  // Two buffers: the next chunk is read while the last one is hashed on a second thread, so a check takes the
-  // longer of the read and the hash, not their sum.
-  std::array<std::vector<char>, 2> buffers{std::vector<char>(kHashChunk), std::vector<char>(kHashChunk)};
-  std::future<void> hashed;
-  for (std::uint64_t offset = 0, index = 0;; ++index) {
-    std::vector<char>& buffer = buffers[index % 2];
-    const std::size_t got = file.read_some(buffer.data(), buffer.size(), offset);
-    if (hashed.valid()) hashed.get();
-    if (got == 0) break;
-    hashed = std::async(std::launch::async, [&sha, &buffer, got] { sha.update(buffer.data(), got); });
-    offset += got;
-  }
+  read_chunked(file, {.ranges = {{0, file.size()}}, .sha = &sha});
   return sha.hex_digest();
 }
 

@@ -115,6 +115,14 @@ void File::sync() {
   if (::fsync(fd_) != 0) fail("fsync", path_);
 }
 
+void File::start_writeback(std::uint64_t offset, std::uint64_t bytes) const {
+  ::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(bytes), SYNC_FILE_RANGE_WRITE);
+}
+
+void File::prefetch(std::uint64_t offset, std::uint64_t bytes) const {
+  ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
+}
+
 void sync_directory(const std::filesystem::path& path) {
   File::open_directory(path).sync();
 }

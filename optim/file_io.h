@@ -28,6 +28,11 @@ class File {
   // Up to `bytes` at `offset`; 0 at the end of the file.
   std::size_t read_some(void* data, std::size_t bytes, std::uint64_t offset) const;
   void sync();
+  // Hints, whose failure changes nothing but speed (fsync reports any I/O error; a read, any missing byte):
+  // start writing these bytes back to the disk now rather than at the next fsync (sync_file_range), and start
+  // reading these into the page cache now rather than when they are read (posix_fadvise WILLNEED).
+  void start_writeback(std::uint64_t offset, std::uint64_t bytes) const;
+  void prefetch(std::uint64_t offset, std::uint64_t bytes) const;
 
  private:
   File(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}

@@ -66,6 +66,25 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
+StagingBuffer::StagingBuffer(std::size_t bytes, bool page_locked) : bytes_(bytes) {
+  if (bytes == 0) return;
+  if (page_locked) data_ = static_cast<char*>(cuda_host_alloc(bytes));
+  page_locked_ = data_ != nullptr;
+  if (data_ == nullptr) {
+    const std::size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+    data_ = static_cast<char*>(std::aligned_alloc(kHostAlignment, rounded));
+    if (data_ == nullptr) throw std::bad_alloc();
+  }
+}
+
+StagingBuffer::~StagingBuffer() {
+  if (page_locked_) {
+    cuda_host_free(data_);  // waits for the device, so no copy still reads it
+  } else {
+    std::free(data_);
+  }
+}
+
 void copy_to_host(void* host, const void* source, std::size_t bytes, Device source_device, void* stream) {
   if (source_device.type == DeviceType::cpu) {
     std::memcpy(host, source, bytes);
@@ -80,6 +99,26 @@ void copy_from_host(void* target, Device target_device, const void* host, std::s
     return;
   }
   cuda_copy(target, host, bytes, stream);
+}
+
+void copy_from_host_async(void* target, Device target_device, const void* host, std::size_t bytes, void* stream) {
+  if (target_device.type == DeviceType::cpu) {
+    std::memcpy(target, host, bytes);
+    return;
+  }
+  cuda_copy_async(target, host, bytes, stream);
+}
+
+void wait_for_copies(Device device, void* stream) {
+  if (device.type != DeviceType::cpu) cuda_synchronize(stream);
+}
+
+void copy_on_device(void* target, const void* source, std::size_t bytes, Device device, void* stream) {
+  if (device.type == DeviceType::cpu) {
+    std::memcpy(target, source, bytes);
+    return;
+  }
+  cuda_copy(target, source, bytes, stream);
 }
 
 void fill_zero(void* target, Device device, std::size_t bytes, void* stream) {

@@ -1,5 +1,7 @@
 #include "deltatrain/optim/safetensors.h"
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -7,6 +9,7 @@
 #include "deltatrain/core/error.h"
 #include "deltatrain/optim/digest.h"
 #include "file_io.h"
+#include "memory.h"
 
 namespace deltatrain::optim {
 
@@ -16,8 +19,6 @@ namespace {
 
 // safetensors rejects larger headers; so does this reader, before allocating for one.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
-// Tensors are written in chunks so that hashing and writing interleave over bounded memory.
-constexpr std::size_t kWriteChunk = std::size_t{64} << 20;
 
 struct DTypeName {
   DType dtype;
@@ -118,16 +119,36 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
 
 std::string write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata,
-                              const std::function<void(std::size_t)>& after_tensor) {
+                              const SafetensorsWriteOptions& options) {
+  if (options.chunk_bytes == 0) throw InvalidArgument("chunk_bytes", "must be positive");
   nlohmann::ordered_json json;
   if (!metadata.empty()) json["__metadata__"] = metadata;
+  // Tensors are written in chunks, so that fetching, hashing and writing interleave over bounded memory.
+  struct Chunk {
+    std::size_t tensor;
+    std::uint64_t offset;  // in the tensor
+    std::size_t bytes;
+    bool ends_tensor;
+  };
+  std::vector<Chunk> chunks;
+  std::size_t largest_staged = 0;
   std::uint64_t offset = 0;
-  for (const TensorToWrite& tensor : tensors) {
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const TensorToWrite& tensor = tensors[t];
     const std::uint64_t bytes = numel_of(tensor.shape) * dtype_size(tensor.dtype);
+    if (bytes > 0 && tensor.data == nullptr && !tensor.read) {
+      throw InvalidArgument("tensors", "tensor '" + tensor.name + "' has neither data nor read");
+    }
     json[tensor.name] = {{"dtype", safetensors_dtype(tensor.dtype)},
                          {"shape", tensor.shape},
                          {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    if (bytes == 0) chunks.push_back({t, 0, 0, true});  // still reported to after_tensor, in order
+    for (std::uint64_t at = 0; at < bytes; at += options.chunk_bytes) {
+      const std::size_t chunk = std::min<std::uint64_t>(options.chunk_bytes, bytes - at);
+      chunks.push_back({t, at, chunk, at + chunk == bytes});
+      if (tensor.data == nullptr) largest_staged = std::max(largest_staged, chunk);
+    }
   }
   std::string text = json.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts 8-byte aligned, as safetensors writes it
@@ -140,20 +161,39 @@ std::string write_safetensors(const std::filesystem::path& path, const std::vect
     sha.update(data, bytes);
     file.write_all(data, bytes);
   }
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    const char* data = static_cast<const char*>(tensors[t].data);
-    std::size_t left = numel_of(tensors[t].shape) * dtype_size(tensors[t].dtype);
-    while (left > 0) {
-      const std::size_t chunk = std::min(left, kWriteChunk);
-      // The chunk is hashed on a second thread while this one writes it: a save takes the longer of the two,
-      // not their sum. (The future's destructor waits, so a failed write never leaves the hash running.)
-      std::future<void> hashed = std::async(std::launch::async, [&sha, data, chunk] { sha.update(data, chunk); });
-      file.write_all(data, chunk);
-      hashed.get();
-      data += chunk;
-      left -= chunk;
-    }
-    if (after_tensor) after_tensor(t + 1);
+  std::uint64_t file_offset = sizeof header_length + text.size();
+  // Two, so that the next chunk is fetched into one while the last one is written and hashed out of the other.
+  // Page-locked: `read` copies out of a GPU.
+  std::array<StagingBuffer, 2> staging{StagingBuffer(largest_staged, true), StagingBuffer(largest_staged, true)};
+  const auto fetch = [&](std::size_t i) -> const char* {
+    const Chunk& chunk = chunks[i];
+    const TensorToWrite& tensor = tensors[chunk.tensor];
+    if (tensor.data != nullptr || chunk.bytes == 0) return static_cast<const char*>(tensor.data) + chunk.offset;
+    char* buffer = staging[i % 2].data();
+    tensor.read(chunk.offset, chunk.bytes, buffer);
+    return buffer;
+  };
+  const char* data = chunks.empty() ? nullptr : fetch(0);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& chunk = chunks[i];
+    // The chunk is hashed and written on two more threads while this one fetches the next: a save takes the
+    // longest of the three, not their sum. (The futures' destructors wait, so a failure never leaves them
+    // running.)
+    std::future<void> hashed = std::async(std::launch::async, [&sha, data, &chunk] { sha.update(data, chunk.bytes); });
+    std::future<void> written = std::async(std::launch::async, [&file, data, &chunk, file_offset] {
+      file.write_all(data, chunk.bytes);
+      // Without this the kernel starts writing a large file back only once its dirty pages pass
+      // dirty_background_ratio (gigabytes on a large host) or at the fsync below, which then flushes nearly all
+      // of it after everything else is done; started chunk by chunk, the disk writes while the rest is fetched
+      // and hashed, and the fsync waits for the last chunks only.
+      file.start_writeback(file_offset, chunk.bytes);
+    });
+    const char* next = i + 1 < chunks.size() ? fetch(i + 1) : nullptr;
+    written.get();
+    hashed.get();
+    file_offset += chunk.bytes;
+    if (chunk.ends_tensor && options.after_tensor) options.after_tensor(chunk.tensor + 1);
+    data = next;
   }
   file.sync();
   return sha.hex_digest();

@@ -23,27 +23,6 @@ using cuda::WorkspaceLayout;
 
 constexpr int kMinimumRuntimeMajor = 12;
 
-// Makes `device` current for the call and restores the caller's device afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ == device) {
-      previous_ = -1;
-    } else {
-      cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    }
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
 std::string gpu_name(const GpuInfo& gpu) {
   return "GPU " + std::to_string(gpu.index) + " (" + gpu.name + ", compute capability " + std::to_string(gpu.cc_major) +
          "." + std::to_string(gpu.cc_minor) + ")";
@@ -107,7 +86,7 @@ std::optional<Problem> padded_problem(const Problem& p) {
 // dims: a call of other head dims has its inputs padded into the workspace here, and crop() copies its
 // outputs back.
 struct Call {
-  DeviceGuard device;
+  CudaDeviceGuard device;
   cudaStream_t stream;
   std::optional<Problem> padded_copy;  // padded_problem
   const Problem& kernel;               // the call as the kernels run it: the caller's, or padded_copy

@@ -33,28 +33,13 @@ void check_positive(Index value, const char* name) {
   if (value <= 0) throw InvalidArgument(name, "must be positive, got " + std::to_string(value));
 }
 
-// Makes `device` current for the object's calls and restores the caller's device after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 class CudaOps final : public Ops {
  public:
   CudaOps(Device device, cudaStream_t stream) : device_(device), stream_(stream), gemm_(stream), workspace_(stream) {}
 
   void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
             const TensorView& c) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     if (c.dtype != bf16 && c.dtype != f32)
       throw InvalidArgument("c", std::string("must be bfloat16 or float32, got ") + dtype_name(c.dtype));
     const Matrix cm = matrix(c, "c", c.dtype);
@@ -76,14 +61,14 @@ class CudaOps final : public Ops {
   }
 
   void embedding_forward(const TensorView& out, const IndexArray& tokens, const TensorView& table) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix tab = matrix(table, "table", bf16);
     const Matrix o = matrix(out, "out", bf16, static_cast<Index>(tokens.size()), tab.cols);
     cuda::embedding_forward(o, token_ids(tokens, tab.rows), tab, stream_);
   }
 
   void embedding_backward(const TensorView& dtable, const IndexArray& tokens, const TensorView& dout) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix tab = matrix(dtable, "dtable", f32);
     const Matrix d = matrix(dout, "dout", bf16, static_cast<Index>(tokens.size()), tab.cols);
     cuda::embedding_backward(tab, token_ids(tokens, tab.rows), d, workspace_, stream_);
@@ -91,7 +76,7 @@ class CudaOps final : public Ops {
 
   void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x, const TensorView& weight,
                        double eps, bool zero_centred) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     check_positive(xm.cols, "x's columns");
     cuda::rmsnorm_forward(matrix(out, "out", bf16, xm.rows, xm.cols), vector<float>(rstd, "rstd", f32, xm.rows), xm,
@@ -102,7 +87,7 @@ class CudaOps final : public Ops {
   void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout, const TensorView& x,
                         const TensorView& rstd, const TensorView& weight, bool zero_centred,
                         bool accumulate_dx) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     const Index R = xm.rows, C = xm.cols;
     check_positive(C, "x's columns");
@@ -114,7 +99,7 @@ class CudaOps final : public Ops {
 
   void gated_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x, const TensorView& z,
                              const TensorView& weight, double eps) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     const Index R = xm.rows, C = xm.cols;
     check_positive(C, "x's columns");
@@ -126,7 +111,7 @@ class CudaOps final : public Ops {
   void gated_rmsnorm_backward(const TensorView& dx, const TensorView& dz, const TensorView& dweight,
                               const TensorView& dout, const TensorView& x, const TensorView& z, const TensorView& rstd,
                               const TensorView& weight) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     const Index R = xm.rows, C = xm.cols;
     check_positive(C, "x's columns");
@@ -138,7 +123,7 @@ class CudaOps final : public Ops {
 
   void conv1d_silu_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
                            const IndexArray& cu_seqlens) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     const Matrix w = matrix(weight, "weight", bf16, xm.cols, kAny);
     check_positive(w.cols, "weight's width");
@@ -148,7 +133,7 @@ class CudaOps final : public Ops {
 
   void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
                             const TensorView& x, const TensorView& weight, const IndexArray& cu_seqlens) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     const Matrix w = matrix(weight, "weight", bf16, xm.cols, kAny);
     check_positive(w.cols, "weight's width");
@@ -160,7 +145,7 @@ class CudaOps final : public Ops {
 
   void gdn_gates_forward(const TensorView& g, const TensorView& beta, const TensorView& a, const TensorView& b,
                          const TensorView& a_log, const TensorView& dt_bias) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix am = matrix(a, "a", bf16);
     const Index R = am.rows, H = am.cols;
     cuda::gdn_gates_forward(matrix(g, "g", f32, R, H), matrix(beta, "beta", f32, R, H), am,
@@ -172,7 +157,7 @@ class CudaOps final : public Ops {
                           const TensorView& ddt_bias, const TensorView& dg, const TensorView& dbeta,
                           const TensorView& a, const TensorView& b, const TensorView& a_log,
                           const TensorView& dt_bias) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix am = matrix(a, "a", bf16);
     const Index R = am.rows, H = am.cols;
     cuda::gdn_gates_backward(matrix(da, "da", bf16, R, H), matrix(db, "db", bf16, R, H),
@@ -184,7 +169,7 @@ class CudaOps final : public Ops {
 
   void rope(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta, const IndexArray& cu_seqlens,
             bool inverse) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     check_rope(heads, head_dim, rotary_dim, theta);
     const Matrix xm = matrix(x, "x", bf16, kAny, Index{heads} * head_dim);
     cuda::rope(xm, heads, head_dim, rotary_dim, static_cast<float>(theta), sequences(cu_seqlens, xm.rows), inverse,
@@ -194,7 +179,7 @@ class CudaOps final : public Ops {
   void attention_forward(const TensorView& o, const TensorView& lse, const TensorView& q, const TensorView& k,
                          const TensorView& v, int q_heads, int kv_heads, int head_dim, double scale,
                          const IndexArray& cu_seqlens) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const cuda::AttentionShape s = attention_shape(q_heads, kv_heads, head_dim, scale);
     const Matrix qm = matrix(q, "q", bf16, kAny, Index{q_heads} * head_dim);
     const Index R = qm.rows, kv_cols = Index{kv_heads} * head_dim;
@@ -208,7 +193,7 @@ class CudaOps final : public Ops {
                           const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                           const TensorView& lse, int q_heads, int kv_heads, int head_dim, double scale,
                           const IndexArray& cu_seqlens) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const cuda::AttentionShape s = attention_shape(q_heads, kv_heads, head_dim, scale);
     const Matrix qm = matrix(q, "q", bf16, kAny, Index{q_heads} * head_dim);
     const Index R = qm.rows, q_cols = qm.cols, kv_cols = Index{kv_heads} * head_dim;
@@ -221,7 +206,7 @@ class CudaOps final : public Ops {
   }
 
   void sigmoid_gate_forward(const TensorView& out, const TensorView& x, const TensorView& gate) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     cuda::sigmoid_gate_forward(matrix(out, "out", bf16, xm.rows, xm.cols), xm,
                                matrix(gate, "gate", bf16, xm.rows, xm.cols), stream_);
@@ -229,7 +214,7 @@ class CudaOps final : public Ops {
 
   void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate, const TensorView& dout, const TensorView& x,
                              const TensorView& gate) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     const Index R = xm.rows, C = xm.cols;
     cuda::sigmoid_gate_backward(matrix(dx, "dx", bf16, R, C), matrix(dgate, "dgate", bf16, R, C),
@@ -237,7 +222,7 @@ class CudaOps final : public Ops {
   }
 
   void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix gm = matrix(gate, "gate", bf16);
     cuda::swiglu_forward(matrix(out, "out", bf16, gm.rows, gm.cols), gm, matrix(up, "up", bf16, gm.rows, gm.cols),
                          stream_);
@@ -245,7 +230,7 @@ class CudaOps final : public Ops {
 
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout, const TensorView& gate,
                        const TensorView& up) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix gm = matrix(gate, "gate", bf16);
     const Index R = gm.rows, C = gm.cols;
     cuda::swiglu_backward(matrix(dgate, "dgate", bf16, R, C), matrix(dup, "dup", bf16, R, C),
@@ -253,14 +238,14 @@ class CudaOps final : public Ops {
   }
 
   void add(const TensorView& y, const TensorView& x) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix ym = matrix(y, "y", bf16);
     cuda::add(ym, matrix(x, "x", bf16, ym.rows, ym.cols), stream_);
   }
 
   // copy and fill_zero take any dtype: they move bytes (cudaMemcpy2DAsync / cudaMemset2DAsync, strided rows).
   void copy(const TensorView& dst, const TensorView& src) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix d = matrix(dst, "dst", dst.dtype);
     const Matrix s = matrix(src, "src", dst.dtype, d.rows, d.cols);
     if (d.rows == 0 || d.cols == 0) return;
@@ -271,14 +256,14 @@ class CudaOps final : public Ops {
   }
 
   void fill_zero(const TensorView& x) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     zero(matrix(x, "x", x.dtype), x.dtype);
   }
 
   // Inference: ops.cpp checks the shapes and index values; here the devices, dtypes and the indices' device copies.
   void copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
                  const IndexArray& src_rows) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     check_copy_rows(dst, dst_rows, src, src_rows);
     const Index n = static_cast<Index>(dst_rows.size());
     cuda::copy_rows(matrix(dst, "dst", dst.dtype), indices(dst_rows, "dst_rows", n), matrix(src, "src", dst.dtype),
@@ -287,7 +272,7 @@ class CudaOps final : public Ops {
 
   void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight, const TensorView& state,
                         const IndexArray& slots) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const CacheLayout layout = check_conv1d_silu_step(out, x, weight, state, slots);
     const Matrix xm = matrix(x, "x", bf16);
     cuda::conv1d_silu_step(matrix(out, "out", bf16), xm, matrix(weight, "weight", bf16),
@@ -296,7 +281,7 @@ class CudaOps final : public Ops {
 
   void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
                          const IndexArray& positions) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     check_rope_at_positions(x, heads, head_dim, rotary_dim, theta, positions);
     const Matrix xm = matrix(x, "x", bf16);
     cuda::rope_at_positions(xm, heads, head_dim, rotary_dim, static_cast<float>(theta),
@@ -306,7 +291,7 @@ class CudaOps final : public Ops {
   void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                         int q_heads, int kv_heads, int head_dim, double scale, const IndexArray& cu_seqlens,
                         const IndexArray& slots, const IndexArray& lengths) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const CacheLayout layout =
         check_cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, cu_seqlens, slots, lengths);
     if (head_dim > cuda::kMaxCachedHeadDim)
@@ -323,7 +308,7 @@ class CudaOps final : public Ops {
 
   void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
                      const TensorView& logprob, bool want_grad) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const Matrix l = matrix(logits, "logits", bf16);
     const Index R = l.rows;
     const std::int32_t* target_ids = indices(targets, "targets", R);
@@ -424,7 +409,7 @@ std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream) {
     throw Unavailable("the model on " + device_name(device), "needs compute capability 8.0 or newer, " + gpu.name +
                                                                  " has " + std::to_string(gpu.cc_major) + "." +
                                                                  std::to_string(gpu.cc_minor));
-  const DeviceGuard guard(device.index);
+  const CudaDeviceGuard guard(device.index);
   return std::make_unique<CudaOps>(device, static_cast<cudaStream_t>(stream));
 }
 

@@ -411,28 +411,13 @@ __global__ void __launch_bounds__(kThreads) sample_rows(const std::uint16_t* __r
   kernel.run(results[blockIdx.x]);
 }
 
-// Makes `device` current for the sampler's calls and restores the caller's device after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 // The per-row requests go up and the results come back through pinned host buffers and a device workspace,
 // both grown (never shrunk) to the largest batch seen, so that a call allocates nothing once it has run at its
 // size.
 class CudaSampler final : public DeviceSampler {
  public:
   explicit CudaSampler(Device device) : device_(device) {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     cuda_check(cudaFuncSetAttribute(sample_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(kHistogramBytes)),
                "cudaFuncSetAttribute");
@@ -443,7 +428,7 @@ class CudaSampler final : public DeviceSampler {
 
   void sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream_handle,
               std::span<Sample> out) override {
-    const DeviceGuard guard(device_.index);
+    const CudaDeviceGuard guard(device_.index);
     const auto stream = static_cast<cudaStream_t>(stream_handle);
     const std::int64_t N = logits.shape[0], V = logits.shape[1];
     if (V > INT_MAX) throw InvalidArgument("logits", "a GPU samples rows of at most 2^31 - 1 tokens, got " + std::to_string(V));

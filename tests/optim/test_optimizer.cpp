@@ -1,5 +1,6 @@
 // DistributedAdamW and its checkpoints under mpirun, on both engines (NCCL where every rank has a
-// GPU): the sharded step against a plain fp64 AdamW, bitwise resume, resharding to smaller dp sizes,
+// GPU): the sharded step against a plain fp64 AdamW, bitwise resume, resharding to smaller dp sizes (also
+// read in chunks smaller than a tensor),
 // the stored step, legacy per-parameter steps, and the errors for damaged or mismatched files.
 #include <gtest/gtest.h>
 
@@ -274,6 +275,37 @@ TEST_P(OptimizerTest, LoadingAtSmallerDpSizesRestoresTheSavedStateExactlyAndTrai
   }
 }
 
+TEST_P(OptimizerTest, LoadsInChunksSmallerThanATensorRestoreTheStateExactlyAtEveryDpSize) {
+  SharedTempDir dir;
+  const DemoResult saved = train_and_save(*group_, dir.path(), 3);
+  std::mt19937_64 rng(seed_);  // the same draws on every rank
+  const SyntheticRegression problem;
+  std::set<int> sizes{world_size(), world_size() / 2, 1};
+  sizes.erase(0);
+  for (int size : sizes) {
+    MPI_Comm members = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < size ? 0 : MPI_UNDEFINED, world_rank(), &members);
+    for (bool verify : {true, false}) {
+      // Not a multiple of a float: chunks end inside elements, and every tensor spans several chunks.
+      const std::size_t chunk_bytes = 1 + rng() % 257;
+      if (members == MPI_COMM_NULL) continue;
+      std::string skip;
+      std::unique_ptr<comm::Group> group = testing_support::make_group(GetParam(), members, &skip);
+      DistributedAdamW optimizer(*group, problem.params(), AdamWConfig{}, DemoOptions{}.layout);
+      load_checkpoint(optimizer, dir.path(), {.verify_checksums = verify, .chunk_bytes = chunk_bytes});
+      const std::string at = "dp " + std::to_string(size) + ", chunks of " + std::to_string(chunk_bytes) +
+                             " bytes, checksums " + (verify ? "on" : "off");
+      EXPECT_EQ(optimizer.step_count(), 3) << at;
+      const StateDigest loaded = digest_state(optimizer);
+      EXPECT_EQ(loaded.state, saved.digest.state) << at;
+      EXPECT_EQ(loaded.params, saved.digest.params) << at;
+      group.reset();
+    }
+    if (members != MPI_COMM_NULL) MPI_Comm_free(&members);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 // Rank 0 edits files of a copy of the checkpoint; then every rank tries to load it.
 class DamagedCheckpoint {
  public:
@@ -335,6 +367,16 @@ TEST_P(OptimizerTest, DamagedOrMismatchedCheckpointsFailOnEveryRankNamingTheFile
     const std::string error = load_error(*group_, copy.dir());
     EXPECT_NE(error.find(copy.shard(victim).filename().string()), std::string::npos) << error;
     EXPECT_NE(error.find("corrupted"), std::string::npos) << error;
+
+    // The corruption is found while the state is read, and the optimizer keeps the state it had.
+    const SyntheticRegression problem;
+    DistributedAdamW optimizer(*group_, problem.params(), AdamWConfig{}, DemoOptions{}.layout);
+    load_checkpoint(optimizer, saved);
+    const StateDigest before = digest_state(optimizer);
+    EXPECT_THROW(load_checkpoint(optimizer, copy.dir(), {.chunk_bytes = 1 + seed_ % 100}), Failure);
+    EXPECT_EQ(optimizer.step_count(), 2);
+    EXPECT_EQ(digest_state(optimizer).state, before.state);
+    EXPECT_EQ(digest_state(optimizer).params, before.params);
   }
   {  // a shard cut short
     DamagedCheckpoint copy(saved, dir.path() / "truncated");

@@ -1,5 +1,6 @@
 // The safetensors writer and header reader, checked against the format read independently (the
-// length bytes assembled by hand, the JSON parsed apart), plus the errors for damaged files.
+// length bytes assembled by hand, the JSON parsed apart), tensors that come chunk by chunk through staging
+// buffers (as a GPU's do) against the same tensors in host memory, plus the errors for damaged files.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "deltatrain/core/error.h"
 #include "deltatrain/optim/digest.h"
@@ -68,8 +70,9 @@ TEST_F(SafetensorsTest, WritesTheFormatByteForByteAndReadsItBack) {
   for (const Source& s : sources) tensors.push_back({s.name, s.dtype, s.shape, s.bytes.data()});
   const fs::path path = dir_ / "a.safetensors";
   std::vector<std::size_t> progress;
-  const std::string sha = write_safetensors(path, tensors, {{"rank", "3"}, {"note", "x"}},
-                                            [&](std::size_t written) { progress.push_back(written); });
+  const std::string sha =
+      write_safetensors(path, tensors, {{"rank", "3"}, {"note", "x"}},
+                        {.after_tensor = [&](std::size_t written) { progress.push_back(written); }});
   EXPECT_EQ(sha, sha256_file(path));
   EXPECT_EQ(progress, (std::vector<std::size_t>{1, 2, 3, 4, 5, 6}));
 
@@ -106,6 +109,103 @@ TEST_F(SafetensorsTest, WritesTheFormatByteForByteAndReadsItBack) {
     EXPECT_EQ(entry->end - entry->begin, s.bytes.size());
   }
   EXPECT_EQ(read.find("absent"), nullptr);
+}
+
+TEST_F(SafetensorsTest, TensorsReadChunkByChunkThroughStagingWriteTheSameBytesAsFromHostMemory) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  std::mt19937_64 rng(seed_);
+  const DType dtypes[] = {DType::f32, DType::bf16, DType::f64, DType::u8};
+  std::vector<std::string> names;
+  std::vector<DType> types;
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<std::vector<char>> sources;
+  for (int t = 0; t < 7; ++t) {
+    names.push_back("state." + std::to_string(t));
+    types.push_back(dtypes[rng() % 4]);
+    // A scalar, an empty tensor, and tensors of up to a few thousand elements.
+    if (t == 0) {
+      shapes.push_back({});
+    } else if (t == 1) {
+      shapes.push_back({0});
+    } else {
+      shapes.push_back({static_cast<std::int64_t>(rng() % 3000), 3});
+    }
+    std::int64_t numel = 1;
+    for (std::int64_t d : shapes.back()) numel *= d;
+    sources.emplace_back(numel * dtype_size(types.back()));
+    for (char& c : sources.back()) c = static_cast<char>(rng());
+  }
+  // Smaller than most tensors and not a multiple of any element size: chunks end inside elements.
+  const std::size_t chunk_bytes = 1 + rng() % 997;
+  const std::map<std::string, std::string> metadata{{"rank", std::to_string(rng() % 8)}};
+
+  std::vector<TensorToWrite> from_host, staged;
+  struct Request {
+    std::size_t tensor;
+    std::uint64_t offset;
+    std::size_t bytes;
+  };
+  std::vector<Request> requests;
+  std::set<void*> staging_buffers;
+  for (std::size_t t = 0; t < sources.size(); ++t) {
+    from_host.push_back({names[t], types[t], shapes[t], sources[t].data()});
+    TensorToWrite tensor{names[t], types[t], shapes[t]};
+    tensor.read = [&, t](std::uint64_t offset, std::size_t bytes, void* staging) {
+      requests.push_back({t, offset, bytes});
+      staging_buffers.insert(staging);
+      std::memcpy(staging, sources[t].data() + offset, bytes);
+    };
+    staged.push_back(std::move(tensor));
+  }
+  std::vector<std::size_t> host_progress, staged_progress;
+  const fs::path host_path = dir_ / "host.safetensors", staged_path = dir_ / "staged.safetensors";
+  const std::string host_sha = write_safetensors(
+      host_path, from_host, metadata, {.after_tensor = [&](std::size_t written) { host_progress.push_back(written); }});
+  const std::string staged_sha =
+      write_safetensors(staged_path, staged, metadata,
+                        {.after_tensor = [&](std::size_t written) { staged_progress.push_back(written); },
+                         .chunk_bytes = chunk_bytes});
+
+  const std::string file = bytes_of(staged_path);
+  EXPECT_EQ(file, bytes_of(host_path));
+  EXPECT_EQ(staged_sha, host_sha);
+  EXPECT_EQ(staged_sha, sha256_file(staged_path));
+  EXPECT_EQ(staged_progress, host_progress);
+  EXPECT_EQ(staged_progress, (std::vector<std::size_t>{1, 2, 3, 4, 5, 6, 7}));
+  // Independently: after the header, the tensors' bytes back to back.
+  std::string data;
+  for (const std::vector<char>& source : sources) data.append(source.begin(), source.end());
+  EXPECT_EQ(file.substr(read_safetensors_header(staged_path).data_start), data);
+
+  // Each tensor was asked for in order, in chunks of at most chunk_bytes, through two staging buffers; empty
+  // tensors not at all.
+  std::vector<std::uint64_t> asked(sources.size(), 0);
+  std::size_t last_tensor = 0;
+  for (const Request& request : requests) {
+    EXPECT_GE(request.tensor, last_tensor);
+    EXPECT_EQ(request.offset, asked[request.tensor]) << "tensor " << request.tensor;
+    EXPECT_GT(request.bytes, 0u);
+    EXPECT_LE(request.bytes, chunk_bytes);
+    asked[request.tensor] += request.bytes;
+    last_tensor = request.tensor;
+  }
+  for (std::size_t t = 0; t < sources.size(); ++t) EXPECT_EQ(asked[t], sources[t].size()) << "tensor " << t;
+  EXPECT_EQ(staging_buffers.size(), std::min<std::size_t>(2, requests.size()));
+
+  // The host path in the same small chunks writes the same bytes too.
+  const fs::path chunked_host_path = dir_ / "chunked-host.safetensors";
+  EXPECT_EQ(write_safetensors(chunked_host_path, from_host, metadata, {.chunk_bytes = chunk_bytes}), host_sha);
+  EXPECT_EQ(bytes_of(chunked_host_path), file);
+}
+
+TEST_F(SafetensorsTest, ATensorWithNeitherDataNorReadIsRefusedNamingIt) {
+  const float value = 1;
+  try {
+    write_safetensors(dir_ / "x.safetensors", {{"fine", DType::f32, {}, &value}, {"hollow", DType::f32, {2}}}, {});
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("hollow"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(SafetensorsTest, NeverOverwritesAnExistingFile) {

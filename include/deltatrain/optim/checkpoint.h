@@ -11,8 +11,10 @@
 // place, then replaces `latest`: a process killed at any point leaves the previous checkpoint whole
 // and `latest` naming it. Nothing existing is overwritten.
 //
-// Loading reads each new rank's shard ranges straight from whichever files hold them (pread of the
-// byte ranges that plan_reshard computes), so the dp size may differ from the one at save. Adam's
+// Loading reads each new rank's shard ranges from whichever files hold them (the byte ranges that
+// plan_reshard computes), so the dp size may differ from the one at save. Each file is read once, in chunks
+// through a small staging buffer, each chunk hashed and copied to the device while the next is read; the
+// new state is assembled beside the old one on the device and replaces it only once every check passed. Adam's
 // step comes from metadata.json alone. A legacy shard that also carries per-parameter step tensors
 // ("<param>.step", 0-dim, as torch Adam and Megatron leaked them) loads: those tensors are ignored
 // and the stored scalar wins.
@@ -27,6 +29,7 @@
 
 #include "deltatrain/optim/adamw.h"
 #include "deltatrain/optim/layout.h"
+#include "deltatrain/optim/safetensors.h"
 
 namespace deltatrain::optim {
 
@@ -84,8 +87,12 @@ struct SaveOptions {
 };
 
 struct LoadOptions {
-  // Each file's SHA-256 is checked against metadata.json, by one rank per file, before use.
+  // Each file's SHA-256 is checked against metadata.json by one rank per file (the lowest that reads any of
+  // it, which then reads all of it), while it is read; the state changes only once every file has passed.
   bool verify_checksums = true;
+  // Each file is read once, in chunks of this many bytes, each hashed and copied to the device while the next
+  // is read.
+  std::size_t chunk_bytes = kDefaultChunkBytes;
 };
 
 // Collective. Returns the new checkpoint's directory. Failure (on every rank) if it already exists and
@@ -98,7 +105,9 @@ std::filesystem::path save_checkpoint(const DistributedAdamW& optimizer, const s
 // Collective. `path` is a checkpoint directory, or a root whose `latest` names one. Restores the
 // state shards, the step and the hyper-parameters, then rebuilds the model parameters. Every rank
 // raises the same error when any rank finds a problem: a missing, truncated or corrupted file
-// (named, with what is wrong), or a layout that does not match the model (InvalidArgument).
+// (named, with what is wrong), or a layout that does not match the model (InvalidArgument); the
+// optimizer then keeps the state it had. Needs room for a second copy of this rank's state on its
+// device while it runs.
 void load_checkpoint(DistributedAdamW& optimizer, const std::filesystem::path& path, const LoadOptions& options = {});
 
 // The checkpoint directory `path` denotes (itself, or what its `latest` names). Failure naming `latest`

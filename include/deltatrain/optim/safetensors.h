@@ -38,18 +38,34 @@ struct SafetensorsHeader {
 // wrong (truncated, unreadable header, ...).
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
 
+// The bytes moved at once between a file, its hash and a device: large enough that each read, write, hash
+// update and copy costs far more than its call, small enough that the two staging buffers are cheap.
+inline constexpr std::size_t kDefaultChunkBytes = std::size_t{64} << 20;
+
 struct TensorToWrite {
   std::string name;
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;  // {} for a scalar
-  const void* data = nullptr;       // host memory, numel * dtype_size bytes
+  const void* data = nullptr;       // host memory, numel * dtype_size bytes; null when `read` supplies them
+  // For bytes that are not in host memory (a GPU's): copies bytes [offset, offset + bytes) of the tensor into
+  // `staging` (host memory, page-locked where CUDA can pin it) and returns once they are there. The writer asks
+  // chunk by chunk, for the next chunk while the last one is written and hashed, so no host copy of the whole
+  // tensor is ever made.
+  std::function<void(std::uint64_t offset, std::size_t bytes, void* staging)> read = {};
 };
 
-// Creates `path` (Failure if it exists), writes the tensors in order and fsyncs it. `after_tensor`,
-// if given, is called after each tensor's bytes are written (with how many are written so far).
-// Returns the SHA-256 of the whole file, computed while writing.
+struct SafetensorsWriteOptions {
+  // Called after each tensor's bytes are written, with how many tensors are written so far.
+  std::function<void(std::size_t)> after_tensor;
+  // The most bytes of a tensor handled at once; two staging buffers of this size are allocated when some
+  // tensor comes through `read`.
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+};
+
+// Creates `path` (Failure if it exists), writes the tensors in order and fsyncs it. Returns the SHA-256 of
+// the whole file, computed while writing. InvalidArgument naming the tensor when it has neither data nor read.
 std::string write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata,
-                              const std::function<void(std::size_t)>& after_tensor = {});
+                              const SafetensorsWriteOptions& options = {});
 
 }  // namespace deltatrain::optim
