@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "deltatrain/core/error.h"
 #ifdef DELTATRAIN_WITH_CUDA
@@ -104,6 +105,58 @@ std::size_t Arena::reserved_bytes() const {
   std::size_t total = 0;
   for (const Chunk& c : chunks_) total += c.bytes;
   return total;
+}
+
+StreamGraph::StreamGraph(Device device, void* stream, const std::function<void()>& work) {
+  if (stream == nullptr) throw InvalidArgument("stream", "is the legacy default stream, which CUDA cannot capture");
+#ifdef DELTATRAIN_WITH_CUDA
+  const CudaDeviceGuard guard(device.index);
+  const auto s = static_cast<cudaStream_t>(stream);
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  cudaGraph_t graph = nullptr;
+  try {
+    work();
+  } catch (...) {
+    // The capture must end before the stream can run anything again; what it recorded is dropped.
+    if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+    throw;
+  }
+  cuda_check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable graph holds what it needs
+  cuda_check(status, "cudaGraphInstantiate");
+  exec_ = exec;
+#else
+  (void)work;
+  throw Unavailable("a CUDA graph on " + device_name(device), "this build has no CUDA");
+#endif
+}
+
+StreamGraph::~StreamGraph() {
+#ifdef DELTATRAIN_WITH_CUDA
+  // A launch still queued keeps its own reference: destroying the executable graph does not wait for it.
+  if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+#endif
+}
+
+StreamGraph::StreamGraph(StreamGraph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)) {}
+
+StreamGraph& StreamGraph::operator=(StreamGraph&& other) noexcept {
+  if (this != &other) {
+    StreamGraph old(std::move(*this));
+    exec_ = std::exchange(other.exec_, nullptr);
+  }
+  return *this;
+}
+
+void StreamGraph::launch(void* stream) const {
+#ifdef DELTATRAIN_WITH_CUDA
+  cuda_check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream)),
+             "cudaGraphLaunch");
+#else
+  (void)stream;
+#endif
 }
 
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream) {

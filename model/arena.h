@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <vector>
 
@@ -26,6 +27,9 @@ class Arena {
   void reset();
   std::size_t reserved_bytes() const;  // held on the device
   std::size_t peak_bytes() const { return peak_; }  // most in use at once since construction
+  // Counts the chunks, which live as long as the arena and are only ever added: while it is unchanged, the same
+  // sequence of allocations after reset() lands at the same addresses (what a recorded CUDA graph relies on).
+  std::size_t generation() const { return chunks_.size(); }
 
  private:
   struct Chunk {
@@ -37,6 +41,30 @@ class Arena {
   std::vector<Chunk> chunks_;
   std::size_t chunk_ = 0, offset_ = 0;  // where the next allocation goes
   std::size_t in_use_ = 0, peak_ = 0;
+};
+
+// Work recorded once from a stream and replayed with one launch (a CUDA graph): a replay runs the recorded kernels
+// with the arguments they were given, addresses included, on what device memory holds at launch time.
+class StreamGraph {
+ public:
+  StreamGraph() = default;  // empty: nothing to launch
+  // Records what `work` enqueues on `stream` (it runs nothing) and instantiates it. The capture is thread-local
+  // (cudaStreamCaptureModeThreadLocal): meanwhile this thread must not synchronise the host with the device or
+  // allocate device memory, and other threads' work stays out of the graph. InvalidArgument naming `stream` for the
+  // legacy default stream (nullptr), which cannot be captured; Failure naming the CUDA call; what `work` throws ends
+  // the capture and passes through.
+  StreamGraph(Device device, void* stream, const std::function<void()>& work);
+  ~StreamGraph();
+  StreamGraph(StreamGraph&& other) noexcept;
+  StreamGraph& operator=(StreamGraph&& other) noexcept;
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+
+  explicit operator bool() const { return exec_ != nullptr; }
+  void launch(void* stream) const;  // a non-empty graph, on `stream` after its queued work, not waited for
+
+ private:
+  void* exec_ = nullptr;  // the cudaGraphExec_t
 };
 
 // Plain allocations on a device (host memory for the CPU), 256-byte aligned; Failure naming the bytes.

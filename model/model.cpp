@@ -14,10 +14,16 @@
 // GDN state, conv history and keys/values into its slot; decode swaps the three operations that mix tokens
 // for their one-token forms over the slots (conv1d_silu_step, gdn recurrent_forward from the slot's state,
 // rope at the slot's position and cached_attention), everything else unchanged.
+//
+// On a GPU, decode's kernels (the layers and the logits' product: hundreds of launches, which at a small batch take
+// longer than the work) are recorded once per batch size into a CUDA graph and replayed; a step then uploads its
+// index arrays into the same device buffers and launches the graph. decode_step says when a replay is valid.
 #include "deltatrain/model/model.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -28,6 +34,9 @@
 #include "arena.h"
 #include "ops.h"
 #include "tensors.h"
+#ifdef DELTATRAIN_WITH_CUDA
+#include "gdn/cuda/workspace.h"  // the GDN operator's scratch on a stream, whose address a recorded decode may hold
+#endif
 
 namespace deltatrain::model {
 namespace {
@@ -125,6 +134,13 @@ struct Model::Impl {
   TensorView d_final;                    // the loss's gradient w.r.t. final_normed, formed in forward
   InferenceStep inference;               // inference.state is null outside prefill and decode
   Arena staged_logits{options.device, options.memory};  // prefill and decode into host doubles: the device logits
+  // Decode's CUDA graphs (decode_uses_cuda_graphs), one per batch size: the bindings of the step that last ran at
+  // that size, and the graph recorded from a step with exactly those bindings (empty until a second step has them).
+  struct DecodeGraph {
+    std::vector<std::uintptr_t> bindings;
+    StreamGraph graph;
+  };
+  std::map<std::int64_t, DecodeGraph> decode_graphs;
 
   Impl(const Config& c, const ModelOptions& o) : config(c), options(o) {}
 
@@ -133,13 +149,18 @@ struct Model::Impl {
   TensorView temp(std::initializer_list<std::int64_t> shape) { return scratch.allocate(act_dtype, shape); }
   TensorView temp_stat(std::initializer_list<std::int64_t> shape) { return scratch.allocate(stat_dtype, shape); }
 
-  void load_batch(const Batch& batch);
+  void load_batch(const Batch& batch, bool for_loss);
   IndexArray index_array(const std::vector<std::int32_t>& host);
   void upload_inference();
   void check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows) const;
   void check_logits(const TensorView& logits, std::int64_t rows) const;
   TensorView stage_logits(std::int64_t rows, std::span<const double> out);
   void run_layers();
+  bool graphs_enabled() const {
+    return options.cuda_graphs && options.device.type != DeviceType::cpu && options.stream != nullptr;
+  }
+  std::vector<std::uintptr_t> decode_bindings(const TensorView& logits) const;
+  void decode_step(const TensorView& logits);
   void logits_to_host(const TensorView& logits, std::span<double> out);
   void allocate(bool training);
   void allocate_layer(LayerActivations& a, LayerKind kind, Arena& arena);
@@ -280,6 +301,7 @@ void Model::bind(const TensorLookup& params, const TensorLookup& grads) {
   m.grads = std::move(g);
   m.has_grads = static_cast<bool>(grads);
   m.trained = false;
+  m.decode_graphs.clear();  // they hold the previous parameters' addresses
 }
 
 std::vector<std::int32_t> next_token_targets(std::span<const std::int32_t> tokens,
@@ -344,10 +366,22 @@ IndexArray Model::Impl::index_array(const std::vector<std::int32_t>& host) {
   return IndexArray(host, v.ptr<std::int32_t>());
 }
 
-// The batch on the host (validation, CPU kernels, the GDN operator's schedule) and, on a GPU, on the device.
-void Model::Impl::load_batch(const Batch& batch) {
+// The batch on the host (validation, CPU kernels, the GDN operator's schedule) and, on a GPU, on the device; with
+// `for_loss` also its targets, weights and room for the log-probabilities (an inference step has no loss: its
+// tokens and offsets are all a decode step uploads besides the step's own index arrays).
+void Model::Impl::load_batch(const Batch& batch, bool for_loss) {
   tokens.assign(batch.tokens.begin(), batch.tokens.end());
   cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
+  T = static_cast<std::int64_t>(tokens.size());
+  memory.reset();
+  token_ids = index_array(tokens);
+  sequences = index_array(cu_seqlens);
+  if (!for_loss) {
+    objective = nullptr;
+    target_ids = {};
+    weight_values = logprob_values = {};
+    return;
+  }
   targets = batch.targets.empty() ? next_token_targets(batch.tokens, batch.cu_seqlens)
                                   : std::vector<std::int32_t>(batch.targets.begin(), batch.targets.end());
   if (batch.weights.empty()) {
@@ -358,21 +392,13 @@ void Model::Impl::load_batch(const Batch& batch) {
   }
   logprobs.assign(targets.size(), 0.0);
   objective = batch.objective;
-  T = static_cast<std::int64_t>(tokens.size());
-
-  memory.reset();
+  target_ids = index_array(targets);
   const Device device = options.device;
   if (device.type == DeviceType::cpu) {
-    token_ids = IndexArray(tokens);
-    sequences = IndexArray(cu_seqlens);
-    target_ids = IndexArray(targets);
     weight_values = TensorView::contiguous(weights.data(), DType::f64, {T});
     logprob_values = TensorView::contiguous(logprobs.data(), DType::f64, {T});
     return;
   }
-  token_ids = index_array(tokens);
-  sequences = index_array(cu_seqlens);
-  target_ids = index_array(targets);
   // The copies are asynchronous: the float32 weights must outlive them, so they live in the arena's
   // host-visible sibling, logprobs' host vector (converted back after the loss).
   std::vector<float> weights32(weights.begin(), weights.end());
@@ -749,7 +775,7 @@ double Model::forward(const Batch& batch, bool training) {
   if (training && !m.has_grads) throw StateError("Model::forward: a training forward needs bound gradients");
   validate_batch(batch, m.config.vocab_size);
   m.trained = false;
-  m.load_batch(batch);
+  m.load_batch(batch, true);
   m.allocate(training);
   m.run_layers();
   const double loss = m.loss(training);
@@ -893,7 +919,7 @@ void Model::prefill(const Batch& prompts, std::span<const std::int32_t> slots, I
     }
   }
   m.trained = false;
-  m.load_batch(batch);
+  m.load_batch(batch, false);
   InferenceStep& s = m.inference;
   s = InferenceStep{};
   s.slots.assign(slots.begin(), slots.end());
@@ -949,7 +975,7 @@ void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::in
     }
   }
   m.trained = false;
-  m.load_batch({tokens, cu});
+  m.load_batch({tokens, cu}, false);
   InferenceStep& s = m.inference;
   s = InferenceStep{};
   s.decode = true;
@@ -965,9 +991,65 @@ void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::in
   s.state = &state;
   const InferenceScope scope{s};
   m.allocate(false);
-  m.run_layers();
-  m.linear(logits, m.final_normed, m.params.lm_head);
+  m.decode_step(logits);
   for (const std::int32_t slot : slots) ++state.lengths_[slot];
+}
+
+bool Model::decode_uses_cuda_graphs() const { return impl_->graphs_enabled(); }
+
+// Everything a recorded decode step's kernels hold besides the parameters (bind() drops the graphs): the logits, the
+// state's tensors and extents (a state made after another may reuse its addresses), the GDN operator's scratch on
+// the stream (which a larger call elsewhere reallocates) and the arenas' generations, which with the batch size fix
+// every activation's and index array's address (the same allocations in the same order each step).
+std::vector<std::uintptr_t> Model::Impl::decode_bindings(const TensorView& logits) const {
+  const auto address = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const InferenceState& state = *inference.state;
+  std::vector<std::uintptr_t> bindings{address(logits.data),
+                                       static_cast<std::uintptr_t>(state.slots()),
+                                       static_cast<std::uintptr_t>(state.max_length()),
+                                       memory.generation(),
+                                       recomputed.generation()};
+#ifdef DELTATRAIN_WITH_CUDA
+  bindings.push_back(address(gdn::cuda::workspace(options.device.index, static_cast<cudaStream_t>(options.stream), 0)));
+#endif
+  for (int l = 0; l < config.num_hidden_layers(); ++l) {
+    const LayerState& layer = state.layer(l);
+    for (const TensorView* v : {&layer.gdn_state, &layer.conv_state, &layer.k_cache, &layer.v_cache})
+      bindings.push_back(address(v->data));
+  }
+  return bindings;
+}
+
+// Decode's kernels, from the embedding to the logits, with the step's index arrays already uploaded. With graphs,
+// a step replays the graph of its batch size when the bindings match those it was recorded with. Otherwise its
+// kernels run one by one: a first step at new bindings allocates whatever it needs (arena chunks, workspaces, the
+// products' algorithms, lazily loaded kernels), none of which a recording may do, and the next step at the same
+// bindings records the graph and launches it (recording runs nothing). Both run the same calls, so the same bits.
+void Model::Impl::decode_step(const TensorView& logits) {
+  const auto kernels = [&] {
+    run_layers();
+    linear(logits, final_normed, params.lm_head);
+  };
+  if (!graphs_enabled()) {
+    kernels();
+    return;
+  }
+  DecodeGraph& entry = decode_graphs[T];
+  if (entry.bindings == decode_bindings(logits)) {
+    if (!entry.graph) {
+      try {
+        entry.graph = StreamGraph(options.device, options.stream, kernels);
+      } catch (...) {
+        decode_graphs.erase(T);  // the next step at this size starts over, one by one
+        throw;
+      }
+    }
+    entry.graph.launch(options.stream);
+    return;
+  }
+  entry.graph = StreamGraph{};  // recorded with other addresses
+  kernels();
+  entry.bindings = decode_bindings(logits);
 }
 
 }  // namespace deltatrain::model

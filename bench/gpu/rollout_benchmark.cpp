@@ -7,10 +7,11 @@
 // for comparison (Model::decode into host doubles, then greedy sample_token on the host), Model::decode with the
 // vocabulary cut to 4096 (the layers and launches without the full vocabulary's product), and the bytes a step
 // must move (weights once, each GDN state read and written, the K/V cache read) over --bandwidth-tbs as the
-// roofline.
+// roofline. Decode replays CUDA graphs (ModelOptions::cuda_graphs) unless --cuda-graphs false; each row says
+// whether they were used.
 //
 //   rollout_benchmark [--config qwen3.5-0.8b] [--batches 64,256] [--prompt 128] [--new-tokens 256]
-//                     [--decode-probe 16] [--bandwidth-tbs 4.3] [--json FILE]
+//                     [--decode-probe 16] [--bandwidth-tbs 4.3] [--cuda-graphs true] [--json FILE]
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -72,12 +73,14 @@ int main(int argc, char** argv) {
   std::string config_name = "qwen3.5-0.8b", json_path, batch_list = "64,256";
   int prompt = 128, new_tokens = 256, probe_steps = 16;
   double bandwidth_tbs = 4.3;
+  bool cuda_graphs = true;
   app.add_option("--config", config_name);
   app.add_option("--batches", batch_list, "comma-separated batch sizes");
   app.add_option("--prompt", prompt, "prompt tokens per sequence");
   app.add_option("--new-tokens", new_tokens, "tokens generated per sequence");
   app.add_option("--decode-probe", probe_steps, "Model::decode steps timed alone per batch size");
   app.add_option("--bandwidth-tbs", bandwidth_tbs, "device memory bandwidth for the roofline (H200 copy: 4.3)");
+  app.add_option("--cuda-graphs", cuda_graphs, "replay decode steps from CUDA graphs");
   app.add_option("--json", json_path);
   CLI11_PARSE(app, argc, argv);
 
@@ -97,7 +100,7 @@ int main(int argc, char** argv) {
     host.init(config.initializer_range, 1);
     model::DeviceParams device(host, gpu);
     device.upload(host, stream);
-    const model::ModelOptions options{.device = gpu, .dtype = DType::bf16, .stream = stream};
+    const model::ModelOptions options{.device = gpu, .dtype = DType::bf16, .stream = stream, .cuda_graphs = cuda_graphs};
     const std::int64_t max_length = prompt + new_tokens - 1;
 
     nlohmann::ordered_json rows = nlohmann::json::array();
@@ -158,9 +161,11 @@ int main(int argc, char** argv) {
           {.temperature = 0}, {.temperature = 1.0, .top_p = 0.9}, {.temperature = 1.0, .top_k = 50}};
       std::vector<double> model_decode_s, host_decode_s, host_greedy_s;
       std::vector<std::vector<double>> gpu_sampling_s(modes.size());
+      bool graphs_used = false;
       {  // freed before the next probe: a prefill of B x prompt tokens keeps every layer's activations
         model::Model m(config, options);
         m.bind(device.params());
+        graphs_used = m.decode_uses_cuda_graphs();
         model::InferenceState state(config, options, B, max_length);
         void* device_logits = nullptr;
         cuda_check(cudaMalloc(&device_logits, B * V * sizeof(std::uint16_t)), "cudaMalloc");
@@ -170,9 +175,12 @@ int main(int argc, char** argv) {
         rollout::BatchSampler sampler;
         std::vector<rollout::RowSampling> draws(B);
         std::vector<std::int32_t> scratch;
-        for (int s = 0; s < probe_steps + 2; ++s) {  // two warm-up steps
+        // The device path's steps, then the host path's, each after two warm-up steps: a CUDA graph is recorded per
+        // logits buffer, so alternating the two paths would run every step one kernel at a time.
+        for (int s = 0; s < 2 * (probe_steps + 2); ++s) {
           for (std::int64_t i = 0; i < B; ++i) next[i] = token(rng);
-          const bool host_path = s % 2 == 1;  // the host path on odd steps, the device path on even ones
+          const bool host_path = s >= probe_steps + 2;
+          const bool timed = s % (probe_steps + 2) >= 2;
           auto start = Clock::now();
           if (host_path) {
             m.decode(next, slots, state, host_logits);
@@ -181,18 +189,18 @@ int main(int argc, char** argv) {
             for (std::int64_t i = 0; i < B; ++i)
               rollout::sample_token(std::span<const double>(host_logits).subspan(i * V, V), {.temperature = 0}, 0.5,
                                     false, scratch);
-            if (s >= 2) host_decode_s.push_back(decode), host_greedy_s.push_back(seconds_since(start));
+            if (timed) host_decode_s.push_back(decode), host_greedy_s.push_back(seconds_since(start));
             continue;
           }
           m.decode(next, slots, state, logits);
           cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
           const double decode = seconds_since(start);
-          if (s >= 2) model_decode_s.push_back(decode);
+          if (timed) model_decode_s.push_back(decode);
           for (std::size_t mode = 0; mode < modes.size(); ++mode) {
             for (std::int64_t i = 0; i < B; ++i) draws[i] = {modes[mode], rollout::uniform(7, i, s), false};
             start = Clock::now();
             sampler.sample(logits, draws, stream);
-            if (s >= 2) gpu_sampling_s[mode].push_back(seconds_since(start));
+            if (timed) gpu_sampling_s[mode].push_back(seconds_since(start));
           }
         }
         cuda_check(cudaFree(device_logits), "cudaFree");
@@ -228,6 +236,7 @@ int main(int argc, char** argv) {
           decode_step_bytes(config, B, static_cast<std::int64_t>(mean_length)) / (bandwidth_tbs * 1e12);
       nlohmann::ordered_json row = {
           {"batch", B},
+          {"cuda_graphs", graphs_used},
           {"prompt", prompt},
           {"new_tokens", new_tokens},
           {"prefill_s", prefill_s},

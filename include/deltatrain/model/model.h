@@ -5,7 +5,8 @@
 //   double loss = m.forward(batch);                  // sum over tokens of weight * -log p(target)
 //   m.backward();                                    // accumulates into the bound gradients
 //   m.prefill(prompts, slots, state, logits);        // rollout: prompts into cache slots (inference.h)
-//   m.decode(tokens, slots, state, logits);          // one token per slot (logits: on the device, or host doubles)
+//   m.decode(tokens, slots, state, logits);          // one token per slot (logits: on the device, or host doubles);
+//                                                    // on a GPU replayed from a CUDA graph per batch size
 //
 // The batch is packed: B = 1, the sequences one after another with cu_seqlens, as the GDN operator takes
 // them. Nothing mixes tokens across sequences (convolution, GDN state, attention, RoPE positions).
@@ -50,6 +51,11 @@ struct ModelOptions {
   // rest row-wise already. A rollout and a trainer both in this mode agree on every log-probability bit for bit
   // (RL's true on-policy), at several times the cost of the products.
   bool batch_invariant = false;
+  // GPU: decode replays a CUDA graph of its kernels (one launch for the hundreds of a step), recorded per batch
+  // size on `stream`, with the same logits bit for bit. A graph cannot be recorded from the legacy default stream:
+  // with stream = nullptr decode runs its kernels one by one (give the model a stream to have graphs). Ignored on
+  // the CPU.
+  bool cuda_graphs = true;
 };
 
 // The dtype of the gradients a model with these options accumulates into (the parameters' on the CPU,
@@ -120,6 +126,10 @@ class Model {
               const TensorView& logits);
   void decode(std::span<const std::int32_t> tokens, std::span<const std::int32_t> slots, InferenceState& state,
               std::span<double> logits);
+  // Whether decode replays CUDA graphs: options.cuda_graphs on a GPU with a stream other than the legacy default.
+  // A step whose batch size comes with new buffers (logits, state, grown activation memory) runs its kernels one by
+  // one, the next such step records the graph, and later ones replay it; bind() drops the graphs.
+  bool decode_uses_cuda_graphs() const;
 
  private:
   struct Impl;

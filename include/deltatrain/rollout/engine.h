@@ -14,7 +14,8 @@
 // running sequence. The logits stay on the model's device: one BatchSampler call draws every row's token there
 // and only the tokens and logprobs come back. What a sequence generates depends only on its request: the
 // model's function of its own tokens and the draws keyed by (seed, id, token index); never on the batch around
-// it.
+// it. On a GPU with a stream of the caller's (model_options.stream) and model_options.cuda_graphs, a decode step
+// replays a CUDA graph recorded for its batch size (Model::decode): the same tokens, a fraction of the launches.
 #pragma once
 
 #include <cstdint>
