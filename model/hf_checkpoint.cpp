@@ -10,6 +10,7 @@
 
 #include "deltatrain/core/bfloat16.h"
 #include "deltatrain/core/error.h"
+#include "arena.h"  // copy_to_host, synchronize: the device side of a streamed save
 #include "deltatrain/optim/safetensors.h"
 #include "optim/file_io.h"
 
@@ -95,7 +96,9 @@ void check_view(const TensorView& view, const ParamInfo& info, bool destination)
   auto fail = [&](const std::string& rule) {
     throw InvalidArgument(info.name, std::string(destination ? "the destination" : "the source") + " view " + rule);
   };
-  if (view.device.type != DeviceType::cpu) fail("must be in host memory; it is on " + device_name(view.device));
+  if (destination && view.device.type != DeviceType::cpu) {
+    fail("must be in host memory; it is on " + device_name(view.device));
+  }
   std::vector<std::int64_t> shape(view.shape.begin(),
                                   view.shape.begin() + std::clamp(view.ndim, 0, TensorView::kMaxDims));
   if (shape != info.shape) fail("has shape " + shape_string(shape) + "; the config needs " + shape_string(info.shape));
@@ -218,6 +221,23 @@ void save_hf_model(const fs::path& dir, const Config& config, const TensorLookup
   std::vector<optim::TensorToWrite> tensors;
   converted.reserve(infos.size());
   for (std::size_t i = 0; i < infos.size(); ++i) {
+    const TensorView& view = views[i];
+    if (view.device.type != DeviceType::cpu) {
+      // Streamed by the writer from the device, chunk by chunk: no host copy of the model is made.
+      if (view.dtype != file_dtype) {
+        throw InvalidArgument(infos[i].name, std::string("the source view on ") + device_name(view.device) +
+                                                 " has dtype " + dtype_name(view.dtype) +
+                                                 "; a device view must already be in the file's dtype (" +
+                                                 dtype_name(file_dtype) + ")");
+      }
+      tensors.push_back({infos[i].name, file_dtype, infos[i].shape, nullptr,
+                         [view](std::uint64_t offset, std::size_t bytes, void* staging) {
+                           copy_to_host(staging, static_cast<const std::byte*>(view.data) + offset, bytes,
+                                        view.device, nullptr);
+                           synchronize(view.device, nullptr);
+                         }});
+      continue;
+    }
     const void* data = views[i].data;
     if (views[i].dtype != file_dtype) {
       converted.emplace_back(static_cast<std::size_t>(infos[i].numel()) * dtype_size(file_dtype));

@@ -301,8 +301,6 @@ class Loop {
     train::start_from(optimizer_, host);
   }
 
-  std::unique_ptr<model::ParamStore> host_params() const { return train::host_params(optimizer_, options_.config); }
-
   void set_lr(double lr) {
     optim::AdamWConfig config = optimizer_.config();
     config.lr = lr;
@@ -482,7 +480,7 @@ class Loop {
   }
 
   void capture_reference() {
-    reference_ = host_params();
+    reference_ = train::host_params(optimizer_, options_.config);
     bind_reference();
   }
 
@@ -552,10 +550,11 @@ class Loop {
         group_, options_.checkpoint_root, optimizer_.step_count(), kStateFile,
         [this](const fs::path& temp) { optim::save_checkpoint(optimizer_, temp / "optimizer"); },
         [this](const fs::path& temp) {
-          // In the parameters' own dtype: bf16 on a GPU, float32 on the CPU (the optimizer's checkpoint holds the
-          // float32 main weights).
-          const std::unique_ptr<model::ParamStore> params = host_params();
-          model::save_hf_model(temp / "model", options_.config, params->params(), params->dtype());
+          // In the parameters' own dtype (bf16 on a GPU, float32 on the CPU; the optimizer's checkpoint holds the
+          // float32 main weights), streamed from where they live.
+          model::save_hf_model(temp / "model", options_.config,
+                               [this](std::string_view name) { return optimizer_.param(name); },
+                               train::param_dtype(group_.device()));
           if (reference_) model::save_hf_model(temp / "reference", options_.config, reference_->params(), reference_->dtype());
           optim::write_new_file(temp / kStateFile, state_json(state()).dump(2) + "\n");
         });

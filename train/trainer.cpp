@@ -249,8 +249,7 @@ class Trainer {
         group_, options_.checkpoint_root, optimizer_.step_count(), kStateFile,
         [this](const fs::path& temp) { optim::save_checkpoint(optimizer_, temp / "optimizer"); },
         [this](const fs::path& temp) {
-          const std::unique_ptr<model::ParamStore> host = host_params(optimizer_, options_.config);
-          model::save_hf_model(temp / "model", options_.config, host->params(), host->dtype());
+          model::save_hf_model(temp / "model", options_.config, params(), param_dtype(group_.device()));
           optim::write_new_file(temp / kStateFile, state_to_json(state()));
         });
     if (observer_) observer_->on_save({optimizer_.step_count(), dir, seconds_since(began), bytes_under(dir)});

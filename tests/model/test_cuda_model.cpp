@@ -9,12 +9,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <vector>
 
 #include "deltatrain/core/bfloat16.h"
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/system.h"
+#include "deltatrain/model/hf_checkpoint.h"
 #include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
@@ -114,6 +116,32 @@ TEST_F(CudaModelTest, MatchesTheCpuModelInFloat32OnTheSameWeights) {
   }
   std::printf("gradients: worst relative error %.2e (%s); decay gradients' least cosine similarity %.4f\n", worst,
               worst_name.c_str(), least_cosine);
+}
+
+// An HF model saved straight from parameters on the GPU (streamed chunk by chunk) loads back as the same bf16
+// values; a device view in another dtype than the file's is refused by name, before anything is written.
+TEST_F(CudaModelTest, SavesAnHfModelFromTheGpu) {
+  SKIP_WITHOUT_GPU();
+  const Config c = config();
+  ParamStore bf16(c, DType::bf16), loaded(c, DType::bf16);
+  bf16.init(0.05, seed_);
+  DeviceParams device(bf16, Device{DeviceType::cuda, 0});
+  device.upload(bf16);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dt-gpu-save-" + std::to_string(seed_));
+  std::filesystem::remove_all(dir);
+  save_hf_model(dir / "model", c, device.params(), DType::bf16);
+  load_hf_weights(dir / "model", c, loaded.params());
+  const TensorView a = bf16.param_buffer(), b = loaded.param_buffer();
+  ASSERT_EQ(a.nbytes(), b.nbytes());
+  EXPECT_EQ(std::memcmp(a.data, b.data, a.nbytes()), 0) << "the saved model differs from the GPU's parameters";
+  try {
+    save_hf_model(dir / "as-float32", c, device.params(), DType::f32);
+    ADD_FAILURE() << "a bf16 device view saved as float32 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "as-float32"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(CudaModelTest, IsBitwiseDeterministic) {

@@ -11,7 +11,9 @@
 namespace deltatrain::model {
 
 // Writes `dir` (Failure if it exists; nothing is overwritten): config.json and model.safetensors with every
-// parameter of `config` in `file_dtype` (f32 or bf16), converted from whatever dtype `params` holds.
+// parameter of `config` in `file_dtype` (f32 or bf16), converted from whatever dtype `params` holds in host
+// memory; views on a GPU must already be in `file_dtype` and are streamed to the file chunk by chunk (no host
+// copy of the model).
 // Written into a temporary sibling directory, fsynced and renamed, so a crash leaves no half-written model.
 void save_hf_model(const std::filesystem::path& dir, const Config& config, const TensorLookup& params,
                    DType file_dtype);
