@@ -1,3 +1,4 @@
+#include "deltatrain/core/clock.h"
 #include "deltatrain/memsaver/cycle_bench.h"
 
 #include <algorithm>
@@ -10,12 +11,6 @@
 
 namespace deltatrain::memsaver {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Byte p of the pattern is byte p % 8 of splitmix64(seed + p / 8): position-dependent, so a shifted,
 // truncated or zeroed copy never matches.

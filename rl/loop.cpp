@@ -1,3 +1,4 @@
+#include "deltatrain/core/clock.h"
 #include "deltatrain/rl/loop.h"
 
 #include <algorithm>
@@ -24,8 +25,6 @@
 namespace deltatrain::rl {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
 namespace {
 
 constexpr const char* kStateFile = "rl.json";
@@ -44,8 +43,6 @@ constexpr MemoryTag kMemoryTags[] = {
     {"activations", memsaver::Backup::None, false, true, "the trainer's activations"},
     {"rollout", memsaver::Backup::None, true, false, "the rollout's caches (GDN states, conv, K/V) and activations"},
 };
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 const MemoryTag& tag_info(std::string_view tag) {
   for (const MemoryTag& t : kMemoryTags) {

@@ -1,3 +1,4 @@
+#include "deltatrain/core/clock.h"
 #include "deltatrain/train/trainer.h"
 
 #include <algorithm>
@@ -23,8 +24,6 @@
 namespace deltatrain::train {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
 namespace {
 
 constexpr const char* kStateFile = "trainer.json";
@@ -67,8 +66,6 @@ std::int64_t bytes_under(const fs::path& dir) {
   }
   return bytes;
 }
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::string config_differences(const std::string& saved, const std::string& current) {
   const nlohmann::json a = nlohmann::json::parse(saved), b = nlohmann::json::parse(current);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "deltatrain/core/clock.h"
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/comm/nccl_group.h"
 #include "deltatrain/optim/adamw.h"
@@ -29,11 +30,9 @@
 
 namespace dt = deltatrain;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
+using deltatrain::Clock;
+using deltatrain::seconds_since;
 namespace {
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::vector<double> mib(std::vector<double> bytes) {
   for (double& b : bytes) b /= 1 << 20;

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deltatrain/core/clock.h"
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
@@ -33,11 +34,7 @@
 #include "deltatrain/rollout/sampling.h"
 
 using namespace deltatrain;
-using Clock = std::chrono::steady_clock;
-
 namespace {
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
