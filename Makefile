@@ -10,6 +10,8 @@
 #                the same memory; reward, held-out accuracy, each phase and switch, and the chart
 #   make train-demo  the trainer: tokenize the Shakespeare corpus, train `tiny` for a few minutes, loss chart
 #   make gdn-demo  the GDN operator on a Qwen3.5-shaped layer, checked against the reference, with throughput
+#   make gpu-bundle  the GPU artefacts for a machine without the build dependencies (an H200 with CUDA, torch and
+#                Python 3.12): bench/gpu/gpu.sh pack, then `bench/gpu/gpu.sh tests|sanitize|python|...` there
 
 APT_PACKAGES := cmake ninja-build g++ git python3-venv libgtest-dev libbenchmark-dev libcli11-dev \
                 nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas-dev libssl-dev
@@ -34,7 +36,7 @@ FULL_BUILD := -C build-dir=$(BUILD) -C cmake.define.DELTATRAIN_FULL=ON -C cmake.
 TRAIN_DEMO := $(BUILD)/train-demo
 RL_DEMO    := $(BUILD)/rl-demo
 
-.PHONY: all deps build test wheel wheel-test demo demo-deps train-demo train-demo-deps gdn-demo clean
+.PHONY: all deps build test wheel wheel-test demo demo-deps train-demo train-demo-deps gdn-demo gpu-bundle clean
 
 all: build
 
@@ -120,6 +122,11 @@ train-demo: build train-demo-deps
 	DELTATRAIN_PYTHON=$(PY) $(BUILD)/bin/deltatrain train --config tiny --data $(TRAIN_DEMO)/data \
 	  --steps 150 --tokens-per-step 2048 --seq-len 256 --lr 5e-3 --warmup 10 --eval-every 50 --sample-every 75 --temperature 0.8 \
 	  --ckpt $(TRAIN_DEMO)/ckpt --log $(TRAIN_DEMO)/log.jsonl --chart $(TRAIN_DEMO)/loss.png
+
+# sm_90a and a portable CPU target in build-gpu-bundle/, packed into .device-build/gpu/ (README, "Reproducing the
+# GPU results"). Needs nvcc and the GPU machine's Python version (GPU_PYTHON, default python3.12).
+gpu-bundle: deps
+	bench/gpu/gpu.sh pack
 
 clean:
 	rm -rf $(BUILD) dist

@@ -1,19 +1,28 @@
-"""deltatrain's cuda GDN backend beside fla on the anchor grid (docs/cuda-backend.md, "Anchors"), in one run.
+"""deltatrain's cuda GDN backend beside fla and FlashQLA on the anchor grid (docs/cuda-backend.md, "Anchors"),
+in one run.
 
 For each cell (pass, h_qk/h_v, sequences): the same bf16 inputs (FlashQLA's recipe: q, k L2-normalised,
 g = logsigmoid(randn)/16, beta = sigmoid(randn), h0 = randn, do = randn, dht = randn/8, packed B = 1 with
-cu_seqlens, output_final_state) through deltatrain.torch and fla, both through torch autograd:
+cu_seqlens, output_final_state) through deltatrain.torch, fla and FlashQLA, all through torch autograd:
   kernel time    the device time of every kernel of one call, summed (torch profiler), mean of a few calls;
   host-inclusive the median wall time of one call among back-to-back calls (CUDA events);
   rel err        relative Frobenius error against an fp64 evaluation of the same inputs (max over the
                  outputs o, final_state, or the gradients dq, dk, dv, dg, dbeta, dh0).
 fla's gated backward guard for Triton 3.4-3.7.0 on Hopper is lifted here only (the anchor measurements,
 docs/cuda-backend.md, time the same kernels with it lifted) and its dispatch to other backends is off
-(FLA_DISABLE_BACKEND_DISPATCH).
+(FLA_DISABLE_BACKEND_DISPATCH), so that its column is fla's own kernels and not FlashQLA's.
+
+FlashQLA (flash_qla.chunk_gated_delta_rule, TileLang; 0.1.3 in the anchors) is optional: put an unpacked
+../shared/tools/anchor_site.sh folder on PYTHONPATH. Where it cannot be imported, is left out (--no-flashqla) or
+refuses a cell (it serves K = V = 128 and 16-bit q/k/v only, on sm90, sm100, sm103, sm120 and sm121), its fields
+are null, the reason is printed once and the run goes on. It runs with its defaults (its own choice of intra-card
+context parallelism). It compiles each kernel on first use, 10-40 s apiece, cached under $TILELANG_CACHE_DIR
+(default ~/.tilelang/cache; carry it to the next run): the warm-up calls before each timing take the compiles
+(their seconds are printed) and count against --limit-s, so a cold cache gets fewer cells through.
 
 Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out (gdn_report.py).
 Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--only I ...] [--limit-s SECONDS]
-       [--ours-only]
+       [--ours-only] [--no-flashqla]
 """
 
 import argparse
@@ -58,6 +67,12 @@ GRID = [
 ]
 # "Small" cells for the host-inclusive target: few tokens or few heads, where launch overhead matters.
 SMALL = {"1x8192", "1024x8"}
+# What each implementation contributes to a row, as {name}_{field}; null where it was not measured.
+FIELDS = ("kernel_ms", "host_ms", "rel_err")
+# The exceptions by which an implementation refuses a cell's inputs, whose fields then stay null. FlashQLA raises
+# these before launching anything (AssertionError for the dtype and K = V = 128, ValueError for the packing,
+# NotImplementedError for a backward its GPU lacks); any other failure, and any failure of ours or fla, stops the run.
+REFUSALS = {"flashqla": (AssertionError, ValueError, NotImplementedError)}
 
 
 def make_inputs(h_qk, h_v, lengths, seed, dim=128):
@@ -170,6 +185,9 @@ def host_ms(call, iterations=10):
 
 
 def measure(impl, pass_):
+    """(outputs or gradients, kernel ms, {kernel name: ms}, host ms, warm-up s). The warm-up calls come first so
+    that just-in-time compiles (fla's Triton kernels, FlashQLA's TileLang ones) stay out of the timings."""
+    started = time.time()
     if pass_ == "fwd":
         call = impl.forward
     else:
@@ -178,17 +196,37 @@ def measure(impl, pass_):
     for _ in range(3):
         result = call()
     torch.cuda.synchronize()
+    warmup_s = time.time() - started
     kernel, by_name = kernel_ms(call)
-    return result, kernel, by_name, host_ms(call)
+    return result, kernel, by_name, host_ms(call), warmup_s
 
 
-def versions(fla):
+def load_flashqla():
+    """FlashQLA's autograd entry behind Impl's call, and the versions to record; (None, {}) with the reason printed
+    where it cannot be imported."""
+    try:
+        import flash_qla
+        import tilelang
+    except Exception as error:  # ImportError where absent; flash_qla raises ValueError on a GPU it does not serve
+        print(f"FlashQLA not measured, its fields are null: {type(error).__name__}: {error}", flush=True)
+        return None, {}
+
+    def flashqla_gdn(*args, cu_seqlens_cpu, **kwargs):
+        # FlashQLA takes no host copy of cu_seqlens: it reads the device tensor once to plan its intra-card split
+        # and caches the plan per tensor, and every call of a cell passes the same one.
+        return flash_qla.chunk_gated_delta_rule(*args, **kwargs)
+
+    return flashqla_gdn, {"flash_qla": flash_qla.__version__, "tilelang": tilelang.__version__}
+
+
+def versions(fla, flashqla_versions):
     import triton
 
     import deltatrain
 
     return {"torch": torch.__version__, "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"),
-            "cuda_runtime": torch.version.cuda, "deltatrain": deltatrain.__version__, "driver": _driver()}
+            **flashqla_versions, "cuda_runtime": torch.version.cuda, "deltatrain": deltatrain.__version__,
+            "driver": _driver()}
 
 
 def _driver():
@@ -226,6 +264,7 @@ def main():
                         help="time deltatrain alone (a quick look while iterating; writes no report)")
     parser.add_argument("--l2norm-in-kernel", action="store_true",
                         help="with --ours-only: use_qk_l2norm_in_kernel=True (the anchors have it off)")
+    parser.add_argument("--no-flashqla", action="store_true", help="leave FlashQLA out (its fields null)")
     args = parser.parse_args()
     if args.l2norm_in_kernel and not args.ours_only:
         parser.error("--l2norm-in-kernel: only with --ours-only (the report is the anchors' recipe)")
@@ -238,11 +277,14 @@ def main():
     import deltatrain.torch as ours_torch
 
     fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # lift the Hopper guard (fla #640), as the anchor measurements did
+    flashqla_gdn, flashqla_versions = (None, {}) if args.ours_only or args.no_flashqla else load_flashqla()
     scale = 128 ** -0.5
     print(f"fp64 torch evaluation vs deltatrain reference backend: {check_reference():.2e}", flush=True)
 
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "commit": args.commit, "gpu": torch.cuda.get_device_name(0), "versions": versions(fla), "rows": []}
+              "commit": args.commit, "gpu": torch.cuda.get_device_name(0),
+              "versions": versions(fla, flashqla_versions), "rows": []}
+    refused = set()  # the refusals printed so far, each once
     for index in args.only if args.only else range(len(GRID)):
         pass_, h_qk, h_v, seqlens, lengths = GRID[index]
         if args.cells != "all" and pass_ != args.cells:
@@ -261,11 +303,24 @@ def main():
             expected = list(torch.autograd.grad((o64, ht64), leaves64, (x64["do"], x64["dht"])))
         del o64, ht64, leaves64
         row = {"pass": pass_, "h_qk": h_qk, "h_v": h_v, "seqlens": seqlens}
-        impls = [("ours", ours_torch.chunk_gated_delta_rule)] + ([] if args.ours_only else [("fla", fla_gdn)])
+        impls = [("ours", ours_torch.chunk_gated_delta_rule)]
+        if not args.ours_only:
+            impls += [("fla", fla_gdn), ("flashqla", flashqla_gdn)]
         for name, fn in impls:
+            row.update((f"{name}_{field}", None) for field in FIELDS)
+            if fn is None:
+                continue
             impl = Impl(fn, x, scale, args.l2norm_in_kernel)
-            out, kernel, by_name, host = measure(impl, pass_)
-            print(f"  {name} kernels (ms per call): " +
+            try:
+                out, kernel, by_name, host, warmup_s = measure(impl, pass_)
+            except REFUSALS.get(name, ()) as refusal:
+                why = f"{type(refusal).__name__}: {refusal}"
+                if why not in refused:
+                    refused.add(why)
+                    print(f"  {name} refuses this cell, its fields are null (printed once): {why}", flush=True)
+                del impl
+                continue
+            print(f"  {name} kernels (ms per call; warm-up {warmup_s:.1f} s): " +
                   ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])), flush=True)
             row[f"{name}_kernel_ms"] = round(kernel, 4)
             row[f"{name}_host_ms"] = round(host, 4)

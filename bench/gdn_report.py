@@ -1,30 +1,74 @@
 """The report of bench/gdn_h200.py: gdn-h200.json, a markdown table and a PNG chart of the speedups.
 
-Rows whose timings are null were not measured (the table says so; the chart leaves them out).
+Ours is compared with fla and with FlashQLA: speedup = their time / ours (above 1: ours faster), in kernel time
+against each one's target and in host-inclusive time. A null field, or one missing from a JSON written before its
+column existed (FlashQLA's), was not measured: the table shows a dash and says so, the chart leaves that bar out.
 Usage (to redraw from a JSON, e.g. merged from several runs): python3 bench/gdn_report.py JSON OUT_DIR
 """
 
 import json
 import os
 import sys
+from typing import NamedTuple
 
-TARGET = 1.5  # kernel time, fla / ours, on every cell (issue 3)
+
+class Other(NamedTuple):
+    name: str  # as the table and chart show it
+    package: str  # its key in the run's versions
+    target: float  # kernel time, its / ours, on every cell
 
 
-def _ratio(row, what):
-    ours, fla = row.get(f"ours_{what}_ms"), row.get(f"fla_{what}_ms")
-    return None if ours is None or fla is None else fla / ours
+# The implementations ours is measured against, by the prefix of their fields in a row.
+OTHERS = {"fla": Other("fla", "fla", 1.5),  # issue 3
+          "flashqla": Other("FlashQLA", "flash_qla", 1.25)}
+NOT_MEASURED = "-"  # a table cell's value where the row's field is null or missing
+
+
+def _ratio(row, other, what):
+    ours, theirs = row.get(f"ours_{what}_ms"), row.get(f"{other}_{what}_ms")
+    return None if ours is None or theirs is None else theirs / ours
 
 
 def _target_summary(rows):
-    """The lines that say where the kernel-time target holds (the table's rounding must not decide it)."""
-    measured = [r for r in rows if _ratio(r, "kernel") is not None]
-    below = [r for r in measured if _ratio(r, "kernel") < TARGET]
-    line = f"Kernel-time target {TARGET}x: met on {len(measured) - len(below)} of {len(measured)} measured cells"
-    if below:
-        line += "; below it: " + ", ".join(f"{r['pass']} {r['h_qk']}/{r['h_v']} {r['seqlens']} "
-                                           f"({_ratio(r, 'kernel'):.3f}x)" for r in below)
-    return [line + ".", ""]
+    """The lines that say where each kernel-time target holds (the table's rounding must not decide it)."""
+    lines = []
+    for other, (name, _, target) in OTHERS.items():
+        measured = [r for r in rows if _ratio(r, other, "kernel") is not None]
+        if not measured:
+            lines.append(f"Kernel-time target {target}x over {name}: not measured.")
+            continue
+        below = [r for r in measured if _ratio(r, other, "kernel") < target]
+        line = (f"Kernel-time target {target}x over {name}: met on {len(measured) - len(below)} of {len(measured)} "
+                "measured cells")
+        if below:
+            line += "; below it: " + ", ".join(f"{r['pass']} {r['h_qk']}/{r['h_v']} {r['seqlens']} "
+                                               f"({_ratio(r, other, 'kernel'):.3f}x)" for r in below)
+        lines.append(line + ".")
+    return lines + [""]
+
+
+def _columns():
+    """(header, the cell's text from a row) for every column after pass, h_qk/h_v and seqlens: per time, ours then
+    each other's time and ratio (kernel ratios to three decimals, so that rounding cannot hide a miss such as 1.497x);
+    then the errors."""
+    def shown(value, spec, unit=""):
+        return NOT_MEASURED if value is None else format(value, spec) + unit
+
+    def field(impl, name, spec):
+        return lambda r: shown(r.get(f"{impl}_{name}"), spec)
+
+    def ratio(other, what, spec):
+        return lambda r: shown(_ratio(r, other, what), spec, "x")
+
+    columns = []
+    for what, ratio_spec in (("kernel", ".3f"), ("host", ".2f")):
+        columns.append((f"ours {what} ms", field("ours", f"{what}_ms", ".3f")))
+        for other, (name, _, _) in OTHERS.items():
+            columns += [(f"{name} {what} ms", field(other, f"{what}_ms", ".3f")),
+                        (f"{name} / ours {what}", ratio(other, what, ratio_spec))]
+    columns.append(("ours err", field("ours", "rel_err", ".2e")))
+    columns += [(f"{name} err", field(other, "rel_err", ".2e")) for other, (name, _, _) in OTHERS.items()]
+    return columns
 
 
 def write(result, out):
@@ -32,23 +76,20 @@ def write(result, out):
     with open(os.path.join(out, "gdn-h200.json"), "w") as f:
         json.dump(result, f, indent=1)
     versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
-    lines = [f"# deltatrain cuda backend vs fla on {result['gpu']}", "",
+    columns = _columns()
+    lines = [f"# deltatrain cuda backend vs fla and FlashQLA on {result['gpu']}", "",
              f"{result['date']}, commit {result['commit']}, {versions}", "",
              "Kernel time: summed device time of one call's kernels (torch profiler). Host: median wall time of "
-             "one call among back-to-back calls (CUDA events). Speedup = fla / ours (above 1: ours faster). "
+             "one call among back-to-back calls (CUDA events). Speedup = their time / ours (above 1: ours faster). "
              "Errors: relative Frobenius error vs fp64 on the same inputs, max over o and final_state (fwd) or "
-             "dq, dk, dv, dg, dbeta, dh0 (bwd).", "",
+             f"dq, dk, dv, dg, dbeta, dh0 (bwd). '{NOT_MEASURED}': not measured (left out of the run, refused by that "
+             "implementation, or a run from before its column).", "",
              *_target_summary(result["rows"]),
-             "| pass | h_qk/h_v | seqlens | ours kernel ms | fla kernel ms | kernel speedup | ours host ms | "
-             "fla host ms | host speedup | ours err | fla err |", "|" + "---|" * 11]
+             "| pass | h_qk/h_v | seqlens | " + " | ".join(header for header, _ in columns) + " |",
+             "|" + "---|" * (3 + len(columns))]
     for r in result["rows"]:
-        head = f"| {r['pass']} | {r['h_qk']}/{r['h_v']} | {r['seqlens']} |"
-        if _ratio(r, "kernel") is None:
-            lines.append(head + " not measured |" + " |" * 7)
-            continue
-        lines.append(f"{head} {r['ours_kernel_ms']:.3f} | {r['fla_kernel_ms']:.3f} | {_ratio(r, 'kernel'):.3f}x | "
-                     f"{r['ours_host_ms']:.3f} | {r['fla_host_ms']:.3f} | {_ratio(r, 'host'):.2f}x | "
-                     f"{r['ours_rel_err']:.2e} | {r['fla_rel_err']:.2e} |")
+        lines.append(f"| {r['pass']} | {r['h_qk']}/{r['h_v']} | {r['seqlens']} | " +
+                     " | ".join(cell(r) for _, cell in columns) + " |")
     with open(os.path.join(out, "gdn-h200.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:
@@ -58,26 +99,40 @@ def write(result, out):
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    rows = [r for r in result["rows"] if _ratio(r, "kernel") is not None]
-    labels = [f"{r['pass']} {r['h_qk']}/{r['h_v']}\n{r['seqlens']}" for r in rows]
-    xs = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
-    kernel = [_ratio(r, "kernel") for r in rows]
-    bars = ax.bar([x - 0.2 for x in xs], kernel, width=0.4, label="kernel time fla / ours")
-    for bar, ratio in zip(bars, kernel):
-        if ratio < TARGET:
-            bar.set_hatch("//")
-            bar.set_edgecolor("red")
-    ax.bar([x + 0.2 for x in xs], [_ratio(r, "host") for r in rows], width=0.4, label="host-inclusive fla / ours")
-    ax.axhline(TARGET, color="red", linestyle="--", linewidth=1, label=f"{TARGET}x target (kernel; hatched: below)")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("speedup over fla (x)")
-    ax.set_title(f"deltatrain cuda GDN vs fla {result['versions'].get('fla')} on {result['gpu']} "
-                 f"(commit {result['commit']})")
-    ax.legend(fontsize=8)
+    _chart(result, out, plt)
+
+
+def _chart(result, out, plt):
+    """Two panels, kernel time over host-inclusive, with one bar per cell and other implementation measured there;
+    the kernel panel draws each target and hatches the bars below it."""
+    rows = [r for r in result["rows"] if any(_ratio(r, other, "kernel") is not None for other in OTHERS)]
+    drawn = [other for other in OTHERS if any(_ratio(r, other, "kernel") is not None for r in rows)]
+    width = 0.8 / max(len(drawn), 1)
+    fig, (kernel_ax, host_ax) = plt.subplots(2, 1, sharex=True, figsize=(max(8, len(rows) * 0.9), 8))
+    for slot, other in enumerate(drawn):
+        name, _, target = OTHERS[other]
+        color = f"C{list(OTHERS).index(other)}"  # the same colour for an implementation whatever else was measured
+        offset = (slot - (len(drawn) - 1) / 2) * width
+        for ax, what in ((kernel_ax, "kernel"), (host_ax, "host")):
+            measured = [(x, _ratio(r, other, what)) for x, r in enumerate(rows) if _ratio(r, other, what) is not None]
+            bars = ax.bar([x + offset for x, _ in measured], [ratio for _, ratio in measured], width=width,
+                          color=color, label=f"{name} / ours")
+            if what == "kernel":
+                for bar, (_, ratio) in zip(bars, measured):
+                    if ratio < target:
+                        bar.set_hatch("//")
+                        bar.set_edgecolor("red")
+                ax.axhline(target, color=color, linestyle="--", linewidth=1,
+                           label=f"{target}x target over {name} (hatched: below)")
+    for ax, what in ((kernel_ax, "kernel time"), (host_ax, "host-inclusive time")):
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"speedup, {what} (x)")
+        ax.legend(fontsize=8)
+    host_ax.set_xticks(range(len(rows)))
+    host_ax.set_xticklabels([f"{r['pass']} {r['h_qk']}/{r['h_v']}\n{r['seqlens']}" for r in rows], fontsize=7)
+    against = " and ".join(f"{OTHERS[o].name} {result['versions'].get(OTHERS[o].package, '?')}" for o in drawn)
+    kernel_ax.set_title(f"deltatrain cuda GDN vs {against} on {result['gpu']} (commit {result['commit']})")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "gdn-h200.png"), dpi=110)
 

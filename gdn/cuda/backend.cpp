@@ -2,6 +2,7 @@
 // kernel launches on the caller's stream (no host synchronisation, scratch from the cached workspace).
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "deltatrain/gdn/registry.h"
 #include "launch.h"
 #include "params.h"
+#include "plan.h"
 #include "workspace.h"
 
 namespace deltatrain::gdn {
@@ -72,6 +74,34 @@ void expect_aligned(const char* name, const void* data) {
   }
 }
 
+// The calling thread's device's SM count (queried once at start-up, see cuda_info).
+int current_multiprocessors() {
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  for (const GpuInfo& gpu : cuda_info().gpus) {
+    if (gpu.index == device) return gpu.multiprocessors;
+  }
+  return 0;
+}
+
+// The call's ExecutionPlan from its shape (in the kernels' head dims) and the calling thread's device.
+cuda::ExecutionPlan execution_plan(const Problem& kernel, std::int64_t chunks) {
+  if (kernel.op == Operation::recurrent) return {};
+  static const char* const wgmma_setting = std::getenv("DELTATRAIN_CUDA_WGMMA");  // read once
+  cuda::PlanInputs in;
+  in.op = kernel.op;
+  in.io = kernel.io_dtype;
+  in.sequences = kernel.N;
+  in.value_heads = kernel.HV;
+  in.K = kernel.K;
+  in.V = kernel.V;
+  in.chunks = chunks;
+  in.multiprocessors = current_multiprocessors();
+  in.wgmma_allowed = cuda::wgmma_allowed_by(wgmma_setting);
+  in.wgmma_device = in.wgmma_allowed && cuda::wgmma_device_ready();
+  return cuda::plan_execution(in);
+}
+
 // The call in the head dims the kernels are compiled for, where its own are others (none otherwise).
 std::optional<Problem> padded_problem(const Problem& p) {
   const std::int64_t K = cuda::kernel_key_dim(p.K), V = cuda::kernel_value_dim(p.V);
@@ -129,9 +159,8 @@ struct Call {
         kernel(padded_copy ? *padded_copy : p), padded(padded_copy.has_value()) {
     const bool upload = p.varlen && in.cu_seqlens->device.type == DeviceType::cpu;
     const std::int64_t chunks = count_chunks(p);
-    const cuda::PassSplit split =
-        p.op == Operation::recurrent ? cuda::PassSplit{} : cuda::state_split(kernel, chunks);
-    layout = cuda::plan_workspace(kernel, padded, chunks, upload, split);
+    const cuda::ExecutionPlan plan = execution_plan(kernel, chunks);
+    layout = cuda::plan_workspace(kernel, padded, chunks, upload, plan);
     base = static_cast<char*>(cuda::workspace(p.device.index, stream, layout.bytes));
 
     Params& k = params;
@@ -144,9 +173,11 @@ struct Call {
     k.group = static_cast<int>(p.group());
     k.sequences = static_cast<int>(p.N);
     k.chunks = static_cast<int>(chunks);
-    k.segments = split.segments;
-    k.warpgroups = split.warpgroups;
-    k.paired = split.paired;
+    k.wgmma = plan.wgmma;
+    k.segments = plan.segments;
+    k.warpgroups = plan.warpgroups;
+    k.paired = plan.paired;
+    k.warp_pairs = plan.warp_pairs;
     k.scale = static_cast<float>(p.scale);
     k.l2norm = p.l2norm;
     if (upload) {

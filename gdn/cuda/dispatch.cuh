@@ -1,5 +1,5 @@
-// Host-side helpers of the kernel launchers: one template instance per (io dtype, head dim), the recording
-// of a launch that raises the dynamic shared-memory limit once per device, and the current device's size.
+// Host-side helpers of the kernel launchers: one template instance per (io dtype, head dim), and the recording
+// of a launch that raises the dynamic shared-memory limit once per device.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,22 +12,11 @@
 
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
-#include "deltatrain/core/system.h"
 #include "deltatrain/core/tensor.h"
 #include "kernel_sequence.h"
 #include "params.h"
 
 namespace deltatrain::gdn::cuda {
-
-// The calling thread's device's SM count (queried once at start-up, see cuda_info), which sizes grids.
-inline int current_multiprocessors() {
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  for (const GpuInfo& gpu : cuda_info().gpus) {
-    if (gpu.index == device) return gpu.multiprocessors;
-  }
-  return 0;
-}
 
 // What a device-dependent query answered on each device (0: not asked yet, 1: true, 2: false); a caller
 // keeps one as a static.

@@ -41,16 +41,11 @@ void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels);
-// How the wgmma state passes (forward and backward) split this call: runs of chunks per sequence (1: none),
-// warpgroups per CTA, and whether the backward pairs its two passes; the defaults where they do not apply.
-struct PassSplit {
-  bool wgmma = false;  // the wgmma passes run (they form U from V and T diag(beta); the others read U)
-  int segments = 1;
-  int warpgroups = 1;
-  bool paired = false;  // the backward's recompute and reverse pass side by side in one launch
-};
-PassSplit state_split(const Problem& problem, std::int64_t chunks);
-// The same pass with wgmma (state_hopper.cu) where the device and the call allow it; false where not,
+// Whether the calling thread's device runs the wgmma kernels: an sm_90 device and this build's sm_90a image
+// (another build would fall back to its sm_80 image, whose body of these kernels is empty). Asked once per
+// device; an input of plan_execution (plan.h).
+bool wgmma_device_ready();
+// The same pass with wgmma (state_hopper.cu) where the call's plan chose it (p.wgmma); false where not,
 // recording nothing.
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);
 // The reverse sequential pass: the state gradient after each chunk, ddelta and dh0.
@@ -58,7 +53,7 @@ void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
 // The same pass with wgmma, as launch_state_forward_hopper.
 bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels);
 // Both sequential passes of the backward: the recompute, then the reverse pass, or the two in one launch
-// where state_split paired them.
+// where the plan paired them (p.paired).
 void launch_backward_state_passes(const Params& p, DType io, KernelSequence& kernels);
 // The paired launch with wgmma where p.paired; false otherwise, recording nothing.
 bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence& kernels);

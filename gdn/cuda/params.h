@@ -31,9 +31,12 @@ struct Params {
   int group = 1;       // HV / H
   int sequences = 0;   // N
   int chunks = 0;      // chunks over all sequences
-  int segments = 1;    // runs of chunks per sequence the sequential state passes split into (state_hopper.cu)
-  int warpgroups = 1;  // per CTA of the wgmma state passes (state_hopper.cu)
-  bool paired = false;  // the backward's two wgmma state passes in one launch (state_split)
+  // The call's ExecutionPlan (plan.h), which every launcher obeys.
+  bool wgmma = false;   // the sequential state passes run the wgmma kernels (state_hopper.cu)
+  int segments = 1;     // runs of chunks per sequence those split into
+  int warpgroups = 1;   // per CTA of the wgmma passes
+  bool paired = false;  // the backward's two wgmma passes in one launch
+  int warp_pairs = 2;   // per CTA of the mma.sync passes (state.cu)
   float scale = 1.f;
   bool l2norm = false;
 

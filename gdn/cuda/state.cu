@@ -316,21 +316,13 @@ __global__ void __launch_bounds__(64 * kGroups) state_backward_kernel(Params p) 
   if (p.dh0 != nullptr) store_state(dstate, p.dh0, p, n, hv, at);
 }
 
-// Warp pairs per CTA: 2 (32 columns of V) when the grid then still fits on the GPU in one wave, so that
-// each SM runs one pair per scheduler couple and none waits for a second wave; else 4 (64 columns), so
-// that the chunk tiles are loaded once for more columns.
-int groups_for(const Params& p) {
-  const long long narrow_ctas = static_cast<long long>(p.sequences) * p.HV * (p.V / 32);
-  return narrow_ctas <= current_multiprocessors() ? 2 : 4;
-}
-
-// Calls f.template operator()<kGroups>() with the warp pairs per CTA of the call; float32 inputs always take
-// 2 (shared memory), so their 4-pair kernels are never built.
+// Calls f.template operator()<kGroups>() with the warp pairs per CTA the plan chose; float32 inputs always
+// take 2 (shared memory), so their 4-pair kernels are never built.
 template <class E, class F>
 void with_groups(const Params& p, F&& f) {
   if constexpr (sizeof(E) == 4) {
     f.template operator()<2>();
-  } else if (groups_for(p) == 2) {
+  } else if (p.warp_pairs == 2) {
     f.template operator()<2>();
   } else {
     f.template operator()<4>();

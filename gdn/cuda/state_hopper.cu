@@ -2,7 +2,7 @@
 // place of state.cu's: the forward (and its recompute for the backward) and the backward. One warpgroup per
 // 64 columns of V of a (sequence, value head) holds S^T or dS^T (64 x K) in float32 registers, warp w rows
 // 16w..16w+15 with all K keys, so no partial sums are exchanged (state.cu splits keys between the warps of
-// a pair); a CTA holds one such warpgroup, or two on adjacent columns (state_split says when). Every
+// a pair); a CTA holds one such warpgroup, or two on adjacent columns (plan_execution says when). Every
 // product is a wgmma with A in registers (the state, Delta^T, dO^T or D^T, rounded to 16 bits in the A
 // layout) and B read by the tensor cores from 128-byte-swizzled chunk tiles. Forward, per chunk:
 //   Delta^T = V^T (T diag(beta))^T - S^T W^T     (the first term is U^T, formed here rather than read)
@@ -27,13 +27,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <optional>
-#include <string>
 
 #include "deltatrain/core/cuda_check.h"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "plan.h"
 #include "sequential.cuh"
 #include "wgmma.cuh"
 
@@ -41,7 +39,7 @@ namespace deltatrain::gdn::cuda {
 namespace {
 
 constexpr int kWarpgroup = 128;
-constexpr int kColumns = 64;  // of V per warpgroup: the wgmma row count
+constexpr int kColumns = kWgmmaColumns;  // of V per warpgroup: the wgmma row count
 
 __host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
@@ -407,7 +405,7 @@ __global__ void __launch_bounds__(kWarpgroup * kGroups, 1) state_backward_hopper
 
 // The backward's recompute and its reverse pass do not depend on each other (the reverse pass needs no S),
 // so where each has at most half the SMs' worth of units they run side by side in one launch: the first
-// V / 64 column blocks of the grid recompute, the others walk back. See state_split for when this pays.
+// V / 64 column blocks of the grid recompute, the others walk back. See plan_execution for when this pays.
 template <class E, int K>
 __global__ void __launch_bounds__(kWarpgroup, 1) state_passes_paired_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
@@ -469,39 +467,6 @@ __global__ void __launch_bounds__(kWarpgroup) segment_starts_kernel(Params p) {
   }
 }
 
-// Whether this device runs the wgmma kernels: an sm_90 device and a binary built for sm_90a (another
-// build would fall back to its sm_80 image, whose body of these kernels is empty).
-bool wgmma_ready() {
-  static DeviceMemo known{};
-  return once_per_device(known, [] {
-    cudaFuncAttributes attributes{};
-    cuda_check(cudaFuncGetAttributes(&attributes, state_forward_hopper_kernel<__nv_bfloat16, 128, Pass::forward, 1>),
-               "cudaFuncGetAttributes (Hopper state pass)");
-    return attributes.binaryVersion == 90;
-  });
-}
-
-// DELTATRAIN_CUDA_WGMMA=0 keeps the mma.sync passes on sm_90 devices too (to compare the two, or to test
-// the path the other GPUs take); unset or 1 lets the wgmma passes run where they apply. Read once; any other
-// value fails every call that consults it.
-bool wgmma_allowed() {
-  static const char* const text = std::getenv("DELTATRAIN_CUDA_WGMMA");
-  static const std::optional<bool> allowed = []() -> std::optional<bool> {
-    const std::string value = text == nullptr ? "" : text;
-    if (value.empty() || value == "1") return true;
-    if (value == "0") return false;
-    return std::nullopt;
-  }();
-  if (!allowed) {
-    throw InvalidArgument("DELTATRAIN_CUDA_WGMMA", std::string("must be 0 or 1 (or unset), got \"") + text + "\"");
-  }
-  return *allowed;
-}
-
-bool hopper_applies(DType io, std::int64_t K, std::int64_t V) {
-  return io != DType::f32 && K <= 128 && V % kColumns == 0 && wgmma_allowed() && wgmma_ready();
-}
-
 // Records one run of kernels: the forward or (kReverse) backward kernel of pass kPass over `runs` runs of
 // each sequence and `row_blocks` blocks of 64 rows, kGroups blocks per CTA.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
@@ -529,7 +494,7 @@ void launch_grouped_pass(const Params& p, const char* name, const char* ends_nam
   launch_run<E, K, kPass, kReverse, kGroups>(p, name, p.segments, p.V / kColumns, kernels);
 }
 
-// launch_grouped_pass with the warpgroups per CTA that state_split chose.
+// launch_grouped_pass with the warpgroups per CTA that the plan chose.
 template <class E, int K, Pass kPass, bool kReverse>
 void launch_pass(const Params& p, const char* name, const char* ends_name, KernelSequence& kernels) {
   if constexpr (K == 128) {
@@ -540,35 +505,18 @@ void launch_pass(const Params& p, const char* name, const char* ends_name, Kerne
 
 }  // namespace
 
-PassSplit state_split(const Problem& problem, std::int64_t chunks) {
-  if (!hopper_applies(problem.io_dtype, problem.K, problem.V)) return {};
-  const std::int64_t units = problem.N * problem.HV * (problem.V / kColumns);
-  const int multiprocessors = current_multiprocessors();
-  if (units >= multiprocessors) {
-    // The (sequence, head, 64 columns) units fill the GPU by themselves. With K = 128 and V a multiple of 128
-    // a CTA takes two on adjacent columns: the two warpgroups share the chunk tiles (W, K, Q, P, the gates)
-    // and their copies, the SM interleaves their two latency-bound chains of steps, and half as many CTAs
-    // make fewer waves (forward state pass, 16/32 heads, 4 x 8192 tokens: 0.462 -> 0.352 ms on the H200).
-    // Where segments are needed two warpgroups cost more than they give (each step ~1.5x longer, and twice
-    // the segments, whose ends pass then runs in more than one wave: 16/32, 1 x 8192: 0.176 -> 0.194 ms).
-    return {true, 1, problem.K == 128 && problem.V % (2 * kColumns) == 0 ? 2 : 1};
-  }
-  // Every segment but the last walks its chunks twice (ends with K more rows, then the pass proper), yet
-  // two segments already pay on the H200: the ends step carries no Q, P or O, and the pass proper halves
-  // (forward 16/32 heads, one sequence of 32768 tokens: 0.837 -> 0.680 ms). A segment of a handful of chunks
-  // is mostly pipeline fill.
-  const std::int64_t segments = std::min<std::int64_t>({16, multiprocessors / units, chunks / problem.N / 4});
-  // The backward runs two passes of L chunk steps each, and s segments make a pass cost about 2 L / s steps
-  // (ends, then the pass proper): 2 L in all for one or two segments, 4 L / 3 for three. Where both passes'
-  // units fit the SMs together they can instead run unsegmented side by side in L steps.
-  if (problem.op == Operation::chunk_backward && 2 * units <= multiprocessors && segments < 4) {
-    return {true, 1, 1, true};
-  }
-  return {true, segments >= 2 ? static_cast<int>(segments) : 1, 1};
+bool wgmma_device_ready() {
+  static DeviceMemo known{};
+  return once_per_device(known, [] {
+    cudaFuncAttributes attributes{};
+    cuda_check(cudaFuncGetAttributes(&attributes, state_forward_hopper_kernel<__nv_bfloat16, 128, Pass::forward, 1>),
+               "cudaFuncGetAttributes (Hopper state pass)");
+    return attributes.binaryVersion == 90;
+  });
 }
 
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels) {
-  if (!hopper_applies(io, p.K, p.V)) return false;
+  if (!p.wgmma) return false;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
       constexpr const char* kEnds = "gdn state_forward_hopper_kernel (segment ends)";
@@ -583,7 +531,7 @@ bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, Kern
 }
 
 bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence& kernels) {
-  if (!p.paired) return false;  // state_split pairs the passes only where the wgmma ones apply
+  if (!p.paired) return false;  // the plan pairs the passes only where the wgmma ones run
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
       using Recompute = HopperPass<E, K, Pass::recompute, false, 1>;
@@ -597,7 +545,7 @@ bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence
 }
 
 bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels) {
-  if (!hopper_applies(io, p.K, p.V)) return false;
+  if (!p.wgmma) return false;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
       launch_pass<E, K, Pass::backward, true>(p, "gdn state_backward_hopper_kernel",

@@ -13,7 +13,7 @@
 namespace deltatrain::gdn::cuda {
 
 WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t chunks, bool upload_offsets,
-                               const PassSplit& split) {
+                               const ExecutionPlan& plan) {
   WorkspaceLayout layout;
   auto take = [&](WorkspaceLayout::Region& region, std::size_t bytes) {
     region = {layout.bytes, bytes};
@@ -59,14 +59,14 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   take(layout.gate_in, tokens * HV * f32);
   take(layout.gate_out, tokens * HV * f32);
   take(layout.w, tokens * HV * K * io);
-  if (split.wgmma) {
+  if (plan.wgmma) {
     take(layout.t_beta, tokens * HV * C * io);
   } else {
     take(layout.u, tokens * HV * V * io);
   }
   take(layout.p, tokens * HV * C * io);
-  if (split.segments > 1) {
-    const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(split.segments);
+  if (plan.segments > 1) {
+    const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(plan.segments);
     take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
     take(layout.segment_maps, N * (S - 1) * HV * K * K * io);
     if (S > 2) take(layout.segment_starts, N * S * HV * V * K * f32);  // the second segment starts at R_0

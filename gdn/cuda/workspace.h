@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "deltatrain/gdn/backend.h"
-#include "launch.h"
+#include "plan.h"
 
 namespace deltatrain::gdn::cuda {
 
@@ -34,9 +34,9 @@ struct WorkspaceLayout {
 
 // problem: the call in the kernels' head dims (kernel_key_dim); padded: whether those differ from the caller's,
 // so that its tensors are copied; chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must
-// be copied to the GPU; split: how the sequential state passes run (state_split).
+// be copied to the GPU; plan: how the sequential state passes run (plan_execution).
 WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t chunks, bool upload_offsets,
-                               const PassSplit& split);
+                               const ExecutionPlan& plan);
 
 // The calling thread's device's workspace for `stream`, at least `bytes` long. Growing it while the
 // stream is being captured would bake a soon-freed buffer into the graph, so that throws StateError.

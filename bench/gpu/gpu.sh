@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Everything deltatrain runs on a GPU machine without its build dependencies (the H200 the device tool lends:
+# CUDA, torch and Python 3.12, but no compilers' libraries, no Open MPI, no network), from one bundle:
+#
+#   bench/gpu/gpu.sh pack [BUILD]        here (`make gpu-bundle`): build for sm_90a and the CPU target CPU_ARCH
+#                                        (default x86-64-v3) in BUILD (default build-gpu-bundle): the CLI, the GPU
+#                                        tests and benchmarks ($GPU_BINARIES) with the libraries that machine lacks
+#                                        (OpenBLAS, libgomp, Open MPI from make_ompi_bundle.sh) into
+#                                        .device-build/gpu/binaries.tar.xz, and the Python module for $GPU_PYTHON
+#                                        (default python3.12, the GPU machine's; nanobind is installed into a venv
+#                                        under .device-build when it lacks it) into .device-build/gpu/module.tar.xz
+#
+# There (the device tool, carrying the archives a verb needs; OUT receives the logs):
+#   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
+#                                        then the GDN tests again on the mma.sync passes (DELTATRAIN_CUDA_WGMMA=0)
+#   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck and racecheck on small GDN cases
+#   bench/gpu/gpu.sh python OUT SCRIPT ARGS...
+#                                        module (and .device-build/anchors.tar.xz, fla and FlashQLA from
+#                                        ../shared/tools/anchor_site.sh, when carried): a Python script with
+#                                        deltatrain importable, e.g. bench/gdn_h200.py --out OUT --commit HASH
+#                                        (with the binaries carried too, those are under /tmp/deltatrain-gpu/bin);
+#                                        WRAP prefixes the command (e.g. WRAP="ncu --kernel-name regex:state ...").
+#                                        FlashQLA's kernel cache is restored from .device-build/tilelang-cache.tar.xz
+#                                        when carried and saved to OUT/tilelang-cache.tar.xz
+#   bench/gpu/gpu.sh train OUT ARGS...   binaries: `deltatrain train --device cuda ARGS...`, log OUT/train.jsonl
+#   bench/gpu/gpu.sh rl OUT ARGS...      binaries: `deltatrain rl --device cuda ARGS...`, log OUT/rl.jsonl
+#   bench/gpu/gpu.sh exec OUT BINARY ARGS...
+#                                        binaries: a packed binary (a benchmark) with the same environment
+#   bench/gpu/gpu.sh disk OUT DIR        the fsynced write and the cold read bandwidth of DIR's disk (dd, 4 GiB),
+#                                        what checkpoint saves and loads are measured against
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUNDLE=.device-build/gpu
+GPU_BINARIES=${GPU_BINARIES:-test_train_mpi test_cuda_ops test_cuda_model test_gdn_cuda test_cuda_sampling test_memsaver \
+  rollout_benchmark model_step_benchmark bench_gdn_cuda_host}
+ROOT=/tmp/deltatrain-gpu
+
+# A Python of the GPU machine's version with the module's build requirements (pyproject.toml: nanobind, and
+# apache-tvm-ffi for its DLPack header), for building the module: GPU_PYTHON itself, or a venv of it.
+module_python() {
+  local python=${GPU_PYTHON:-python3.12} venv=.device-build/py-module
+  local ready='import importlib.util as u; exit(not (u.find_spec("nanobind") and u.find_spec("tvm_ffi")))'
+  command -v "$python" >/dev/null || { echo "gpu.sh: $python not found (set GPU_PYTHON to the GPU machine's Python version)" >&2; return 1; }
+  if "$python" -c "$ready" 2>/dev/null; then command -v "$python"; return; fi
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" >&2 || return 1
+  "$venv/bin/python" -c "$ready" 2>/dev/null ||
+    "$venv/bin/python" -m pip install -q "nanobind>=2.0" "apache-tvm-ffi>=0.1.15" >&2 || return 1
+  echo "$PWD/$venv/bin/python"
+}
+
+pack() {
+  local build=${1:-build-gpu-bundle} python stage
+  python=$(module_python) || return 1
+  cmake -S . -B "$build" -G Ninja -DDELTATRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+    -DDELTATRAIN_CPU_ARCH="${CPU_ARCH:-x86-64-v3}" -DCMAKE_BUILD_TYPE=Release -DDELTATRAIN_TESTS=ON \
+    -DDELTATRAIN_PYTHON=ON -DPython_EXECUTABLE="$python" >/dev/null || return 1
+  # shellcheck disable=SC2086
+  cmake --build "$build" --target deltatrain _deltatrain $GPU_BINARIES -j "$(nproc)" || return 1
+  stage=$(mktemp -d)
+  mkdir -p "$stage/binaries/bin" "$stage/binaries/lib" "$stage/module/lib" "$BUNDLE"
+  for binary in deltatrain $GPU_BINARIES; do cp "$build/bin/$binary" "$stage/binaries/bin/"; done
+  ldd "$build/bin/deltatrain" | awk '/openblas|gfortran|quadmath|gomp|libcrypto/ {print $3}' |
+    xargs -r cp -L -t "$stage/binaries/lib"
+  bench/gpu/make_ompi_bundle.sh "$stage/binaries/ompi" >/dev/null || return 1
+  cp "$build"/lib/_deltatrain*.so "$stage/module/"
+  # The GPU machine's image has no libgomp of its own (torch's is renamed).
+  ldd "$build"/lib/_deltatrain*.so | awk '/gomp/ {print $3}' | xargs -r cp -L -t "$stage/module/lib"
+  tar -cJf "$BUNDLE/binaries.tar.xz" -C "$stage/binaries" .
+  tar -cJf "$BUNDLE/module.tar.xz" -C "$stage/module" .
+  rm -rf "$stage"
+  du -h "$BUNDLE"/*.tar.xz
+}
+
+# The directory of the image's CUDA wheel library whose file name matches $1 (the CUDA runtime, cuBLASLt, NCCL).
+wheel_lib() {
+  dirname "$(find "$(python3 -c 'import site; print(site.getsitepackages()[0])')/nvidia" -name "$1" | head -1)"
+}
+
+# Unpacks the binaries and points the loader at them, Open MPI's runtime and the image's CUDA wheels.
+setup() {
+  local out=$1
+  mkdir -p "$ROOT" "$out"
+  [ -f "$BUNDLE/binaries.tar.xz" ] || { echo "gpu.sh: carry $BUNDLE/binaries.tar.xz (make gpu-bundle)" >&2; return 1; }
+  tar -xJf "$BUNDLE/binaries.tar.xz" -C "$ROOT" || return 1
+  local ompi=$ROOT/ompi
+  export OPAL_PREFIX=$ompi PATH=$ompi/bin:$PATH PMIX_MCA_mca_base_component_path=$ompi/pmix2/lib/pmix
+  [ -e /usr/lib/x86_64-linux-gnu/pmix2 ] || ln -s "$ompi/pmix2" /usr/lib/x86_64-linux-gnu/pmix2
+  export LD_LIBRARY_PATH=$ompi/lib:$ROOT/lib:$(wheel_lib 'libcublasLt.so.*'):$(wheel_lib 'libcudart.so.*'):$(wheel_lib 'libnccl.so.*'):${LD_LIBRARY_PATH:-}
+  export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export HWLOC_COMPONENTS=-gl,-opencl NCCL_NVLS_ENABLE=0
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+  if ldd "$ROOT/bin/deltatrain" | grep -E "not found"; then return 1; fi
+}
+
+# run_test OUT LOG BINARY ARGS...: one test executable with its log in OUT/LOG.log and a one-line verdict.
+run_test() {
+  local out=$1 log=$2 status
+  shift 2
+  timeout 300 "$@" >"$out/$log.log" 2>&1
+  status=$?
+  echo "$log exit $status: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$log.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$out/$log.log" | head -10
+}
+
+tests() {
+  local out=$1 binary name filter
+  setup "$out" || return 1
+  for binary in "$ROOT"/bin/test_*; do
+    name=$(basename "$binary")
+    # The trainer's executable holds the 4-rank CPU tests too; here only its GPU ones, on one rank.
+    filter=*
+    [ "$name" = test_train_mpi ] && filter='TrainerCuda.*'
+    run_test "$out" "$name" "$binary" --gtest_filter="$filter"
+  done
+  # The mma.sync passes that GPUs other than sm_90 take, on this one (as tests/gdn_cuda/CMakeLists.txt registers them).
+  DELTATRAIN_CUDA_WGMMA=0 run_test "$out" test_gdn_cuda-mma-sync "$ROOT/bin/test_gdn_cuda" \
+    --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*-*K256*:*float32*:*f32_*'
+}
+
+sanitize() {
+  local out=$1 tool status
+  setup "$out" >/dev/null || return 1
+  local small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads'
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" --gtest_filter="$small" \
+      >"$out/sanitize-$tool.log" 2>&1
+    status=$?
+    echo "compute-sanitizer $tool exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
+  done
+}
+
+python_script() {
+  local out=$1 site=/tmp/deltatrain-site status
+  shift
+  mkdir -p "$out" "$site/deltatrain"
+  [ -f "$BUNDLE/module.tar.xz" ] || { echo "gpu.sh: carry $BUNDLE/module.tar.xz (make gpu-bundle)" >&2; return 1; }
+  # With the binaries carried too, a script can run them (bench/model_h200.py --ours $ROOT/bin/model_step_benchmark).
+  if [ -f "$BUNDLE/binaries.tar.xz" ]; then setup "$out" >/dev/null || return 1; fi
+  tar -xJf "$BUNDLE/module.tar.xz" -C "$site/deltatrain" || return 1
+  cp python/deltatrain/*.py "$site/deltatrain/"
+  if [ -f .device-build/anchors.tar.xz ]; then tar -xJf .device-build/anchors.tar.xz -C "$site" || return 1; fi
+  export TILELANG_CACHE_DIR=/tmp/tilelang-cache
+  mkdir -p "$TILELANG_CACHE_DIR"
+  if [ -f .device-build/tilelang-cache.tar.xz ]; then tar -xJf .device-build/tilelang-cache.tar.xz -C "$TILELANG_CACHE_DIR"; fi
+  export PYTHONPATH=$site:${PYTHONPATH:-} LD_LIBRARY_PATH=$site/deltatrain/lib:$(wheel_lib 'libcudart.so.*'):${LD_LIBRARY_PATH:-}
+  # fla's own dispatch to FlashQLA off unless the caller sets it (FlashQLA is then measured as itself).
+  export FLA_DISABLE_BACKEND_DISPATCH=${FLA_DISABLE_BACKEND_DISPATCH-1} PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+  # shellcheck disable=SC2086
+  ${WRAP:-} python3 "$@"
+  status=$?
+  tar -cJf "$out/tilelang-cache.tar.xz" -C "$TILELANG_CACHE_DIR" .
+  return $status
+}
+
+# cli COMMAND OUT ARGS...: the command on the GPU with its JSONL log and output in OUT; progress lines thinned.
+cli() {
+  local command=$1 out=$2
+  shift 2
+  setup "$out" || return 1
+  "$ROOT/bin/deltatrain" "$command" --device cuda --log "$out/$command.jsonl" --chart none "$@" >"$out/$command.txt" 2>&1
+  local status=$?
+  grep -vE "^step [0-9]+/" "$out/$command.txt" | tail -30
+  grep -E "^step [0-9]+/" "$out/$command.txt" | awk 'NR <= 3 || NR % 10 == 0'
+  return $status
+}
+
+run_binary() {
+  local out=$1 binary=$2
+  shift 2
+  setup "$out" >/dev/null || return 1
+  "$ROOT/bin/$binary" "$@"
+}
+
+disk() {
+  local out=$1 dir=$2
+  mkdir -p "$out" "$dir"
+  { dd if=/dev/zero of="$dir/disk-probe" bs=16M count=256 conv=fsync 2>&1 | tail -1
+    sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || echo "(page cache not dropped: the read may be cached)"
+    dd if="$dir/disk-probe" of=/dev/null bs=16M 2>&1 | tail -1; } | tee "$out/disk.txt"
+  rm -f "$dir/disk-probe"
+}
+
+case ${1:-} in
+  pack) shift; pack "$@" ;;
+  tests) shift; tests "$@" ;;
+  sanitize) shift; sanitize "$@" ;;
+  python) shift; python_script "$@" ;;
+  rl | train) cli "$@" ;;
+  exec) shift; run_binary "$@" ;;
+  disk) shift; disk "$@" ;;
+  *) echo "usage: $0 pack [BUILD] | tests OUT | sanitize OUT | python OUT SCRIPT ARGS... | train OUT ARGS... |" \
+          "rl OUT ARGS... | exec OUT BINARY ARGS... | disk OUT DIR" >&2
+     exit 2 ;;
+esac

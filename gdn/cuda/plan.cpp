@@ -1,0 +1,70 @@
+#include "plan.h"
+
+#include <algorithm>
+#include <string>
+
+#include "deltatrain/core/error.h"
+
+namespace deltatrain::gdn::cuda {
+namespace {
+
+// The wgmma passes are built for 16-bit inputs and K <= 128 (float32 tiles and K = 256 do not fit their
+// shared memory) over whole warpgroups of columns.
+bool wgmma_applies(const PlanInputs& in) {
+  return in.wgmma_device && in.wgmma_allowed && in.io != DType::f32 && in.K <= 128 && in.V % kWgmmaColumns == 0;
+}
+
+ExecutionPlan plan_wgmma(const PlanInputs& in) {
+  ExecutionPlan plan;
+  plan.wgmma = true;
+  const std::int64_t units = std::max<std::int64_t>(1, in.sequences * in.value_heads * (in.V / kWgmmaColumns));
+  if (units >= in.multiprocessors) {
+    // The (sequence, head, 64 columns) units fill the GPU by themselves. With K = 128 and V a multiple of 128
+    // a CTA takes two on adjacent columns: the two warpgroups share the chunk tiles (W, K, Q, P, the gates)
+    // and their copies, the SM interleaves their two latency-bound chains of steps, and half as many CTAs
+    // make fewer waves (forward state pass, 16/32 heads, 4 x 8192 tokens: 0.462 -> 0.352 ms on the H200).
+    // Where segments are needed two warpgroups cost more than they give (each step ~1.5x longer, and twice
+    // the segments, whose ends pass then runs in more than one wave: 16/32, 1 x 8192: 0.176 -> 0.194 ms).
+    plan.warpgroups = in.K == 128 && in.V % (2 * kWgmmaColumns) == 0 ? 2 : 1;
+    return plan;
+  }
+  // Every segment but the last walks its chunks twice (ends with K more rows, then the pass proper), yet
+  // two segments already pay on the H200: the ends step carries no Q, P or O, and the pass proper halves
+  // (forward 16/32 heads, one sequence of 32768 tokens: 0.837 -> 0.680 ms). A segment of a handful of chunks
+  // is mostly pipeline fill.
+  const std::int64_t segments =
+      std::min<std::int64_t>({16, in.multiprocessors / units, in.chunks / std::max<std::int64_t>(1, in.sequences) / 4});
+  // The backward runs two passes of L chunk steps each, and s segments make a pass cost about 2 L / s steps
+  // (ends, then the pass proper): 2 L in all for one or two segments, 4 L / 3 for three. Where both passes'
+  // units fit the SMs together they can instead run unsegmented side by side in L steps.
+  if (in.op == Operation::chunk_backward && 2 * units <= in.multiprocessors && segments < 4) {
+    plan.paired = true;
+    return plan;
+  }
+  plan.segments = segments >= 2 ? static_cast<int>(segments) : 1;
+  return plan;
+}
+
+}  // namespace
+
+ExecutionPlan plan_execution(const PlanInputs& in) {
+  if (in.op == Operation::recurrent) return {};  // one kernel, no state passes
+  if (wgmma_applies(in)) return plan_wgmma(in);
+  ExecutionPlan plan;
+  // Warp pairs per CTA of the mma.sync passes: 2 (32 columns of V) when the grid then still fits on the GPU
+  // in one wave, so that each SM runs one pair per scheduler couple and none waits for a second wave; else 4
+  // (64 columns), so that the chunk tiles are loaded once for more columns. float32 tiles leave shared
+  // memory for 2 only.
+  const std::int64_t narrow_ctas = in.sequences * in.value_heads * (in.V / 32);
+  plan.warp_pairs = in.io == DType::f32 || narrow_ctas <= in.multiprocessors ? 2 : 4;
+  return plan;
+}
+
+bool wgmma_allowed_by(const char* value) {
+  const std::string text = value == nullptr ? "" : value;
+  if (text.empty() || text == "1") return true;
+  if (text == "0") return false;
+  throw InvalidArgument("DELTATRAIN_CUDA_WGMMA", "must be 0 or 1 (or unset), got \"" + text + "\"");
+}
+
+}  // namespace deltatrain::gdn::cuda

@@ -1,0 +1,46 @@
+// How the cuda backend runs one call: which kernels take the sequential state passes (wgmma on sm_90a
+// devices, mma.sync elsewhere) and how those split the work over the GPU. One pure function of the call's
+// shape and the device's facts, computed once per call (backend.cpp), carried to every launcher in Params
+// and obeyed there; unit-tested on the CPU (tests/gdn/test_cuda_plan.cpp). It is compiled into every build,
+// with or without nvcc.
+#pragma once
+
+#include <cstdint>
+
+#include "deltatrain/core/tensor.h"
+#include "deltatrain/gdn/backend.h"
+
+namespace deltatrain::gdn::cuda {
+
+// Columns of V one warpgroup of the wgmma state passes owns (the wgmma row count); a call takes those passes
+// only when V is a multiple of it.
+inline constexpr int kWgmmaColumns = 64;
+
+struct PlanInputs {
+  Operation op = Operation::chunk_forward;
+  DType io = DType::bf16;
+  std::int64_t sequences = 1, value_heads = 1;
+  std::int64_t K = 128, V = 128;  // the kernels' head dims (kernel_key_dim, kernel_value_dim)
+  std::int64_t chunks = 1;        // over all sequences
+  int multiprocessors = 1;        // of the device
+  bool wgmma_device = false;      // the device is sm_90 and this build carries the sm_90a kernels
+  bool wgmma_allowed = true;      // DELTATRAIN_CUDA_WGMMA is not 0 (wgmma_allowed_by)
+};
+
+struct ExecutionPlan {
+  bool wgmma = false;   // the wgmma state passes run (they form U from V and T diag(beta); the others read U)
+  int segments = 1;     // wgmma: runs of chunks each sequence's passes split into (1: none)
+  int warpgroups = 1;   // wgmma: warpgroups per CTA, each on its own 64 columns of V
+  bool paired = false;  // wgmma, backward: the recompute and the reverse pass side by side in one launch
+  int warp_pairs = 2;   // mma.sync: warp pairs per CTA, each on 16 columns of V
+  friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
+};
+
+ExecutionPlan plan_execution(const PlanInputs& in);
+
+// What DELTATRAIN_CUDA_WGMMA's value allows: unset (null), empty or "1" lets the wgmma passes run where they
+// apply; "0" keeps the mma.sync passes on sm_90 devices too (to compare the two, or to test the path other
+// GPUs take). Anything else is an InvalidArgument naming the variable.
+bool wgmma_allowed_by(const char* value);
+
+}  // namespace deltatrain::gdn::cuda

@@ -1,0 +1,157 @@
+// The cuda backend's execution plan (gdn/cuda/plan.h), on the CPU: the rules it promises, checked over random
+// call shapes and device sizes, and the choices it makes on the anchor cells of an H200 (132 SMs), which the
+// figures in bench/NOTES.md were measured with.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <random>
+#include <string>
+
+#include "cuda/plan.h"
+#include "deltatrain/core/error.h"
+#include "gdn_testing.h"
+
+namespace deltatrain::gdn::testing {
+namespace {
+
+using cuda::ExecutionPlan;
+using cuda::kWgmmaColumns;
+using cuda::plan_execution;
+using cuda::PlanInputs;
+
+constexpr int kH200Multiprocessors = 132;
+
+class CudaPlan : public SeededTest {
+ protected:
+  // A random call: any operation, dtype and kernel head dims, 1-40 sequences of 1-600 chunks, 1-64 value heads,
+  // on a device of 1-200 SMs that may or may not run wgmma.
+  PlanInputs random_inputs() {
+    auto pick = [&](auto lo, auto hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng_); };
+    constexpr std::array kOperations{Operation::chunk_forward, Operation::chunk_backward, Operation::recurrent};
+    constexpr std::array kDtypes{DType::bf16, DType::f16, DType::f32};
+    PlanInputs in;
+    in.op = kOperations[pick(0, 2)];
+    in.io = kDtypes[pick(0, 2)];
+    in.K = std::array{64, 128, 256}[pick(0, 2)];
+    in.V = 64 * pick(1, 4) + (pick(0, 3) == 0 ? 32 : 0);  // now and then not a whole warpgroup of columns
+    in.sequences = pick(1, 40);
+    in.value_heads = pick(1, 64);
+    in.chunks = in.sequences * pick(1, 600);
+    in.multiprocessors = static_cast<int>(pick(1, 200));
+    in.wgmma_device = pick(0, 1) == 1;
+    in.wgmma_allowed = pick(0, 3) != 0;
+    return in;
+  }
+};
+
+std::string describe(const PlanInputs& in) {
+  return "op " + std::string(operation_name(in.op)) + ", " + dtype_name(in.io) + ", K " + std::to_string(in.K) +
+         ", V " + std::to_string(in.V) + ", " + std::to_string(in.sequences) + " sequences, " +
+         std::to_string(in.value_heads) + " value heads, " + std::to_string(in.chunks) + " chunks, " +
+         std::to_string(in.multiprocessors) + " SMs, wgmma device " + std::to_string(in.wgmma_device) +
+         ", allowed " + std::to_string(in.wgmma_allowed);
+}
+
+TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
+  for (int trial = 0; trial < 5000; ++trial) {
+    const PlanInputs in = random_inputs();
+    SCOPED_TRACE(describe(in));
+    const ExecutionPlan plan = plan_execution(in);
+    if (in.op == Operation::recurrent) {
+      EXPECT_EQ(plan, ExecutionPlan{}) << "the recurrent step has no state passes to plan";
+      continue;
+    }
+    const bool wgmma_fits = in.io != DType::f32 && in.K <= 128 && in.V % kWgmmaColumns == 0;
+    EXPECT_EQ(plan.wgmma, in.wgmma_device && in.wgmma_allowed && wgmma_fits);
+    EXPECT_GE(plan.segments, 1);
+    EXPECT_LE(plan.segments, 16);
+    if (!plan.wgmma) {
+      // The mma.sync passes: unsplit, 2 or 4 warp pairs, 2 for float32 and wherever 2 fit in one wave.
+      EXPECT_EQ(plan.segments, 1);
+      EXPECT_EQ(plan.warpgroups, 1);
+      EXPECT_FALSE(plan.paired);
+      const std::int64_t narrow_ctas = in.sequences * in.value_heads * (in.V / 32);
+      EXPECT_EQ(plan.warp_pairs, in.io == DType::f32 || narrow_ctas <= in.multiprocessors ? 2 : 4);
+      continue;
+    }
+    const std::int64_t units = in.sequences * in.value_heads * (in.V / kWgmmaColumns);
+    if (units >= in.multiprocessors) {
+      // Enough (sequence, head, columns) units to fill the GPU: no segments, two warpgroups where K = 128 and
+      // the columns pair up.
+      EXPECT_EQ(plan.segments, 1);
+      EXPECT_FALSE(plan.paired);
+      EXPECT_EQ(plan.warpgroups, in.K == 128 && in.V % (2 * kWgmmaColumns) == 0 ? 2 : 1);
+      continue;
+    }
+    EXPECT_EQ(plan.warpgroups, 1);
+    // Segments never make more CTAs than SMs, and each holds four chunks or more of its sequence on average.
+    EXPECT_LE(plan.segments * units, in.multiprocessors);
+    if (plan.segments > 1) {
+      EXPECT_LE(4 * plan.segments, in.chunks / in.sequences);
+    }
+    if (plan.paired) {
+      // Pairing is for the backward, where both passes' units fit the SMs together, and unsegmented.
+      EXPECT_EQ(in.op, Operation::chunk_backward);
+      EXPECT_LE(2 * units, in.multiprocessors);
+      EXPECT_EQ(plan.segments, 1);
+    } else if (in.op == Operation::chunk_backward && 2 * units <= in.multiprocessors) {
+      EXPECT_GE(plan.segments, 4) << "the backward segments only where that beats pairing (4 or more)";
+    }
+  }
+}
+
+// The anchor cells (bf16, K = V = 128, 64-token chunks) on an H200: the choices the recorded figures rest on.
+PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences, std::int64_t tokens_each) {
+  PlanInputs in;
+  in.op = op;
+  in.io = DType::bf16;
+  in.sequences = sequences;
+  in.value_heads = value_heads;
+  in.chunks = sequences * (tokens_each / 64);
+  in.multiprocessors = kH200Multiprocessors;
+  in.wgmma_device = true;
+  return in;
+}
+
+TEST(CudaPlanAnchors, H200Choices) {
+  // 32 heads x 2 column blocks = 64 units of one sequence: two segments (132 / 64) in the forward ...
+  EXPECT_EQ(plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768)).segments, 2);
+  // ... and the backward's two passes side by side instead (128 units fit 132 SMs).
+  const ExecutionPlan backward = plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192));
+  EXPECT_TRUE(backward.paired);
+  EXPECT_EQ(backward.segments, 1);
+  // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments.
+  const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
+  EXPECT_EQ(filled.warpgroups, 2);
+  EXPECT_EQ(filled.segments, 1);
+  // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
+  const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
+  EXPECT_EQ(few.segments, 16);
+  EXPECT_FALSE(few.paired);
+  // DELTATRAIN_CUDA_WGMMA=0 on the same device: the mma.sync passes, 4 warp pairs once 2 would overflow a wave.
+  PlanInputs forced = anchor(Operation::chunk_forward, 32, 4, 8192);
+  forced.wgmma_allowed = false;
+  const ExecutionPlan mma_sync = plan_execution(forced);
+  EXPECT_FALSE(mma_sync.wgmma);
+  EXPECT_EQ(mma_sync.warp_pairs, 4);
+}
+
+TEST(CudaPlanSetting, WgmmaOverrideParsing) {
+  EXPECT_TRUE(cuda::wgmma_allowed_by(nullptr));
+  EXPECT_TRUE(cuda::wgmma_allowed_by(""));
+  EXPECT_TRUE(cuda::wgmma_allowed_by("1"));
+  EXPECT_FALSE(cuda::wgmma_allowed_by("0"));
+  for (const char* bad : {"2", "yes", " 0", "0 ", "true"}) {
+    try {
+      cuda::wgmma_allowed_by(bad);
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const InvalidArgument& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("DELTATRAIN_CUDA_WGMMA"), std::string::npos) << message;
+      EXPECT_NE(message.find(bad), std::string::npos) << message;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deltatrain::gdn::testing
