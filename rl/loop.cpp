@@ -143,6 +143,7 @@ struct RlState {
   std::uint64_t seed = 0;
   std::string task;
   std::int64_t warmup_steps = 0, warmup_batch = 0, prompts_per_step = 0, samples_per_prompt = 0, max_new_tokens = 0;
+  std::int64_t updates_per_rollout = 1;
   double temperature = 0;
   int dp_size = 1;
   std::string config_json;
@@ -160,6 +161,7 @@ nlohmann::ordered_json state_json(const RlState& s) {
           {"prompts_per_step", s.prompts_per_step},
           {"samples_per_prompt", s.samples_per_prompt},
           {"max_new_tokens", s.max_new_tokens},
+          {"updates_per_rollout", s.updates_per_rollout},
           {"temperature", s.temperature},
           {"true_on_policy", s.true_on_policy},
           {"dp_size", s.dp_size},
@@ -180,6 +182,7 @@ RlState state_from_json(const std::string& text, const std::string& source) {
     s.prompts_per_step = j.at("prompts_per_step");
     s.samples_per_prompt = j.at("samples_per_prompt");
     s.max_new_tokens = j.at("max_new_tokens");
+    s.updates_per_rollout = j.value("updates_per_rollout", std::int64_t{1});  // absent before it existed: 1
     s.temperature = j.at("temperature");
     s.true_on_policy = j.at("true_on_policy");
     s.dp_size = j.at("dp_size");
@@ -227,17 +230,21 @@ class Loop {
 
     RlResult result;
     const Clock::time_point began = Clock::now();
-    const std::int64_t total = options_.warmup_steps + options_.steps;
+    const std::int64_t total = options_.warmup_steps + options_.steps * options_.updates_per_rollout;
     while (optimizer_.step_count() < total) {
       if (comm::any_rank(group_, stop_requested && stop_requested())) {
         result.stopped = true;
         break;
       }
-      StepReport report = optimizer_.step_count() < options_.warmup_steps ? warmup_step() : rl_step();
+      const std::int64_t before = optimizer_.step_count();
+      StepReport report = before < options_.warmup_steps ? warmup_step() : rl_step();
       report.elapsed = seconds_since(began);
       if (observer_) observer_->on_step(report);
+      // A step of several updates saves once, at its end, when it reached a multiple of --save-every: a
+      // checkpoint always falls between rollouts.
       const std::int64_t step = optimizer_.step_count();
-      if (!options_.checkpoint_root.empty() && options_.save_every > 0 && step % options_.save_every == 0) {
+      if (!options_.checkpoint_root.empty() && options_.save_every > 0 &&
+          step / options_.save_every > before / options_.save_every) {
         result.last_checkpoint = save();
       }
     }
@@ -351,7 +358,7 @@ class Loop {
   StepReport rl_step() {
     StepReport report;
     communicator_s_ = 0;
-    const std::int64_t rl_index = optimizer_.step_count() - options_.warmup_steps;
+    const std::int64_t rl_index = (optimizer_.step_count() - options_.warmup_steps) / options_.updates_per_rollout;
     const std::int64_t P = options_.prompts_per_step, G = options_.samples_per_prompt;
 
     // --- Rollout --------------------------------------------------------------------------------------------
@@ -391,49 +398,68 @@ class Loop {
     report.to_train_s = switch_to(Phase::train);
     const Clock::time_point train_start = Clock::now();
     if (eval) report_eval(*eval);
-    PackedBatch batch;
+    // One mini-batch of whole prompt groups per update (check_options: the updates divide the prompts per rank).
+    const std::int64_t updates = options_.updates_per_rollout;
+    const std::size_t samples_per_update = completions.size() / static_cast<std::size_t>(updates);
+    std::vector<PackedBatch> batches(static_cast<std::size_t>(updates));
     for (std::size_t i = 0; i < completions.size(); ++i) {
-      batch.add(requests[i].prompt, completions[i].tokens, completions[i].untempered_logprobs, advantages[i]);
+      batches[i / samples_per_update].add(requests[i].prompt, completions[i].tokens, completions[i].untempered_logprobs,
+                                          advantages[i]);
     }
-    const double global_tokens = comm::sum_over_ranks(group_, static_cast<double>(batch.response_tokens()));
-    const double weight = global_tokens > 0 ? group_.size() / global_tokens : 0.0;
-    std::vector<double> reference;
-    if (options_.grpo.kl_coef > 0) reference = reference_logprobs(batch);
+    std::vector<double> local_tokens;
+    for (const PackedBatch& batch : batches) local_tokens.push_back(static_cast<double>(batch.response_tokens()));
+    const std::vector<double> global_tokens = comm::sum_over_ranks(group_, local_tokens);
+    // The old policy: the trainer's log-probabilities at the rollout's parameters. With one update they are that
+    // update's own forward's (a constant in the gradient); with more, the later updates run on moved parameters,
+    // so every mini-batch's are computed before the first update.
+    std::vector<std::vector<double>> old_logprobs(batches.size());
+    if (updates > 1) {
+      for (std::size_t u = 0; u < batches.size(); ++u) old_logprobs[u] = trainer_logprobs(batches[u]);
+    }
 
     struct Sums {
       double clipped = 0, tis = 0, kl = 0, mismatch = 0, mismatch_kl = 0, mismatch_max = 0, tokens = 0;
     } sums;
-    const model::TokenObjective objective = [&](std::int64_t first, std::span<const double> logprobs,
-                                                std::span<double> terms, std::span<double> derivatives) {
-      for (std::size_t r = 0; r < logprobs.size(); ++r) {
-        const std::size_t t = static_cast<std::size_t>(first) + r;
-        if (batch.targets[t] < 0) {
-          terms[r] = derivatives[r] = 0;
-          continue;
-        }
-        // One update per rollout: the old policy is this forward's (a constant in the gradient).
-        const TokenLoss loss = grpo_token_loss(
-            options_.grpo, {logprobs[r], logprobs[r], batch.rollout_logprobs[t], reference.empty() ? 0.0 : reference[t],
-                            batch.advantages[t], weight});
-        terms[r] = loss.term;
-        derivatives[r] = loss.derivative;
-        const double difference = logprobs[r] - batch.rollout_logprobs[t];
-        sums.clipped += loss.clipped ? 1 : 0;
-        sums.tis += loss.tis;
-        sums.kl += loss.kl;
-        sums.mismatch += std::abs(difference);
-        sums.mismatch_max = std::max(sums.mismatch_max, std::abs(difference));
-        sums.mismatch_kl += std::exp(difference) - difference - 1;
-        sums.tokens += 1;
-      }
-    };
+    double local_loss = 0, grad_norm = 0;
     set_lr(options_.lr);
-    optimizer_.zero_grad();
-    const double local_loss =
-        model_.forward({.tokens = batch.tokens, .cu_seqlens = batch.cu_seqlens, .targets = batch.targets,
-                        .objective = &objective});
-    model_.backward();
-    optimizer_.step();
+    for (std::size_t u = 0; u < batches.size(); ++u) {
+      const PackedBatch& batch = batches[u];
+      const double weight = global_tokens[u] > 0 ? group_.size() / global_tokens[u] : 0.0;
+      std::vector<double> reference;
+      if (options_.grpo.kl_coef > 0) reference = reference_logprobs(batch);
+      const model::TokenObjective objective = [&](std::int64_t first, std::span<const double> logprobs,
+                                                  std::span<double> terms, std::span<double> derivatives) {
+        for (std::size_t r = 0; r < logprobs.size(); ++r) {
+          const std::size_t t = static_cast<std::size_t>(first) + r;
+          if (batch.targets[t] < 0) {
+            terms[r] = derivatives[r] = 0;
+            continue;
+          }
+          const double old = updates > 1 ? old_logprobs[u][t] : logprobs[r];
+          const TokenLoss loss = grpo_token_loss(
+              options_.grpo, {logprobs[r], old, batch.rollout_logprobs[t], reference.empty() ? 0.0 : reference[t],
+                              batch.advantages[t], weight});
+          terms[r] = loss.term;
+          derivatives[r] = loss.derivative;
+          const double difference = old - batch.rollout_logprobs[t];
+          sums.clipped += loss.clipped ? 1 : 0;
+          sums.tis += loss.tis;
+          sums.kl += loss.kl;
+          sums.mismatch += std::abs(difference);
+          sums.mismatch_max = std::max(sums.mismatch_max, std::abs(difference));
+          sums.mismatch_kl += std::exp(difference) - difference - 1;
+          sums.tokens += 1;
+        }
+      };
+      optimizer_.zero_grad();
+      local_loss += model_.forward({.tokens = batch.tokens, .cu_seqlens = batch.cu_seqlens, .targets = batch.targets,
+                                    .objective = &objective});
+      model_.backward();
+      optimizer_.step();
+      grad_norm += optimizer_.grad_norm();
+    }
+    std::size_t trained_tokens = 0;
+    for (const PackedBatch& batch : batches) trained_tokens += batch.tokens.size();
     report.train_s = seconds_since(train_start);
 
     // --- Statistics (global) --------------------------------------------------------------------------------
@@ -444,12 +470,13 @@ class Loop {
     }
     const std::vector<double> global = comm::sum_over_ranks(
         group_, std::vector<double>{local_loss, reward_sum, reward_squares, static_cast<double>(rewards.size()), static_cast<double>(generated),
-                 static_cast<double>(batch.tokens.size()), sums.clipped, sums.tis, sums.kl, sums.mismatch,
+                 static_cast<double>(trained_tokens), sums.clipped, sums.tis, sums.kl, sums.mismatch,
                  sums.mismatch_kl, sums.tokens});
     const double samples = global[3], tokens = std::max(1.0, global[11]);
     report.step = optimizer_.step_count();
-    report.loss = global[0] / group_.size();
-    report.grad_norm = optimizer_.grad_norm();
+    report.updates = updates;
+    report.loss = global[0] / group_.size() / static_cast<double>(updates);
+    report.grad_norm = grad_norm / static_cast<double>(updates);
     report.lr = options_.lr;
     report.reward_mean = global[1] / samples;
     report.reward_std = std::sqrt(std::max(0.0, global[2] / samples - report.reward_mean * report.reward_mean));
@@ -466,6 +493,13 @@ class Loop {
     report.train_memory = train_memory_;
     report.communicator_s = communicator_s_;
     return report;
+  }
+
+  // log p of every target under the trainer's current parameters (no backward).
+  std::vector<double> trainer_logprobs(const PackedBatch& batch) {
+    model_.forward({batch.tokens, batch.cu_seqlens, batch.targets}, false);
+    const std::span<const double> lp = model_.token_logprobs();
+    return {lp.begin(), lp.end()};
   }
 
   // log p of every target under the reference policy (the parameters RL started from).
@@ -538,8 +572,8 @@ class Loop {
 
   RlState state() const {
     return {optimizer_.step_count(), options_.true_on_policy, options_.seed, options_.task, options_.warmup_steps, options_.warmup_batch,
-            options_.prompts_per_step, options_.samples_per_prompt, max_new_tokens_, options_.temperature,
-            group_.size(), model::config_to_hf_json(options_.config)};
+            options_.prompts_per_step, options_.samples_per_prompt, max_new_tokens_, options_.updates_per_rollout,
+            options_.temperature, group_.size(), model::config_to_hf_json(options_.config)};
   }
 
   fs::path save() {
@@ -582,6 +616,7 @@ class Loop {
       must_match("prompts-per-step", std::to_string(saved.prompts_per_step), std::to_string(now.prompts_per_step));
       must_match("samples-per-prompt", std::to_string(saved.samples_per_prompt), std::to_string(now.samples_per_prompt));
       must_match("max-new-tokens", std::to_string(saved.max_new_tokens), std::to_string(now.max_new_tokens));
+      must_match("updates-per-rollout", std::to_string(saved.updates_per_rollout), std::to_string(now.updates_per_rollout));
       must_match("temperature", std::to_string(saved.temperature), std::to_string(now.temperature));
       must_match("true-on-policy", saved.true_on_policy ? "on" : "off", now.true_on_policy ? "on" : "off");
       if (options_.grpo.kl_coef > 0 && saved.step > options_.warmup_steps && !fs::exists(dir / "reference")) {
@@ -661,6 +696,12 @@ void check_options(const RlOptions& o, int dp_size) {
   at_least("samples-per-prompt", o.samples_per_prompt, 2);  // a group of one has no baseline: advantage 0
   at_least("max-new-tokens", o.max_new_tokens, 0);
   at_least("steps", o.steps, 0);
+  at_least("updates-per-rollout", o.updates_per_rollout, 1);
+  if ((o.prompts_per_step / dp_size) % o.updates_per_rollout != 0) {
+    throw InvalidArgument("updates-per-rollout", "splits each rank's " + std::to_string(o.prompts_per_step / dp_size) +
+                                                     " prompts into mini-batches of whole groups: must divide them, got " +
+                                                     std::to_string(o.updates_per_rollout));
+  }
   at_least("warmup-steps", o.warmup_steps, 0);
   at_least("eval-every", o.eval_every, 0);
   at_least("save-every", o.save_every, 0);

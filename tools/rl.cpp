@@ -33,6 +33,7 @@ struct RlArgs {
   std::int64_t samples_per_prompt = 8;
   std::int64_t max_new_tokens = 0;
   std::int64_t steps = 50;
+  std::int64_t updates_per_rollout = 1;
   double lr = 2e-4;
   double clip = 0.2, clip_high = 0.28, kl_coef = 0;
   bool tis = false;
@@ -82,8 +83,10 @@ class Reporter : public rl::Observer {
            {"steps", options_.steps}});
   }
 
+  // RL steps (rollouts) done at optimizer step `step`.
+  std::int64_t rl_step(std::int64_t step) const { return (step - options_.warmup_steps) / options_.updates_per_rollout; }
+
   void on_step(const rl::StepReport& r) override {
-    const std::int64_t total = options_.warmup_steps + options_.steps;
     if (r.warmup) {
       // A line every 25 warm-up steps and the last: the warm-up is the prologue, RL the story.
       if (r.step % 25 == 0 || r.step == options_.warmup_steps) {
@@ -93,9 +96,9 @@ class Reporter : public rl::Observer {
       write({{"kind", "warmup"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
              {"tokens", r.train_tokens}, {"train_s", r.train_s}, {"elapsed", r.elapsed}});
     } else {
-      const double done = static_cast<double>(r.step - options_.warmup_steps);
+      const double done = static_cast<double>(rl_step(r.step));
       const double eta = rl_started_ >= 0 && done > rl_first_
-                             ? (r.elapsed - rl_started_) / (done - rl_first_) * static_cast<double>(total - r.step)
+                             ? (r.elapsed - rl_started_) / (done - rl_first_) * (static_cast<double>(options_.steps) - done)
                              : -1;
       if (rl_started_ < 0) {
         rl_started_ = r.elapsed - (r.rollout_s + r.train_s + r.to_train_s + r.to_rollout_s);
@@ -103,13 +106,14 @@ class Reporter : public rl::Observer {
       }
       std::printf("step %lld/%lld  reward %.3f  len %.1f  mismatch %.1e (max %.1e)  clip %.3f  rollout %.2fs (%.0f tok/s)  "
                   "train %.2fs  switches %.1f/%.1f ms  eta %s\n",
-                  static_cast<long long>(r.step - options_.warmup_steps), static_cast<long long>(options_.steps),
-                  r.reward_mean, r.response_length, r.mismatch_mean, r.mismatch_max, r.clip_fraction, r.rollout_s,
+                  static_cast<long long>(rl_step(r.step)), static_cast<long long>(options_.steps), r.reward_mean,
+                  r.response_length, r.mismatch_mean, r.mismatch_max, r.clip_fraction, r.rollout_s,
                   r.rollout_s > 0 ? r.rollout_tokens / r.rollout_s : 0.0, r.train_s, 1e3 * r.to_train_s,
                   1e3 * r.to_rollout_s, duration_text(eta).c_str());
       write({{"kind", "rl"},
              {"step", r.step},
-             {"rl_step", r.step - options_.warmup_steps},
+             {"rl_step", rl_step(r.step)},
+             {"updates", r.updates},
              {"loss", r.loss},
              {"lr", r.lr},
              {"grad_norm", r.grad_norm},
@@ -152,14 +156,14 @@ class Reporter : public rl::Observer {
       examples += "  " + e.prompt + e.completion + (e.reward == 1.0 ? " (right)" : " (wrong)");
     }
     std::printf("eval after step %lld: accuracy %.3f  reward %.3f  (%lld held-out problems)%s\n",
-                static_cast<long long>(r.step - options_.warmup_steps), r.accuracy, r.reward_mean,
+                static_cast<long long>(rl_step(r.step)), r.accuracy, r.reward_mean,
                 static_cast<long long>(r.problems), examples.c_str());
     std::fflush(stdout);
     nlohmann::ordered_json shown = nlohmann::ordered_json::array();
     for (const rl::EvalReport::Example& e : r.examples) {
       shown.push_back({{"prompt", e.prompt}, {"completion", e.completion}, {"reward", e.reward}});
     }
-    write({{"kind", "eval"}, {"step", r.step}, {"rl_step", r.step - options_.warmup_steps}, {"accuracy", r.accuracy},
+    write({{"kind", "eval"}, {"step", r.step}, {"rl_step", rl_step(r.step)}, {"accuracy", r.accuracy},
            {"reward_mean", r.reward_mean}, {"problems", r.problems}, {"examples", shown}});
   }
 
@@ -198,6 +202,7 @@ rl::RlOptions make_options(const RlArgs& args) {
   o.samples_per_prompt = args.samples_per_prompt;
   o.max_new_tokens = args.max_new_tokens;
   o.steps = args.steps;
+  o.updates_per_rollout = args.updates_per_rollout;
   o.lr = args.lr;
   o.weight_decay = args.weight_decay;
   o.max_grad_norm = args.max_grad_norm;
@@ -259,7 +264,10 @@ void add_rl_command(CLI::App& app) {
   cmd->add_option("--samples-per-prompt", a->samples_per_prompt, "G: completions per prompt, one group")->capture_default_str();
   cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens per completion (0: the task's longest answer + 1)")
       ->capture_default_str();
-  cmd->add_option("--steps", a->steps, "RL steps after the warm-up")->capture_default_str();
+  cmd->add_option("--steps", a->steps, "RL steps (rollouts) after the warm-up")->capture_default_str();
+  cmd->add_option("--updates-per-rollout", a->updates_per_rollout,
+                  "optimizer steps per rollout, on mini-batches of whole prompt groups (ratios to the rollout's policy)")
+      ->capture_default_str();
   cmd->add_option("--lr", a->lr, "RL learning rate (constant)")->capture_default_str();
   cmd->add_option("--clip", a->clip, "PPO clip: ratio >= 1 - clip")->capture_default_str();
   cmd->add_option("--clip-high", a->clip_high, "PPO clip: ratio <= 1 + clip-high")->capture_default_str();
@@ -278,7 +286,9 @@ void add_rl_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--eval-prompts", a->eval_prompts, "held-out problems per evaluation")->capture_default_str();
   CLI::Option* ckpt = cmd->add_option("--ckpt", a->ckpt, "checkpoint root: one directory per step and `latest`");
-  cmd->add_option("--save-every", a->save_every, "save every N optimizer steps (0: at the end only)")->needs(ckpt);
+  cmd->add_option("--save-every", a->save_every,
+                  "save every N optimizer steps, at the end of the RL step that reaches them (0: at the end only)")
+      ->needs(ckpt);
   cmd->add_option("--resume", a->resume, "a checkpoint directory, a root with `latest`, or `latest` (of --ckpt)");
   cmd->add_option("--log", a->log, "JSONL log: one object per step and evaluation");
   cmd->add_option("--chart", a->chart, "chart PNG (default: the log's name with .png; none: no chart)");

@@ -204,6 +204,67 @@ TEST_F(Rl, TrueOnPolicyHasNoMismatchAtAll) {
   EXPECT_EQ(rl_steps, options.steps);
 }
 
+// Two updates per rollout: the second runs on parameters the first moved, so its tokens' ratios to the rollout's
+// policy leave 1 and clipping engages, where with one update every ratio is exactly 1. The mismatch is still
+// taken at the rollout's parameters (float32 rounding), a report covers a rollout and its updates, checkpoints
+// fall between rollouts, a resume continues bit for bit, and one with another update count is refused.
+TEST_F(Rl, SeveralUpdatesPerRolloutTakeRatiosToTheRolloutPolicy) {
+  RlOptions options = micro_options(seed_);
+  // A clip range of 0.1%: any ratio an update moves is out of it (a token counts as clipped where its advantage
+  // pushes the ratio further out), while a ratio of exactly 1 never is.
+  options.grpo.clip_low = options.grpo.clip_high = 1e-3;
+  Recorder single;
+  run_rl(*group_, options, &single);
+  for (const StepReport& r : single.steps) {
+    if (!r.warmup) EXPECT_EQ(r.clip_fraction, 0.0) << "one update: the ratio is exactly 1 (step " << r.step << ")";
+  }
+
+  options.updates_per_rollout = 2;
+  Recorder straight;
+  const RlResult whole = run_rl(*group_, options, &straight);
+  EXPECT_EQ(whole.step, options.warmup_steps + options.steps * 2);
+  ASSERT_EQ(straight.steps.size(), static_cast<std::size_t>(options.warmup_steps + options.steps));
+  double clipped = 0;
+  for (const StepReport& r : straight.steps) {
+    if (r.warmup) continue;
+    SCOPED_TRACE("step " + std::to_string(r.step));
+    EXPECT_EQ(r.updates, 2);
+    EXPECT_EQ((r.step - options.warmup_steps) % 2, 0);
+    EXPECT_LT(r.mismatch_max, 1e-4);
+    EXPECT_GT(r.grad_norm, 0);
+    EXPECT_TRUE(std::isfinite(r.loss));
+    clipped += r.clip_fraction;
+  }
+  EXPECT_GT(clipped, 0.0) << "the second update's ratios never left the clip range: its old policy is not the rollout's";
+
+  SharedTempDir dir;
+  options.checkpoint_root = dir.path() / "ckpt";
+  options.save_every = 3;  // crossed inside the first rollout's updates (steps 3 and 4): saved at step 4
+  options.steps = 1;
+  const RlResult part = run_rl(*group_, options, nullptr);
+  EXPECT_EQ(part.last_checkpoint.filename(), "step-00000004");
+  options.steps = 3;
+  options.save_every = 0;
+  options.resume = options.checkpoint_root;
+  Recorder second;
+  const RlResult resumed = run_rl(*group_, options, &second);
+  EXPECT_EQ(resumed.digest.params, whole.digest.params);
+  EXPECT_EQ(resumed.digest.state, whole.digest.state);
+  ASSERT_EQ(second.steps.size(), 2u);
+  for (std::size_t i = 0; i < second.steps.size(); ++i) {
+    EXPECT_EQ(second.steps[i].reward_mean, straight.steps[straight.steps.size() - 2 + i].reward_mean);
+    EXPECT_EQ(second.steps[i].loss, straight.steps[straight.steps.size() - 2 + i].loss);
+  }
+  options.updates_per_rollout = 1;
+  try {
+    run_rl(*group_, options);
+    ADD_FAILURE() << "resumed with another update count";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "resume") << e.what();
+    EXPECT_NE(std::string(e.what()).find("updates-per-rollout"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Rl, BadOptionsNameTheFlag) {
   auto expect = [&](RlOptions o, const std::string& flag) {
     try {
@@ -228,6 +289,12 @@ TEST_F(Rl, BadOptionsNameTheFlag) {
   o = micro_options(seed_);
   o.memory = "disk";
   expect(o, "memory");
+  o = micro_options(seed_);
+  o.updates_per_rollout = 0;
+  expect(o, "updates-per-rollout");
+  o = micro_options(seed_);
+  o.updates_per_rollout = 3;  // 2 prompts per rank
+  expect(o, "updates-per-rollout");
   o = micro_options(seed_);
   o.grpo.clip_low = 1.5;
   expect(o, "clip");

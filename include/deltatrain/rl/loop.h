@@ -70,7 +70,12 @@ struct RlOptions {
   std::int64_t prompts_per_step = 16;   // global, a multiple of the ranks
   std::int64_t samples_per_prompt = 8;  // G, the group of each prompt
   std::int64_t max_new_tokens = 0;      // 0: the task's longest answer + 1 (its end token)
-  std::int64_t steps = 50;              // RL steps (after the warm-up)
+  std::int64_t steps = 50;              // RL steps (after the warm-up): rollouts
+  // Optimizer steps on each rollout: its samples split into this many mini-batches of whole prompt groups, one
+  // step each (PPO's minibatches). From the second on the policy has moved from the one that sampled, so every
+  // token's ratio is taken to the old log-probabilities, the trainer's at the rollout's parameters, computed
+  // before the first update, and clipping engages. A divisor of the prompts per rank.
+  std::int64_t updates_per_rollout = 1;
   double lr = 2e-4;
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;           // 0: no clipping
@@ -120,13 +125,15 @@ struct MemoryUse {
 struct StepReport {
   std::int64_t step = 0;  // the optimizer's step after this one
   bool warmup = false;    // a supervised warm-up step (the rollout fields are 0)
-  double loss = 0, grad_norm = 0, lr = 0;
+  std::int64_t updates = 1;  // optimizer steps it took (RL: updates_per_rollout)
+  double loss = 0, grad_norm = 0, lr = 0;  // RL: the mean over its updates
   // Rollout
   double reward_mean = 0, reward_std = 0;
   double response_length = 0;  // mean tokens per completion, the end token included
   std::int64_t rollout_tokens = 0, train_tokens = 0;  // generated; trained on (global)
-  // The trainer's log-probabilities of the sampled tokens against the rollout's (over every response token):
-  // mean and max |difference|, and k3 of KL(rollout || trainer).
+  // The trainer's log-probabilities of the sampled tokens at the rollout's parameters against the rollout's
+  // (over every response token): mean and max |difference|, and k3 of KL(rollout || trainer). The clip fraction
+  // and the TIS and KL means are over every response token of every update.
   double mismatch_mean = 0, mismatch_max = 0, mismatch_kl = 0;
   double clip_fraction = 0, tis_mean = 1, kl = 0;
   // Seconds: each phase, each switch (park + bring back + communicator), the communicator's share of the two
