@@ -34,9 +34,6 @@
 #include "arena.h"
 #include "ops.h"
 #include "tensors.h"
-#ifdef DELTATRAIN_WITH_CUDA
-#include "gdn/cuda/workspace.h"  // the GDN operator's scratch on a stream, whose address a recorded decode may hold
-#endif
 
 namespace deltatrain::model {
 namespace {
@@ -1009,9 +1006,9 @@ std::vector<std::uintptr_t> Model::Impl::decode_bindings(const TensorView& logit
                                        static_cast<std::uintptr_t>(state.max_length()),
                                        memory.generation(),
                                        recomputed.generation()};
-#ifdef DELTATRAIN_WITH_CUDA
-  bindings.push_back(address(gdn::cuda::workspace(options.device.index, static_cast<cudaStream_t>(options.stream), 0)));
-#endif
+  if (options.device.type == DeviceType::cuda) {
+    bindings.push_back(address(gdn::cuda_scratch_address(options.device.index, options.stream)));
+  }
   for (int l = 0; l < config.num_hidden_layers(); ++l) {
     const LayerState& layer = state.layer(l);
     for (const TensorView* v : {&layer.gdn_state, &layer.conv_state, &layer.k_cache, &layer.v_cache})

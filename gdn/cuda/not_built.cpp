@@ -2,6 +2,7 @@
 // so that `deltatrain info` and backends() say why it cannot be used.
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
+#include "deltatrain/gdn/gdn.h"
 #include "deltatrain/gdn/registry.h"
 
 namespace deltatrain::gdn {
@@ -24,5 +25,7 @@ class CudaNotBuilt final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaNotBuilt>(); }
+
+const void* cuda_scratch_address(int, void*) { return nullptr; }  // no cuda backend, no scratch
 
 }  // namespace deltatrain::gdn

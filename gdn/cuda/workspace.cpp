@@ -119,3 +119,11 @@ void* workspace(int device, cudaStream_t stream, std::size_t bytes) {
 }
 
 }  // namespace deltatrain::gdn::cuda
+
+namespace deltatrain::gdn {
+
+const void* cuda_scratch_address(int device, void* stream) {
+  return cuda::workspace(device, static_cast<cudaStream_t>(stream), 0);
+}
+
+}  // namespace deltatrain::gdn

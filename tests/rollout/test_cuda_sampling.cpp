@@ -34,6 +34,21 @@ const Device kGpu{DeviceType::cuda, 0};
 
 class CudaSamplingTest : public model::testing::SeededTest {};
 
+// The tiny preset with a 1,000-token vocabulary and seeded bfloat16 weights, uploaded to the GPU.
+struct TinyGpuModel {
+  model::Config config = [] {
+    model::Config c = model::preset("tiny");
+    c.vocab_size = 1000;
+    return c;
+  }();
+  model::ParamStore store{config, DType::bf16};
+  model::DeviceParams device{store, kGpu};  // allocates; the weights are uploaded once initialised
+  explicit TinyGpuModel(std::uint64_t seed) {
+    store.init(0.05, seed);
+    device.upload(store);
+  }
+};
+
 // Device memory freed at scope exit.
 class DeviceBuffer {
  public:
@@ -86,6 +101,24 @@ SamplingParams mode(std::int64_t n, std::int64_t V) {
     case 10: return {.temperature = 1.2, .top_p = 1.0, .top_k = 1000};
     default: return {.temperature = 0.7, .top_p = 0.6, .top_k = k(V / 3 + 1)};
   }
+}
+
+// `count` requests with ids first_id, first_id + 1, ...: request n has prompt_length(n) random tokens, asks for
+// max_new_tokens(n), samples in mode(n) with a fresh seed, and wants untempered logprobs when n % 2 == untempered.
+template <class PromptLength, class MaxNewTokens>
+std::vector<Request> random_requests(std::mt19937_64& rng, std::int64_t vocab, std::int64_t count, std::uint64_t first_id,
+                                     PromptLength prompt_length, MaxNewTokens max_new_tokens, std::int64_t untempered) {
+  std::vector<Request> requests(count);
+  for (std::int64_t n = 0; n < count; ++n) {
+    Request& r = requests[n];
+    r.id = first_id + static_cast<std::uint64_t>(n);
+    r.prompt = model::testing::random_tokens(rng, prompt_length(n), vocab);
+    r.max_new_tokens = static_cast<std::int32_t>(max_new_tokens(n));
+    r.sampling = mode(n, vocab);
+    r.sampling.seed = rng();
+    r.untempered_logprobs = n % 2 == untempered;
+  }
+  return requests;
 }
 
 void expect_gpu_equals_cpu(std::mt19937_64& rng, std::int64_t N, std::int64_t V) {
@@ -157,29 +190,18 @@ TEST_F(CudaSamplingTest, AllEqualLogitsKeepTheLowestIds) {
 // widened to host doubles and drawn with sample_token and the same draws.
 TEST_F(CudaSamplingTest, EngineOnTheGpuEqualsHostSamplingOfTheSameLogits) {
   SKIP_WITHOUT_GPU();
-  model::Config c = model::preset("tiny");
-  c.vocab_size = 1000;
-  model::ParamStore store(c, DType::bf16);
-  store.init(0.05, seed_);
-  model::DeviceParams device(store, kGpu);
-  device.upload(store);
+  const TinyGpuModel tiny(seed_);
+  const model::Config& c = tiny.config;
   const model::ModelOptions options{.device = kGpu, .dtype = DType::bf16};
   const std::int64_t sequences = 6, new_tokens = 12;
-  std::vector<Request> requests(sequences);
-  for (std::int64_t n = 0; n < sequences; ++n) {
-    Request& r = requests[n];
-    r.id = 100 + n;
-    r.prompt = model::testing::random_tokens(rng_, 5 + 7 * n, c.vocab_size);
-    r.max_new_tokens = new_tokens;
-    r.sampling = mode(n, c.vocab_size);
-    r.sampling.seed = rng_();
-    r.untempered_logprobs = n % 2 == 0;
-  }
-  Engine engine(c, options, device.params(), {.max_batch = sequences, .max_length = 256});
+  const std::vector<Request> requests = random_requests(
+      rng_, c.vocab_size, sequences, 100, [](std::int64_t n) { return 5 + 7 * n; },
+      [&](std::int64_t) { return new_tokens; }, 0);
+  Engine engine(c, options, tiny.device.params(), {.max_batch = sequences, .max_length = 256});
   const std::vector<Completion> out = engine.generate(requests);
 
   model::Model m(c, options);
-  m.bind(device.params());
+  m.bind(tiny.device.params());
   model::InferenceState state(c, options, sequences, 256);
   std::vector<std::int32_t> prompts, cu{0}, slots;
   for (std::int64_t n = 0; n < sequences; ++n) {
@@ -212,30 +234,19 @@ TEST_F(CudaSamplingTest, EngineOnTheGpuEqualsHostSamplingOfTheSameLogits) {
 // engines replays the graphs recorded in the first.
 TEST_F(CudaSamplingTest, EngineWithCudaGraphsEqualsEngineWithout) {
   SKIP_WITHOUT_GPU();
-  model::Config c = model::preset("tiny");
-  c.vocab_size = 1000;
-  model::ParamStore store(c, DType::bf16);
-  store.init(0.05, seed_);
-  model::DeviceParams device(store, kGpu);
-  device.upload(store);
+  const TinyGpuModel tiny(seed_);
+  const model::Config& c = tiny.config;
   cudaStream_t stream = nullptr;
   cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
   const std::int64_t count = 9;
-  std::vector<Request> requests(count);
-  for (std::int64_t n = 0; n < count; ++n) {
-    Request& r = requests[n];
-    r.id = 200 + n;
-    r.prompt = model::testing::random_tokens(rng_, 1 + 9 * n, c.vocab_size);
-    r.max_new_tokens = static_cast<std::int32_t>(2 + (5 * n) % 11);
-    r.sampling = mode(n, c.vocab_size);
-    r.sampling.seed = rng_();
-    r.untempered_logprobs = n % 2 == 1;
-  }
+  const std::vector<Request> requests = random_requests(
+      rng_, c.vocab_size, count, 200, [](std::int64_t n) { return 1 + 9 * n; },
+      [](std::int64_t n) { return 2 + (5 * n) % 11; }, 1);
   const EngineOptions engine_options{.max_batch = 4, .max_length = 128, .max_prefill_tokens = 40};
   {
-    Engine graphed(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream}, device.params(), engine_options);
-    Engine plain(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream, .cuda_graphs = false}, device.params(),
-                 engine_options);
+    Engine graphed(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream}, tiny.device.params(), engine_options);
+    Engine plain(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream, .cuda_graphs = false},
+                 tiny.device.params(), engine_options);
     for (int round = 0; round < 2; ++round) {
       const std::vector<Completion> expected = plain.generate(requests);
       const std::vector<Completion> out = graphed.generate(requests);

@@ -98,4 +98,9 @@ void recurrent_forward(const Inputs& inputs, const ForwardOutputs& outputs, cons
 // The name of the backend `options.backend` resolves to for this call (what "auto" would pick).
 std::string resolve_backend(const Inputs& inputs, const Options& options, bool backward = false);
 
+// The address of the cuda backend's scratch memory on (GPU `device`, `stream`), null before its first call
+// there (and in builds without CUDA). A CUDA graph that captured calls binds it, and a larger call on the same
+// stream moves it, so a caller that replays graphs re-records them when this changes.
+const void* cuda_scratch_address(int device, void* stream);
+
 }  // namespace deltatrain::gdn
