@@ -1,5 +1,12 @@
-"""Where a kernel's time goes, by source line: ncu's warp-state samples per SASS instruction (the `source`
-step of bench/gpu/run.sh, source-sass.csv.gz) joined with the line table of the same build's cubin.
+"""Where a kernel's time goes, by source line: ncu's warp-state samples per SASS instruction joined with the line
+table of the same build's cubin. The samples, on the GPU machine (README, "Reproducing the GPU results"):
+
+  WRAP="ncu --clock-control none --kernel-name regex:prepare --launch-skip 2 --launch-count 1 --section SourceCounters
+        --section WarpStateStats --import-source yes -f -o OUT/source" \
+    bench/gpu/gpu.sh python OUT bench/gpu/profile_state.py 2 8 8192 fwd
+  ncu --import OUT/source.ncu-rep --page source --csv --print-source sass | gzip > OUT/source-sass.csv.gz
+
+then here:
 
   cuobjdump -xelf all build-li/gdn/CMakeFiles/deltatrain_gdn.dir/cuda/prepare.cu.o
   nvdisasm -gi -c prepare.sm_90a.cubin > prepare.sass
@@ -69,7 +76,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sass", help="nvdisasm -gi -c output of the cubin")
     parser.add_argument("kernel", help="a piece of the kernel's mangled name that picks its section")
-    parser.add_argument("samples", help="source-sass.csv.gz from bench/gpu/run.sh source")
+    parser.add_argument("samples", help="source-sass.csv.gz: ncu's source page of the kernel, per SASS instruction")
     parser.add_argument("source", help="the source file to charge lines of, e.g. prepare.cu")
     parser.add_argument("--by", choices=["deep", "outer", "inner"], default="deep")
     parser.add_argument("--top", type=int, default=30)
