@@ -344,6 +344,10 @@ TEST(BadInput, ScaleBeyondFloat32IsValidInAFloat64Call) {
 // backend's workspace and the state's size, on every backend and operation: the allocation fails inside
 // an OpenMP region, which an exception may not leave.
 TEST(Limits, AStateTooLargeForMemoryIsOutOfMemoryNamingIt) {
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "under AddressSanitizer a failing operator new reports out of memory and exits instead of throwing "
+                  "std::bad_alloc, so the failure this test provokes cannot be caught (`make sanitize`)";
+#endif
   const std::int64_t K = std::int64_t{1} << 23, V = std::int64_t{1} << 23;
   const HostTensor q(DType::f32, {1, 1, 1, K}), v(DType::f32, {1, 1, 1, V}), gates(DType::f32, {1, 1, 1});
   const Inputs in{q.view(), q.view(), v.view(), gates.view(), gates.view(), std::nullopt, std::nullopt, std::nullopt};

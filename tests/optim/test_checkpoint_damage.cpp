@@ -193,7 +193,7 @@ TEST_F(DamagedCheckpoint, AShardThatIsAFifoOrADeviceIsRefusedNamingIt) {
 
 TEST_F(DamagedCheckpoint, ALatestThatNamesNoCheckpointIsRefusedNamingIt) {
   const fs::path latest = root_ / "latest";
-  for (const std::string& text : {std::string("garbage\n"), std::string("step-0\0000002\n", 14), std::string("../x"),
+  for (const std::string& text : {std::string("garbage\n"), std::string("step-0") + '\0' + "000002\n", std::string("../x"),
                                   std::string("step-00000009\n")}) {
     write_all(latest, text);
     try {
