@@ -67,6 +67,24 @@ std::uint64_t tag_bytes(const MemoryUse& use, const std::string& tag) {
   return found == use.by_tag.end() ? 0 : found->second;
 }
 
+// A resumed run against the same run straight through: the same final state bit for bit, and each resumed step
+// (the straight run's last ones) with the same rollouts, losses and KL.
+void expect_resumed_equals_straight(const RlResult& whole, const Recorder& straight, const RlResult& resumed,
+                                    const Recorder& second) {
+  EXPECT_EQ(resumed.digest.params, whole.digest.params);
+  EXPECT_EQ(resumed.digest.state, whole.digest.state);
+  ASSERT_EQ(second.steps.size(), 2u);
+  for (std::size_t i = 0; i < second.steps.size(); ++i) {
+    const StepReport& a = straight.steps[straight.steps.size() - 2 + i];
+    const StepReport& b = second.steps[i];
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_EQ(a.reward_mean, b.reward_mean);
+    EXPECT_EQ(a.rollout_tokens, b.rollout_tokens);
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.kl, b.kl);
+  }
+}
+
 TEST_F(Rl, EachPhaseHoldsOnlyItsMemoryAndTheRolloutSeesEveryUpdate) {
   Recorder recorder;
   const RlOptions options = micro_options(seed_);
@@ -129,18 +147,7 @@ TEST_F(Rl, ResumeIsBitwiseAcrossTheLoop) {
   options.resume = options.checkpoint_root;
   Recorder second;
   const RlResult resumed = run_rl(*group_, options, &second);
-  EXPECT_EQ(resumed.digest.params, whole.digest.params);
-  EXPECT_EQ(resumed.digest.state, whole.digest.state);
-  ASSERT_EQ(second.steps.size(), 2u);
-  for (std::size_t i = 0; i < second.steps.size(); ++i) {
-    const StepReport& a = straight.steps[straight.steps.size() - 2 + i];
-    const StepReport& b = second.steps[i];
-    EXPECT_EQ(a.step, b.step);
-    EXPECT_EQ(a.reward_mean, b.reward_mean);
-    EXPECT_EQ(a.rollout_tokens, b.rollout_tokens);
-    EXPECT_EQ(a.loss, b.loss);
-    EXPECT_EQ(a.kl, b.kl);
-  }
+  expect_resumed_equals_straight(whole, straight, resumed, second);
   EXPECT_GT(straight.steps.back().kl, 0.0) << "the policy moved away from its reference";
 
   // A save killed after its rename and before `latest` moved leaves a step directory beyond `latest`: a run
@@ -248,13 +255,7 @@ TEST_F(Rl, SeveralUpdatesPerRolloutTakeRatiosToTheRolloutPolicy) {
   options.resume = options.checkpoint_root;
   Recorder second;
   const RlResult resumed = run_rl(*group_, options, &second);
-  EXPECT_EQ(resumed.digest.params, whole.digest.params);
-  EXPECT_EQ(resumed.digest.state, whole.digest.state);
-  ASSERT_EQ(second.steps.size(), 2u);
-  for (std::size_t i = 0; i < second.steps.size(); ++i) {
-    EXPECT_EQ(second.steps[i].reward_mean, straight.steps[straight.steps.size() - 2 + i].reward_mean);
-    EXPECT_EQ(second.steps[i].loss, straight.steps[straight.steps.size() - 2 + i].loss);
-  }
+  expect_resumed_equals_straight(whole, straight, resumed, second);
   options.updates_per_rollout = 1;
   try {
     run_rl(*group_, options);
