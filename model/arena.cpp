@@ -166,6 +166,7 @@ void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, D
     return;
   }
 #ifdef DELTATRAIN_WITH_CUDA
+  const CudaDeviceGuard guard(device.index);
   cuda_check(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
              "cudaMemcpyAsync (host to device)");
 #else
@@ -180,6 +181,7 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Dev
     return;
   }
 #ifdef DELTATRAIN_WITH_CUDA
+  const CudaDeviceGuard guard(device.index);
   cuda_check(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
              "cudaMemcpyAsync (device to host)");
 #else
@@ -190,6 +192,7 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Dev
 void synchronize(Device device, void* stream) {
   if (device.type == DeviceType::cpu) return;
 #ifdef DELTATRAIN_WITH_CUDA
+  const CudaDeviceGuard guard(device.index);
   cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 #endif
 }

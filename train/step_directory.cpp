@@ -1,5 +1,6 @@
 #include "deltatrain/train/step_directory.h"
 
+#include <future>
 #include <system_error>
 
 #include "deltatrain/core/error.h"
@@ -30,10 +31,15 @@ fs::path save_step_directory(comm::Group& group, const fs::path& root, std::int6
       fs::remove_all(temp_dir);  // left by a save that was killed
       fs::create_directory(temp_dir);
     });
+    // Rank 0's own files are written on a thread of their own while every rank writes its shards: the disk takes
+    // both streams, and neither file waits for the other's last chunks to be fetched, hashed and synced. The
+    // future waits for the thread on every path out of this block.
+    std::future<void> leader_files;
+    if (leader) leader_files = std::async(std::launch::async, [&] { write_leader(temp_dir); });
     write_all_ranks(temp_dir);
     comm::collectively(group, [&] {
       if (!leader) return;
-      write_leader(temp_dir);
+      leader_files.get();
       optim::sync_directory(temp_dir);
       if (replacing) {
         // One atomic exchange: at any kill the step's name holds a complete directory; the leftover, now

@@ -5,12 +5,15 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "deltatrain/comm/mpi_group.h"
@@ -20,6 +23,7 @@
 #include "deltatrain/model/params.h"
 #include "deltatrain/optim/checkpoint.h"
 #include "deltatrain/train/data.h"
+#include "deltatrain/train/step_directory.h"
 #include "deltatrain/train/trainer.h"
 #include "test_support.h"
 
@@ -348,6 +352,61 @@ TEST_F(Trainer, AFailedSaveSaysWhyAndKeepsTheLastCheckpoint) {
   const TrainResult result = train(*world_, o, &recorder);
   EXPECT_EQ(recorder.start.step, 2);
   EXPECT_EQ(result.step, 4);
+}
+
+// A step directory's two writers: rank 0's own files are written while every rank writes its shards (rank 0's
+// shard writer sees them in progress), and a failure in either, on any rank, fails the save on every rank naming
+// why and the checkpoint that stays the latest, with no temporary or partial step directory left.
+TEST_F(Trainer, AStepDirectoryWritesTheLeadersFilesBesideTheShardsAndFailsWhole) {
+  const fs::path root = dir_.path() / "steps";
+  const int rank = world_->rank();
+  const auto write_file = [](const fs::path& path) { std::ofstream(path) << "{}\n"; };
+  std::atomic<bool> leader_writing{false};
+  bool overlapped = true;
+  const auto write_shards = [&](const fs::path& dir, const char* failure, int failing_rank) {
+    comm::collectively(*world_, [&] {
+      if (rank == 0) {  // waits (up to 10 s) for the leader's files to be in progress: only overlapping writers meet
+        for (int i = 0; i < 10000 && !leader_writing; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        overlapped = overlapped && leader_writing;
+      }
+      write_file(dir / ("shard-" + std::to_string(rank)));
+      if (failure != nullptr && rank == failing_rank) throw Failure(failure);
+    });
+  };
+  const auto write_leader = [&](const fs::path& dir, const char* failure) {
+    leader_writing = true;
+    write_file(dir / "state.json");
+    if (failure != nullptr) throw Failure(failure);
+  };
+  const fs::path saved = save_step_directory(
+      *world_, root, 2, "state.json", [&](const fs::path& d) { write_shards(d, nullptr, 0); },
+      [&](const fs::path& d) { write_leader(d, nullptr); });
+  EXPECT_TRUE(overlapped) << "rank 0's files were not written beside its shards";
+  EXPECT_EQ(saved, root / "step-00000002");
+  for (int r = 0; r < world_->size(); ++r) EXPECT_TRUE(fs::exists(saved / ("shard-" + std::to_string(r))));
+  EXPECT_EQ(resolve_step_directory(root, "state.json"), saved);
+
+  for (const bool leader_fails : {true, false}) {
+    SCOPED_TRACE(leader_fails ? "the leader's files fail" : "the last rank's shard fails");
+    leader_writing = false;
+    const char* why = leader_fails ? "model disk full" : "shard disk full";
+    try {
+      save_step_directory(
+          *world_, root, 4, "state.json",
+          [&](const fs::path& d) { write_shards(d, leader_fails ? nullptr : why, world_->size() - 1); },
+          [&](const fs::path& d) { write_leader(d, leader_fails ? why : nullptr); });
+      ADD_FAILURE() << "the save succeeded";
+    } catch (const Failure& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(why), std::string::npos) << message;
+      EXPECT_NE(message.find("latest complete checkpoint is " + saved.string()), std::string::npos) << message;
+    }
+    world_->barrier();
+    EXPECT_FALSE(fs::exists(root / ".tmp-step-00000004"));
+    EXPECT_FALSE(fs::exists(root / "step-00000004"));
+    EXPECT_EQ(resolve_step_directory(root, "state.json"), saved);
+    world_->barrier();  // every rank has looked before the next save makes the temporary directory again
+  }
 }
 
 TEST_F(Trainer, RefusesBadOptionsNamingTheFlag) {

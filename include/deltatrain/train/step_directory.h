@@ -15,9 +15,9 @@
 
 namespace deltatrain::train {
 
-// Collective. `write_all_ranks(dir)` runs on every rank (the optimizer's sharded save), then
-// `write_leader(dir)` on rank 0 only (the model, the state file), into the temporary directory; then rank 0
-// renames it into place and moves `latest`. Returns the step directory. A failure on any rank raises Failure
+// Collective. `write_all_ranks(dir)` runs on every rank (the optimizer's sharded save) and, at the same time on
+// a thread of rank 0, `write_leader(dir)` (the model, the state file: it must not communicate), into the
+// temporary directory; then rank 0 renames it into place and moves `latest`. Returns the step directory. A failure on any rank raises Failure
 // on every rank, saying why and naming the checkpoint that stays the latest (`state_file` marks a step
 // directory, e.g. "trainer.json"); the temporary directory is removed.
 std::filesystem::path save_step_directory(comm::Group& group, const std::filesystem::path& root, std::int64_t step,
