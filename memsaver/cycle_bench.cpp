@@ -1,13 +1,13 @@
-#include "deltatrain/core/clock.h"
 #include "deltatrain/memsaver/cycle_bench.h"
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
+
+#include "deltatrain/core/clock.h"
 
 namespace deltatrain::memsaver {
 namespace {

@@ -1,8 +1,6 @@
-#include "deltatrain/core/clock.h"
 #include "deltatrain/rl/loop.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -10,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "deltatrain/core/clock.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/hf_checkpoint.h"
 #include "deltatrain/model/model.h"
@@ -134,6 +133,12 @@ struct PackedBatch {
   }
   std::int64_t response_tokens() const {
     return std::count_if(targets.begin(), targets.end(), [](std::int32_t t) { return t >= 0; });
+  }
+  // log p of every target under `model`'s parameters now (a forward without backward).
+  std::vector<double> logprobs_under(model::Model& model) const {
+    model.forward({tokens, cu_seqlens, targets}, false);
+    const std::span<const double> lp = model.token_logprobs();
+    return {lp.begin(), lp.end()};
   }
 };
 
@@ -358,7 +363,7 @@ class Loop {
   StepReport rl_step() {
     StepReport report;
     communicator_s_ = 0;
-    const std::int64_t rl_index = (optimizer_.step_count() - options_.warmup_steps) / options_.updates_per_rollout;
+    const std::int64_t rl_index = rl_steps_done(options_, optimizer_.step_count());
     const std::int64_t P = options_.prompts_per_step, G = options_.samples_per_prompt;
 
     // --- Rollout --------------------------------------------------------------------------------------------
@@ -414,7 +419,7 @@ class Loop {
     // so every mini-batch's are computed before the first update.
     std::vector<std::vector<double>> old_logprobs(batches.size());
     if (updates > 1) {
-      for (std::size_t u = 0; u < batches.size(); ++u) old_logprobs[u] = trainer_logprobs(batches[u]);
+      for (std::size_t u = 0; u < batches.size(); ++u) old_logprobs[u] = batches[u].logprobs_under(model_);
     }
 
     struct Sums {
@@ -495,19 +500,10 @@ class Loop {
     return report;
   }
 
-  // log p of every target under the trainer's current parameters (no backward).
-  std::vector<double> trainer_logprobs(const PackedBatch& batch) {
-    model_.forward({batch.tokens, batch.cu_seqlens, batch.targets}, false);
-    const std::span<const double> lp = model_.token_logprobs();
-    return {lp.begin(), lp.end()};
-  }
-
   // log p of every target under the reference policy (the parameters RL started from).
   std::vector<double> reference_logprobs(const PackedBatch& batch) {
     if (!reference_) capture_reference();
-    reference_model_->forward({batch.tokens, batch.cu_seqlens, batch.targets}, false);
-    const std::span<const double> lp = reference_model_->token_logprobs();
-    return {lp.begin(), lp.end()};
+    return batch.logprobs_under(*reference_model_);
   }
 
   void capture_reference() {

@@ -83,9 +83,6 @@ class Reporter : public rl::Observer {
            {"steps", options_.steps}});
   }
 
-  // RL steps (rollouts) done at optimizer step `step`.
-  std::int64_t rl_step(std::int64_t step) const { return (step - options_.warmup_steps) / options_.updates_per_rollout; }
-
   void on_step(const rl::StepReport& r) override {
     if (r.warmup) {
       // A line every 25 warm-up steps and the last: the warm-up is the prologue, RL the story.
@@ -96,7 +93,8 @@ class Reporter : public rl::Observer {
       write({{"kind", "warmup"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
              {"tokens", r.train_tokens}, {"train_s", r.train_s}, {"elapsed", r.elapsed}});
     } else {
-      const double done = static_cast<double>(rl_step(r.step));
+      const std::int64_t rl_step = rl::rl_steps_done(options_, r.step);
+      const double done = static_cast<double>(rl_step);
       const double eta = rl_started_ >= 0 && done > rl_first_
                              ? (r.elapsed - rl_started_) / (done - rl_first_) * (static_cast<double>(options_.steps) - done)
                              : -1;
@@ -106,13 +104,13 @@ class Reporter : public rl::Observer {
       }
       std::printf("step %lld/%lld  reward %.3f  len %.1f  mismatch %.1e (max %.1e)  clip %.3f  rollout %.2fs (%.0f tok/s)  "
                   "train %.2fs  switches %.1f/%.1f ms  eta %s\n",
-                  static_cast<long long>(rl_step(r.step)), static_cast<long long>(options_.steps), r.reward_mean,
+                  static_cast<long long>(rl_step), static_cast<long long>(options_.steps), r.reward_mean,
                   r.response_length, r.mismatch_mean, r.mismatch_max, r.clip_fraction, r.rollout_s,
                   r.rollout_s > 0 ? r.rollout_tokens / r.rollout_s : 0.0, r.train_s, 1e3 * r.to_train_s,
                   1e3 * r.to_rollout_s, duration_text(eta).c_str());
       write({{"kind", "rl"},
              {"step", r.step},
-             {"rl_step", rl_step(r.step)},
+             {"rl_step", rl_step},
              {"updates", r.updates},
              {"loss", r.loss},
              {"lr", r.lr},
@@ -155,15 +153,16 @@ class Reporter : public rl::Observer {
     for (const rl::EvalReport::Example& e : r.examples) {
       examples += "  " + e.prompt + e.completion + (e.reward == 1.0 ? " (right)" : " (wrong)");
     }
+    const std::int64_t rl_step = rl::rl_steps_done(options_, r.step);
     std::printf("eval after step %lld: accuracy %.3f  reward %.3f  (%lld held-out problems)%s\n",
-                static_cast<long long>(rl_step(r.step)), r.accuracy, r.reward_mean,
+                static_cast<long long>(rl_step), r.accuracy, r.reward_mean,
                 static_cast<long long>(r.problems), examples.c_str());
     std::fflush(stdout);
     nlohmann::ordered_json shown = nlohmann::ordered_json::array();
     for (const rl::EvalReport::Example& e : r.examples) {
       shown.push_back({{"prompt", e.prompt}, {"completion", e.completion}, {"reward", e.reward}});
     }
-    write({{"kind", "eval"}, {"step", r.step}, {"rl_step", rl_step(r.step)}, {"accuracy", r.accuracy},
+    write({{"kind", "eval"}, {"step", r.step}, {"rl_step", rl_step}, {"accuracy", r.accuracy},
            {"reward_mean", r.reward_mean}, {"problems", r.problems}, {"examples", shown}});
   }
 

@@ -1,14 +1,13 @@
-#include "deltatrain/core/clock.h"
 #include "deltatrain/train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "deltatrain/core/clock.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/hf_checkpoint.h"
 #include "deltatrain/model/model.h"

@@ -106,6 +106,11 @@ struct RlOptions {
 // InvalidArgument naming the flag for values out of range.
 void check_options(const RlOptions& options, int dp_size);
 
+// RL steps (rollouts) done when the optimizer has taken `optimizer_step` steps (the warm-up's included).
+inline std::int64_t rl_steps_done(const RlOptions& options, std::int64_t optimizer_step) {
+  return (optimizer_step - options.warmup_steps) / options.updates_per_rollout;
+}
+
 struct StartReport {
   std::int64_t step = 0;  // optimizer steps done (warm-up included)
   std::filesystem::path resumed_from;
