@@ -116,7 +116,9 @@ struct Model::Impl {
   std::vector<double> weights, logprobs;
   const TokenObjective* objective = nullptr;  // the batch's, for the forward's loss
   IndexArray token_ids, sequences, target_ids;
-  TensorView weight_values, logprob_values;  // [T] on the device: float64 on the CPU, float32 on a GPU
+  // [T] on the device: float64 on the CPU; float32 on a GPU, but logprob_values float64 when batch-invariant (the
+  // rollout sampler's formula, Ops::cross_entropy)
+  TensorView weight_values, logprob_values;
   std::int64_t T = 0;
   bool trained = false;  // the last forward kept what backward() needs
 
@@ -258,9 +260,6 @@ Model::Model(const Config& config, const ModelOptions& options) : impl_(std::mak
   validate(config);
   if (options.loss_chunk < 1) throw InvalidArgument("loss_chunk", "must be at least 1 token");
   if (options.cpu_threads < 0) throw InvalidArgument("cpu_threads", "must be >= 0 (0: all available)");
-  if (options.batch_invariant && options.device.type != DeviceType::cpu) {
-    throw InvalidArgument("batch_invariant", "is implemented for the CPU model only, not " + device_name(options.device));
-  }
   if (options.memory != nullptr && options.memory->device() != options.device) {
     throw InvalidArgument("memory", "allocates on " + device_name(options.memory->device()) + ", the model runs on " +
                                         device_name(options.device));
@@ -279,7 +278,7 @@ Model::Model(const Config& config, const ModelOptions& options) : impl_(std::mak
     }
     m.act_dtype = DType::bf16;
     m.stat_dtype = DType::f32;
-    m.ops = make_cuda_ops(options.device, options.stream);
+    m.ops = make_cuda_ops(options.device, options.stream, options.batch_invariant);
   }
 }
 
@@ -402,7 +401,7 @@ void Model::Impl::load_batch(const Batch& batch, bool for_loss) {
   weight_values = memory.allocate(DType::f32, {T});
   copy_to_device(weight_values.data, weights32.data(), weights32.size() * sizeof(float), device, options.stream);
   synchronize(device, options.stream);  // weights32 is a local
-  logprob_values = memory.allocate(DType::f32, {T});
+  logprob_values = memory.allocate(options.batch_invariant ? DType::f64 : DType::f32, {T});
 }
 
 void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& arena) {
@@ -714,9 +713,14 @@ double Model::Impl::loss(bool want_grad) {
   // logprobs[begin, end) from the device (on the CPU they are written there directly).
   auto fetch_logprobs = [&](std::int64_t begin, std::int64_t end) {
     if (on_host) return;
+    const TensorView values = vector_slice(logprob_values, begin, end - begin);
+    if (values.dtype == DType::f64) {
+      copy_to_host(logprobs.data() + begin, values.data, (end - begin) * sizeof(double), options.device, options.stream);
+      synchronize(options.device, options.stream);
+      return;
+    }
     staged.resize(static_cast<std::size_t>(end - begin));
-    copy_to_host(staged.data(), vector_slice(logprob_values, begin, end - begin).data, staged.size() * sizeof(float),
-                 options.device, options.stream);
+    copy_to_host(staged.data(), values.data, staged.size() * sizeof(float), options.device, options.stream);
     synchronize(options.device, options.stream);
     std::copy(staged.begin(), staged.end(), logprobs.begin() + begin);
   };

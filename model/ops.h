@@ -180,8 +180,9 @@ class Ops {
   // logprob[r] = logits[r, targets[r]] - logsumexp(logits[r]) and, when want_grad, the row is replaced by
   // d(sum_r weights[r] * -logprob[r]) / dlogits = weights[r] * (softmax(logits[r]) - onehot(targets[r])).
   // Rows with a negative target get logprob 0 and, with want_grad, a zero gradient row.
-  // weights and logprob are [R] vectors on the kernels' device: float64 on the CPU, float32 on the GPU;
-  // weights is read only with want_grad.
+  // weights and logprob are [R] vectors on the kernels' device: float64 on the CPU, float32 on the GPU, where a
+  // float64 logprob is computed by log_softmax.cuh's formula (the rollout sampler's); weights is read only with
+  // want_grad.
   virtual void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
                              const TensorView& logprob, bool want_grad) = 0;
 
@@ -217,8 +218,8 @@ class Ops {
 // OpenMP threads (0: all available) over OpenBLAS for the products.
 // batch_invariant: products whose rows do not depend on the other rows (ModelOptions::batch_invariant).
 std::unique_ptr<Ops> make_cpu_ops(int threads, bool batch_invariant = false);
-// CUDA kernels, cuBLASLt and cuDNN on `device`, every call ordered on `stream` (a cudaStream_t); Unavailable
-// in a build without CUDA.
-std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream);
+// CUDA kernels and cuBLASLt on `device`, every call ordered on `stream` (a cudaStream_t); Unavailable in a build
+// without CUDA. batch_invariant: as make_cpu_ops' (cuda_ops.cpp says how).
+std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream, bool batch_invariant = false);
 
 }  // namespace deltatrain::model

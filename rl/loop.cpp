@@ -721,9 +721,6 @@ void check_options(const RlOptions& o, int dp_size) {
 RlResult run_rl(comm::Group& group, const RlOptions& options, Observer* observer,
                 const std::function<bool()>& stop_requested) {
   check_options(options, group.size());
-  if (options.true_on_policy && group.device().type != DeviceType::cpu) {
-    throw InvalidArgument("true-on-policy", "the batch-invariant model runs on the CPU only so far");
-  }
   const std::string backend = memory_backend(options.memory, group.device());
   if (backend != "off" && (backend == "host") != (group.device().type == DeviceType::cpu)) {
     throw InvalidArgument("memory", "the " + backend + " backend cannot hold memory of " + device_name(group.device()));

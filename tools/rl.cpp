@@ -273,7 +273,7 @@ void add_rl_command(CLI::App& app) {
   cmd->add_option("--kl-coef", a->kl_coef, "weight of k3 KL to the policy RL started from (0: none)")->capture_default_str();
   cmd->add_flag("--tis", a->tis, "truncated importance sampling: weigh tokens by min(p_train / p_rollout, 2)");
   cmd->add_flag("--true-on-policy", a->true_on_policy,
-                "batch-invariant rollout and trainer: their log-probabilities agree bit for bit (CPU; slower products)");
+                "batch-invariant rollout and trainer: their log-probabilities agree bit for bit (slower on the CPU)");
   cmd->add_option("--temperature", a->temperature, "rollout sampling temperature")->capture_default_str();
   cmd->add_option("--weight-decay", a->weight_decay, "AdamW's decoupled weight decay")->capture_default_str();
   cmd->add_option("--max-grad-norm", a->max_grad_norm, "clip the global gradient norm to this (0: off)")->capture_default_str();

@@ -25,7 +25,10 @@
 #   bench/gpu/gpu.sh train OUT ARGS...   binaries: `deltatrain train --device cuda ARGS...`, log OUT/train.jsonl
 #   bench/gpu/gpu.sh rl OUT ARGS...      binaries: `deltatrain rl --device cuda ARGS...`, log OUT/rl.jsonl
 #   bench/gpu/gpu.sh exec OUT BINARY ARGS...
-#                                        binaries: a packed binary (a benchmark) with the same environment
+#                                        binaries: a packed binary (a benchmark) with the same environment; WRAP
+#                                        prefixes it as for python (e.g. a per-kernel time of a few decode steps:
+#                                        WRAP="ncu --metrics gpu__time_duration.sum --launch-skip 3000
+#                                        --launch-count 1000 --csv" ... rollout_benchmark --cuda-graphs false)
 #   bench/gpu/gpu.sh disk OUT DIR        the fsynced write and the cold read bandwidth of DIR's disk (dd, 4 GiB),
 #                                        what checkpoint saves and loads are measured against
 set -uo pipefail
@@ -169,7 +172,8 @@ run_binary() {
   local out=$1 binary=$2
   shift 2
   setup "$out" >/dev/null || return 1
-  "$ROOT/bin/$binary" "$@"
+  # shellcheck disable=SC2086
+  ${WRAP:-} "$ROOT/bin/$binary" "$@"
 }
 
 disk() {

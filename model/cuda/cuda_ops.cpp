@@ -6,6 +6,10 @@
 // weights and log-probabilities, and float32 weight gradients; computation in float32.
 // Determinism: no floating-point atomics anywhere; weight gradients are sums over fixed blocks of rows
 // added in block order (common.cuh), the embedding's by runs of sorted tokens (embedding.cu).
+// Batch invariance (ModelOptions::batch_invariant): the products' algorithms do not depend on the number of rows
+// (gemm.h's row_invariant; attention's inner products need not), attention runs decode's kernel over the batch's own keys (row_attention), and log-probabilities come
+// in float64 from the formula the rollout's sampler uses (log_softmax.cuh); every other kernel computes a row
+// from that row alone already.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -35,7 +39,8 @@ void check_positive(Index value, const char* name) {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(Device device, cudaStream_t stream) : device_(device), stream_(stream), gemm_(stream), workspace_(stream) {}
+  CudaOps(Device device, cudaStream_t stream, bool batch_invariant)
+      : device_(device), stream_(stream), batch_invariant_(batch_invariant), gemm_(stream), workspace_(stream) {}
 
   void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
             const TensorView& c) override {
@@ -56,8 +61,9 @@ class CudaOps final : public Ops {
       }
       return;
     }
+    // The rows of a product with a not transposed are tokens (ops.h): those must not depend on the batch.
     gemm_.run(trans_a, trans_b, M, N, K, static_cast<float>(alpha), am.data, am.ld, bm.data, bm.ld,
-              static_cast<float>(beta), cm.data, cm.ld, c.dtype);
+              static_cast<float>(beta), cm.data, cm.ld, c.dtype, batch_invariant_ && !trans_a);
   }
 
   void embedding_forward(const TensorView& out, const IndexArray& tokens, const TensorView& table) override {
@@ -183,7 +189,14 @@ class CudaOps final : public Ops {
     const cuda::AttentionShape s = attention_shape(q_heads, kv_heads, head_dim, scale);
     const Matrix qm = matrix(q, "q", bf16, kAny, Index{q_heads} * head_dim);
     const Index R = qm.rows, kv_cols = Index{kv_heads} * head_dim;
-    sequences(cu_seqlens, R);
+    const cuda::Sequences seq = sequences(cu_seqlens, R);
+    if (batch_invariant_) {
+      check_cached_head_dim(head_dim, "attention_forward");
+      cuda::row_attention(matrix(o, "o", bf16, R, qm.cols), matrix(lse, "lse", f32, q_heads, R), qm,
+                          matrix(k, "k", bf16, R, kv_cols), matrix(v, "v", bf16, R, kv_cols), q_heads, kv_heads,
+                          head_dim, s.scale, seq, stream_);
+      return;
+    }
     cuda::attention_forward(gemm_, workspace_, matrix(o, "o", bf16, R, qm.cols), matrix(lse, "lse", f32, q_heads, R),
                             qm, matrix(k, "k", bf16, R, kv_cols), matrix(v, "v", bf16, R, kv_cols), s,
                             cu_seqlens.host, stream_);
@@ -294,10 +307,7 @@ class CudaOps final : public Ops {
     const CudaDeviceGuard guard(device_.index);
     const CacheLayout layout =
         check_cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, cu_seqlens, slots, lengths);
-    if (head_dim > cuda::kMaxCachedHeadDim)
-      throw Unavailable("cached_attention on " + device_name(device_),
-                        "head_dim " + std::to_string(head_dim) + " is over the " +
-                            std::to_string(cuda::kMaxCachedHeadDim) + " its kernel holds in registers");
+    check_cached_head_dim(head_dim, "cached_attention");
     const Matrix qm = matrix(q, "q", bf16);
     const Index N = static_cast<Index>(slots.size());
     cuda::cached_attention(matrix(o, "o", bf16), qm, cache_rows(k_cache, "k_cache", bf16, layout),
@@ -317,6 +327,12 @@ class CudaOps final : public Ops {
         throw InvalidArgument("targets", "must be < the vocabulary " + std::to_string(l.cols) +
                                              " (or negative: ignored), got " + std::to_string(target));
     const float* w = want_grad ? vector<const float>(weights, "weights", f32, R) : nullptr;
+    if (logprob.dtype == DType::f64) {
+      // Read before the gradient overwrites the rows.
+      cuda::token_logprobs(l, target_ids, vector<double>(logprob, "logprob", DType::f64, R), stream_);
+      if (want_grad) cuda::cross_entropy(l, target_ids, w, nullptr, true, stream_);
+      return;
+    }
     cuda::cross_entropy(l, target_ids, w, vector<float>(logprob, "logprob", f32, R), want_grad, stream_);
   }
 
@@ -377,6 +393,13 @@ class CudaOps final : public Ops {
     return {indices(cu, "cu_seqlens", static_cast<Index>(cu.size())), static_cast<int>(cu.size()) - 1};
   }
 
+  void check_cached_head_dim(int head_dim, const char* op) const {
+    if (head_dim > cuda::kMaxCachedHeadDim)
+      throw Unavailable(std::string(op) + (batch_invariant_ ? " (batch-invariant)" : "") + " on " + device_name(device_),
+                        "head_dim " + std::to_string(head_dim) + " is over the " +
+                            std::to_string(cuda::kMaxCachedHeadDim) + " its kernel holds in registers");
+  }
+
   static cuda::AttentionShape attention_shape(int q_heads, int kv_heads, int head_dim, double scale) {
     check_attention_heads(q_heads, kv_heads, head_dim);
     return {q_heads, kv_heads, head_dim, static_cast<float>(scale)};
@@ -390,13 +413,14 @@ class CudaOps final : public Ops {
 
   Device device_;
   cudaStream_t stream_;
+  bool batch_invariant_;
   cuda::Gemm gemm_;
   cuda::Workspace workspace_;
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream) {
+std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream, bool batch_invariant) {
   if (device.type != DeviceType::cuda)
     throw InvalidArgument("device", "must be a CUDA device, got " + device_name(device));
   const CudaInfo& info = cuda_info();
@@ -410,7 +434,7 @@ std::unique_ptr<Ops> make_cuda_ops(Device device, void* stream) {
                                                                  " has " + std::to_string(gpu.cc_major) + "." +
                                                                  std::to_string(gpu.cc_minor));
   const CudaDeviceGuard guard(device.index);
-  return std::make_unique<CudaOps>(device, static_cast<cudaStream_t>(stream));
+  return std::make_unique<CudaOps>(device, static_cast<cudaStream_t>(stream), batch_invariant);
 }
 
 }  // namespace deltatrain::model

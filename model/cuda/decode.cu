@@ -1,7 +1,9 @@
 // The inference ops that move rows into and out of cache slots and read the attention cache: copy_rows (bytes of
 // any dtype, in the widest accesses the addresses allow) and cached_attention (one CTA per new query row and
 // query head, its warps taking the cached keys in turn with an online softmax, merged in warp order so that the
-// result does not depend on timing).
+// result does not depend on timing). The same kernel over a packed batch's own keys (row_attention) is the
+// batch-invariant model's attention forward: a row's output depends only on its query and its keys, computed
+// as decode computes it.
 #include "common.cuh"
 
 namespace deltatrain::model::cuda {
@@ -39,13 +41,15 @@ constexpr int kAttentionWarps = 4;
 constexpr int kChunk = 32 * kVector;  // head elements one warp covers in one access
 
 struct CachedAttention {
-  Matrix o, q, k, v;  // k and v: the caches' S * slot_rows rows
+  Matrix o, q, k, v;  // k and v: the caches' S * slot_rows rows, or (slots null) the packed rows of q's sequences
   Index slot_rows;
   int group, head_dim;
   float scale;
   Sequences seq;
-  const std::int32_t* slots;
+  const std::int32_t* slots;    // null: sequence n's keys are rows [cu[n], cu[n + 1]) of k and v, row t sees up to t
   const std::int32_t* lengths;
+  float* lse;  // null, or [Hq, R] with row stride lse_ld: each row's log-sum-exp of its scaled scores
+  Index lse_ld;
 };
 
 // The elements of one head row this lane holds (zeros past head_dim).
@@ -70,8 +74,9 @@ __global__ void __launch_bounds__(kAttentionWarps * 32) cached_attention_kernel(
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int n = sequence_of(a.seq, t);
   const Index first = a.seq.cu[n], news = a.seq.cu[n + 1] - first;
-  const Index position = a.lengths[n] - news + (t - first);  // this row's, the last key it sees
-  const Index base = static_cast<Index>(a.slots[n]) * a.slot_rows;
+  // This row's position, the last key it sees, and where its sequence's keys start.
+  const Index position = a.slots != nullptr ? a.lengths[n] - news + (t - first) : t - first;
+  const Index base = a.slots != nullptr ? static_cast<Index>(a.slots[n]) * a.slot_rows : first;
   const Index kv_column = static_cast<Index>(h / a.group) * D;
 
   float q[Chunks][kVector];
@@ -130,6 +135,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32) cached_attention_kernel(
     weights[w] = expf(maxes[w] - overall);
     total += sums[w] * weights[w];
   }
+  if (a.lse != nullptr && threadIdx.x == 0) a.lse[h * a.lse_ld + t] = overall + logf(total);
   bf16* out = row_of<bf16>(a.o, t) + static_cast<Index>(h) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float value = 0.f;
@@ -149,6 +155,16 @@ void launch_cached_attention(const CachedAttention& a, Index rows, int q_heads, 
     cached_attention_kernel<Vectorized, 2><<<grid, kAttentionWarps * 32, 0, stream>>>(a);
   }
   check_launch("cached_attention");
+}
+
+// 16-byte accesses need every head to start on 16 bytes: whole groups of 8 elements and aligned rows.
+void launch_cached_attention(const CachedAttention& a, int q_heads, cudaStream_t stream) {
+  if (a.q.rows == 0) return;
+  if (a.head_dim % kVector == 0 && vectorizable(a.o) && vectorizable(a.q) && vectorizable(a.k) && vectorizable(a.v)) {
+    launch_cached_attention<true>(a, a.q.rows, q_heads, stream);
+  } else {
+    launch_cached_attention<false>(a, a.q.rows, q_heads, stream);
+  }
 }
 
 }  // namespace
@@ -175,17 +191,16 @@ void copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, const std::
 void cached_attention(Matrix o, Matrix q, Matrix k_cache, Matrix v_cache, Index slot_rows, int q_heads, int kv_heads,
                       int head_dim, float scale, Sequences sequences, const std::int32_t* slots,
                       const std::int32_t* lengths, cudaStream_t stream) {
-  if (q.rows == 0) return;
-  const CachedAttention a{o, q, k_cache, v_cache, slot_rows, q_heads / kv_heads, head_dim, scale, sequences, slots,
-                          lengths};
-  // 16-byte accesses need every head to start on 16 bytes: whole groups of 8 elements and aligned rows.
-  const bool vectorized = head_dim % kVector == 0 && vectorizable(o) && vectorizable(q) && vectorizable(k_cache) &&
-                          vectorizable(v_cache);
-  if (vectorized) {
-    launch_cached_attention<true>(a, q.rows, q_heads, stream);
-  } else {
-    launch_cached_attention<false>(a, q.rows, q_heads, stream);
-  }
+  launch_cached_attention({o, q, k_cache, v_cache, slot_rows, q_heads / kv_heads, head_dim, scale, sequences, slots,
+                           lengths, nullptr, 0},
+                          q_heads, stream);
+}
+
+void row_attention(Matrix o, Matrix lse, Matrix q, Matrix k, Matrix v, int q_heads, int kv_heads, int head_dim,
+                   float scale, Sequences sequences, cudaStream_t stream) {
+  launch_cached_attention({o, q, k, v, 0, q_heads / kv_heads, head_dim, scale, sequences, nullptr, nullptr,
+                           static_cast<float*>(lse.data), lse.ld},
+                          q_heads, stream);
 }
 
 }  // namespace deltatrain::model::cuda

@@ -9,6 +9,10 @@ namespace deltatrain::model::cuda {
 namespace {
 
 constexpr std::size_t kWorkspaceBytes = 32u << 20;
+// The row count a row-invariant product's algorithm is chosen for (gemm.h): a training batch's order.
+constexpr std::int64_t kInvariantRows = 4096;
+// Heuristic results a row-invariant choice looks through for one that does not split K.
+constexpr int kInvariantCandidates = 16;
 
 void check(cublasStatus_t status, const char* call) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
@@ -38,6 +42,36 @@ struct Descriptors {
   }
 };
 
+// The operation and layouts of the product `key` describes, at M rows. Row-major c = op(a) op(b) is
+// column-major c^T = op(b)^T op(a)^T, and a row-major matrix with row stride ld is the column-major transpose
+// with leading dimension ld: so cuBLASLt multiplies (b, a) with the same transposition flags and m = N, n = M.
+void describe(Descriptors& d, const std::array<std::int64_t, 12>& key, std::int64_t M) {
+  const bool trans_a = key[0] != 0, trans_b = key[1] != 0;
+  const std::int64_t N = key[3], K = key[4], lda = key[5], ldb = key[6], ldc = key[7];
+  const cudaDataType_t c_type = key[8] == static_cast<std::int64_t>(DType::f32) ? CUDA_R_32F : CUDA_R_16BF;
+  const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our b
+  const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first),
+        "cublasLtMatmulDescSetAttribute");
+  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second),
+        "cublasLtMatmulDescSetAttribute");
+  // Column-major extents: cuBLASLt's A is [N, K] (stored [K, N] when transposed), B [K, M] (or [M, K]).
+  check(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, ldb),
+        "cublasLtMatrixLayoutCreate");
+  check(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, lda),
+        "cublasLtMatrixLayoutCreate");
+  check(cublasLtMatrixLayoutCreate(&d.c, c_type, N, M, ldc), "cublasLtMatrixLayoutCreate");
+}
+
+std::uint32_t config_attribute(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attribute) {
+  std::uint32_t value = 0;
+  std::size_t written = 0;
+  check(cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &value, sizeof value, &written),
+        "cublasLtMatmulAlgoConfigGetAttribute");
+  return value;
+}
+
 }  // namespace
 
 Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
@@ -55,42 +89,26 @@ Gemm::~Gemm() {
   cublasLtDestroy(handle_);
 }
 
-// Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T, and a row-major matrix with row stride
-// ld is the column-major transpose with leading dimension ld: so cuBLASLt multiplies (b, a) with the same
-// transposition flags and m = N, n = M.
 void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
-               const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype) {
-  const cudaDataType_t c_type = c_dtype == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-  const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our b
-  const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+               const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant) {
+  const Key key{trans_a, trans_b, row_invariant ? -1 : M, N, K, lda, ldb, ldc, static_cast<std::int64_t>(c_dtype),
+                alignment(a), alignment(b), alignment(c)};
   Descriptors d;
-  check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first),
-        "cublasLtMatmulDescSetAttribute");
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second),
-        "cublasLtMatmulDescSetAttribute");
-  // Column-major extents: cuBLASLt's A is [N, K] (stored [K, N] when transposed), B [K, M] (or [M, K]).
-  check(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, ldb),
-        "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, lda),
-        "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatrixLayoutCreate(&d.c, c_type, N, M, ldc), "cublasLtMatrixLayoutCreate");
-
-  const Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, static_cast<std::int64_t>(c_dtype), alignment(a),
-                alignment(b), alignment(c)};
-  const cublasLtMatmulAlgo_t& algo = algorithm(key, d.op, d.a, d.b, d.c);
+  describe(d, key, M);
+  const cublasLtMatmulAlgo_t& algo = algorithm(key);
   check(cublasLtMatmul(handle_, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &algo, workspace_,
                        kWorkspaceBytes, stream_),
         "cublasLtMatmul");
 }
 
-const cublasLtMatmulAlgo_t& Gemm::algorithm(const Key& key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
-                                            cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c) {
+const cublasLtMatmulAlgo_t& Gemm::algorithm(const Key& key) {
   if (auto found = algorithms_.find(key); found != algorithms_.end()) return found->second;
-  Descriptors owner;  // only the preference is created here
-  check(cublasLtMatmulPreferenceCreate(&owner.preference), "cublasLtMatmulPreferenceCreate");
+  const bool row_invariant = key[2] < 0;
+  Descriptors d;  // a row-invariant choice is made at kInvariantRows rows, whatever the call's M
+  describe(d, key, row_invariant ? kInvariantRows : key[2]);
+  check(cublasLtMatmulPreferenceCreate(&d.preference), "cublasLtMatmulPreferenceCreate");
   const std::size_t workspace = kWorkspaceBytes;
-  check(cublasLtMatmulPreferenceSetAttribute(owner.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+  check(cublasLtMatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                              sizeof workspace),
         "cublasLtMatmulPreferenceSetAttribute");
   // Operand alignments (cuBLASLt's A is our b): column slices of wider matrices may start off 16 bytes.
@@ -102,18 +120,34 @@ const cublasLtMatmulAlgo_t& Gemm::algorithm(const Key& key, cublasLtMatmulDesc_t
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
   for (const auto& [attribute, value] : alignments)
-    check(cublasLtMatmulPreferenceSetAttribute(owner.preference, attribute, &value, sizeof value),
+    check(cublasLtMatmulPreferenceSetAttribute(d.preference, attribute, &value, sizeof value),
           "cublasLtMatmulPreferenceSetAttribute");
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kInvariantCandidates]{};
   int found = 0;
-  check(cublasLtMatmulAlgoGetHeuristic(handle_, op, a, b, c, c, owner.preference, 1, &result, &found),
+  check(cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c, d.preference,
+                                       row_invariant ? kInvariantCandidates : 1, results, &found),
         "cublasLtMatmulAlgoGetHeuristic");
-  if (found == 0) {
-    throw Failure("cublasLtMatmulAlgoGetHeuristic found no algorithm for the product [" + std::to_string(key[2]) +
-                  ", " + std::to_string(key[4]) + "] x [" + std::to_string(key[4]) + ", " + std::to_string(key[3]) +
-                  "]");
-  }
-  return algorithms_.emplace(key, result.algo).first->second;
+  const std::string product = "[" + std::to_string(row_invariant ? kInvariantRows : key[2]) + ", " +
+                              std::to_string(key[4]) + "] x [" + std::to_string(key[4]) + ", " +
+                              std::to_string(key[3]) + "]";
+  if (found == 0) throw Failure("cublasLtMatmulAlgoGetHeuristic found no algorithm for the product " + product);
+  if (!row_invariant) return algorithms_.emplace(key, results[0].algo).first->second;
+  for (int i = 0; i < found; ++i)
+    if (config_attribute(results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1)
+      return algorithms_.emplace(key, results[i].algo).first->second;
+  cublasLtMatmulAlgo_t unsplit = results[0].algo;
+  const std::uint32_t one = 1, no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+  check(cublasLtMatmulAlgoConfigSetAttribute(&unsplit, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one),
+        "cublasLtMatmulAlgoConfigSetAttribute");
+  check(cublasLtMatmulAlgoConfigSetAttribute(&unsplit, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
+                                             sizeof no_reduction),
+        "cublasLtMatmulAlgoConfigSetAttribute");
+  cublasLtMatmulHeuristicResult_t checked{};
+  const cublasStatus_t status = cublasLtMatmulAlgoCheck(handle_, d.op, d.a, d.b, d.c, d.c, &unsplit, &checked);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Failure("cuBLASLt has no algorithm for the row-invariant product " + product +
+                  " that does not split K (" + cublasLtGetStatusString(status) + ")");
+  return algorithms_.emplace(key, unsplit).first->second;
 }
 
 }  // namespace deltatrain::model::cuda

@@ -1,6 +1,12 @@
 // Matrix products through cuBLASLt: row-major bfloat16 operands with any row strides, float32 compute,
 // a bfloat16 or float32 result. One handle, one 32 MiB workspace and one heuristic per shape, kept for the
 // object's life; every product runs on the object's stream.
+//
+// Row-invariant products (run's row_invariant; ModelOptions::batch_invariant): a row of the result must not depend
+// on how many rows M there are. cuBLASLt's heuristic picks other kernels, split-K among them, for other M; so the
+// algorithm is chosen once per shape without M (the heuristic asked at kInvariantRows rows): the best that does
+// not split K, or else the best with its split turned off, and used at every M. Each output tile then sums its K
+// products in one kernel, in one order, whatever M is.
 #pragma once
 
 #include <cublasLt.h>
@@ -22,15 +28,14 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   // c [M, N] = alpha op(a) op(b) + beta c, row-major with row strides lda, ldb, ldc (op(x) = x^T when trans_x;
-  // a and b bfloat16, c `c_dtype`: bfloat16 or float32). K > 0.
+  // a and b bfloat16, c `c_dtype`: bfloat16 or float32). K > 0. row_invariant: see above (a not transposed).
   void run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
-           const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype);
+           const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant = false);
 
  private:
-  // What the heuristic's choice depends on: the problem and the operands' alignments.
+  // What the heuristic's choice depends on: the problem (M = -1: row-invariant) and the operands' alignments.
   using Key = std::array<std::int64_t, 12>;
-  const cublasLtMatmulAlgo_t& algorithm(const Key& key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
-                                        cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c);
+  const cublasLtMatmulAlgo_t& algorithm(const Key& key);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;

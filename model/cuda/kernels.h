@@ -115,6 +115,10 @@ inline constexpr int kMaxCachedHeadDim = 512;
 void cached_attention(Matrix o, Matrix q, Matrix k_cache, Matrix v_cache, Index slot_rows, int q_heads, int kv_heads,
                       int head_dim, float scale, Sequences sequences, const std::int32_t* slots,
                       const std::int32_t* lengths, cudaStream_t stream);
+// Causal attention per packed sequence (ops.h's attention_forward, lse [Hq, R] float32) by cached_attention's
+// kernel over the batch's own keys: each row computed exactly as a decode step computes it (batch-invariant mode).
+void row_attention(Matrix o, Matrix lse, Matrix q, Matrix k, Matrix v, int q_heads, int kv_heads, int head_dim,
+                   float scale, Sequences sequences, cudaStream_t stream);
 
 // ---- gates.cu: a, b, da, db, a_log, dt_bias bfloat16; g, beta, dg, dbeta float32; da_log, ddt_bias float32 (+=)
 void gdn_gates_forward(Matrix g, Matrix beta, Matrix a, Matrix b, const void* a_log, const void* dt_bias,
@@ -123,9 +127,11 @@ void gdn_gates_backward(Matrix da, Matrix db, float* da_log, float* ddt_bias, Ma
                         Matrix b, const void* a_log, const void* dt_bias, Workspace& workspace,
                         cudaStream_t stream);
 
-// ---- cross_entropy.cu: logits bfloat16 (in place), weights and logprob float32 ----
+// ---- cross_entropy.cu: logits bfloat16 (in place), weights and logprob float32 (logprob may be null) ----
 void cross_entropy(Matrix logits, const std::int32_t* targets, const float* weights, float* logprob, bool want_grad,
                    cudaStream_t stream);
+// logprob [R] float64 = log softmax(logits[r])[targets[r]] by log_softmax.cuh's formula (0 where targets[r] < 0).
+void token_logprobs(Matrix logits, const std::int32_t* targets, double* logprob, cudaStream_t stream);
 
 // ---- attention.cu: the row kernels of the unfused attention (attention.cpp sequences them) ----
 // Rows r of a [groups * length, length] score block: query i = r % length of head j = r / length, whose lse

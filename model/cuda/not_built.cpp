@@ -4,7 +4,7 @@
 
 namespace deltatrain::model {
 
-std::unique_ptr<Ops> make_cuda_ops(Device device, void*) {
+std::unique_ptr<Ops> make_cuda_ops(Device device, void*, bool) {
   throw Unavailable("the model on " + device_name(device), "this build of deltatrain has no CUDA");
 }
 

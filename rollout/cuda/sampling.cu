@@ -5,12 +5,14 @@
 // A bfloat16 value is a 16-bit pattern, and a monotone map of it (key_of) orders the keys as the values. So a
 // count per key is all a row's distribution needs: the tempered weight of every token with one key is the same
 // number, weight(key). A block counts one half of the 65536 keys at a time in shared memory (128 KiB), and
-// reduces each half to per-group sums (a group: the 256 keys of one high byte): count, tempered mass and
-// untempered mass. top_k and top_p are then radix selects over the ranking (larger key first, lower id among
+// reduces each half to per-group sums (a group: the 256 keys of one high byte): count and tempered mass.
+// top_k and top_p are then radix selects over the ranking (larger key first, lower id among
 // equals): walk the groups from the top to the one where the count (top_k) or the kept mass (top_p) is
 // reached, count that group's 256 keys in one more pass over the row, and walk them to the cut key and how
 // many of the tokens at it are kept (the lowest ids). The draw is the inverse CDF over the kept tokens in id
 // order: a block-wide prefix sum over the row, tile by tile, until the cumulative mass passes u * total.
+// The untempered log-probability of the token is the model's own float64 log-softmax (log_softmax.cuh), the
+// number its loss gives the same token in batch-invariant mode.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
@@ -21,12 +23,13 @@
 
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
+#include "deltatrain/model/log_softmax.cuh"
 #include "device_sampler.h"
 
 namespace deltatrain::rollout {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = model::kLogSoftmaxThreads;  // a block computes the untempered log-softmax too
 constexpr int kWarps = kThreads / 32;
 constexpr int kItems = 4;         // consecutive tokens per thread in a tile of the walk
 constexpr int kKeyBits = 16;
@@ -88,7 +91,6 @@ struct Cut {
 struct SharedState {
   unsigned group_count[kGroups];
   double group_mass[kGroups];   // sum of weight(key) over the group's tokens
-  double group_umass[kGroups];  // sum of exp(value - max) over them (the untempered log-softmax)
   unsigned key_count[kGroupKeys];  // one group's tokens per key
   double key_mass[kGroupKeys];     // their kept mass per key
   unsigned max_key;
@@ -104,6 +106,7 @@ struct SharedState {
     cub::BlockReduce<int, kThreads>::TempStorage reduce_int;
     cub::BlockScan<int, kThreads>::TempStorage scan_int;
     cub::BlockScan<double, kThreads>::TempStorage scan_double;
+    model::LogSoftmaxStorage log_softmax;
   } cub;
 };
 
@@ -115,35 +118,30 @@ class RowKernel {
         inv_t_(greedy_ ? 0.0 : 1.0 / r.temperature) {}
 
   __device__ void run(RowResult& result) {
-    const bool want_untempered = r_.want_untempered != 0;
-    const bool summarise = !greedy_ || want_untempered;
-    find_max_and_count_half(summarise);
+    find_max_and_count_half(!greedy_);
     max_value_ = value_of(s_.max_key);
     max_t_ = __dmul_rn(max_value_, inv_t_);
-    double log_sum_untempered = 0;
-    if (summarise) {
-      summarise_half(1);
-      count_half(0);
-      summarise_half(0);
-      if (want_untempered) {
-        double sum = 0;
-        for (int g = 0; g < kGroups; ++g) sum += s_.group_umass[g];
-        log_sum_untempered = log(sum);
-      }
-    }
     int token = s_.argmax;
     double logprob = 0;
     if (!greedy_) {
+      summarise_half(1);
+      count_half(0);
+      summarise_half(0);
       select_top_k();
       if (r_.top_p < 1) select_top_p();
       token = draw();
       logprob = tempered(key_of(row_[token])) - log(s_.cut.total);
     }
+    // The model's formula (log_softmax.cuh), which its loss computes in batch-invariant mode.
+    double untempered = 0;
+    if (r_.want_untempered != 0) {
+      __syncthreads();  // the cub storage the draw used is reused
+      untempered = model::row_log_sum_exp(row_, V_, s_.cub.log_softmax).log_prob(model::bf16_bits_to_double(row_[token]));
+    }
     if (threadIdx.x == 0) {
       result.token = token;
       result.logprob = logprob;
-      result.untempered_logprob =
-          want_untempered ? (value_of(key_of(row_[token])) - max_value_) - log_sum_untempered : 0.0;
+      result.untempered_logprob = untempered;
     }
   }
 
@@ -190,22 +188,19 @@ class RowKernel {
     for (int local = warp; local < kHalfGroups; local += kWarps) {
       const int group = half * kHalfGroups + local;
       unsigned count = 0;
-      double mass = 0, umass = 0;
+      double mass = 0;
       for (int low = lane; low < kGroupKeys; low += 32) {
         const unsigned c = histogram_[local * kGroupKeys + low];
         if (c == 0) continue;
         const unsigned k = (static_cast<unsigned>(group) << 8) | static_cast<unsigned>(low);
         count += c;
-        if (!greedy_) mass += c * weight(k);
-        if (r_.want_untempered) umass += c * exp(value_of(k) - max_value_);
+        mass += c * weight(k);
       }
       count = warp_sum(count);
       mass = warp_sum(mass);
-      umass = warp_sum(umass);
       if (lane == 0) {
         s_.group_count[group] = count;
         s_.group_mass[group] = mass;
-        s_.group_umass[group] = umass;
       }
     }
     __syncthreads();

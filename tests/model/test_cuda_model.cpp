@@ -38,6 +38,8 @@ class CudaModelTest : public testing::SeededTest {
     c.vocab_size = 1000;
     return c;
   }
+  // A training step of the GPU model in bfloat16 against the CPU model's in float32 on the same weights.
+  void expect_gpu_matches_cpu(bool batch_invariant);
 };
 
 // A float32 store holding exactly the bfloat16 store's values (and so the same model).
@@ -68,8 +70,7 @@ double cosine_similarity(const TensorView& a, const TensorView& b) {
   return aa > 0 && bb > 0 ? dot / std::sqrt(aa * bb) : 0.0;
 }
 
-TEST_F(CudaModelTest, MatchesTheCpuModelInFloat32OnTheSameWeights) {
-  SKIP_WITHOUT_GPU();
+void CudaModelTest::expect_gpu_matches_cpu(bool batch_invariant) {
   const Config c = config();
   ParamStore bf16(c, DType::bf16), f32(c, DType::f32), gpu_grads(c, DType::bf16);
   bf16.init(0.05, seed_);  // wider than HF's 0.02, so that layers change what passes through them
@@ -87,7 +88,7 @@ TEST_F(CudaModelTest, MatchesTheCpuModelInFloat32OnTheSameWeights) {
   DeviceParams device(bf16, gpu);
   device.upload(bf16);
   device.zero_grads();
-  Model model(c, {.device = gpu, .dtype = DType::bf16});
+  Model model(c, {.device = gpu, .dtype = DType::bf16, .batch_invariant = batch_invariant});
   model.bind(device.params(), device.grads());
   const double gpu_loss = model.forward({tokens, cu});
   model.backward();
@@ -116,6 +117,17 @@ TEST_F(CudaModelTest, MatchesTheCpuModelInFloat32OnTheSameWeights) {
   }
   std::printf("gradients: worst relative error %.2e (%s); decay gradients' least cosine similarity %.4f\n", worst,
               worst_name.c_str(), least_cosine);
+}
+
+
+// Both GPU modes: the default, and batch-invariant (row-invariant products, attention by decode's kernel, float64
+// log-probabilities), whose backward is the default's.
+TEST_F(CudaModelTest, MatchesTheCpuModelInFloat32OnTheSameWeights) {
+  SKIP_WITHOUT_GPU();
+  for (const bool invariant : {false, true}) {
+    SCOPED_TRACE(invariant ? "batch-invariant" : "default");
+    expect_gpu_matches_cpu(invariant);
+  }
 }
 
 // An HF model saved straight from parameters on the GPU (streamed chunk by chunk) loads back as the same bf16

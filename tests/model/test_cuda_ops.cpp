@@ -647,6 +647,120 @@ TEST_F(CudaOpsTest, RepeatedCallsAreBitwiseIdentical) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Batch-invariant ops (make_cuda_ops(..., true)): each row's bits the same whatever the other rows, and the values
+// those of the CPU ops.
+
+// The first `rows` rows of a matrix's view.
+TensorView first_rows(const Both& t, Side side, Index rows) {
+  TensorView v = t.view(side);
+  v.shape[0] = rows;
+  return v;
+}
+
+// Bytes [row * row_bytes, (row + 1) * row_bytes) of a download: one row of a matrix without padding.
+std::vector<std::uint8_t> row_bytes(const std::vector<std::uint8_t>& all, Index row, Index row_bytes) {
+  return {all.begin() + row * row_bytes, all.begin() + (row + 1) * row_bytes};
+}
+
+TEST_F(CudaOpsTest, BatchInvariantProductsGiveARowTheSameBitsAtEveryRowCount) {
+  const std::unique_ptr<Ops> invariant = make_cuda_ops(kGpu, nullptr, true);
+  // The projections' shapes of the tiny and 0.8B configs, and an odd one.
+  const struct { Index N, K; } shapes[] = {{1000, 256}, {6144, 1024}, {517, 344}};
+  const Index counts[] = {1, 2, 7, 64, 257, 1500, 4500};
+  const Index most = counts[std::size(counts) - 1];
+  for (const auto& shape : shapes) {
+    SCOPED_TRACE("N " + std::to_string(shape.N) + ", K " + std::to_string(shape.K));
+    const Both x = random(bf16, most, shape.K), w = random(bf16, shape.N, shape.K);
+    const Both all = unset(bf16, most, shape.N);
+    invariant->gemm(false, true, 1, x.view(Side::gpu), w.view(Side::gpu), 0, all.view(Side::gpu));
+    cpu_->gemm(false, true, 1, x.view(Side::cpu), w.view(Side::cpu), 0, all.view(Side::cpu));
+    EXPECT_TRUE(matches("y", all, kBf16Tolerance));
+    const std::vector<std::uint8_t> reference = all.bytes();
+    for (const Index M : counts) {
+      const Both y = unset(bf16, M, shape.N);
+      invariant->gemm(false, true, 1, first_rows(x, Side::gpu, M), w.view(Side::gpu), 0, y.view(Side::gpu));
+      const std::vector<std::uint8_t> bits = y.bytes();
+      const Index bytes_per_row = shape.N * 2;
+      Index differing = 0;
+      for (Index r = 0; r < M; ++r) differing += row_bytes(bits, r, bytes_per_row) != row_bytes(reference, r, bytes_per_row);
+      EXPECT_EQ(differing, 0) << "rows of a " << M << "-row product differ from the same rows of a " << most
+                              << "-row one";
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, BatchInvariantAttentionIsEachSequenceAloneAndMatchesCpu) {
+  const std::unique_ptr<Ops> invariant = make_cuda_ops(kGpu, nullptr, true);
+  const int q_heads = 8, kv_heads = 2, head_dim = 256;
+  const std::vector<Index> lengths{1, 70, 0, 300, 33};
+  const Offsets cu = offsets(lengths);
+  const Indices sequences(cu);
+  const Index T = cu.back(), q_cols = Index{q_heads} * head_dim, kv_cols = Index{kv_heads} * head_dim;
+  const double scale = 1 / std::sqrt(double(head_dim));
+  const Both q = random(bf16, T, q_cols, 0, -2, 2), k = random(bf16, T, kv_cols, 0, -2, 2), v = random(bf16, T, kv_cols);
+  const Both o = unset(bf16, T, q_cols), lse = unset(f32, q_heads, T);
+  invariant->attention_forward(o.view(Side::gpu), lse.view(Side::gpu), q.view(Side::gpu), k.view(Side::gpu),
+                               v.view(Side::gpu), q_heads, kv_heads, head_dim, scale, sequences.array());
+  cpu_->attention_forward(o.view(Side::cpu), lse.view(Side::cpu), q.view(Side::cpu), k.view(Side::cpu),
+                          v.view(Side::cpu), q_heads, kv_heads, head_dim, scale, sequences.array());
+  EXPECT_TRUE(matches("o", o, kBf16Tolerance));
+  EXPECT_TRUE(matches("lse", lse, kF32Tolerance));
+  // The longest sequence alone, as a batch of one: its rows' bits unchanged.
+  const Index first = cu[3], length = lengths[3];
+  auto rows_of = [&](const Both& t, Index cols) {
+    TensorView view = t.view(Side::gpu);
+    view.data = static_cast<std::uint16_t*>(view.data) + first * cols;
+    view.shape[0] = length;
+    return view;
+  };
+  const Indices alone(Offsets{0, static_cast<std::int32_t>(length)});
+  const Both o_alone = unset(bf16, length, q_cols), lse_alone = unset(f32, q_heads, length);
+  invariant->attention_forward(o_alone.view(Side::gpu), lse_alone.view(Side::gpu), rows_of(q, q_cols),
+                               rows_of(k, kv_cols), rows_of(v, kv_cols), q_heads, kv_heads, head_dim, scale,
+                               alone.array());
+  const std::vector<std::uint8_t> batched = o.bytes(), single = o_alone.bytes();
+  EXPECT_TRUE(std::equal(single.begin(), single.end(), batched.begin() + first * q_cols * 2))
+      << "a sequence's attention differs alone and in a batch";
+  const Values lse_batched = lse.actual(), lse_single = lse_alone.actual();
+  for (int h = 0; h < q_heads; ++h)
+    for (Index t = 0; t < length; ++t)
+      ASSERT_EQ(lse_single[h * length + t], lse_batched[h * T + first + t]) << "head " << h << " row " << t;
+}
+
+TEST_F(CudaOpsTest, Float64LogprobsAreTheLogSoftmaxInFloat64) {
+  const Index R = 6;
+  for (const Index V : {Index{1}, Index{5003}, Index{248320}}) {
+    SCOPED_TRACE("vocabulary " + std::to_string(V));
+    std::vector<std::int32_t> target_values = random_ints(R, 0, static_cast<int>(V) - 1);
+    target_values[2] = -1;
+    const Indices targets(target_values);
+    const Both logits = random(bf16, R, V, 0, -8, 8);
+    const Values host = logits.expected();
+    DevicePtr logprob = device_alloc(R * sizeof(double));
+    for (const bool want_grad : {false, true}) {
+      Both weights(f32, 1, R, 0, true);
+      weights.set(Values(R, 0.5f));
+      Both rows(bf16, R, V);
+      rows.set(host);
+      gpu_->cross_entropy(rows.view(Side::gpu), targets.array(), weights.view(Side::gpu),
+                          TensorView::contiguous(logprob.get(), DType::f64, {R}, kGpu), want_grad);
+      std::vector<double> got(R);
+      cuda_check(cudaMemcpy(got.data(), logprob.get(), R * sizeof(double), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      for (Index r = 0; r < R; ++r) {
+        if (target_values[r] < 0) {
+          EXPECT_EQ(got[r], 0.0);
+          continue;
+        }
+        double max = -INFINITY, sum = 0;
+        for (Index c = 0; c < V; ++c) max = std::max(max, double(host[r * V + c]));
+        for (Index c = 0; c < V; ++c) sum += std::exp(double(host[r * V + c]) - max);
+        EXPECT_NEAR(got[r], (double(host[r * V + target_values[r]]) - max) - std::log(sum), 1e-12) << "row " << r;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Inference: rows into and out of cache slots, the conv decode step, RoPE at given positions, attention over a
 // cache, each against the CPU op (itself tested against whole-sequence forms in test_ops.cpp).
 

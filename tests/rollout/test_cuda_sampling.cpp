@@ -21,6 +21,7 @@
 #include "deltatrain/rollout/engine.h"
 #include "deltatrain/rollout/sampling.h"
 #include "model_testing.h"
+#include "rollout_testing.h"
 
 namespace deltatrain::rollout {
 namespace {
@@ -47,6 +48,19 @@ struct TinyGpuModel {
     store.init(0.05, seed);
     device.upload(store);
   }
+};
+
+// A CUDA stream destroyed at scope exit (decode records CUDA graphs only on a stream of its own).
+class Stream {
+ public:
+  Stream() { cuda_check(cudaStreamCreate(&handle_), "cudaStreamCreate"); }
+  ~Stream() { cudaStreamDestroy(handle_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t handle() const { return handle_; }
+
+ private:
+  cudaStream_t handle_ = nullptr;
 };
 
 // Device memory freed at scope exit.
@@ -228,6 +242,32 @@ TEST_F(CudaSamplingTest, EngineOnTheGpuEqualsHostSamplingOfTheSameLogits) {
   }
 }
 
+// True on-policy on the GPU: in batch-invariant mode the rollout's untempered log-probability of every sampled
+// token is bit for bit the training forward's over all the completions packed together, although the rollout ran
+// prefill and decode in changing batches (more requests than slots, decode replayed from CUDA graphs) and the
+// trainer one packed forward in loss chunks of another size. Without the mode the two differ (the control: the
+// test can fail).
+TEST_F(CudaSamplingTest, BatchInvariantRolloutEqualsTheTrainingForwardBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const TinyGpuModel tiny(seed_);
+  const model::Config& c = tiny.config;
+  const Stream stream;
+  std::vector<Request> requests = random_requests(
+      rng_, c.vocab_size, 7, 300, [](std::int64_t n) { return 3 + 11 * n; }, [](std::int64_t n) { return 6 + 3 * n; }, 0);
+  for (Request& r : requests) {
+    r.sampling.temperature = 1.0, r.sampling.top_p = 1.0, r.sampling.top_k = 0;
+    r.untempered_logprobs = true;
+  }
+  auto largest_difference = [&](bool invariant) {
+    const model::ModelOptions options{
+        .device = kGpu, .dtype = DType::bf16, .stream = stream.handle(), .loss_chunk = 37, .batch_invariant = invariant};
+    Engine engine(c, options, tiny.device.params(), {.max_batch = 3, .max_length = 160, .max_prefill_tokens = 50});
+    return testing::largest_logprob_gap(c, options, tiny.device.params(), requests, engine.generate(requests));
+  };
+  EXPECT_EQ(largest_difference(true), 0.0);
+  EXPECT_GT(largest_difference(false), 0.0);
+}
+
 // The engine with decode replayed from CUDA graphs against the engine launching decode's kernels one by one, on the
 // same requests: more requests than slots and different lengths, so sequences join and finish and the decode batch
 // size changes and repeats. Tokens, logprobs and finish reasons must be identical; a second round on the same
@@ -236,16 +276,16 @@ TEST_F(CudaSamplingTest, EngineWithCudaGraphsEqualsEngineWithout) {
   SKIP_WITHOUT_GPU();
   const TinyGpuModel tiny(seed_);
   const model::Config& c = tiny.config;
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  const Stream stream;
   const std::int64_t count = 9;
   const std::vector<Request> requests = random_requests(
       rng_, c.vocab_size, count, 200, [](std::int64_t n) { return 1 + 9 * n; },
       [](std::int64_t n) { return 2 + (5 * n) % 11; }, 1);
   const EngineOptions engine_options{.max_batch = 4, .max_length = 128, .max_prefill_tokens = 40};
   {
-    Engine graphed(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream}, tiny.device.params(), engine_options);
-    Engine plain(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream, .cuda_graphs = false},
+    Engine graphed(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream.handle()}, tiny.device.params(),
+                   engine_options);
+    Engine plain(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream.handle(), .cuda_graphs = false},
                  tiny.device.params(), engine_options);
     for (int round = 0; round < 2; ++round) {
       const std::vector<Completion> expected = plain.generate(requests);
@@ -260,7 +300,6 @@ TEST_F(CudaSamplingTest, EngineWithCudaGraphsEqualsEngineWithout) {
       }
     }
   }
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "deltatrain/model/params.h"
 #include "deltatrain/rollout/engine.h"
 #include "model_testing.h"
+#include "rollout_testing.h"
 
 namespace deltatrain::rollout {
 namespace {
@@ -288,29 +289,7 @@ TEST_F(EngineTest, BatchInvariantRolloutEqualsTheTrainingForwardBitForBit) {
   auto largest_difference = [&](bool invariant) {
     const model::ModelOptions options{.dtype = DType::f32, .cpu_threads = 1, .batch_invariant = invariant};
     Engine engine(c, options, s.params(), {.max_batch = 3, .max_length = 96});
-    const std::vector<Completion> out = engine.generate(requests);
-    std::vector<std::int32_t> tokens, cu{0}, targets;
-    std::vector<double> rollout;
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      const std::size_t first = tokens.size();
-      tokens.insert(tokens.end(), requests[i].prompt.begin(), requests[i].prompt.end());
-      tokens.insert(tokens.end(), out[i].tokens.begin(), out[i].tokens.end());
-      for (std::size_t t = first; t < tokens.size(); ++t) {
-        const std::ptrdiff_t completion_index = static_cast<std::ptrdiff_t>(t + 1 - first) - std::ssize(requests[i].prompt);
-        const bool target = completion_index >= 0 && t + 1 < tokens.size();
-        targets.push_back(target ? tokens[t + 1] : -1);
-        rollout.push_back(target ? out[i].untempered_logprobs[completion_index] : 0.0);
-      }
-      cu.push_back(static_cast<std::int32_t>(tokens.size()));
-    }
-    model::Model trainer(c, options);
-    trainer.bind(s.params());
-    trainer.forward({tokens, cu, targets}, false);
-    double largest = 0;
-    for (std::size_t t = 0; t < tokens.size(); ++t) {
-      largest = std::max(largest, std::abs(trainer.token_logprobs()[t] - rollout[t]));
-    }
-    return largest;
+    return testing::largest_logprob_gap(c, options, s.params(), requests, engine.generate(requests));
   };
   EXPECT_EQ(largest_difference(true), 0.0);
   EXPECT_GT(largest_difference(false), 0.0);

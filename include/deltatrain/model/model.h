@@ -45,11 +45,13 @@ struct ModelOptions {
   // Where activations (and an InferenceState's caches) are allocated; null: plain device memory. Its
   // device must be `device`. It must outlive the model.
   Allocator* memory = nullptr;
-  // CPU only. Every token's logits a function of its own sequence's prefix alone, computed the same way
-  // whatever the batch, the prefix's length or the path (training forward, prefill, decode): products row by
-  // row in a fixed order, the GDN recurrence token by token everywhere (its backward stays chunked), and the
+  // Every token's logits a function of its own sequence's prefix alone, computed the same way whatever the
+  // batch, the prefix's length or the path (training forward, prefill, decode): products whose rows do not
+  // depend on the other rows (CPU: row by row in a fixed order; GPU: one cuBLASLt algorithm for every row count,
+  // none that splits K), the GDN recurrence token by token everywhere (its backward stays chunked), attention by
+  // decode's kernel (GPU), log-probabilities by one float64 formula shared with the rollout's sampler, and the
   // rest row-wise already. A rollout and a trainer both in this mode agree on every log-probability bit for bit
-  // (RL's true on-policy), at several times the cost of the products.
+  // (RL's true on-policy), at several times the cost of the products on the CPU.
   bool batch_invariant = false;
   // GPU: decode replays a CUDA graph of its kernels (one launch for the hundreds of a step), recorded per batch
   // size on `stream`, with the same logits bit for bit. A graph cannot be recorded from the legacy default stream:
