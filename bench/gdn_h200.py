@@ -20,9 +20,11 @@ context parallelism). It compiles each kernel on first use, 10-40 s apiece, cach
 (default ~/.tilelang/cache; carry it to the next run): the warm-up calls before each timing take the compiles
 (their seconds are printed) and count against --limit-s, so a cold cache gets fewer cells through.
 
-Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out (gdn_report.py).
+Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out (gdn_report.py). With --merge, earlier runs' JSON
+files fill the cells this run does not measure (each row keeps its run's date and commit), and --missing-only
+runs only the cells none of them has: a grid can be completed over several GPU sessions.
 Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--only I ...] [--limit-s SECONDS]
-       [--ours-only] [--no-flashqla]
+       [--ours-only] [--no-flashqla] [--merge JSON ... [--missing-only]]
 """
 
 import argparse
@@ -40,7 +42,7 @@ os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gdn_report import write  # noqa: E402
+from gdn_report import cell_of, merge, write  # noqa: E402
 
 CHUNK = 64
 
@@ -265,9 +267,21 @@ def main():
     parser.add_argument("--l2norm-in-kernel", action="store_true",
                         help="with --ours-only: use_qk_l2norm_in_kernel=True (the anchors have it off)")
     parser.add_argument("--no-flashqla", action="store_true", help="leave FlashQLA out (its fields null)")
+    parser.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                        help="earlier runs' gdn-h200.json: their rows fill the cells this run does not measure")
+    parser.add_argument("--missing-only", action="store_true", help="with --merge: run only the cells they lack")
     args = parser.parse_args()
     if args.l2norm_in_kernel and not args.ours_only:
         parser.error("--l2norm-in-kernel: only with --ours-only (the report is the anchors' recipe)")
+    if args.missing_only and not args.merge:
+        parser.error("--missing-only: needs --merge (the runs whose cells to skip)")
+    if args.merge and args.ours_only:
+        parser.error("--merge: not with --ours-only (which writes no report)")
+    earlier = []
+    for path in args.merge:
+        with open(path) as f:
+            earlier.append(json.load(f))
+    measured_before = {cell_of(row) for result in earlier for row in result["rows"]}
     started = time.time()
 
     import fla
@@ -288,6 +302,8 @@ def main():
     for index in args.only if args.only else range(len(GRID)):
         pass_, h_qk, h_v, seqlens, lengths = GRID[index]
         if args.cells != "all" and pass_ != args.cells:
+            continue
+        if args.missing_only and (pass_, h_qk, h_v, seqlens) in measured_before:
             continue
         if time.time() - started > args.limit_s:
             print(f"time limit: skipping {pass_} {h_qk}/{h_v} {seqlens} and later cells", flush=True)
@@ -328,12 +344,18 @@ def main():
             del impl, out
         torch.cuda.empty_cache()
         result["rows"].append(row)
-        result["rows"].sort(key=lambda r: next(i for i, c in enumerate(GRID) if c[:4] == (r["pass"], r["h_qk"], r["h_v"], r["seqlens"])))
         print(json.dumps(row), flush=True)
         if not args.ours_only:
-            write(result, args.out)
+            write(report(earlier, result), args.out)
     if not args.ours_only:
-        write(result, args.out)
+        write(report(earlier, result), args.out)
+
+
+def report(earlier, result):
+    """This run over the earlier ones (its rows win where they share a cell), rows in the grid's order."""
+    merged = merge(earlier + [result])
+    merged["rows"].sort(key=lambda r: next(i for i, c in enumerate(GRID) if c[:4] == cell_of(r)))
+    return merged
 
 
 if __name__ == "__main__":

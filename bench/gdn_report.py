@@ -3,7 +3,10 @@
 Ours is compared with fla and with FlashQLA: speedup = their time / ours (above 1: ours faster), in kernel time
 against each one's target and in host-inclusive time. A null field, or one missing from a JSON written before its
 column existed (FlashQLA's), was not measured: the table shows a dash and says so, the chart leaves that bar out.
-Usage (to redraw from a JSON, e.g. merged from several runs): python3 bench/gdn_report.py JSON OUT_DIR
+Several runs (each measuring some cells) merge into one report (merge: the latest run of a cell wins; each row
+keeps the date and commit of the run that measured it, and the report lists the runs).
+Usage (to redraw from JSON files, later ones winning where they share a cell): python3 bench/gdn_report.py
+JSON [JSON ...] OUT_DIR
 """
 
 import json
@@ -22,6 +25,46 @@ class Other(NamedTuple):
 OTHERS = {"fla": Other("fla", "fla", 1.5),  # issue 3
           "flashqla": Other("FlashQLA", "flash_qla", 1.25)}
 NOT_MEASURED = "-"  # a table cell's value where the row's field is null or missing
+
+
+def cell_of(row):
+    """What identifies a row's cell of the grid."""
+    return row["pass"], row["h_qk"], row["h_v"], row["seqlens"]
+
+
+def run_of(result):
+    """How a row names the run that measured it."""
+    return f"{result['date']} {result['commit']}"
+
+
+def merge(results):
+    """One result from several, in order: a cell measured by more than one keeps the last run's row; rows without
+    a run of their own are tagged with their result's; the merged result takes the last one's date, commit, GPU and
+    versions, and its rows the order of the first appearance of their cells."""
+    if not results:
+        raise ValueError("merge: no results")
+    rows = {}
+    for result in results:
+        for row in result["rows"]:
+            tagged = dict(row)
+            tagged.setdefault("run", run_of(result))
+            rows[cell_of(row)] = tagged  # a dict keeps the first insertion's position
+    merged = {key: value for key, value in results[-1].items() if key != "rows"}
+    merged["rows"] = list(rows.values())
+    return merged
+
+
+def _runs_summary(result):
+    """A line naming the runs when the rows come from more than one."""
+    runs = []
+    for row in result["rows"]:
+        if row.get("run", run_of(result)) not in runs:
+            runs.append(row.get("run", run_of(result)))
+    if len(runs) < 2:
+        return []
+    counts = [sum(1 for r in result["rows"] if r.get("run", run_of(result)) == run) for run in runs]
+    return ["Rows from " + str(len(runs)) + " runs: " + "; ".join(f"{run} ({n} cells)" for run, n in zip(runs, counts)) +
+            ".", ""]
 
 
 def _ratio(row, other, what):
@@ -84,6 +127,7 @@ def write(result, out):
              "Errors: relative Frobenius error vs fp64 on the same inputs, max over o and final_state (fwd) or "
              f"dq, dk, dv, dg, dbeta, dh0 (bwd). '{NOT_MEASURED}': not measured (left out of the run, refused by that "
              "implementation, or a run from before its column).", "",
+             *_runs_summary(result),
              *_target_summary(result["rows"]),
              "| pass | h_qk/h_v | seqlens | " + " | ".join(header for header, _ in columns) + " |",
              "|" + "---|" * (3 + len(columns))]
@@ -138,5 +182,10 @@ def _chart(result, out, plt):
 
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        write(json.load(f), sys.argv[2])
+    if len(sys.argv) < 3:
+        sys.exit("usage: gdn_report.py JSON [JSON ...] OUT_DIR")
+    loaded = []
+    for path in sys.argv[1:-1]:
+        with open(path) as f:
+            loaded.append(json.load(f))
+    write(merge(loaded), sys.argv[-1])
