@@ -263,9 +263,7 @@ class Loop {
       result.final_accuracy = last_accuracy_;
     }
     switch_to(Phase::train);
-    const bool saved = group_.rank() == 0 &&
-                       fs::exists(options_.checkpoint_root / optim::checkpoint_dir_name(optimizer_.step_count()));
-    if (!options_.checkpoint_root.empty() && !comm::any_rank(group_, saved)) result.last_checkpoint = save();
+    if (train::final_save_needed(group_, options_.checkpoint_root, optimizer_.step_count())) result.last_checkpoint = save();
     result.step = optimizer_.step_count();
     result.digest = optim::digest_state(optimizer_);
     return result;

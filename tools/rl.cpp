@@ -216,12 +216,7 @@ rl::RlOptions make_options(const RlArgs& args) {
   o.seed = args.seed;
   o.checkpoint_root = args.ckpt;
   o.save_every = args.save_every;
-  if (args.resume == "latest") {
-    if (args.ckpt.empty()) throw InvalidArgument("resume", "`latest` needs --ckpt, the root whose latest checkpoint to load");
-    o.resume = args.ckpt;
-  } else {
-    o.resume = args.resume;
-  }
+  o.resume = resume_path(args.resume, args.ckpt);
   o.cpu_threads = args.threads > 0 ? args.threads : default_threads();
   o.memory = args.memory;
   o.release_communicator = !args.keep_communicator;

@@ -142,4 +142,10 @@ double known_peak_flops(const std::string& device) {
   return 0;
 }
 
+std::string resume_path(const std::string& resume, const std::string& ckpt) {
+  if (resume != "latest") return resume;
+  if (ckpt.empty()) throw InvalidArgument("resume", "`latest` needs --ckpt, the root whose latest checkpoint to load");
+  return ckpt;
+}
+
 }  // namespace deltatrain::tools

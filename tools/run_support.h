@@ -40,6 +40,10 @@ int default_threads();
 // Whether progress may redraw one line: a terminal, outside mpirun (which hands its ranks a pseudo-terminal).
 bool progress_on_terminal();
 
+// What --resume names: a checkpoint (a step directory or a root), or with `latest` the --ckpt root's latest;
+// InvalidArgument naming --resume for `latest` without --ckpt.
+std::string resume_path(const std::string& resume, const std::string& ckpt);
+
 // The JSONL log at `path` (its directory created), appended to when resuming; InvalidArgument naming --log.
 std::ofstream open_log(const std::string& path, bool append);
 

@@ -195,12 +195,7 @@ train::TrainOptions make_options(const TrainArgs& args) {
   o.seed = args.seed;
   o.checkpoint_root = args.ckpt;
   o.save_every = args.save_every;
-  if (args.resume == "latest") {
-    if (args.ckpt.empty()) throw InvalidArgument("resume", "`latest` needs --ckpt, the root whose latest checkpoint to load");
-    o.resume = args.ckpt;
-  } else {
-    o.resume = args.resume;
-  }
+  o.resume = resume_path(args.resume, args.ckpt);
   o.eval_every = args.eval_every;
   o.eval_batches = args.eval_batches;
   o.sample_every = args.sample_every;

@@ -84,4 +84,9 @@ fs::path resolve_step_directory(const fs::path& path, const std::string& state_f
   throw Failure("no checkpoint at " + path.string() + ": it holds neither " + state_file + " nor " + kLatest);
 }
 
+bool final_save_needed(comm::Group& group, const std::filesystem::path& root, std::int64_t step) {
+  const bool saved = group.rank() == 0 && std::filesystem::exists(root / optim::checkpoint_dir_name(step));
+  return !root.empty() && !comm::any_rank(group, saved);
+}
+
 }  // namespace deltatrain::train

@@ -131,10 +131,7 @@ class Trainer {
         result.last_checkpoint = save();
       }
     }
-    // Rank 0's view decides (it writes the checkpoints), so every rank enters the save or none does.
-    const bool saved = group_.rank() == 0 &&
-                       fs::exists(options_.checkpoint_root / optim::checkpoint_dir_name(optimizer_.step_count()));
-    if (!options_.checkpoint_root.empty() && !comm::any_rank(group_, saved)) result.last_checkpoint = save();
+    if (final_save_needed(group_, options_.checkpoint_root, optimizer_.step_count())) result.last_checkpoint = save();
     result.step = optimizer_.step_count();
     result.digest = optim::digest_state(optimizer_);
     return result;

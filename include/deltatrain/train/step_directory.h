@@ -25,6 +25,10 @@ std::filesystem::path save_step_directory(comm::Group& group, const std::filesys
                                           const std::function<void(const std::filesystem::path&)>& write_all_ranks,
                                           const std::function<void(const std::filesystem::path&)>& write_leader);
 
+// Collective. Whether a run that ends at `step` still has to save: a root is given and the step is not already
+// saved there. Rank 0's view decides (it writes the checkpoints), so every rank enters the save or none does.
+bool final_save_needed(comm::Group& group, const std::filesystem::path& root, std::int64_t step);
+
 // The step directory `path` denotes: itself when it holds `state_file`, else what its `latest` names.
 // Failure naming the path otherwise.
 std::filesystem::path resolve_step_directory(const std::filesystem::path& path, const std::string& state_file);
