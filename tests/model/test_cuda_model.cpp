@@ -20,6 +20,7 @@
 #include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
+#include "cuda_testing.h"
 #include "model_testing.h"
 
 namespace deltatrain::model {
@@ -357,20 +358,6 @@ TEST_F(CudaModelTest, DecodeIsBitwiseDeterministic) {
   for (std::size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i].logits, second[i].logits) << "record " << i;
 }
 
-// A stream of the test's own (CUDA graphs cannot be recorded from the legacy default stream), destroyed at scope
-// exit: declare it before the models that run on it.
-class Stream {
- public:
-  Stream() { cuda_check(cudaStreamCreate(&stream_), "cudaStreamCreate"); }
-  ~Stream() { cudaStreamDestroy(stream_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
 // Decode steps whose batch size changes and comes back (3, 3, 2, 3, 2, 2, 3, 1, 1, 3, 3, 3), so that decode with
 // CUDA graphs runs a size one by one, records it and replays it, and leaves and returns to each size.
 Plan make_changing_plan(std::mt19937_64& rng, std::int64_t vocab) {
@@ -412,7 +399,7 @@ TEST_F(CudaModelTest, DecodeReplayedFromCudaGraphsEqualsDecodeWithout) {
   DeviceParams first(first_weights, gpu), second(second_weights, gpu);
   first.upload(first_weights);
   second.upload(second_weights);
-  const Stream stream;
+  const testing::Stream stream;
   Model graphed(c, {.device = gpu, .dtype = DType::bf16, .stream = stream.get()});
   Model plain(c, {.device = gpu, .dtype = DType::bf16, .stream = stream.get(), .cuda_graphs = false});
   ASSERT_TRUE(graphed.decode_uses_cuda_graphs());

@@ -20,6 +20,7 @@
 #include "deltatrain/model/params.h"
 #include "deltatrain/rollout/engine.h"
 #include "deltatrain/rollout/sampling.h"
+#include "cuda_testing.h"
 #include "model_testing.h"
 #include "rollout_testing.h"
 
@@ -48,19 +49,6 @@ struct TinyGpuModel {
     store.init(0.05, seed);
     device.upload(store);
   }
-};
-
-// A CUDA stream destroyed at scope exit (decode records CUDA graphs only on a stream of its own).
-class Stream {
- public:
-  Stream() { cuda_check(cudaStreamCreate(&handle_), "cudaStreamCreate"); }
-  ~Stream() { cudaStreamDestroy(handle_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t handle() const { return handle_; }
-
- private:
-  cudaStream_t handle_ = nullptr;
 };
 
 // Device memory freed at scope exit.
@@ -251,7 +239,7 @@ TEST_F(CudaSamplingTest, BatchInvariantRolloutEqualsTheTrainingForwardBitForBit)
   SKIP_WITHOUT_GPU();
   const TinyGpuModel tiny(seed_);
   const model::Config& c = tiny.config;
-  const Stream stream;
+  const model::testing::Stream stream;
   std::vector<Request> requests = random_requests(
       rng_, c.vocab_size, 7, 300, [](std::int64_t n) { return 3 + 11 * n; }, [](std::int64_t n) { return 6 + 3 * n; }, 0);
   for (Request& r : requests) {
@@ -260,7 +248,7 @@ TEST_F(CudaSamplingTest, BatchInvariantRolloutEqualsTheTrainingForwardBitForBit)
   }
   auto largest_difference = [&](bool invariant) {
     const model::ModelOptions options{
-        .device = kGpu, .dtype = DType::bf16, .stream = stream.handle(), .loss_chunk = 37, .batch_invariant = invariant};
+        .device = kGpu, .dtype = DType::bf16, .stream = stream.get(), .loss_chunk = 37, .batch_invariant = invariant};
     Engine engine(c, options, tiny.device.params(), {.max_batch = 3, .max_length = 160, .max_prefill_tokens = 50});
     return testing::largest_logprob_gap(c, options, tiny.device.params(), requests, engine.generate(requests));
   };
@@ -276,16 +264,16 @@ TEST_F(CudaSamplingTest, EngineWithCudaGraphsEqualsEngineWithout) {
   SKIP_WITHOUT_GPU();
   const TinyGpuModel tiny(seed_);
   const model::Config& c = tiny.config;
-  const Stream stream;
+  const model::testing::Stream stream;
   const std::int64_t count = 9;
   const std::vector<Request> requests = random_requests(
       rng_, c.vocab_size, count, 200, [](std::int64_t n) { return 1 + 9 * n; },
       [](std::int64_t n) { return 2 + (5 * n) % 11; }, 1);
   const EngineOptions engine_options{.max_batch = 4, .max_length = 128, .max_prefill_tokens = 40};
   {
-    Engine graphed(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream.handle()}, tiny.device.params(),
+    Engine graphed(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream.get()}, tiny.device.params(),
                    engine_options);
-    Engine plain(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream.handle(), .cuda_graphs = false},
+    Engine plain(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream.get(), .cuda_graphs = false},
                  tiny.device.params(), engine_options);
     for (int round = 0; round < 2; ++round) {
       const std::vector<Completion> expected = plain.generate(requests);
