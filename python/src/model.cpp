@@ -46,11 +46,11 @@ DType file_dtype(const std::string& name) {
 class PyModel {
  public:
   PyModel(const std::string& config, const std::string& dtype, int cpu_threads, bool recompute,
-          std::int64_t loss_chunk, std::uint64_t seed)
+          std::int64_t loss_chunk, std::uint64_t seed, bool batch_invariant)
       : config_(model::load_config(config)),
         store_(config_, model_dtype(dtype)),
         model_(config_, {.dtype = store_.dtype(), .cpu_threads = cpu_threads, .loss_chunk = loss_chunk,
-                         .recompute = recompute}) {
+                         .recompute = recompute, .batch_invariant = batch_invariant}) {
     store_.init(config_.initializer_range, seed);
     model_.bind(store_.params(), store_.grads());
   }
@@ -129,10 +129,13 @@ nb::object numpy_view(const TensorView& v, nb::handle owner) {
 
 constexpr const char* kModelDoc = R"(The Qwen3.5-style hybrid GDN model on the CPU, with its own parameters.
 
-Model(config, *, dtype="float32", cpu_threads=0, recompute=False, loss_chunk=1024, seed=0)
+Model(config, *, dtype="float32", cpu_threads=0, recompute=False, loss_chunk=1024, seed=0, batch_invariant=False)
 
 config: a preset ("tiny", "qwen3.5-0.8b"), an HF config.json, or a directory holding one. The parameters
-start from HF's initialisation drawn from `seed`; load() replaces them with a saved model's.
+start from HF's initialisation drawn from `seed`; load() replaces them with a saved model's. batch_invariant:
+every token's logits computed from its own prefix alone, the same way in any batch (slower products); with a
+batch-invariant Engine on the same parameters, token_logprobs() of a completion equal the engine's untempered
+logprobs bit for bit (true on-policy RL).
 Token ids and cu_seqlens are sequences of ints (a packed batch: sequence n is tokens
 [cu_seqlens[n], cu_seqlens[n + 1])).)";
 
@@ -142,9 +145,9 @@ void bind_model(nb::module_& m) {
   register_error_translators();
   nb::module_ sub = m.def_submodule("model", "The hybrid GDN language model (CPU)");
   nb::class_<PyModel>(sub, "Model", kModelDoc)
-      .def(nb::init<const std::string&, const std::string&, int, bool, std::int64_t, std::uint64_t>(), "config"_a,
-           nb::kw_only(), "dtype"_a = "float32", "cpu_threads"_a = 0, "recompute"_a = false, "loss_chunk"_a = 1024,
-           "seed"_a = 0)
+      .def(nb::init<const std::string&, const std::string&, int, bool, std::int64_t, std::uint64_t, bool>(),
+           "config"_a, nb::kw_only(), "dtype"_a = "float32", "cpu_threads"_a = 0, "recompute"_a = false,
+           "loss_chunk"_a = 1024, "seed"_a = 0, "batch_invariant"_a = false)
       .def_prop_ro("config_json", &PyModel::config_json, "The config as HF's config.json text.")
       .def("param_names", &PyModel::param_names, "Every parameter's HF name, in the model's order.")
       .def("load", &PyModel::load, "dir"_a, "Load every parameter from an HF model directory (safetensors).")

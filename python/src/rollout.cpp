@@ -31,7 +31,7 @@ class PyEngine {
   // initialisation from `seed`), or a _deltatrain.model.Model whose parameters are used in place.
   PyEngine(nb::handle model, const std::optional<std::string>& weights, const std::string& dtype, std::int64_t max_batch,
            std::int64_t max_length, std::int64_t cache_budget, std::int64_t max_prefill_tokens, int cpu_threads,
-           std::uint64_t seed) {
+           std::uint64_t seed, bool batch_invariant) {
     const rollout::EngineOptions options{.max_batch = max_batch, .max_length = max_length, .cache_budget = cache_budget,
                                          .max_prefill_tokens = max_prefill_tokens};
     if (nb::isinstance<nb::str>(model)) {
@@ -45,8 +45,9 @@ class PyEngine {
       } else {
         store_->init(config_.initializer_range, seed);
       }
-      engine_ = std::make_unique<rollout::Engine>(config_, model::ModelOptions{.dtype = store_->dtype(), .cpu_threads = cpu_threads},
-                                                  store_->params(), options);
+      engine_ = std::make_unique<rollout::Engine>(
+          config_, model::ModelOptions{.dtype = store_->dtype(), .cpu_threads = cpu_threads, .batch_invariant = batch_invariant},
+          store_->params(), options);
       return;
     }
     if (weights) throw InvalidArgument("weights", "applies to a config; a Model brings its own parameters");
@@ -58,8 +59,9 @@ class PyEngine {
       return args.output(model.attr("param")(std::string(name)), "model parameter");
     };
     const DType param_dtype = params("model.embed_tokens.weight").dtype;
-    engine_ = std::make_unique<rollout::Engine>(config_, model::ModelOptions{.dtype = param_dtype, .cpu_threads = cpu_threads},
-                                                params, options);
+    engine_ = std::make_unique<rollout::Engine>(
+        config_, model::ModelOptions{.dtype = param_dtype, .cpu_threads = cpu_threads, .batch_invariant = batch_invariant},
+        params, options);
   }
 
   nb::list generate(const std::vector<std::vector<std::int32_t>>& prompts, std::int32_t max_new_tokens,
@@ -102,12 +104,14 @@ class PyEngine {
 constexpr const char* kEngineDoc = R"(The rollout engine on the CPU: continuous batching over cache slots.
 
 Engine(model, weights=None, *, dtype="float32", max_batch=8, max_length=1024, cache_budget=0,
-       max_prefill_tokens=4096, cpu_threads=0, seed=0)
+       max_prefill_tokens=4096, cpu_threads=0, seed=0, batch_invariant=False)
 
 model: a _deltatrain.model.Model (its parameters are used in place: later changes to them are seen by the
 engine), or a config (preset name, config.json, or a directory holding one) with `weights` an HF model
 directory (None: random weights from `seed`). max_length: positions per slot (prompt + max_new_tokens - 1
-must fit); cache_budget: bytes the slots' states may take (0: no limit).)";
+must fit); cache_budget: bytes the slots' states may take (0: no limit). batch_invariant: as Model's; with a
+batch-invariant Model on the same parameters, a completion's untempered_logprobs equal the Model's token_logprobs
+of it bit for bit (true on-policy RL: the trainer's old log-probabilities are the rollout's).)";
 
 }  // namespace
 
@@ -116,10 +120,10 @@ void bind_rollout(nb::module_& m) {
   nb::module_ sub = m.def_submodule("rollout", "The rollout engine (CPU)");
   nb::class_<PyEngine>(sub, "Engine", kEngineDoc)
       .def(nb::init<nb::handle, const std::optional<std::string>&, const std::string&, std::int64_t, std::int64_t,
-                    std::int64_t, std::int64_t, int, std::uint64_t>(),
+                    std::int64_t, std::int64_t, int, std::uint64_t, bool>(),
            "model"_a, "weights"_a.none() = nb::none(), nb::kw_only(), "dtype"_a = "float32", "max_batch"_a = 8,
            "max_length"_a = 1024, "cache_budget"_a = 0, "max_prefill_tokens"_a = 4096, "cpu_threads"_a = 0,
-           "seed"_a = 0, nb::keep_alive<1, 2>())
+           "seed"_a = 0, "batch_invariant"_a = false, nb::keep_alive<1, 2>())
       .def("generate", &PyEngine::generate, "prompts"_a, nb::kw_only(), "max_new_tokens"_a = 16,
            "temperature"_a = 1.0, "top_p"_a = 1.0, "top_k"_a = 0, "seed"_a = 0,
            "stop_tokens"_a = std::vector<std::int32_t>{}, "untempered_logprobs"_a = false,

@@ -72,6 +72,36 @@ def test_engine_from_a_config_and_weights_directory(tmp_path, rng):
     assert [c["tokens"] for c in a] == [c["tokens"] for c in b]
 
 
+def largest_logprob_gap(config, seed, prompts, batch_invariant):
+    """Generate from prompts with an engine on a Model's parameters, then score the completions with the Model's
+    forward over all of them packed together: the largest |trainer - rollout| untempered log-probability gap."""
+    model = _deltatrain.model.Model(config, dtype="float32", seed=seed, cpu_threads=1, batch_invariant=batch_invariant)
+    engine = rollout.Engine(model, max_batch=2, max_length=64, max_prefill_tokens=16, cpu_threads=1,
+                            batch_invariant=batch_invariant)
+    out = engine.generate(prompts, max_new_tokens=10, temperature=1.0, seed=seed, untempered_logprobs=True)
+    tokens, cu, targets, rollout_logprobs = [], [0], [], []
+    for prompt, c in zip(prompts, out):
+        sequence = prompt + c["tokens"]
+        tokens += sequence
+        cu.append(len(tokens))
+        for t in range(len(sequence)):
+            completion_index = t + 1 - len(prompt)  # token t predicts t + 1
+            scored = completion_index >= 0 and t + 1 < len(sequence)
+            targets.append(sequence[t + 1] if scored else -1)
+            rollout_logprobs.append(c["untempered_logprobs"][completion_index] if scored else 0.0)
+    model.forward(tokens, cu, targets=targets, training=False)
+    return float(np.max(np.abs(np.asarray(model.token_logprobs()) - np.asarray(rollout_logprobs))))
+
+
+def test_batch_invariant_engine_and_model_agree_bit_for_bit(tmp_path, rng):
+    # More prompts than slots, prompts longer than a prefill batch: the rollout's batches change as it goes,
+    # while the Model scores everything in one packed forward. Without the mode the two differ (the control).
+    config, seed = small_config(tmp_path), int(rng.integers(1 << 31))
+    prompts = [rng.integers(0, 37, n).tolist() for n in (1, 9, 4, 17, 6)]
+    assert largest_logprob_gap(config, seed, prompts, batch_invariant=True) == 0.0
+    assert largest_logprob_gap(config, seed, prompts, batch_invariant=False) > 0.0
+
+
 def test_bad_input_raises_value_error_naming_it(tmp_path):
     model = _deltatrain.model.Model(small_config(tmp_path), cpu_threads=1)
     engine = rollout.Engine(model, max_batch=2, max_length=10, cpu_threads=1)
