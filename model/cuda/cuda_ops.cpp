@@ -7,9 +7,9 @@
 // Determinism: no floating-point atomics anywhere; weight gradients are sums over fixed blocks of rows
 // added in block order (common.cuh), the embedding's by runs of sorted tokens (embedding.cu).
 // Batch invariance (ModelOptions::batch_invariant): the products' algorithms do not depend on the number of rows
-// (gemm.h's row_invariant; attention's inner products need not), attention runs decode's kernel over the batch's own keys (row_attention), and log-probabilities come
-// in float64 from the formula the rollout's sampler uses (log_softmax.cuh); every other kernel computes a row
-// from that row alone already.
+// (gemm.h's row_invariant; attention's inner products need not), attention runs decode's kernel over the
+// batch's own keys (row_attention), and log-probabilities come in float64 from the formula the rollout's
+// sampler uses (log_softmax.cuh); every other kernel computes a row from that row alone already.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -191,7 +191,7 @@ class CudaOps final : public Ops {
     const Index R = qm.rows, kv_cols = Index{kv_heads} * head_dim;
     const cuda::Sequences seq = sequences(cu_seqlens, R);
     if (batch_invariant_) {
-      check_cached_head_dim(head_dim, "attention_forward");
+      check_cached_head_dim(head_dim, "attention_forward (batch-invariant: cached_attention's kernel)");
       cuda::row_attention(matrix(o, "o", bf16, R, qm.cols), matrix(lse, "lse", f32, q_heads, R), qm,
                           matrix(k, "k", bf16, R, kv_cols), matrix(v, "v", bf16, R, kv_cols), q_heads, kv_heads,
                           head_dim, s.scale, seq, stream_);
@@ -395,7 +395,7 @@ class CudaOps final : public Ops {
 
   void check_cached_head_dim(int head_dim, const char* op) const {
     if (head_dim > cuda::kMaxCachedHeadDim)
-      throw Unavailable(std::string(op) + (batch_invariant_ ? " (batch-invariant)" : "") + " on " + device_name(device_),
+      throw Unavailable(std::string(op) + " on " + device_name(device_),
                         "head_dim " + std::to_string(head_dim) + " is over the " +
                             std::to_string(cuda::kMaxCachedHeadDim) + " its kernel holds in registers");
   }
