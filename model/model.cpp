@@ -8,6 +8,7 @@
 // attention mixer:  [q | gate] = q_proj h per head;  q = rope(q_norm q);  k = rope(k_norm(k_proj h));  v = v_proj h
 //                   o_proj(attention(q, k, v) * sigmoid(gate))
 // Then the final norm, and the loss over chunks of tokens: logits = h lm_head^T, cross-entropy.
+// Projections of one input (in_proj_qkv/z/b/a, gate_proj/up_proj) run as one GEMM over their stacked weights.
 //
 // Inference (prefill and decode) runs the same layer functions with an InferenceStep saying which cache slots
 // the sequences live in: prefill computes exactly the training forward and also writes each sequence's final
@@ -40,16 +41,28 @@ namespace {
 
 std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 
+// Projections of one input whose outputs sit side by side in one activation: one GEMM over their stacked
+// weights when those lie so in memory (stacked_rows; ParamStore keeps them in this order), else one product per
+// part into its columns. Fewer, larger products: at decode's few rows each product costs about a launch.
+struct Projections {
+  std::vector<TensorView> parts;
+  TensorView stacked;  // null data when the parts are not adjacent
+  Projections() = default;
+  Projections(std::initializer_list<TensorView> p) : parts(p), stacked(stacked_rows(p)) {}
+};
+
 // The parameters of one layer, or their gradients: the same names resolve into either.
 struct GdnWeights {
-  TensorView in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, a_log, dt_bias, norm, out_proj;
+  Projections in_proj;  // in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+  TensorView conv1d, a_log, dt_bias, norm, out_proj;
 };
 struct AttentionWeights {
   TensorView q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
 };
 struct LayerWeights {
   LayerKind kind = LayerKind::linear_attention;
-  TensorView input_norm, post_norm, gate_proj, up_proj, down_proj;
+  TensorView input_norm, post_norm, down_proj;
+  Projections gate_up;  // mlp.gate_proj, mlp.up_proj
   GdnWeights gdn;
   AttentionWeights attention;
 };
@@ -60,10 +73,12 @@ struct Weights {
 
 // Everything a layer's backward reads, kept from its forward (or recomputed from its input).
 struct GdnActivations {
-  TensorView qkv;                // in_proj_qkv output, before the convolution [T, conv_dim]
+  TensorView in_proj;            // the input projections' outputs side by side [T, conv_dim + HV * dv + 2 HV]
+  TensorView qkv;                // in_proj's first columns, before the convolution [T, conv_dim]
   TensorView conv;               // after conv1d + SiLU [T, conv_dim]
   TensorView q, k, v;            // contiguous copies of conv's column blocks, as the gdn operator takes them
-  TensorView z, a, b, g, beta;   // [T, HV * dv], [T, HV] x 4
+  TensorView z, b, a;            // in_proj's next columns [T, HV * dv], [T, HV] x 2
+  TensorView g, beta;            // [T, HV] x 2
   TensorView core;               // the gdn operator's output [T, HV * dv]
   TensorView norm_rstd, normed;  // gated RMSNorm [T * HV], its output [T, HV * dv]
 };
@@ -79,7 +94,8 @@ struct LayerActivations {
   TensorView input_rstd, input_normed;  // [T], [T, hidden]
   TensorView mid;                       // residual stream after the mixer [T, hidden]
   TensorView post_rstd, post_normed;
-  TensorView mlp_gate, mlp_up, mlp_act;  // [T, intermediate]
+  TensorView mlp_gate_up;               // [T, 2 * intermediate]: gate_proj's output, then up_proj's
+  TensorView mlp_gate, mlp_up, mlp_act;  // [T, intermediate]: mlp_gate_up's halves, swiglu's output
   GdnActivations gdn;
   AttentionActivations attention;
 };
@@ -192,6 +208,26 @@ struct Model::Impl {
     ops->gemm(false, false, 1, dy, w, accumulate_dx ? 1 : 0, dx);
     ops->gemm(true, false, 1, dy, x, 1, dw);
   }
+  // The same for projections: y's columns are the parts' outputs in order, as are dy's their gradients.
+  void linear(const TensorView& y, const TensorView& x, const Projections& w) {
+    if (w.stacked.data != nullptr) return linear(y, x, w.stacked);
+    std::int64_t column = 0;
+    for (const TensorView& part : w.parts) {
+      linear(col_slice(y, column, column + part.shape[0]), x, part);
+      column += part.shape[0];
+    }
+  }
+  void linear_backward(const TensorView& dx, const Projections& dw, const TensorView& dy, const TensorView& x,
+                       const Projections& w, bool accumulate_dx) {
+    if (w.stacked.data != nullptr && dw.stacked.data != nullptr)
+      return linear_backward(dx, dw.stacked, dy, x, w.stacked, accumulate_dx);
+    std::int64_t column = 0;
+    for (std::size_t i = 0; i < w.parts.size(); ++i) {
+      const std::int64_t rows = w.parts[i].shape[0];
+      linear_backward(dx, dw.parts[i], col_slice(dy, column, column + rows), x, w.parts[i], accumulate_dx || i > 0);
+      column += rows;
+    }
+  }
 
   gdn::Inputs gdn_inputs(const GdnActivations& a) const;
   gdn::Options gdn_options() const;
@@ -210,14 +246,17 @@ Weights resolve_weights(const Config& config, const TensorLookup& lookup) {
     l.kind = config.layer_types[i];
     l.input_norm = lookup(p + "input_layernorm.weight");
     l.post_norm = lookup(p + "post_attention_layernorm.weight");
-    l.gate_proj = lookup(p + "mlp.gate_proj.weight");
-    l.up_proj = lookup(p + "mlp.up_proj.weight");
+    l.gate_up = {lookup(p + "mlp.gate_proj.weight"), lookup(p + "mlp.up_proj.weight")};
     l.down_proj = lookup(p + "mlp.down_proj.weight");
     if (l.kind == LayerKind::linear_attention) {
       const std::string a = p + "linear_attn.";
-      l.gdn = {lookup(a + "in_proj_qkv.weight"), lookup(a + "in_proj_z.weight"), lookup(a + "in_proj_b.weight"),
-               lookup(a + "in_proj_a.weight"),   lookup(a + "conv1d.weight"),    lookup(a + "A_log"),
-               lookup(a + "dt_bias"),            lookup(a + "norm.weight"),      lookup(a + "out_proj.weight")};
+      l.gdn = {{lookup(a + "in_proj_qkv.weight"), lookup(a + "in_proj_z.weight"), lookup(a + "in_proj_b.weight"),
+                lookup(a + "in_proj_a.weight")},
+               lookup(a + "conv1d.weight"),
+               lookup(a + "A_log"),
+               lookup(a + "dt_bias"),
+               lookup(a + "norm.weight"),
+               lookup(a + "out_proj.weight")};
       // HF's conv1d.weight [C, 1, W] is used as the matrix [C, W].
       l.gdn.conv1d = as_matrix(l.gdn.conv1d, config.linear_conv_dim(), config.linear_conv_kernel_dim);
     } else {
@@ -413,20 +452,23 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
   a.mid = act({T, c.hidden_size});
   a.post_rstd = stat({T});
   a.post_normed = act({T, c.hidden_size});
-  a.mlp_gate = act({T, c.intermediate_size});
-  a.mlp_up = act({T, c.intermediate_size});
+  a.mlp_gate_up = act({T, 2 * c.intermediate_size});
+  a.mlp_gate = col_slice(a.mlp_gate_up, 0, c.intermediate_size);
+  a.mlp_up = col_slice(a.mlp_gate_up, c.intermediate_size, 2 * c.intermediate_size);
   a.mlp_act = act({T, c.intermediate_size});
   if (kind == LayerKind::linear_attention) {
     const std::int64_t HV = c.linear_num_value_heads;
     GdnActivations& g = a.gdn;
-    g.qkv = act({T, c.linear_conv_dim()});
-    g.conv = act({T, c.linear_conv_dim()});
+    const std::int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim();
+    g.in_proj = act({T, C + vd + 2 * HV});
+    g.qkv = col_slice(g.in_proj, 0, C);
+    g.z = col_slice(g.in_proj, C, C + vd);
+    g.b = col_slice(g.in_proj, C + vd, C + vd + HV);
+    g.a = col_slice(g.in_proj, C + vd + HV, C + vd + 2 * HV);
+    g.conv = act({T, C});
     g.q = act({T, c.linear_key_dim()});
     g.k = act({T, c.linear_key_dim()});
-    g.v = act({T, c.linear_value_dim()});
-    g.z = act({T, c.linear_value_dim()});
-    g.a = act({T, HV});
-    g.b = act({T, HV});
+    g.v = act({T, vd});
     g.g = stat({T, HV});
     g.beta = stat({T, HV});
     g.core = act({T, c.linear_value_dim()});
@@ -505,11 +547,7 @@ gdn::Options Model::Impl::gdn_options() const {
 void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const TensorView& h, const TensorView& out,
                               const LayerState* state) {
   const Config& c = config;
-  const std::int64_t HV = c.linear_num_value_heads, dv = c.linear_value_head_dim;
-  linear(a.qkv, h, w.in_proj_qkv);
-  linear(a.z, h, w.in_proj_z);
-  linear(a.b, h, w.in_proj_b);
-  linear(a.a, h, w.in_proj_a);
+  linear(a.in_proj, h, w.in_proj);
   if (state && inference.decode) {
     ops->conv1d_silu_step(a.conv, a.qkv, w.conv1d, state->conv_state, inference.slot_ids);
   } else {
@@ -528,8 +566,7 @@ void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const Tens
   ops->copy(a.v, col_slice(a.conv, 2 * kd, c.linear_conv_dim()));
   ops->gdn_gates_forward(a.g, a.beta, a.a, a.b, w.a_log, w.dt_bias);
   gdn_core(a, state);
-  ops->gated_rmsnorm_forward(as_matrix(a.normed, T * HV, dv), a.norm_rstd, as_matrix(a.core, T * HV, dv),
-                             as_matrix(a.z, T * HV, dv), w.norm, c.rms_norm_eps);
+  ops->gated_rmsnorm_forward(a.normed, a.norm_rstd, a.core, a.z, w.norm, c.rms_norm_eps);
   linear(out, a.normed, w.out_proj);
 }
 
@@ -575,28 +612,26 @@ void Model::Impl::gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnAct
                      dv = c.linear_value_head_dim, kd = c.linear_key_dim(), vd = c.linear_value_dim();
   const TensorView d_normed = temp({T, vd});
   linear_backward(d_normed, dw.out_proj, dout, a.normed, w.out_proj, false);
-  const TensorView d_core = temp({T, vd}), dz = temp({T, vd});
-  ops->gated_rmsnorm_backward(as_matrix(d_core, T * HV, dv), as_matrix(dz, T * HV, dv), dw.norm,
-                              as_matrix(d_normed, T * HV, dv), as_matrix(a.core, T * HV, dv),
-                              as_matrix(a.z, T * HV, dv), a.norm_rstd, w.norm);
+  // The input projections' gradients side by side, as their outputs are (in_proj's columns).
+  const std::int64_t C = c.linear_conv_dim();
+  const TensorView d_in_proj = temp({T, a.in_proj.shape[1]});
+  const TensorView d_qkv = col_slice(d_in_proj, 0, C), dz = col_slice(d_in_proj, C, C + vd);
+  const TensorView db = col_slice(d_in_proj, C + vd, C + vd + HV), da = col_slice(d_in_proj, C + vd + HV, C + vd + 2 * HV);
+  const TensorView d_core = temp({T, vd});
+  ops->gated_rmsnorm_backward(d_core, dz, dw.norm, d_normed, a.core, a.z, a.norm_rstd, w.norm);
   const TensorView dq = temp({T, kd}), dk_ = temp({T, kd}), dv_ = temp({T, vd});
   const TensorView dg = temp_stat({T, HV}), dbeta = temp_stat({T, HV});
   gdn::chunk_backward(gdn_inputs(a), {reshaped(d_core, {1, T, HV, dv}), std::nullopt},
                       {reshaped(dq, {1, T, H, dk}), reshaped(dk_, {1, T, H, dk}), reshaped(dv_, {1, T, HV, dv}),
                        reshaped(dg, {1, T, HV}), reshaped(dbeta, {1, T, HV}), std::nullopt},
                       gdn_options());
-  const TensorView da = temp({T, HV}), db = temp({T, HV});
   ops->gdn_gates_backward(da, db, dw.a_log, dw.dt_bias, dg, dbeta, a.a, a.b, w.a_log, w.dt_bias);
-  const TensorView d_conv = temp({T, c.linear_conv_dim()});
+  const TensorView d_conv = temp({T, C});
   ops->copy(col_slice(d_conv, 0, kd), dq);
   ops->copy(col_slice(d_conv, kd, 2 * kd), dk_);
-  ops->copy(col_slice(d_conv, 2 * kd, c.linear_conv_dim()), dv_);
-  const TensorView d_qkv = temp({T, c.linear_conv_dim()});
+  ops->copy(col_slice(d_conv, 2 * kd, C), dv_);
   ops->conv1d_silu_backward(d_qkv, dw.conv1d, d_conv, a.qkv, w.conv1d, sequences);
-  linear_backward(dh, dw.in_proj_qkv, d_qkv, h, w.in_proj_qkv, false);
-  linear_backward(dh, dw.in_proj_z, dz, h, w.in_proj_z, true);
-  linear_backward(dh, dw.in_proj_b, db, h, w.in_proj_b, true);
-  linear_backward(dh, dw.in_proj_a, da, h, w.in_proj_a, true);
+  linear_backward(dh, dw.in_proj, d_in_proj, h, w.in_proj, false);
 }
 
 void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivations& a, const TensorView& h,
@@ -666,8 +701,7 @@ void Model::Impl::layer_forward(int layer) {
   else attention_forward(w.attention, a.attention, a.input_normed, a.mid, state);
   ops->add(a.mid, x);
   ops->rmsnorm_forward(a.post_normed, a.post_rstd, a.mid, w.post_norm, eps, true);
-  linear(a.mlp_gate, a.post_normed, w.gate_proj);
-  linear(a.mlp_up, a.post_normed, w.up_proj);
+  linear(a.mlp_gate_up, a.post_normed, w.gate_up);
   ops->swiglu_forward(a.mlp_act, a.mlp_gate, a.mlp_up);
   const TensorView& out = layer_inputs[layer + 1];
   linear(out, a.mlp_act, w.down_proj);
@@ -687,11 +721,11 @@ void Model::Impl::layer_backward(int layer, const TensorView& dx) {
   // MLP: dx is also the gradient of the residual it was added to.
   const TensorView d_act = temp({T, c.intermediate_size});
   linear_backward(d_act, dw.down_proj, dx, a.mlp_act, w.down_proj, false);
-  const TensorView d_gate = temp({T, c.intermediate_size}), d_up = temp({T, c.intermediate_size});
-  ops->swiglu_backward(d_gate, d_up, d_act, a.mlp_gate, a.mlp_up);
+  const std::int64_t I = c.intermediate_size;
+  const TensorView d_gate_up = temp({T, 2 * I});
+  ops->swiglu_backward(col_slice(d_gate_up, 0, I), col_slice(d_gate_up, I, 2 * I), d_act, a.mlp_gate, a.mlp_up);
   const TensorView d_normed = temp({T, c.hidden_size});
-  linear_backward(d_normed, dw.gate_proj, d_gate, a.post_normed, w.gate_proj, false);
-  linear_backward(d_normed, dw.up_proj, d_up, a.post_normed, w.up_proj, true);
+  linear_backward(d_normed, dw.gate_up, d_gate_up, a.post_normed, w.gate_up, false);
   ops->rmsnorm_backward(dx, dw.post_norm, d_normed, a.mid, a.post_rstd, w.post_norm, true, true);
   // Mixer, whose output was added to the layer input.
   if (w.kind == LayerKind::linear_attention) {

@@ -77,6 +77,17 @@ void check_rope(int heads, int head_dim, int rotary_dim, double theta) {
   if (!(theta > 0)) throw InvalidArgument("theta", "must be positive");
 }
 
+GatedNormLayout check_gated_rmsnorm(const TensorView& x, const TensorView& weight) {
+  const MatrixLayout m = matrix_layout(x, "x");
+  if (weight.ndim != 1 || weight.shape[0] < 1)
+    throw InvalidArgument("weight", "must be a non-empty vector [head width], got " + weight.shape_string());
+  const std::int64_t width = weight.shape[0];
+  if (m.cols % width != 0)
+    throw InvalidArgument("x", "must have a whole number of heads of the weight's " + std::to_string(width) +
+                                   " columns per row, got " + std::to_string(m.cols) + " columns");
+  return {m.rows, m.cols / width, width};
+}
+
 void check_copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
                      const IndexArray& src_rows) {
   const MatrixLayout d = matrix_layout(dst, "dst");

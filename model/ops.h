@@ -68,6 +68,12 @@ void check_cu_seqlens(std::span<const std::int32_t> cu_seqlens, std::int64_t row
 // RoPE's extents: heads and head_dim positive, rotary_dim even in [2, head_dim], theta positive.
 void check_rope(int heads, int head_dim, int rotary_dim, double theta);
 
+// The gated norm's x [tokens, heads * width] against its weight [width]: the heads a token's row holds.
+struct GatedNormLayout {
+  std::int64_t tokens, heads, width;
+};
+GatedNormLayout check_gated_rmsnorm(const TensorView& x, const TensorView& weight);
+
 // A cache [S, L, C] as kernels walk it: the matrix of its S * L contiguous rows of C values.
 struct CacheLayout {
   std::int64_t slots = 0, slot_rows = 0, cols = 0;
@@ -114,8 +120,10 @@ class Ops {
                                 const TensorView& x, const TensorView& rstd, const TensorView& weight,
                                 bool zero_centred, bool accumulate_dx) = 0;
 
-  // The GDN block's output norm, per row of x [R, C] (R = tokens x value heads, C = dv):
-  // out = w * (x * rstd) * silu(z), rstd [R] saved. Backward: dx, dz (overwritten), dweight (+=).
+  // The GDN block's output norm, per head: x, z, out [T, heads * dv] with dv = weight's length (any row stride, so
+  // that z may be a column block of the fused input projection), each token's dv-wide column groups normalised
+  // on their own: out = w * (x * rstd) * silu(z), rstd [T * heads] (token-major) saved. Backward: dx, dz
+  // (overwritten), dweight (+=).
   virtual void gated_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
                                      const TensorView& z, const TensorView& weight, double eps) = 0;
   virtual void gated_rmsnorm_backward(const TensorView& dx, const TensorView& dz, const TensorView& dweight,

@@ -50,6 +50,24 @@ inline TensorView interleaved_half(const TensorView& m, std::int64_t groups, std
   return out;
 }
 
+// Contiguous matrices [rows_i, cols] that follow one another in memory (each starting where the previous one
+// ends) seen as one matrix [sum rows_i, cols]: the weights of projections that read the same input, whose
+// product is then one GEMM writing their outputs side by side. An empty view (null data) when they are not so
+// laid out (weights bound from elsewhere), and the caller keeps one product per part.
+inline TensorView stacked_rows(std::initializer_list<TensorView> parts) {
+  const TensorView& first = *parts.begin();
+  std::int64_t rows = 0;
+  const std::byte* next = static_cast<const std::byte*>(first.data);
+  for (const TensorView& p : parts) {
+    if (p.ndim != 2 || !p.is_contiguous() || p.dtype != first.dtype || p.device != first.device ||
+        p.shape[1] != first.shape[1] || p.data == nullptr || p.data != next)
+      return TensorView{};
+    rows += p.shape[0];
+    next += p.shape[0] * p.shape[1] * static_cast<std::int64_t>(dtype_size(p.dtype));
+  }
+  return TensorView::contiguous(first.data, first.dtype, {rows, first.shape[1]}, first.device);
+}
+
 // A contiguous tensor's memory seen with another shape of the same element count.
 inline TensorView reshaped(const TensorView& v, std::initializer_list<std::int64_t> shape) {
   return TensorView::contiguous(v.data, v.dtype, shape, v.device);

@@ -330,32 +330,44 @@ void rmsnorm_backward(int threads, Mat<T> dx, T* dw, Mat<T> dout, Mat<T> x, cons
   });
 }
 
+// A matrix [T, heads * width] read as T * heads rows of `width` columns: row r is token r / heads's head r % heads.
 template <class T>
-void gated_rmsnorm_forward(int threads, Mat<T> out, T* rstd, Mat<T> x, Mat<T> z, const T* w, double eps) {
-  parallel_for(threads, x.rows, [&](Index r) {
+struct HeadRows {
+  Mat<T> m;
+  Index heads, width;
+  T* row(Index r) const { return m.row(r / heads) + (r % heads) * width; }
+  Index rows() const { return m.rows * heads; }
+};
+
+template <class T>
+void gated_rmsnorm_forward(int threads, HeadRows<T> out, T* rstd, HeadRows<T> x, HeadRows<T> z, const T* w,
+                           double eps) {
+  const Index C = x.width;
+  parallel_for(threads, x.rows(), [&](Index r) {
     const T* xr = x.row(r);
     const T* zr = z.row(r);
     T* o = out.row(r);
-    const T s = inverse_rms(xr, x.cols, eps);
+    const T s = inverse_rms(xr, C, eps);
     rstd[r] = s;
-    for (Index c = 0; c < x.cols; ++c) o[c] = w[c] * (xr[c] * s) * silu(zr[c]);  // HF's order
+    for (Index c = 0; c < C; ++c) o[c] = w[c] * (xr[c] * s) * silu(zr[c]);  // HF's order
   });
 }
 
 template <class T>
-void gated_rmsnorm_backward(int threads, Mat<T> dx, Mat<T> dz, T* dw, Mat<T> dout, Mat<T> x, Mat<T> z, const T* rstd,
-                            const T* w) {
-  parallel_for(threads, x.rows, [&](Index r) {
+void gated_rmsnorm_backward(int threads, HeadRows<T> dx, HeadRows<T> dz, T* dw, HeadRows<T> dout, HeadRows<T> x,
+                            HeadRows<T> z, const T* rstd, const T* w) {
+  const Index C = x.width, R = x.rows();
+  parallel_for(threads, R, [&](Index r) {
     const T *dy = dout.row(r), *xr = x.row(r), *zr = z.row(r);
     T* dzr = dz.row(r);
-    for (Index c = 0; c < x.cols; ++c)
+    for (Index c = 0; c < C; ++c)
       dzr[c] = static_cast<T>(static_cast<double>(dy[c]) * w[c] * (xr[c] * rstd[r]) * silu_grad(zr[c]));
-    rms_input_grad(dx.row(r), dy, xr, rstd[r], x.cols, false,
+    rms_input_grad(dx.row(r), dy, xr, rstd[r], C, false,
                    [&](Index c) { return static_cast<double>(w[c]) * silu(zr[c]); });
   });
-  for_column_blocks(threads, x.cols, [&](Index first, Index last) {
+  for_column_blocks(threads, C, [&](Index first, Index last) {
     std::array<double, kColumnBlock> sum{};
-    for (Index r = 0; r < x.rows; ++r)
+    for (Index r = 0; r < R; ++r)
       for (Index c = first; c < last; ++c)
         sum[c - first] += static_cast<double>(dout.row(r)[c]) * (x.row(r)[c] * rstd[r]) * silu(z.row(r)[c]);
     for (Index c = first; c < last; ++c) dw[c] = static_cast<T>(dw[c] + sum[c - first]);
@@ -736,11 +748,12 @@ class CpuOps final : public Ops {
   void gated_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x, const TensorView& z,
                              const TensorView& weight, double eps) override {
     dispatch(x, "x", [&]<class T>() {
-      const Mat<T> xm = matrix<T>(x, "x");
-      const Index R = xm.rows, C = xm.cols;
-      check_positive(C, "x's columns");
-      model::gated_rmsnorm_forward<T>(threads(), matrix<T>(out, "out", R, C), vector<T>(rstd, "rstd", R), xm,
-                                      matrix<T>(z, "z", R, C), vector<T>(weight, "weight", C), eps);
+      const GatedNormLayout l = check_gated_rmsnorm(x, weight);
+      auto heads = [&](const TensorView& v, const char* name) {
+        return HeadRows<T>{matrix<T>(v, name, l.tokens, l.heads * l.width), l.heads, l.width};
+      };
+      model::gated_rmsnorm_forward<T>(threads(), heads(out, "out"), vector<T>(rstd, "rstd", l.tokens * l.heads),
+                                      heads(x, "x"), heads(z, "z"), vector<T>(weight, "weight", l.width), eps);
     });
   }
 
@@ -748,13 +761,14 @@ class CpuOps final : public Ops {
                               const TensorView& dout, const TensorView& x, const TensorView& z, const TensorView& rstd,
                               const TensorView& weight) override {
     dispatch(x, "x", [&]<class T>() {
-      const Mat<T> xm = matrix<T>(x, "x");
-      const Index R = xm.rows, C = xm.cols;
-      check_positive(C, "x's columns");
-      model::gated_rmsnorm_backward<T>(threads(), matrix<T>(dx, "dx", R, C), matrix<T>(dz, "dz", R, C),
-                                       vector<T>(dweight, "dweight", C), matrix<T>(dout, "dout", R, C), xm,
-                                       matrix<T>(z, "z", R, C), vector<T>(rstd, "rstd", R),
-                                       vector<T>(weight, "weight", C));
+      const GatedNormLayout l = check_gated_rmsnorm(x, weight);
+      auto heads = [&](const TensorView& v, const char* name) {
+        return HeadRows<T>{matrix<T>(v, name, l.tokens, l.heads * l.width), l.heads, l.width};
+      };
+      model::gated_rmsnorm_backward<T>(threads(), heads(dx, "dx"), heads(dz, "dz"),
+                                       vector<T>(dweight, "dweight", l.width), heads(dout, "dout"), heads(x, "x"),
+                                       heads(z, "z"), vector<T>(rstd, "rstd", l.tokens * l.heads),
+                                       vector<T>(weight, "weight", l.width));
     });
   }
 

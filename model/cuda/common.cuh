@@ -29,11 +29,14 @@ __device__ __forceinline__ T* row_of(const Matrix& m, Index r) {
   return static_cast<T*>(m.data) + r * m.ld;
 }
 
-// Stable for large |x|, as the CPU kernels compute them (torch's conventions).
+// Stable for large |x|: exp(-|x|) cannot overflow, and one correctly rounded reciprocal serves both signs. The
+// hardware exponential (__expf, a few ulp) keeps the element-wise kernels that apply it to every activation
+// (SiLU in the conv, the MLP and the gated norm) from being bound by arithmetic; its error is far below the
+// bfloat16 rounding of their outputs.
 __device__ __forceinline__ float sigmoid(float x) {
-  if (x >= 0.f) return 1.f / (1.f + expf(-x));
-  const float e = expf(x);  // expf(-x) would overflow
-  return e / (1.f + e);
+  const float e = __expf(-fabsf(x));
+  const float r = __frcp_rn(1.f + e);
+  return x >= 0.f ? r : e * r;
 }
 __device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
 __device__ __forceinline__ float silu_grad(float x) {
@@ -119,34 +122,56 @@ inline bool vectorizable(const Matrix& m) {
   return reinterpret_cast<std::uintptr_t>(m.data) % 16 == 0 && m.ld % kVector == 0 && m.cols % kVector == 0;
 }
 
-// Elements [c0, c0 + 8) of a bfloat16 row as floats: one 16-byte access, or element by element up to cols
+// The 4- and 8-element (8- and 16-byte) accesses load_n and store_n move as one.
+template <int N>
+struct PackedBf16;
+template <>
+struct PackedBf16<4> {
+  using type = uint2;
+};
+template <>
+struct PackedBf16<8> {
+  using type = uint4;
+};
+
+// Elements [c0, c0 + N) of a bfloat16 row as floats: one access of 2N bytes, or element by element up to cols
 // (zeros past it).
-template <bool Vectorized>
-__device__ __forceinline__ void load8(const bf16* row, Index c0, Index cols, float (&v)[kVector]) {
+template <int N, bool Vectorized>
+__device__ __forceinline__ void load_n(const bf16* row, Index c0, Index cols, float (&v)[N]) {
   if constexpr (Vectorized) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(row + c0);
+    const auto packed = *reinterpret_cast<const typename PackedBf16<N>::type*>(row + c0);
     const bf16* e = reinterpret_cast<const bf16*>(&packed);
 #pragma unroll
-    for (int k = 0; k < kVector; ++k) v[k] = to_float(e[k]);
+    for (int k = 0; k < N; ++k) v[k] = to_float(e[k]);
   } else {
 #pragma unroll
-    for (int k = 0; k < kVector; ++k) v[k] = c0 + k < cols ? to_float(row[c0 + k]) : 0.f;
+    for (int k = 0; k < N; ++k) v[k] = c0 + k < cols ? to_float(row[c0 + k]) : 0.f;
+  }
+}
+
+template <int N, bool Vectorized>
+__device__ __forceinline__ void store_n(bf16* row, Index c0, Index cols, const float (&v)[N]) {
+  if constexpr (Vectorized) {
+    typename PackedBf16<N>::type packed;
+    bf16* e = reinterpret_cast<bf16*>(&packed);
+#pragma unroll
+    for (int k = 0; k < N; ++k) e[k] = to_bf16(v[k]);
+    *reinterpret_cast<typename PackedBf16<N>::type*>(row + c0) = packed;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (c0 + k < cols) row[c0 + k] = to_bf16(v[k]);
   }
 }
 
 template <bool Vectorized>
+__device__ __forceinline__ void load8(const bf16* row, Index c0, Index cols, float (&v)[kVector]) {
+  load_n<kVector, Vectorized>(row, c0, cols, v);
+}
+
+template <bool Vectorized>
 __device__ __forceinline__ void store8(bf16* row, Index c0, Index cols, const float (&v)[kVector]) {
-  if constexpr (Vectorized) {
-    uint4 packed;
-    bf16* e = reinterpret_cast<bf16*>(&packed);
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) e[k] = to_bf16(v[k]);
-    *reinterpret_cast<uint4*>(row + c0) = packed;
-  } else {
-#pragma unroll
-    for (int k = 0; k < kVector; ++k)
-      if (c0 + k < cols) row[c0 + k] = to_bf16(v[k]);
-  }
+  store_n<kVector, Vectorized>(row, c0, cols, v);
 }
 
 // ---------------------------------------------------------------------------------------------------------

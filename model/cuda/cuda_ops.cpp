@@ -106,25 +106,24 @@ class CudaOps final : public Ops {
   void gated_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x, const TensorView& z,
                              const TensorView& weight, double eps) override {
     const CudaDeviceGuard guard(device_.index);
-    const Matrix xm = matrix(x, "x", bf16);
-    const Index R = xm.rows, C = xm.cols;
-    check_positive(C, "x's columns");
-    cuda::gated_rmsnorm_forward(matrix(out, "out", bf16, R, C), vector<float>(rstd, "rstd", f32, R), xm,
-                                matrix(z, "z", bf16, R, C), vector<const void>(weight, "weight", bf16, C),
-                                static_cast<float>(eps), stream_);
+    const GatedNormLayout l = check_gated_rmsnorm(x, weight);
+    const Index T = l.tokens, C = l.heads * l.width;
+    cuda::gated_rmsnorm_forward(matrix(out, "out", bf16, T, C), vector<float>(rstd, "rstd", f32, T * l.heads),
+                                matrix(x, "x", bf16, T, C), matrix(z, "z", bf16, T, C), l.heads,
+                                vector<const void>(weight, "weight", bf16, l.width), static_cast<float>(eps), stream_);
   }
 
   void gated_rmsnorm_backward(const TensorView& dx, const TensorView& dz, const TensorView& dweight,
                               const TensorView& dout, const TensorView& x, const TensorView& z, const TensorView& rstd,
                               const TensorView& weight) override {
     const CudaDeviceGuard guard(device_.index);
-    const Matrix xm = matrix(x, "x", bf16);
-    const Index R = xm.rows, C = xm.cols;
-    check_positive(C, "x's columns");
-    cuda::gated_rmsnorm_backward(matrix(dx, "dx", bf16, R, C), matrix(dz, "dz", bf16, R, C),
-                                 vector<float>(dweight, "dweight", f32, C), matrix(dout, "dout", bf16, R, C), xm,
-                                 matrix(z, "z", bf16, R, C), vector<const float>(rstd, "rstd", f32, R),
-                                 vector<const void>(weight, "weight", bf16, C), workspace_, stream_);
+    const GatedNormLayout l = check_gated_rmsnorm(x, weight);
+    const Index T = l.tokens, C = l.heads * l.width;
+    cuda::gated_rmsnorm_backward(matrix(dx, "dx", bf16, T, C), matrix(dz, "dz", bf16, T, C),
+                                 vector<float>(dweight, "dweight", f32, l.width), matrix(dout, "dout", bf16, T, C),
+                                 matrix(x, "x", bf16, T, C), matrix(z, "z", bf16, T, C), l.heads,
+                                 vector<const float>(rstd, "rstd", f32, T * l.heads),
+                                 vector<const void>(weight, "weight", bf16, l.width), workspace_, stream_);
   }
 
   void conv1d_silu_forward(const TensorView& out, const TensorView& x, const TensorView& weight,

@@ -86,9 +86,10 @@ void rmsnorm_forward(Matrix out, float* rstd, Matrix x, const void* weight, floa
                      cudaStream_t stream);
 void rmsnorm_backward(Matrix dx, float* dweight, Matrix dout, Matrix x, const float* rstd, const void* weight,
                       bool zero_centred, bool accumulate_dx, Workspace& workspace, cudaStream_t stream);
-void gated_rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix z, const void* weight, float eps,
+// The gated norm over x, z, out [T, heads * width] (width = x.cols / heads), each head's columns on their own.
+void gated_rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix z, Index heads, const void* weight, float eps,
                            cudaStream_t stream);
-void gated_rmsnorm_backward(Matrix dx, Matrix dz, float* dweight, Matrix dout, Matrix x, Matrix z,
+void gated_rmsnorm_backward(Matrix dx, Matrix dz, float* dweight, Matrix dout, Matrix x, Matrix z, Index heads,
                             const float* rstd, const void* weight, Workspace& workspace, cudaStream_t stream);
 
 // ---- sequence.cu: ops along packed sequences. x, out, dx, dout, weight bfloat16; dweight float32 (+=) ----

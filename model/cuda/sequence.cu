@@ -1,7 +1,8 @@
 // Ops along packed sequences: the causal depthwise convolution with SiLU and partial NeoX RoPE, and their decode
-// forms (the conv over a cached history, RoPE at given positions). Each thread finds its row's sequence by binary
-// search in cu_seqlens on the device, so launches need no host work.
-#include <iterator>
+// forms (the conv over a cached history, RoPE at given positions). Rows find their sequence in cu_seqlens on the
+// device (a binary search, or a cursor along a strip of rows), so launches need no host work.
+#include <array>
+#include <utility>
 #include <string>
 
 #include "common.cuh"
@@ -10,111 +11,236 @@
 namespace deltatrain::model::cuda {
 namespace {
 
-struct Conv {
-  Matrix x, w;  // [T, C], [C, W]
-  Sequences seq;
+// The causal conv over a strip of rows: each thread takes N consecutive channels (one access of 2N bytes per
+// row) down a strip of rows, keeping the channels' taps and the last W inputs in registers, so each input is
+// read from memory once per strip and no row searches for its sequence (a cursor follows the strip's rows).
+// The forward takes 8 channels a thread; the backward, which also keeps W rows of dpre and W weight-gradient
+// sums per channel, 4 (8 would need ~170 registers and leave too few warps to cover memory latency).
+constexpr int kConvThreads = 128;
+constexpr int kForwardChannels = 8, kBackwardChannels = 4;
 
-  // pre[t, c] over the taps at or after the sequence's first row `start`.
-  __device__ float pre(Index t, Index c, Index start) const {
-    const Index W = w.cols;
-    const bf16* wc = row_of<const bf16>(w, c);
-    float sum = 0.f;
-    for (Index j = max(Index{0}, start - (t - (W - 1))); j < W; ++j)
-      sum += to_float(wc[j]) * to_float(row_of<const bf16>(x, t - (W - 1) + j)[c]);
-    return sum;
+// taps[j][k] = weight[c0 + k, j] ([C, W]); zeros past the last channel.
+template <int W, int N>
+__device__ void load_taps(Matrix weight, Index c0, float (&taps)[W][N]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const bool inside = c0 + k < weight.rows;
+#pragma unroll
+    for (int j = 0; j < W; ++j) taps[j][k] = inside ? to_float(row_of<const bf16>(weight, c0 + k)[j]) : 0.f;
+  }
+}
+
+// The packed sequence [start, end) holding row u, for rows visited in increasing order (u < the last end).
+struct SequenceCursor {
+  const std::int32_t* cu;
+  int n;
+  Index start, end;
+  __device__ SequenceCursor(const Sequences& s, Index t)
+      : cu(s.cu), n(sequence_of(s, t)), start(s.cu[n]), end(s.cu[n + 1]) {}
+  __device__ void advance_to(Index u) {
+    while (u >= end) {  // empty sequences are skipped
+      ++n;
+      start = cu[n];
+      end = cu[n + 1];
+    }
   }
 };
 
-__global__ void conv1d_silu_forward_kernel(Matrix out, Conv conv) {
-  const Index C = conv.x.cols, index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
-  if (index >= conv.x.rows * C) return;
-  const Index t = index / C, c = index % C;
-  const Index start = conv.seq.cu[sequence_of(conv.seq, t)];
-  row_of<bf16>(out, t)[c] = to_bf16(silu(conv.pre(t, c, start)));
+// Row u of x at channels [c0, c0 + N), zeros past the last row.
+template <int N, bool V>
+__device__ void load_row(float (&v)[N], Matrix x, Index u, Index c0) {
+  if (u < x.rows) {
+    load_n<N, V>(row_of<const bf16>(x, u), c0, x.cols, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = 0.f;
+  }
 }
 
-// The backward of conv1d + SiLU in one pass: thread c of block (x, y) walks channel c down the strip of rows
-// [t0, t1) = [y, y + 1) x strip_rows and the W - 1 rows after it, keeping the last W inputs and the last W
-// values of dpre = dout silu'(pre) in registers. So each pre-activation is computed once (not once per tap of
-// each gradient, 2W times), and the strip's weight-gradient sums go to partials[y][c * W + j] for
-// column_finish_kernel to add in strip order (deterministic). dx[t] = sum_j w[c, j] dpre[t + (W - 1) - j] over
-// the rows of t's sequence; dweight[c, j] = sum_t dpre[t] x[t - (W - 1) + j] over the taps inside t's sequence.
-template <int W>
-__global__ void __launch_bounds__(128) conv1d_silu_backward_kernel(Matrix dx, Matrix dout, Conv conv, Index strip_rows,
-                                                                   float* partials) {
-  const Index C = conv.x.cols, T = conv.x.rows;
-  const Index c = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  const Index t0 = blockIdx.y * strip_rows, t1 = min(T, t0 + strip_rows);
-  float w[W], window[W], dpre[W], dweight[W];
-  int sequence_at[W];  // the sequence of the rows dpre holds (-1: past the last row)
+// Moves a window of W rows one row on, `row` becoming its newest.
+template <int W, int N>
+__device__ void shift_in(float (&window)[W][N], const float (&row)[N]) {
+#pragma unroll
+  for (int j = 0; j + 1 < W; ++j)
+#pragma unroll
+    for (int k = 0; k < N; ++k) window[j][k] = window[j + 1][k];
+#pragma unroll
+  for (int k = 0; k < N; ++k) window[W - 1][k] = row[k];
+}
+
+// pre[u, c0 + k] from window[j] = row u - (W - 1) + j, over the taps at or after the sequence's first row
+// `start`, oldest first (the order the CPU kernel sums them).
+template <int W, int N>
+__device__ float conv_pre(const float (&taps)[W][N], const float (&window)[W][N], int k, Index u, Index start) {
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < W; ++j)
+    if (u - (W - 1) + j >= start) sum += taps[j][k] * window[j][k];
+  return sum;
+}
+
+// The window before a strip's first row t0: rows t0 - W .. t0 - 1 (zeros before row 0).
+template <int W, int N, bool V>
+__device__ void load_history(float (&window)[W][N], Matrix x, Index t0, Index c0) {
 #pragma unroll
   for (int j = 0; j < W; ++j) {
-    w[j] = to_float(row_of<const bf16>(conv.w, c)[j]);
-    // window[j] is x[u - (W - 1) + j] at row u; before the first shift (u = t0), the rows up to t0 - 1.
     const Index r = t0 - W + j;
-    window[j] = r >= 0 ? to_float(row_of<const bf16>(conv.x, r)[c]) : 0.f;
-    dpre[j] = 0.f;
-    dweight[j] = 0.f;
-    sequence_at[j] = -1;
+    if (r >= 0) {
+      load_n<N, V>(row_of<const bf16>(x, r), c0, x.cols, window[j]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) window[j][k] = 0.f;
+    }
   }
-  int n = sequence_of(conv.seq, t0);
-  Index start = conv.seq.cu[n], end = conv.seq.cu[n + 1];
-  for (Index u = t0; u < t1 + (W - 1); ++u) {
+}
+
+// Each row's load is issued a row ahead of its use, so that it travels while the previous row is computed.
+template <int W, bool V>
+__global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matrix out, Matrix x, Matrix weight,
+                                                                          Sequences seq, Index strip_rows) {
+  constexpr int N = kForwardChannels;
+  const Index c0 = (blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x) * N;
+  if (c0 >= x.cols) return;
+  const Index t0 = blockIdx.y * strip_rows, t1 = min(x.rows, t0 + strip_rows);
+  float taps[W][N], window[W][N], next[N];
+  load_taps<W, N>(weight, c0, taps);
+  load_history<W, N, V>(window, x, t0, c0);
+  load_row<N, V>(next, x, t0, c0);
+  SequenceCursor sequence(seq, t0);
+  for (Index u = t0; u < t1; ++u) {
+    sequence.advance_to(u);
+    shift_in<W, N>(window, next);
+    load_row<N, V>(next, x, u + 1 < t1 ? u + 1 : x.rows, c0);
+    float y[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) y[k] = silu(conv_pre<W, N>(taps, window, k, u, sequence.start));
+    store_n<N, V>(row_of<bf16>(out, u), c0, x.cols, y);
+  }
+}
+
+// The backward of conv1d + SiLU in one pass: a thread walks its channels down the strip of rows [t0, t1) and
+// the W - 1 rows after it, keeping the last W inputs and the last W values of dpre = dout silu'(pre) in
+// registers. So each pre-activation is computed once (not once per tap of each gradient, 2W times), and the
+// strip's weight-gradient sums go to partials[strip][c * W + j] for column_finish_kernel to add in strip order
+// (deterministic). dx[t] = sum_j w[c, j] dpre[t + (W - 1) - j] over the rows of t's sequence;
+// dweight[c, j] = sum_t dpre[t] x[t - (W - 1) + j] over the taps inside t's sequence.
+template <int W, bool V>
+__global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matrix dx, Matrix dout, Matrix x,
+                                                                           Matrix weight, Sequences seq,
+                                                                           Index strip_rows, float* partials) {
+  constexpr int N = kBackwardChannels;
+  const Index C = x.cols, T = x.rows;
+  const Index c0 = (blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x) * N;
+  if (c0 >= C) return;
+  const Index t0 = blockIdx.y * strip_rows, t1 = min(T, t0 + strip_rows);
+  float taps[W][N], window[W][N], dpre[W][N], dweight[W][N];
+  int sequence_at[W];  // the sequence of the rows dpre holds (-1: past the last row)
+  load_taps<W, N>(weight, c0, taps);
+  load_history<W, N, V>(window, x, t0, c0);
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    sequence_at[j] = -1;
+#pragma unroll
+    for (int k = 0; k < N; ++k) dpre[j][k] = dweight[j][k] = 0.f;
+  }
+  float next_x[N], next_dout[N];  // row u's inputs, loaded while row u - 1 is computed
+  load_row<N, V>(next_x, x, t0, c0);
+  load_row<N, V>(next_dout, dout, t0, c0);
+  SequenceCursor sequence(seq, t0);
+  const Index last = t1 + (W - 1);
+  for (Index u = t0; u < last; ++u) {
     const bool inside = u < T;
+    if (inside) sequence.advance_to(u);
+    float d[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) d[k] = next_dout[k];
+    shift_in<W, N>(window, next_x);
+    load_row<N, V>(next_x, x, u + 1 < last ? u + 1 : T, c0);
+    load_row<N, V>(next_dout, dout, u + 1 < last ? u + 1 : T, c0);
 #pragma unroll
     for (int j = 0; j + 1 < W; ++j) {
-      window[j] = window[j + 1];
-      dpre[j] = dpre[j + 1];
       sequence_at[j] = sequence_at[j + 1];
-    }
-    float d = 0.f;
-    if (inside) {
-      while (u >= end) {  // the next sequence holding u (empty ones are skipped)
-        ++n;
-        start = conv.seq.cu[n];
-        end = conv.seq.cu[n + 1];
-      }
-      window[W - 1] = to_float(row_of<const bf16>(conv.x, u)[c]);
-      // The taps in the order Conv::pre sums them (the forward's), only those inside u's sequence.
-      float pre = 0.f;
 #pragma unroll
-      for (int j = 0; j < W; ++j)
-        if (u - (W - 1) + j >= start) pre += w[j] * window[j];
-      d = to_float(row_of<const bf16>(dout, u)[c]) * silu_grad(pre);
+      for (int k = 0; k < N; ++k) dpre[j][k] = dpre[j + 1][k];
+    }
+    sequence_at[W - 1] = inside ? sequence.n : -1;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      dpre[W - 1][k] = inside ? d[k] * silu_grad(conv_pre<W, N>(taps, window, k, u, sequence.start)) : 0.f;
       if (u < t1) {
 #pragma unroll
         for (int j = 0; j < W; ++j)
-          if (u - (W - 1) + j >= start) dweight[j] += d * window[j];
+          if (u - (W - 1) + j >= sequence.start) dweight[j][k] += dpre[W - 1][k] * window[j][k];
       }
     }
-    dpre[W - 1] = d;
-    sequence_at[W - 1] = inside ? n : -1;
     // Row t = u - (W - 1) now has every later row whose taps read it.
     const Index t = u - (W - 1);
     if (t >= t0 && t < t1) {
-      float sum = 0.f;
+      float sum[N];
 #pragma unroll
-      for (int j = 0; j < W; ++j) {
-        const int k = W - 1 - j;  // dpre[k] is row t + k, whose tap j reads row t
-        if (sequence_at[k] == sequence_at[0]) sum += w[j] * dpre[k];
+      for (int k = 0; k < N; ++k) {
+        sum[k] = 0.f;
+#pragma unroll
+        for (int j = 0; j < W; ++j) {
+          const int later = W - 1 - j;  // dpre[later] is row t + later, whose tap j reads row t
+          if (sequence_at[later] == sequence_at[0]) sum[k] += taps[j][k] * dpre[later][k];
+        }
       }
-      row_of<bf16>(dx, t)[c] = to_bf16(sum);
+      store_n<N, V>(row_of<bf16>(dx, t), c0, C, sum);
     }
   }
 #pragma unroll
-  for (int j = 0; j < W; ++j) partials[blockIdx.y * C * W + c * W + j] = dweight[j];
+  for (int k = 0; k < N; ++k)
+    if (c0 + k < C)
+#pragma unroll
+      for (int j = 0; j < W; ++j) partials[blockIdx.y * C * W + (c0 + k) * W + j] = dweight[j][k];
 }
 
-template <int W>
-void launch_conv1d_silu_backward(dim3 grid, cudaStream_t stream, Matrix dx, Matrix dout, Conv conv, Index strip_rows,
-                                 float* partials) {
-  conv1d_silu_backward_kernel<W><<<grid, 128, 0, stream>>>(dx, dout, conv, strip_rows, partials);
+// The kernels by conv width W (a template argument, so that the window stays in registers; 1 to kMaxConvWidth)
+// and by whether the rows allow 16-byte accesses: table[vectorized][W - 1].
+constexpr int kMaxConvWidth = 8;
+
+template <template <int, bool> class Kernel, int... W>
+constexpr auto conv_kernels(std::integer_sequence<int, W...>) {
+  return std::array{std::array{Kernel<W + 1, false>::function...}, std::array{Kernel<W + 1, true>::function...}};
+}
+template <int W, bool V>
+struct ForwardKernel {
+  static constexpr auto function = conv1d_silu_forward_kernel<W, V>;
+};
+template <int W, bool V>
+struct BackwardKernel {
+  static constexpr auto function = conv1d_silu_backward_kernel<W, V>;
+};
+constexpr auto kForwardKernels = conv_kernels<ForwardKernel>(std::make_integer_sequence<int, kMaxConvWidth>{});
+constexpr auto kBackwardKernels = conv_kernels<BackwardKernel>(std::make_integer_sequence<int, kMaxConvWidth>{});
+
+template <class Table>
+auto conv_kernel(const char* name, Index width, bool vectorized, const Table& table) {
+  if (width < 1 || width > kMaxConvWidth) {
+    throw Unavailable(name, "the CUDA kernel takes conv widths 1 to " + std::to_string(kMaxConvWidth) + ", got " +
+                                std::to_string(width));
+  }
+  return table[vectorized][width - 1];
+}
+
+// Strips of 64 rows (more while the strips would pass gridDim.y's limit): enough threads to fill the GPU at a
+// training batch, and the W - 1 rows a strip re-reads before its first stay a small share of its reads.
+struct ConvGrid {
+  dim3 grid;
+  Index strip_rows;
+};
+ConvGrid conv_grid(Matrix x, int channels_per_thread) {
+  constexpr Index kMaxStrips = 65535;  // gridDim.y
+  const Index strip_rows = std::max<Index>(64, (x.rows + kMaxStrips - 1) / kMaxStrips);
+  const Index strips = (x.rows + strip_rows - 1) / strip_rows;
+  const Index threads = (x.cols + channels_per_thread - 1) / channels_per_thread;
+  return {dim3(grid_for(threads, kConvThreads), static_cast<unsigned>(strips)), strip_rows};
 }
 
 // One token per sequence (row n of x, slot slots[n]): thread (n, c) reads and shifts only column c of its
 // slot's W - 1 history rows, so no two threads touch one element. The taps are summed oldest first, as
-// Conv::pre sums them over a whole sequence.
+// conv_pre sums them over a whole sequence.
 __global__ void conv1d_silu_step_kernel(Matrix out, Matrix x, Matrix w, Matrix state, const std::int32_t* slots) {
   const Index C = x.cols, W = w.cols, index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
   if (index >= x.rows * C) return;
@@ -172,34 +298,26 @@ void launch_rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta,
 }  // namespace
 
 void conv1d_silu_forward(Matrix out, Matrix x, Matrix weight, Sequences sequences, cudaStream_t stream) {
-  const Index n = x.rows * x.cols;
-  if (n == 0) return;
-  conv1d_silu_forward_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, Conv{x, weight, sequences});
+  if (x.rows == 0 || x.cols == 0) return;
+  const ConvGrid g = conv_grid(x, kForwardChannels);
+  const auto kernel = conv_kernel("conv1d_silu_forward", weight.cols, vectorizable(out) && vectorizable(x),
+                                  kForwardKernels);
+  kernel<<<g.grid, kConvThreads, 0, stream>>>(out, x, weight, sequences, g.strip_rows);
   check_launch("conv1d_silu_forward");
 }
 
 void conv1d_silu_backward(Matrix dx, Matrix dweight, Matrix dout, Matrix x, Matrix weight, Sequences sequences,
                           Workspace& workspace, cudaStream_t stream) {
-  const Index T = x.rows, C = x.cols, W = weight.cols;
-  if (T == 0 || C == 0) return;
-  constexpr Index kMaxStrips = 65535;  // gridDim.y
-  const Index strip_rows = std::max<Index>(128, (T + kMaxStrips - 1) / kMaxStrips);
-  const Index strips = (T + strip_rows - 1) / strip_rows;
-  auto* partials = reinterpret_cast<float*>(workspace.reserve(strips * C * W * sizeof(float)));
-  const dim3 grid(grid_for(C, 128), static_cast<unsigned>(strips));
-  const Conv conv{x, weight, sequences};
-  using Launch = void (*)(dim3, cudaStream_t, Matrix, Matrix, Conv, Index, float*);
-  constexpr Launch kByWidth[] = {launch_conv1d_silu_backward<1>, launch_conv1d_silu_backward<2>,
-                                 launch_conv1d_silu_backward<3>, launch_conv1d_silu_backward<4>,
-                                 launch_conv1d_silu_backward<5>, launch_conv1d_silu_backward<6>,
-                                 launch_conv1d_silu_backward<7>, launch_conv1d_silu_backward<8>};
-  if (W < 1 || W > static_cast<Index>(std::size(kByWidth))) {
-    throw Unavailable("conv1d_silu_backward", "the CUDA kernel takes conv widths 1 to 8, got " + std::to_string(W));
-  }
-  kByWidth[W - 1](grid, stream, dx, dout, conv, strip_rows, partials);
+  const Index C = x.cols, W = weight.cols;
+  if (x.rows == 0 || C == 0) return;
+  const ConvGrid g = conv_grid(x, kBackwardChannels);
+  const auto kernel = conv_kernel("conv1d_silu_backward", W,
+                                  vectorizable(dx) && vectorizable(dout) && vectorizable(x), kBackwardKernels);
+  auto* partials = reinterpret_cast<float*>(workspace.reserve(g.grid.y * C * W * sizeof(float)));
+  kernel<<<g.grid, kConvThreads, 0, stream>>>(dx, dout, x, weight, sequences, g.strip_rows, partials);
   check_launch("conv1d_silu_backward");
   // dweight is contiguous [C, W] (checked by the caller): the strips' partial sums, added in strip order.
-  column_finish_kernel<<<grid_for(C * W, kColumnThreads), kColumnThreads, 0, stream>>>(partials, strips, C * W,
+  column_finish_kernel<<<grid_for(C * W, kColumnThreads), kColumnThreads, 0, stream>>>(partials, g.grid.y, C * W,
                                                                                         static_cast<float*>(dweight.data));
   check_launch("conv1d_silu_backward (dweight)");
 }

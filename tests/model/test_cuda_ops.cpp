@@ -281,7 +281,8 @@ class CudaOpsTest : public ::testing::Test {
 struct Layout {
   Index cols, pad;
 };
-const Layout kLayouts[] = {{256, 0}, {64, 24}, {37, 3}};
+// Rows of a warp's 32 lanes and of half a warp (at most 128 columns), 16-byte accesses or (37) element ones.
+const Layout kLayouts[] = {{256, 0}, {128, 8}, {64, 24}, {37, 3}};
 
 // ---------------------------------------------------------------------------------------------------------
 
@@ -332,8 +333,9 @@ TEST_F(CudaOpsTest, EmbeddingForwardAndDeterministicBackward) {
   EXPECT_TRUE(matches("dtable", dtable, 1e-5));
 }
 
+// Odd row counts: with half a warp per row, the last warp holds a row and a group past the last row.
 TEST_F(CudaOpsTest, RmsnormForwardAndBackward) {
-  const Index R = 150;
+  const Index R = 151;
   for (const Layout& l : kLayouts) {
     for (const bool zc : {true, false}) {
       SCOPED_TRACE("cols " + std::to_string(l.cols) + ", pad " + std::to_string(l.pad) + ", zero_centred " +
@@ -382,23 +384,25 @@ TEST_F(CudaOpsTest, RmsnormOnHalfRows) {
   EXPECT_TRUE(matches("rstd", rstd, 1e-5));
 }
 
+// Rows of 3 heads, each normalised on its own, z and the outputs with row strides of their own.
 TEST_F(CudaOpsTest, GatedRmsnormForwardAndBackward) {
-  const Index R = 120;
+  const Index R = 121, heads = 3;
   for (const Layout& l : kLayouts) {
-    SCOPED_TRACE("cols " + std::to_string(l.cols) + ", pad " + std::to_string(l.pad));
-    const Both x = random(bf16, R, l.cols, l.pad, -2, 2), z = random(bf16, R, l.cols, l.pad, -3, 3);
+    SCOPED_TRACE("head width " + std::to_string(l.cols) + ", pad " + std::to_string(l.pad));
+    const Index cols = heads * l.cols;
+    const Both x = random(bf16, R, cols, l.pad, -2, 2), z = random(bf16, R, cols, 2 * l.pad, -3, 3);
     const Both w = random_vec(bf16, l.cols, 0.5, 1.5);
-    const Both out = unset(bf16, R, l.cols, l.pad), rstd = unset_vec(f32, R);
+    const Both out = unset(bf16, R, cols, l.pad), rstd = unset_vec(f32, R * heads);
     on_both([&](Ops& ops, Side s) {
       ops.gated_rmsnorm_forward(out.view(s), rstd.view(s), x.view(s), z.view(s), w.view(s), 1e-6);
     });
     EXPECT_TRUE(matches("out", out, kBf16Tolerance));
     EXPECT_TRUE(matches("rstd", rstd, 1e-5));
 
-    Both saved = Both(f32, 1, R, 0, true);
+    Both saved = Both(f32, 1, R * heads, 0, true);
     saved.set(rstd.expected());
-    const Both dout = random(bf16, R, l.cols, l.pad), dweight = random_vec(f32, l.cols);
-    const Both dx = unset(bf16, R, l.cols, l.pad), dz = unset(bf16, R, l.cols, l.pad);
+    const Both dout = random(bf16, R, cols, l.pad), dweight = random_vec(f32, l.cols);
+    const Both dx = unset(bf16, R, cols, l.pad), dz = unset(bf16, R, cols, 3 * l.pad);
     on_both([&](Ops& ops, Side s) {
       ops.gated_rmsnorm_backward(dx.view(s), dz.view(s), dweight.view(s), dout.view(s), x.view(s), z.view(s),
                                  saved.view(s), w.view(s));
@@ -409,24 +413,30 @@ TEST_F(CudaOpsTest, GatedRmsnormForwardAndBackward) {
   }
 }
 
-// Sequences shorter than the kernel, empty ones, and (past 128 rows) sequences across the backward's row strips.
+// Sequences shorter than the kernel, empty ones, and sequences across the kernels' strips of 64 rows; channels in
+// 16-byte groups (136 = 17 x 8, rows 8-aligned) and element by element (40 channels, unaligned rows).
 TEST_F(CudaOpsTest, Conv1dSiluOverPackedSequences) {
-  const Index C = 40;
   const Offsets cu = offsets({1, 5, 70, 0, 13, 3, 200, 2, 300});
   const Index T = cu.back();
   const Indices sequences(cu);
-  for (const Index W : {4, 3}) {
-    SCOPED_TRACE("conv width " + std::to_string(W));
-    const Both x = random(bf16, T, C, 2, -2, 2), w = random(bf16, C, W, 0);
-    const Both out = unset(bf16, T, C, 6);
-    const Both dout = random(bf16, T, C, 0), dx = unset(bf16, T, C, 1), dweight = random(f32, C, W, 0);
-    on_both([&](Ops& ops, Side s) {
-      ops.conv1d_silu_forward(out.view(s), x.view(s), w.view(s), sequences.array());
-      ops.conv1d_silu_backward(dx.view(s), dweight.view(s), dout.view(s), x.view(s), w.view(s), sequences.array());
-    });
-    EXPECT_TRUE(matches("out", out, kBf16Tolerance));
-    EXPECT_TRUE(matches("dx", dx, kBf16Tolerance));
-    EXPECT_TRUE(matches("dweight", dweight, kF32Tolerance));
+  struct Channels {
+    Index count, x_pad, out_pad, dx_pad;
+  };
+  for (const Channels c : {Channels{40, 2, 6, 1}, Channels{136, 8, 0, 16}}) {
+    for (const Index W : {4, 3}) {
+      SCOPED_TRACE("channels " + std::to_string(c.count) + ", conv width " + std::to_string(W));
+      const Index C = c.count;
+      const Both x = random(bf16, T, C, c.x_pad, -2, 2), w = random(bf16, C, W, 0);
+      const Both out = unset(bf16, T, C, c.out_pad);
+      const Both dout = random(bf16, T, C, 0), dx = unset(bf16, T, C, c.dx_pad), dweight = random(f32, C, W, 0);
+      on_both([&](Ops& ops, Side s) {
+        ops.conv1d_silu_forward(out.view(s), x.view(s), w.view(s), sequences.array());
+        ops.conv1d_silu_backward(dx.view(s), dweight.view(s), dout.view(s), x.view(s), w.view(s), sequences.array());
+      });
+      EXPECT_TRUE(matches("out", out, kBf16Tolerance));
+      EXPECT_TRUE(matches("dx", dx, kBf16Tolerance));
+      EXPECT_TRUE(matches("dweight", dweight, kF32Tolerance));
+    }
   }
 }
 

@@ -192,6 +192,59 @@ TEST_F(ModelTest, BadInputIsRefusedByName) {
   model.backward();
 }
 
+// Projections whose weights do not lie side by side in memory (each parameter bound from a tensor of its own, as
+// from another framework's) run one product each: the same loss and gradients as the stacked products the model
+// runs over a ParamStore, whose projection weights are adjacent.
+TEST_F(ModelTest, WeightsBoundFromSeparateTensorsGiveTheSameStep) {
+  const Config config = small_config(false);
+  ParamStore store(config, DType::f64);
+  store.init(0.5, seed_);
+  const std::vector<std::int32_t> cu{0, 6, 13};
+  const std::vector<std::int32_t> tokens = testing::random_tokens(rng_, cu.back(), config.vocab_size);
+  const std::vector<std::int32_t> targets = next_token_targets(tokens, cu);
+
+  Model stacked(config, {.dtype = DType::f64});
+  stacked.bind(store.params(), store.grads());
+  store.zero_grads();
+  const double loss = stacked.forward({tokens, cu, targets});
+  stacked.backward();
+
+  // One allocation per tensor, one element longer than the tensor, so that no two can be adjacent.
+  std::map<std::string, std::vector<double>, std::less<>> params, grads;
+  std::map<std::string, std::vector<std::int64_t>, std::less<>> shapes;
+  for (const ParamInfo& info : param_infos(config)) {
+    const TensorView v = store.params()(info.name);
+    const double* values = static_cast<const double*>(v.data);
+    params[info.name].assign(values, values + info.numel());
+    params[info.name].push_back(0);
+    grads[info.name].assign(info.numel() + 1, 0.0);
+    shapes[info.name] = info.shape;
+  }
+  auto lookup = [&](std::map<std::string, std::vector<double>, std::less<>>& tensors) -> TensorLookup {
+    return [&](std::string_view name) {
+      double* data = tensors.find(name)->second.data();
+      const std::vector<std::int64_t>& s = shapes.find(name)->second;
+      if (s.size() == 1) return TensorView::contiguous(data, DType::f64, {s[0]});
+      if (s.size() == 2) return TensorView::contiguous(data, DType::f64, {s[0], s[1]});
+      return TensorView::contiguous(data, DType::f64, {s[0], s[1], s[2]});
+    };
+  };
+  Model separate(config, {.dtype = DType::f64});
+  separate.bind(lookup(params), lookup(grads));
+  EXPECT_NEAR(separate.forward({tokens, cu, targets}), loss, 1e-12 * std::abs(loss));
+  separate.backward();
+  for (const ParamInfo& info : param_infos(config)) {
+    const TensorView expected = store.grads()(info.name);
+    const double* e = static_cast<const double*>(expected.data);
+    double largest = 0, error = 0;
+    for (std::int64_t i = 0; i < info.numel(); ++i) {
+      largest = std::max(largest, std::abs(e[i]));
+      error = std::max(error, std::abs(grads[info.name][i] - e[i]));
+    }
+    EXPECT_LE(error, 1e-10 * largest + 1e-300) << info.name;
+  }
+}
+
 // A token objective (the RL losses') against a second algorithm: the objective's derivatives at the
 // parameters' log-probabilities, computed by a separate forward, used as the weights of a plain weighted-NLL
 // forward give the same gradient (d term / d logits = -weight * d nll / d logits). The objective here is

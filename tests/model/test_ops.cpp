@@ -418,34 +418,36 @@ TEST_F(OpsTest, RmsnormBackwardMatchesFiniteDifferences) {
     }
 }
 
+// Rows of 3 heads of C columns each, normalised per head: the naive norm over the [R * 3, C] rows.
 TEST_F(OpsTest, GatedRmsnormForwardMatchesNaive) {
-  const Index R = 8, C = 6;
+  const Index R = 8, heads = 3, C = 6;
   const double eps = 1e-6;
   for (const DType dtype : {f32, f64}) {
     SCOPED_TRACE(dtype_name(dtype));
-    const Tensor x = random(rng_, dtype, R, C, 1), z = random(rng_, dtype, R, C, 0, -4, 4);
+    const Tensor x = random(rng_, dtype, R, heads * C, 1), z = random(rng_, dtype, R, heads * C, 0, -4, 4);
     const Tensor w = random_vec(rng_, dtype, C, 0.5, 1.5);
-    const Tensor out = unset(dtype, R, C, 2), rstd = Tensor::vec(dtype, R);
+    const Tensor out = unset(dtype, R, heads * C, 2), rstd = Tensor::vec(dtype, R * heads);
     ops_->gated_rmsnorm_forward(out.view(), rstd.view(), x.view(), z.view(), w.view(), eps);
-    const auto [expected, expected_rstd] = naive_gated_rmsnorm(x.values(), z.values(), w.values(), R, C, eps);
+    const auto [expected, expected_rstd] =
+        naive_gated_rmsnorm(x.values(), z.values(), w.values(), R * heads, C, eps);
     EXPECT_TRUE(close("out", out.values(), expected, tolerance(dtype)));
     EXPECT_TRUE(close("rstd", rstd.values(), expected_rstd, tolerance(dtype)));
   }
 }
 
 TEST_F(OpsTest, GatedRmsnormBackwardMatchesFiniteDifferences) {
-  const Index R = 6, C = 8;
+  const Index R = 6, heads = 2, C = 8, cols = heads * C;
   const double eps = 1e-6;
-  Tensor x = random(rng_, f64, R, C, 1), z = random(rng_, f64, R, C, 2, -3, 3), w = random_vec(rng_, f64, C);
-  const Tensor dout = random(rng_, f64, R, C);
+  Tensor x = random(rng_, f64, R, cols, 1), z = random(rng_, f64, R, cols, 2, -3, 3), w = random_vec(rng_, f64, C);
+  const Tensor dout = random(rng_, f64, R, cols);
   const auto forward = [&] {
-    const Tensor out(f64, R, C), r = Tensor::vec(f64, R);
+    const Tensor out(f64, R, cols), r = Tensor::vec(f64, R * heads);
     ops_->gated_rmsnorm_forward(out.view(), r.view(), x.view(), z.view(), w.view(), eps);
     return out.values();
   };
-  const Tensor rstd = Tensor::vec(f64, R);
-  ops_->gated_rmsnorm_forward(Tensor(f64, R, C).view(), rstd.view(), x.view(), z.view(), w.view(), eps);
-  const Tensor dx = unset(f64, R, C, 3), dz = unset(f64, R, C), dw = random_vec(rng_, f64, C);
+  const Tensor rstd = Tensor::vec(f64, R * heads);
+  ops_->gated_rmsnorm_forward(Tensor(f64, R, cols).view(), rstd.view(), x.view(), z.view(), w.view(), eps);
+  const Tensor dx = unset(f64, R, cols, 3), dz = unset(f64, R, cols), dw = random_vec(rng_, f64, C);
   const Values dw0 = dw.values();
   ops_->gated_rmsnorm_backward(dx.view(), dz.view(), dw.view(), dout.view(), x.view(), z.view(), rstd.view(), w.view());
   const Values dv = dout.values();
