@@ -4,7 +4,6 @@
 
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
-#include "skinny_gemm.h"
 
 namespace deltatrain::model::cuda {
 namespace {
@@ -76,10 +75,6 @@ std::uint32_t config_attribute(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulA
 }  // namespace
 
 Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute (multiprocessors)");
   check(cublasLtCreate(&handle_), "cublasLtCreate");
   const cudaError_t status = cudaMalloc(&workspace_, kWorkspaceBytes);
   if (status != cudaSuccess) {
@@ -96,15 +91,6 @@ Gemm::~Gemm() {
 
 void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
                const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant) {
-  if (!trans_a && trans_b) {  // a linear layer's forward: decode's few rows take the skinny kernel
-    const bool aligned16 = alignment(a) >= 16 && alignment(b) >= 16 && K % 8 == 0 && lda % 8 == 0 && ldb % 8 == 0;
-    const bool plain = alpha == 1 && beta == 0 && c_dtype == DType::bf16 && !row_invariant;
-    const SkinnyGemmPlan plan = plan_skinny_gemm({M, N, K, aligned16, plain, multiprocessors_, kWorkspaceBytes});
-    if (plan.use) {
-      skinny_gemm(plan, M, N, K, a, lda, b, ldb, c, ldc, static_cast<float*>(workspace_), stream_);
-      return;
-    }
-  }
   const Key key{trans_a, trans_b, row_invariant ? -1 : M, N, K, lda, ldb, ldc, static_cast<std::int64_t>(c_dtype),
                 alignment(a), alignment(b), alignment(c)};
   Descriptors d;

@@ -1,7 +1,6 @@
 // Matrix products through cuBLASLt: row-major bfloat16 operands with any row strides, float32 compute,
 // a bfloat16 or float32 result. One handle, one 32 MiB workspace and one heuristic per shape, kept for the
-// object's life; every product runs on the object's stream. Linear forwards of at most kSkinnyRows rows (decode's)
-// take skinny_gemm.h's kernel instead, which shares the workspace for its split partial sums.
+// object's life; every product runs on the object's stream.
 //
 // Row-invariant products (run's row_invariant; ModelOptions::batch_invariant): a row of the result must not depend
 // on how many rows M there are. cuBLASLt's heuristic picks other kernels, split-K among them, for other M; so the
@@ -39,7 +38,6 @@ class Gemm {
   const cublasLtMatmulAlgo_t& algorithm(const Key& key);
 
   cudaStream_t stream_;
-  int multiprocessors_ = 0;  // the skinny kernel's plan (skinny_gemm.h)
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, cublasLtMatmulAlgo_t> algorithms_;

@@ -25,7 +25,6 @@
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
-#include "cuda/skinny_gemm.h"
 #include "ops.h"
 
 namespace deltatrain::model {
@@ -318,55 +317,6 @@ TEST_F(CudaOpsTest, GemmSingleRowAndColumnSliceOperands) {
   const Both x = random(bf16, 1, 96), w = random(bf16, 40, 96, 32), y = unset(bf16, 1, 40);
   on_both([&](Ops& ops, Side s) { ops.gemm(false, true, 1, x.view(s), w.view(s), 0, y.view(s)); });
   EXPECT_TRUE(matches("y", y, kBf16Tolerance));
-}
-
-// Linear forwards of at most 64 rows (decode's) run skinny_gemm.h's kernel: every row-tile count (1 to 4 m16
-// tiles, rows not filling the last), feature and K tails, K split across CTAs (few features, long K), strided
-// operands and a column-slice output; against the CPU product.
-TEST_F(CudaOpsTest, SkinnyProductsMatchCpu) {
-  struct Shape {
-    Index N, K, x_pad, w_pad, y_pad;
-  };
-  for (const Index M : {1, 5, 16, 33, 64}) {
-    for (const Shape& sh : {Shape{40, 1024, 0, 8, 0}, Shape{1000, 136, 16, 0, 24}, Shape{72, 8, 0, 0, 3},
-                            Shape{257, 2056, 8, 0, 0}}) {
-      SCOPED_TRACE("M " + std::to_string(M) + ", N " + std::to_string(sh.N) + ", K " + std::to_string(sh.K));
-      const Both x = random(bf16, M, sh.K, sh.x_pad), w = random(bf16, sh.N, sh.K, sh.w_pad);
-      const Both y = unset(bf16, M, sh.N, sh.y_pad);
-      on_both([&](Ops& ops, Side s) { ops.gemm(false, true, 1, x.view(s), w.view(s), 0, y.view(s)); });
-      EXPECT_TRUE(matches("y", y, kBf16Tolerance));
-    }
-  }
-}
-
-// The skinny kernel's plan (no GPU needed): which products take it, and splits that cover K exactly.
-TEST(SkinnyGemmPlan, TakesDecodeProductsAndSplitsKOnlyToFillTheGpu) {
-  using cuda::plan_skinny_gemm;
-  const std::size_t workspace = 32u << 20;
-  EXPECT_FALSE(plan_skinny_gemm({65, 1024, 1024, true, true, 132, workspace}).use) << "more rows than the kernel's";
-  EXPECT_FALSE(plan_skinny_gemm({64, 1024, 1024, false, true, 132, workspace}).use) << "unaligned operands";
-  EXPECT_FALSE(plan_skinny_gemm({64, 1024, 1024, true, false, 132, workspace}).use) << "beta, alpha or row invariance";
-  const cuda::SkinnyGemmPlan in_proj = plan_skinny_gemm({64, 8224, 1024, true, true, 132, workspace});
-  EXPECT_TRUE(in_proj.use);
-  EXPECT_EQ(in_proj.tiles, 257);
-  EXPECT_EQ(in_proj.splits, 1) << "enough feature tiles for every multiprocessor";
-  EXPECT_EQ(plan_skinny_gemm({64, 1024, 3584, true, true, 132, 64 * 1024 * 4}).splits, 1) << "partials must fit";
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 2000; ++trial) {
-    const Index M = std::uniform_int_distribution<Index>(1, 64)(rng), N = std::uniform_int_distribution<Index>(1, 9000)(rng);
-    const Index K = 8 * std::uniform_int_distribution<Index>(1, 1200)(rng);
-    const int sms = std::uniform_int_distribution<int>(1, 200)(rng);
-    const cuda::SkinnyGemmPlan p = plan_skinny_gemm({M, N, K, true, true, sms, workspace});
-    ASSERT_TRUE(p.use);
-    ASSERT_EQ(p.tiles, (N + 31) / 32);
-    ASSERT_EQ(p.k_per_split % cuda::kSkinnySplitAlign, 0);
-    ASSERT_GE(p.splits * p.k_per_split, K) << "the splits cover K";
-    ASSERT_LT((p.splits - 1) * p.k_per_split, K) << "no split is empty";
-    if (p.splits > 1) {
-      ASSERT_LT(p.tiles, sms) << "K is split only when the feature tiles leave multiprocessors idle";
-      ASSERT_LE(static_cast<std::size_t>(p.splits * M * N) * sizeof(float), workspace);
-    }
-  }
 }
 
 TEST_F(CudaOpsTest, EmbeddingForwardAndDeterministicBackward) {
