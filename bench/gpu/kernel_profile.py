@@ -36,7 +36,7 @@ def launches(path):
 
 def short_name(kernel):
     """`void ns::kernel<T, 4>(Params)` -> `ns::kernel`: launches of one kernel with other arguments group together."""
-    name = re.sub(r"^void ", "", kernel).replace("<unnamed>::", "")
+    name = re.sub(r"<?unnamed>::", "", re.sub(r"^void ", "", kernel))  # ncu writes anonymous namespaces both ways
     depth, cut = 0, len(name)
     for i, ch in enumerate(name):
         if ch in "<(" and depth == 0:

@@ -107,6 +107,8 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matri
   load_history<W, N, V>(window, x, t0, c0);
   load_row<N, V>(next, x, t0, c0);
   SequenceCursor sequence(seq, t0);
+  // Unrolled by W so that the window's shifts become register renames instead of moves.
+#pragma unroll W
   for (Index u = t0; u < t1; ++u) {
     sequence.advance_to(u);
     shift_in<W, N>(window, next);
@@ -148,6 +150,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
   load_row<N, V>(next_dout, dout, t0, c0);
   SequenceCursor sequence(seq, t0);
   const Index last = t1 + (W - 1);
+#pragma unroll W  // the windows' shifts become register renames
   for (Index u = t0; u < last; ++u) {
     const bool inside = u < T;
     if (inside) sequence.advance_to(u);
@@ -196,6 +199,29 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
       for (int j = 0; j < W; ++j) partials[blockIdx.y * C * W + (c0 + k) * W + j] = dweight[j][k];
 }
 
+// One token per sequence (row n of x, slot slots[n]): a thread takes 8 channels of a row, reads its slot's W - 1
+// history rows and the new input as the window, and shifts the history by one row (no two threads touch one
+// element). The taps are summed oldest first, as conv_pre sums them over a whole sequence.
+template <int W, bool V>
+__global__ void conv1d_silu_step_kernel(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots) {
+  constexpr int N = kForwardChannels;
+  const Index C = x.cols, per_row = (C + N - 1) / N;
+  const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (index >= x.rows * per_row) return;
+  const Index n = index / per_row, c0 = index % per_row * N, first = slots[n] * Index{W - 1};
+  float taps[W][N], window[W][N];
+  load_taps<W, N>(weight, c0, taps);
+#pragma unroll
+  for (int j = 0; j + 1 < W; ++j) load_n<N, V>(row_of<const bf16>(state, first + j), c0, C, window[j]);
+  load_n<N, V>(row_of<const bf16>(x, n), c0, C, window[W - 1]);
+  float y[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) y[k] = silu(conv_pre<W, N>(taps, window, k, W - 1, 0));
+  store_n<N, V>(row_of<bf16>(out, n), c0, C, y);
+#pragma unroll
+  for (int j = 0; j + 1 < W; ++j) store_n<N, V>(row_of<bf16>(state, first + j), c0, C, window[j + 1]);
+}
+
 // The kernels by conv width W (a template argument, so that the window stays in registers; 1 to kMaxConvWidth)
 // and by whether the rows allow 16-byte accesses: table[vectorized][W - 1].
 constexpr int kMaxConvWidth = 8;
@@ -212,8 +238,13 @@ template <int W, bool V>
 struct BackwardKernel {
   static constexpr auto function = conv1d_silu_backward_kernel<W, V>;
 };
+template <int W, bool V>
+struct StepKernel {
+  static constexpr auto function = conv1d_silu_step_kernel<W, V>;
+};
 constexpr auto kForwardKernels = conv_kernels<ForwardKernel>(std::make_integer_sequence<int, kMaxConvWidth>{});
 constexpr auto kBackwardKernels = conv_kernels<BackwardKernel>(std::make_integer_sequence<int, kMaxConvWidth>{});
+constexpr auto kStepKernels = conv_kernels<StepKernel>(std::make_integer_sequence<int, kMaxConvWidth>{});
 
 template <class Table>
 auto conv_kernel(const char* name, Index width, bool vectorized, const Table& table) {
@@ -236,23 +267,6 @@ ConvGrid conv_grid(Matrix x, int channels_per_thread) {
   const Index strips = (x.rows + strip_rows - 1) / strip_rows;
   const Index threads = (x.cols + channels_per_thread - 1) / channels_per_thread;
   return {dim3(grid_for(threads, kConvThreads), static_cast<unsigned>(strips)), strip_rows};
-}
-
-// One token per sequence (row n of x, slot slots[n]): thread (n, c) reads and shifts only column c of its
-// slot's W - 1 history rows, so no two threads touch one element. The taps are summed oldest first, as
-// conv_pre sums them over a whole sequence.
-__global__ void conv1d_silu_step_kernel(Matrix out, Matrix x, Matrix w, Matrix state, const std::int32_t* slots) {
-  const Index C = x.cols, W = w.cols, index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
-  if (index >= x.rows * C) return;
-  const Index n = index / C, c = index % C, first = slots[n] * (W - 1);
-  const bf16* wc = row_of<const bf16>(w, c);
-  const bf16 newest = row_of<const bf16>(x, n)[c];
-  float sum = 0.f;
-  for (Index j = 0; j < W - 1; ++j) sum += to_float(wc[j]) * to_float(row_of<const bf16>(state, first + j)[c]);
-  sum += to_float(wc[W - 1]) * to_float(newest);
-  row_of<bf16>(out, n)[c] = to_bf16(silu(sum));
-  for (Index j = 0; j + 1 < W - 1; ++j) row_of<bf16>(state, first + j)[c] = row_of<const bf16>(state, first + j + 1)[c];
-  row_of<bf16>(state, first + W - 2)[c] = newest;
 }
 
 // Where each row sits: inside its packed sequence (training, prefill), or given (decode).
@@ -334,9 +348,11 @@ void rope_at_positions(Matrix x, int heads, int head_dim, int rotary_dim, float 
 
 void conv1d_silu_step(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
                       cudaStream_t stream) {
-  const Index n = x.rows * x.cols;
-  if (n == 0) return;
-  conv1d_silu_step_kernel<<<grid_for(n, 256), 256, 0, stream>>>(out, x, weight, state, slots);
+  const Index threads = x.rows * ((x.cols + kForwardChannels - 1) / kForwardChannels);
+  if (threads == 0) return;
+  const auto kernel = conv_kernel("conv1d_silu_step", weight.cols,
+                                  vectorizable(out) && vectorizable(x) && vectorizable(state), kStepKernels);
+  kernel<<<grid_for(threads, 256), 256, 0, stream>>>(out, x, weight, state, slots);
   check_launch("conv1d_silu_step");
 }
 
