@@ -56,7 +56,7 @@ template <int Lanes, bool V>
 __global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, const bf16* w, float eps, bool zero_centred) {
   const RowGroup<Lanes> g(x.rows);
   const bf16* xr = row_of<const bf16>(x, g.row);
-  const float s = inverse_rms<Lanes, V>(g, xr, x.cols, eps);  // heads = 1
+  const float s = inverse_rms<Lanes, V>(g, xr, x.cols, eps);
   if (!g.active) return;
   if (threadIdx.x % Lanes == 0) rstd[g.row] = s;
   for (Index c0 = g.column; c0 < x.cols; c0 += g.kStep) {
