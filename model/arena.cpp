@@ -159,6 +159,27 @@ void StreamGraph::launch(void* stream) const {
 #endif
 }
 
+DeviceStream::DeviceStream(Device device) : device_(device) {
+  if (device.type == DeviceType::cpu) return;
+#ifdef DELTATRAIN_WITH_CUDA
+  const CudaDeviceGuard guard(device.index);
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  stream_ = stream;
+#else
+  throw Unavailable("a stream on " + device_name(device), "this build has no CUDA");
+#endif
+}
+
+DeviceStream::~DeviceStream() {
+#ifdef DELTATRAIN_WITH_CUDA
+  if (stream_ == nullptr) return;
+  const CudaDeviceGuard guard(device_.index);
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // a destructor reports nothing: best effort
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+#endif
+}
+
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream) {
   if (bytes == 0) return;
   if (device.type == DeviceType::cpu) {

@@ -67,6 +67,24 @@ class StreamGraph {
   void* exec_ = nullptr;  // the cudaGraphExec_t
 };
 
+// A CUDA stream of its own on a GPU (none on the CPU), created blocking: work on it is ordered after the legacy
+// default stream's and before that stream's later work, as where no stream is named (the trainer, torch's
+// default stream), while it can be captured as a StreamGraph, which the legacy stream cannot. The destructor waits
+// for the stream's work.
+class DeviceStream {
+ public:
+  explicit DeviceStream(Device device);
+  ~DeviceStream();
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+
+  void* get() const { return stream_; }  // the cudaStream_t; null on the CPU
+
+ private:
+  Device device_;
+  void* stream_ = nullptr;
+};
+
 // Plain allocations on a device (host memory for the CPU), 256-byte aligned; Failure naming the bytes.
 void* device_allocate(std::size_t bytes, Device device);
 void device_free(void* data, Device device);

@@ -46,11 +46,16 @@ Engine::Engine(const model::Config& config, const model::ModelOptions& model_opt
                                            std::to_string(options.max_length) + " take " + std::to_string(bytes) +
                                            " bytes, over the cache_budget of " + std::to_string(options.cache_budget));
   }
-  model_ = std::make_unique<model::Model>(config, model_options);
+  model::ModelOptions engine_options = model_options;
+  if (model_options.device.type != DeviceType::cpu && model_options.stream == nullptr && model_options.cuda_graphs) {
+    stream_ = std::make_unique<model::DeviceStream>(model_options.device);
+    engine_options.stream = stream_->get();
+  }
+  model_ = std::make_unique<model::Model>(config, engine_options);
   model_->bind(params);
-  state_ = std::make_unique<model::InferenceState>(config, model_options, options.max_batch, options.max_length);
-  logits_memory_ = std::make_unique<model::Arena>(model_options.device, model_options.memory);
-  logits_ = logits_memory_->allocate(model_options.dtype, {options.max_batch, config.vocab_size});
+  state_ = std::make_unique<model::InferenceState>(config, engine_options, options.max_batch, options.max_length);
+  logits_memory_ = std::make_unique<model::Arena>(engine_options.device, engine_options.memory);
+  logits_ = logits_memory_->allocate(engine_options.dtype, {options.max_batch, config.vocab_size});
   slots_.resize(options.max_batch);
 }
 

@@ -259,7 +259,8 @@ TEST_F(CudaSamplingTest, BatchInvariantRolloutEqualsTheTrainingForwardBitForBit)
 // The engine with decode replayed from CUDA graphs against the engine launching decode's kernels one by one, on the
 // same requests: more requests than slots and different lengths, so sequences join and finish and the decode batch
 // size changes and repeats. Tokens, logprobs and finish reasons must be identical; a second round on the same
-// engines replays the graphs recorded in the first.
+// engines replays the graphs recorded in the first. Graphs on the caller's stream, and on the engine's own when the
+// caller names none (the CLI's, the Python binding's and the RL loop's case).
 TEST_F(CudaSamplingTest, EngineWithCudaGraphsEqualsEngineWithout) {
   SKIP_WITHOUT_GPU();
   const TinyGpuModel tiny(seed_);
@@ -273,18 +274,26 @@ TEST_F(CudaSamplingTest, EngineWithCudaGraphsEqualsEngineWithout) {
   {
     Engine graphed(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream.get()}, tiny.device.params(),
                    engine_options);
+    Engine own_stream(c, {.device = kGpu, .dtype = DType::bf16}, tiny.device.params(), engine_options);
     Engine plain(c, {.device = kGpu, .dtype = DType::bf16, .stream = stream.get(), .cuda_graphs = false},
                  tiny.device.params(), engine_options);
+    EXPECT_TRUE(graphed.uses_cuda_graphs());
+    EXPECT_TRUE(own_stream.uses_cuda_graphs());
+    EXPECT_FALSE(plain.uses_cuda_graphs());
     for (int round = 0; round < 2; ++round) {
       const std::vector<Completion> expected = plain.generate(requests);
-      const std::vector<Completion> out = graphed.generate(requests);
-      ASSERT_EQ(out.size(), expected.size());
-      for (std::int64_t n = 0; n < count; ++n) {
-        EXPECT_EQ(out[n].id, expected[n].id);
-        EXPECT_EQ(out[n].tokens, expected[n].tokens) << "round " << round << " request " << n;
-        EXPECT_EQ(out[n].logprobs, expected[n].logprobs) << "round " << round << " request " << n;
-        EXPECT_EQ(out[n].untempered_logprobs, expected[n].untempered_logprobs) << "round " << round << " request " << n;
-        EXPECT_EQ(out[n].finish, expected[n].finish) << "round " << round << " request " << n;
+      for (Engine* engine : {&graphed, &own_stream}) {
+        const std::vector<Completion> out = engine->generate(requests);
+        ASSERT_EQ(out.size(), expected.size());
+        for (std::int64_t n = 0; n < count; ++n) {
+          SCOPED_TRACE("round " + std::to_string(round) + " request " + std::to_string(n) +
+                       (engine == &graphed ? " (caller's stream)" : " (engine's stream)"));
+          EXPECT_EQ(out[n].id, expected[n].id);
+          EXPECT_EQ(out[n].tokens, expected[n].tokens);
+          EXPECT_EQ(out[n].logprobs, expected[n].logprobs);
+          EXPECT_EQ(out[n].untempered_logprobs, expected[n].untempered_logprobs);
+          EXPECT_EQ(out[n].finish, expected[n].finish);
+        }
       }
     }
   }

@@ -14,8 +14,10 @@
 // running sequence. The logits stay on the model's device: one BatchSampler call draws every row's token there
 // and only the tokens and logprobs come back. What a sequence generates depends only on its request: the
 // model's function of its own tokens and the draws keyed by (seed, id, token index); never on the batch around
-// it. On a GPU with a stream of the caller's (model_options.stream) and model_options.cuda_graphs, a decode step
-// replays a CUDA graph recorded for its batch size (Model::decode): the same tokens, a fraction of the launches.
+// it. On a GPU with model_options.cuda_graphs (the default), a decode step replays a CUDA graph recorded for its
+// batch size (Model::decode): the same tokens, a fraction of the launches. Graphs need a stream other than the
+// legacy default: the caller's (model_options.stream), or else one the engine makes (model::DeviceStream, ordered
+// with the legacy stream's work both ways, so weights a trainer updates there are read after the update).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,10 @@
 #include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
+
+namespace deltatrain::model {
+class DeviceStream;
+}
 #include "deltatrain/rollout/sampling.h"
 
 namespace deltatrain::model {
@@ -101,6 +107,7 @@ class Engine {
   std::vector<Completion> generate(std::span<const Request> requests);
 
   const EngineOptions& options() const { return options_; }
+  bool uses_cuda_graphs() const { return model_->decode_uses_cuda_graphs(); }  // for decode steps
 
  private:
   struct Running {
@@ -116,6 +123,8 @@ class Engine {
 
   model::Config config_;
   EngineOptions options_;
+  std::unique_ptr<model::DeviceStream> stream_;  // the engine's own, when the caller named none (before model_:
+                                                 // destroyed after it)
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::InferenceState> state_;
   std::deque<Request> waiting_;
