@@ -51,6 +51,20 @@ struct Projections {
   Projections(std::initializer_list<TensorView> p) : parts(p), stacked(stacked_rows(p)) {}
 };
 
+// The GDN input projections' columns of a [T, conv_dim + HV dv + 2 HV] matrix (their outputs, or the gradients
+// of those), in Projections' order: qkv, z, b, a.
+struct InProjColumns {
+  TensorView qkv, z, b, a;
+};
+InProjColumns in_proj_columns(const TensorView& m, const Config& c) {
+  const std::int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim(), HV = c.linear_num_value_heads;
+  return {col_slice(m, 0, C), col_slice(m, C, C + vd), col_slice(m, C + vd, C + vd + HV),
+          col_slice(m, C + vd + HV, C + vd + 2 * HV)};
+}
+std::int64_t in_proj_width(const Config& c) {
+  return c.linear_conv_dim() + c.linear_value_dim() + 2 * std::int64_t{c.linear_num_value_heads};
+}
+
 // The parameters of one layer, or their gradients: the same names resolve into either.
 struct GdnWeights {
   Projections in_proj;  // in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
@@ -453,22 +467,22 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
   a.post_rstd = stat({T});
   a.post_normed = act({T, c.hidden_size});
   a.mlp_gate_up = act({T, 2 * c.intermediate_size});
-  a.mlp_gate = col_slice(a.mlp_gate_up, 0, c.intermediate_size);
+  a.mlp_gate = col_slice(a.mlp_gate_up, 0, c.intermediate_size);  // gate_proj's columns, then up_proj's
   a.mlp_up = col_slice(a.mlp_gate_up, c.intermediate_size, 2 * c.intermediate_size);
   a.mlp_act = act({T, c.intermediate_size});
   if (kind == LayerKind::linear_attention) {
     const std::int64_t HV = c.linear_num_value_heads;
     GdnActivations& g = a.gdn;
-    const std::int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim();
-    g.in_proj = act({T, C + vd + 2 * HV});
-    g.qkv = col_slice(g.in_proj, 0, C);
-    g.z = col_slice(g.in_proj, C, C + vd);
-    g.b = col_slice(g.in_proj, C + vd, C + vd + HV);
-    g.a = col_slice(g.in_proj, C + vd + HV, C + vd + 2 * HV);
-    g.conv = act({T, C});
+    g.in_proj = act({T, in_proj_width(c)});
+    const InProjColumns columns = in_proj_columns(g.in_proj, c);
+    g.qkv = columns.qkv;
+    g.z = columns.z;
+    g.b = columns.b;
+    g.a = columns.a;
+    g.conv = act({T, c.linear_conv_dim()});
     g.q = act({T, c.linear_key_dim()});
     g.k = act({T, c.linear_key_dim()});
-    g.v = act({T, vd});
+    g.v = act({T, c.linear_value_dim()});
     g.g = stat({T, HV});
     g.beta = stat({T, HV});
     g.core = act({T, c.linear_value_dim()});
@@ -613,24 +627,23 @@ void Model::Impl::gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnAct
   const TensorView d_normed = temp({T, vd});
   linear_backward(d_normed, dw.out_proj, dout, a.normed, w.out_proj, false);
   // The input projections' gradients side by side, as their outputs are (in_proj's columns).
-  const std::int64_t C = c.linear_conv_dim();
-  const TensorView d_in_proj = temp({T, a.in_proj.shape[1]});
-  const TensorView d_qkv = col_slice(d_in_proj, 0, C), dz = col_slice(d_in_proj, C, C + vd);
-  const TensorView db = col_slice(d_in_proj, C + vd, C + vd + HV), da = col_slice(d_in_proj, C + vd + HV, C + vd + 2 * HV);
+  const TensorView d_in_proj = temp({T, in_proj_width(c)});
+  const InProjColumns d = in_proj_columns(d_in_proj, c);
   const TensorView d_core = temp({T, vd});
-  ops->gated_rmsnorm_backward(d_core, dz, dw.norm, d_normed, a.core, a.z, a.norm_rstd, w.norm);
+  ops->gated_rmsnorm_backward(d_core, d.z, dw.norm, d_normed, a.core, a.z, a.norm_rstd, w.norm);
   const TensorView dq = temp({T, kd}), dk_ = temp({T, kd}), dv_ = temp({T, vd});
   const TensorView dg = temp_stat({T, HV}), dbeta = temp_stat({T, HV});
   gdn::chunk_backward(gdn_inputs(a), {reshaped(d_core, {1, T, HV, dv}), std::nullopt},
                       {reshaped(dq, {1, T, H, dk}), reshaped(dk_, {1, T, H, dk}), reshaped(dv_, {1, T, HV, dv}),
                        reshaped(dg, {1, T, HV}), reshaped(dbeta, {1, T, HV}), std::nullopt},
                       gdn_options());
-  ops->gdn_gates_backward(da, db, dw.a_log, dw.dt_bias, dg, dbeta, a.a, a.b, w.a_log, w.dt_bias);
+  ops->gdn_gates_backward(d.a, d.b, dw.a_log, dw.dt_bias, dg, dbeta, a.a, a.b, w.a_log, w.dt_bias);
+  const std::int64_t C = c.linear_conv_dim();
   const TensorView d_conv = temp({T, C});
   ops->copy(col_slice(d_conv, 0, kd), dq);
   ops->copy(col_slice(d_conv, kd, 2 * kd), dk_);
   ops->copy(col_slice(d_conv, 2 * kd, C), dv_);
-  ops->conv1d_silu_backward(d_qkv, dw.conv1d, d_conv, a.qkv, w.conv1d, sequences);
+  ops->conv1d_silu_backward(d.qkv, dw.conv1d, d_conv, a.qkv, w.conv1d, sequences);
   linear_backward(dh, dw.in_proj, d_in_proj, h, w.in_proj, false);
 }
 

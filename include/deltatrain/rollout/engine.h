@@ -31,14 +31,11 @@
 #include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
-
-namespace deltatrain::model {
-class DeviceStream;
-}
 #include "deltatrain/rollout/sampling.h"
 
 namespace deltatrain::model {
 class Arena;
+class DeviceStream;
 }
 
 namespace deltatrain::rollout {
