@@ -14,10 +14,6 @@ namespace {
 
 std::string extent(std::int64_t n) { return n == kAnyExtent ? "?" : std::to_string(n); }
 
-void check_positive(std::int64_t value, const char* name) {
-  if (value <= 0) throw InvalidArgument(name, "must be positive, got " + std::to_string(value));
-}
-
 // One value per row.
 void check_count(std::size_t size, std::int64_t rows, const char* name) {
   if (static_cast<std::int64_t>(size) != rows)
@@ -50,6 +46,10 @@ CacheLayout cache_layout(const TensorView& v, const char* name, std::int64_t col
 
 }  // namespace
 
+void check_positive(std::int64_t value, const char* name) {
+  if (value <= 0) throw InvalidArgument(name, "must be positive, got " + std::to_string(value));
+}
+
 MatrixLayout matrix_layout(const TensorView& v, const char* name, std::int64_t rows, std::int64_t cols) {
   if (v.ndim != 2 || (rows != kAnyExtent && v.shape[0] != rows) || (cols != kAnyExtent && v.shape[1] != cols))
     throw InvalidArgument(name, "must have shape [" + extent(rows) + ", " + extent(cols) + "], got " + v.shape_string());
@@ -79,6 +79,7 @@ void check_rope(int heads, int head_dim, int rotary_dim, double theta) {
 
 GatedNormLayout check_gated_rmsnorm(const TensorView& x, const TensorView& weight) {
   const MatrixLayout m = matrix_layout(x, "x");
+  check_positive(m.cols, "x's columns");
   if (weight.ndim != 1 || weight.shape[0] < 1)
     throw InvalidArgument("weight", "must be a non-empty vector [head width], got " + weight.shape_string());
   const std::int64_t width = weight.shape[0];

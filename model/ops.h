@@ -63,6 +63,8 @@ MatrixLayout matrix_layout(const TensorView& v, const char* name, std::int64_t r
 // The other checks every implementation shares: extents, index values and offsets, which do not depend on the
 // device. InvalidArgument names the argument; each implementation adds its own device and dtype checks.
 
+// A count or extent that must be at least 1.
+void check_positive(std::int64_t value, const char* name);
 // cu_seqlens over `rows` packed rows: from 0 to rows, non-decreasing.
 void check_cu_seqlens(std::span<const std::int32_t> cu_seqlens, std::int64_t rows);
 // RoPE's extents: heads and head_dim positive, rotary_dim even in [2, head_dim], theta positive.

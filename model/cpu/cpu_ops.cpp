@@ -108,10 +108,6 @@ void check_same_rows(Index rows, std::size_t size, const char* name) {
                           "must hold one value per row (" + std::to_string(rows) + "), got " + std::to_string(size));
 }
 
-void check_positive(Index value, const char* name) {
-  if (value <= 0) throw InvalidArgument(name, "must be positive, got " + std::to_string(value));
-}
-
 // Token ids index a table of `rows` rows.
 void check_tokens(std::span<const std::int32_t> tokens, Index rows) {
   for (const std::int32_t token : tokens)

@@ -33,10 +33,6 @@ using cuda::Matrix;
 constexpr Index kAny = kAnyExtent;
 constexpr DType bf16 = DType::bf16, f32 = DType::f32;
 
-void check_positive(Index value, const char* name) {
-  if (value <= 0) throw InvalidArgument(name, "must be positive, got " + std::to_string(value));
-}
-
 class CudaOps final : public Ops {
  public:
   CudaOps(Device device, cudaStream_t stream, bool batch_invariant)

@@ -1077,6 +1077,13 @@ TEST_F(OpsTest, BadInputThrowsInvalidArgumentNamingTheArgument) {
   expect_invalid("weight",
                  [&] { ops_->rmsnorm_forward(out32.view(), rstd32.view(), x32.view(), w5.view(), 1e-6, true); });
   expect_invalid("x", [&] { ops_->rmsnorm_forward(out32.view(), rstd32.view(), xi, w32.view(), 1e-6, true); });
+  const Tensor empty32(f32, 4, 0);
+  expect_invalid("x's columns", [&] {
+    ops_->gated_rmsnorm_forward(empty32.view(), rstd32.view(), empty32.view(), empty32.view(), w32.view(), 1e-6);
+  });
+  expect_invalid("x", [&] {  // 6 columns are not whole heads of 5
+    ops_->gated_rmsnorm_forward(out32.view(), rstd32.view(), x32.view(), x32.view(), w5.view(), 1e-6);
+  });
   expect_invalid("b", [&] { ops_->gemm(false, false, 1, x32.view(), x32.view(), 0, out32.view()); });
   expect_invalid(
       "a", [&] { ops_->gemm(false, true, 1, Tensor(f64, 4, 6).view(), x32.view(), 0, Tensor(f32, 4, 4).view()); });
