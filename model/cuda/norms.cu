@@ -166,7 +166,7 @@ struct NormWeightGrad {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// Launches a row kernel as launch(vectorized, lanes, blocks, threads) with std::integral_constant arguments.
+// Launches a row kernel as launch(vectorized, lanes, blocks), the first two std::integral_constant arguments.
 template <class Launch>
 void launch_rows(const char* name, Index rows, Index cols, bool vectorized, Launch launch) {
   if (rows == 0) return;
