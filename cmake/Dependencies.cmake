@@ -48,8 +48,21 @@ if(DELTATRAIN_WITH_CUDA)
   endif()
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
   find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
+  # cuDNN's fused attention (model/cuda/cudnn_attention.cpp): the library beside the CUDA toolkit, the
+  # header-only cudnn-frontend from PyPI's nvidia-cudnn-frontend (make deps installs it into .venv/). The
+  # portable wheel (static runtime, only the driver needed) leaves it out and runs the unfused attention.
+  set(DELTATRAIN_WITH_CUDNN OFF)
+  if(NOT DELTATRAIN_CUDA_STATIC_RUNTIME)
+    find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
+    file(GLOB _frontend_hints ${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages/include)
+    find_path(CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h HINTS ${_frontend_hints})
+    if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY AND CUDNN_FRONTEND_INCLUDE_DIR)
+      set(DELTATRAIN_WITH_CUDNN ON)
+    endif()
+  endif()
 endif()
-message(STATUS "deltatrain: CUDA backends ${DELTATRAIN_WITH_CUDA}, CPU arch ${DELTATRAIN_CPU_ARCH}, "
+message(STATUS "deltatrain: CUDA backends ${DELTATRAIN_WITH_CUDA} (cuDNN attention ${DELTATRAIN_WITH_CUDNN}), CPU arch ${DELTATRAIN_CPU_ARCH}, "
                "whole project ${DELTATRAIN_FULL} (OFF: the Python package only)")
 
 # Warnings for the project's own code.

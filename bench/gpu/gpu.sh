@@ -74,7 +74,8 @@ pack() {
   du -h "$BUNDLE"/*.tar.xz
 }
 
-# The directory of the image's CUDA wheel library whose file name matches $1 (the CUDA runtime, cuBLASLt, NCCL).
+# The directory of the image's CUDA wheel library whose file name matches $1 (the CUDA runtime, cuBLASLt, NCCL,
+# cuDNN, NVRTC).
 wheel_lib() {
   dirname "$(find "$(python3 -c 'import site; print(site.getsitepackages()[0])')/nvidia" -name "$1" | head -1)"
 }
@@ -88,7 +89,7 @@ setup() {
   local ompi=$ROOT/ompi
   export OPAL_PREFIX=$ompi PATH=$ompi/bin:$PATH PMIX_MCA_mca_base_component_path=$ompi/pmix2/lib/pmix
   [ -e /usr/lib/x86_64-linux-gnu/pmix2 ] || ln -s "$ompi/pmix2" /usr/lib/x86_64-linux-gnu/pmix2
-  export LD_LIBRARY_PATH=$ompi/lib:$ROOT/lib:$(wheel_lib 'libcublasLt.so.*'):$(wheel_lib 'libcudart.so.*'):$(wheel_lib 'libnccl.so.*'):${LD_LIBRARY_PATH:-}
+  export LD_LIBRARY_PATH=$ompi/lib:$ROOT/lib:$(wheel_lib 'libcublasLt.so.*'):$(wheel_lib 'libcudart.so.*'):$(wheel_lib 'libnccl.so.*'):$(wheel_lib 'libcudnn.so.*'):$(wheel_lib 'libnvrtc.so.*'):${LD_LIBRARY_PATH:-}
   export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export HWLOC_COMPONENTS=-gl,-opencl NCCL_NVLS_ENABLE=0
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -118,6 +119,9 @@ tests() {
   # The mma.sync passes that GPUs other than sm_90 take, on this one (as tests/gdn_cuda/CMakeLists.txt registers them).
   DELTATRAIN_CUDA_WGMMA=0 run_test "$out" test_gdn_cuda-mma-sync "$ROOT/bin/test_gdn_cuda" \
     --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*-*K256*:*float32*:*f32_*'
+  # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
+  DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
+    --gtest_filter='*Attention*'
 }
 
 sanitize() {

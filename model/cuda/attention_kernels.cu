@@ -1,6 +1,7 @@
 // The row kernels of the unfused attention (attention.cpp runs them between cuBLASLt products): the causal
 // softmax over a block of score rows and its backward, and the moves of a GQA group's head columns to and
-// from contiguous blocks.
+// from contiguous blocks; and the small kernels around cuDNN's fused attention (cudnn_attention.cpp): its
+// ragged offsets and sequence lengths from cu_seqlens, its statistics to and from lse [Hq, T].
 #include "common.cuh"
 
 namespace deltatrain::model::cuda {
@@ -94,6 +95,40 @@ __global__ void attention_delta_kernel(float* delta, Matrix dout, Matrix o, int 
 
 unsigned score_blocks(const ScoreRows& rows) { return static_cast<unsigned>(rows.groups * rows.length); }
 
+__global__ void ragged_offsets_kernel(std::int32_t* offsets, std::int32_t* lengths, RaggedStrides strides,
+                                      Sequences seq, int batch) {
+  for (int i = threadIdx.x; i < strides.tensors * (batch + 1); i += blockDim.x) {
+    const int tensor = i / (batch + 1), n = i % (batch + 1);
+    offsets[i] = static_cast<std::int32_t>(seq.cu[min(n, seq.count)] * strides.ld[tensor]);
+  }
+  for (int n = threadIdx.x; n < batch; n += blockDim.x)
+    lengths[n] = n < seq.count ? seq.cu[n + 1] - seq.cu[n] : 0;
+}
+
+// Thread (s, sequence n, head h): stats[(n * heads + h) * length + s] <-> lse[h, cu[n] + s], for s below n's length.
+template <bool ToLse>
+__global__ void move_stats_kernel(float* stats, Matrix lse, Sequences seq, Index length) {
+  const Index s = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  const int n = blockIdx.y, h = blockIdx.z;
+  const std::int32_t start = seq.cu[n];
+  if (s >= seq.cu[n + 1] - start) return;
+  float* packed = row_of<float>(lse, h) + start + s;
+  float* padded = stats + (static_cast<Index>(n) * lse.rows + h) * length + s;
+  if constexpr (ToLse) {
+    *packed = *padded;
+  } else {
+    *padded = *packed;
+  }
+}
+
+template <bool ToLse>
+void move_stats(const char* name, float* stats, Matrix lse, Sequences seq, Index length, cudaStream_t stream) {
+  if (seq.count == 0 || lse.rows == 0 || length == 0) return;
+  const dim3 grid(grid_for(length, kThreads), static_cast<unsigned>(seq.count), static_cast<unsigned>(lse.rows));
+  move_stats_kernel<ToLse><<<grid, kThreads, 0, stream>>>(stats, lse, seq, length);
+  check_launch(name);
+}
+
 }  // namespace
 
 void causal_softmax(void* p, const float* s, ScoreRows rows, cudaStream_t stream) {
@@ -125,6 +160,20 @@ void attention_delta(float* delta, Matrix dout, Matrix o, int groups, int head_d
   if (warps == 0) return;
   attention_delta_kernel<<<grid_for(warps, kThreads / 32), kThreads, 0, stream>>>(delta, dout, o, groups, head_dim);
   check_launch("attention (delta)");
+}
+
+void ragged_offsets(std::int32_t* offsets, std::int32_t* lengths, RaggedStrides strides, Sequences sequences, int batch,
+                    cudaStream_t stream) {
+  ragged_offsets_kernel<<<1, kThreads, 0, stream>>>(offsets, lengths, strides, sequences, batch);
+  check_launch("attention (ragged offsets)");
+}
+
+void lse_from_stats(Matrix lse, const float* stats, Sequences sequences, Index length, cudaStream_t stream) {
+  move_stats<true>("attention (lse from statistics)", const_cast<float*>(stats), lse, sequences, length, stream);
+}
+
+void stats_from_lse(float* stats, Matrix lse, Sequences sequences, Index length, cudaStream_t stream) {
+  move_stats<false>("attention (statistics from lse)", stats, lse, sequences, length, stream);
 }
 
 }  // namespace deltatrain::model::cuda

@@ -4,7 +4,8 @@
 //
 // Dtypes: bfloat16 parameters and activations, float32 statistics (rstd, lse), gates (g, beta), loss
 // weights and log-probabilities, and float32 weight gradients; computation in float32.
-// Determinism: no floating-point atomics anywhere; weight gradients are sums over fixed blocks of rows
+// Determinism: no floating-point atomics anywhere (cuDNN's attention backward runs its deterministic
+// algorithm); weight gradients are sums over fixed blocks of rows
 // added in block order (common.cuh), the embedding's by runs of sorted tokens (embedding.cu).
 // Batch invariance (ModelOptions::batch_invariant): the products' algorithms do not depend on the number of rows
 // (gemm.h's row_invariant; attention's inner products need not), attention runs decode's kernel over the
@@ -13,10 +14,15 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
 #include "attention.h"
+#include "attention_plan.h"
+#include "cudnn_attention.h"
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
@@ -185,16 +191,20 @@ class CudaOps final : public Ops {
     const Matrix qm = matrix(q, "q", bf16, kAny, Index{q_heads} * head_dim);
     const Index R = qm.rows, kv_cols = Index{kv_heads} * head_dim;
     const cuda::Sequences seq = sequences(cu_seqlens, R);
-    if (batch_invariant_) {
-      check_cached_head_dim(head_dim, "attention_forward (batch-invariant: cached_attention's kernel)");
-      cuda::row_attention(matrix(o, "o", bf16, R, qm.cols), matrix(lse, "lse", f32, q_heads, R), qm,
-                          matrix(k, "k", bf16, R, kv_cols), matrix(v, "v", bf16, R, kv_cols), q_heads, kv_heads,
-                          head_dim, s.scale, seq, stream_);
-      return;
+    const Matrix om = matrix(o, "o", bf16, R, qm.cols), lm = matrix(lse, "lse", f32, q_heads, R);
+    const Matrix km = matrix(k, "k", bf16, R, kv_cols), vm = matrix(v, "v", bf16, R, kv_cols);
+    switch (attention_kernels(false, head_dim, {om, qm, km, vm})) {
+      case cuda::AttentionKernels::rows:
+        check_cached_head_dim(head_dim, "attention_forward (batch-invariant: cached_attention's kernel)");
+        cuda::row_attention(om, lm, qm, km, vm, q_heads, kv_heads, head_dim, s.scale, seq, stream_);
+        return;
+      case cuda::AttentionKernels::cudnn:
+        cudnn_attention().forward(workspace_, om, lm, qm, km, vm, s, cu_seqlens.host, seq, stream_);
+        return;
+      case cuda::AttentionKernels::unfused:
+        cuda::unfused_attention_forward(gemm_, workspace_, om, lm, qm, km, vm, s, cu_seqlens.host, stream_);
+        return;
     }
-    cuda::attention_forward(gemm_, workspace_, matrix(o, "o", bf16, R, qm.cols), matrix(lse, "lse", f32, q_heads, R),
-                            qm, matrix(k, "k", bf16, R, kv_cols), matrix(v, "v", bf16, R, kv_cols), s,
-                            cu_seqlens.host, stream_);
   }
 
   void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& dout,
@@ -205,12 +215,18 @@ class CudaOps final : public Ops {
     const cuda::AttentionShape s = attention_shape(q_heads, kv_heads, head_dim, scale);
     const Matrix qm = matrix(q, "q", bf16, kAny, Index{q_heads} * head_dim);
     const Index R = qm.rows, q_cols = qm.cols, kv_cols = Index{kv_heads} * head_dim;
-    sequences(cu_seqlens, R);
-    cuda::attention_backward(gemm_, workspace_, matrix(dq, "dq", bf16, R, q_cols), matrix(dk, "dk", bf16, R, kv_cols),
-                             matrix(dv, "dv", bf16, R, kv_cols), matrix(dout, "dout", bf16, R, q_cols), qm,
-                             matrix(k, "k", bf16, R, kv_cols), matrix(v, "v", bf16, R, kv_cols),
-                             matrix(o, "o", bf16, R, q_cols), matrix(lse, "lse", f32, q_heads, R), s,
-                             cu_seqlens.host, stream_);
+    const cuda::Sequences seq = sequences(cu_seqlens, R);
+    const Matrix dqm = matrix(dq, "dq", bf16, R, q_cols), dkm = matrix(dk, "dk", bf16, R, kv_cols);
+    const Matrix dvm = matrix(dv, "dv", bf16, R, kv_cols), doutm = matrix(dout, "dout", bf16, R, q_cols);
+    const Matrix km = matrix(k, "k", bf16, R, kv_cols), vm = matrix(v, "v", bf16, R, kv_cols);
+    const Matrix om = matrix(o, "o", bf16, R, q_cols), lm = matrix(lse, "lse", f32, q_heads, R);
+    if (attention_kernels(true, head_dim, {dqm, dkm, dvm, doutm, qm, km, vm, om}) == cuda::AttentionKernels::cudnn) {
+      cudnn_attention().backward(workspace_, dqm, dkm, dvm, doutm, qm, km, vm, om, lm, s, cu_seqlens.host, seq,
+                                 stream_);
+    } else {
+      cuda::unfused_attention_backward(gemm_, workspace_, dqm, dkm, dvm, doutm, qm, km, vm, om, lm, s,
+                                       cu_seqlens.host, stream_);
+    }
   }
 
   void sigmoid_gate_forward(const TensorView& out, const TensorView& x, const TensorView& gate) override {
@@ -395,6 +411,27 @@ class CudaOps final : public Ops {
                             std::to_string(cuda::kMaxCachedHeadDim) + " its kernel holds in registers");
   }
 
+  // attention_plan.h's choice for this call; `rows` are its bfloat16 matrices.
+  cuda::AttentionKernels attention_kernels(bool backward, int head_dim, std::initializer_list<Matrix> rows) const {
+    static const char* const cudnn_setting = std::getenv("DELTATRAIN_CUDNN_ATTENTION");  // read once
+    cuda::AttentionPlanInputs in;
+    in.backward = backward;
+    in.batch_invariant = batch_invariant_;
+    in.cudnn_built = cuda::CudnnAttention::built();
+    in.cudnn_allowed = cuda::cudnn_attention_allowed_by(cudnn_setting);
+    in.head_dim = head_dim;
+    in.rows_aligned = std::all_of(rows.begin(), rows.end(), [](const Matrix& m) {
+      return reinterpret_cast<std::uintptr_t>(m.data) % 16 == 0 && m.ld % 8 == 0;
+    });
+    return cuda::plan_attention(in);
+  }
+
+  // Made on first use: a cuDNN handle costs memory that models without attention layers need not spend.
+  cuda::CudnnAttention& cudnn_attention() {
+    if (!cudnn_attention_) cudnn_attention_ = std::make_unique<cuda::CudnnAttention>();
+    return *cudnn_attention_;
+  }
+
   static cuda::AttentionShape attention_shape(int q_heads, int kv_heads, int head_dim, double scale) {
     check_attention_heads(q_heads, kv_heads, head_dim);
     return {q_heads, kv_heads, head_dim, static_cast<float>(scale)};
@@ -411,6 +448,7 @@ class CudaOps final : public Ops {
   bool batch_invariant_;
   cuda::Gemm gemm_;
   cuda::Workspace workspace_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
 };
 
 }  // namespace

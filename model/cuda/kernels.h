@@ -156,4 +156,20 @@ void scatter_heads(Matrix dst, const void* src, int groups, int head_dim, cudaSt
 // delta[j * length + i] = sum_d dout[i, j * head_dim + d] * o[i, j * head_dim + d] for `groups` heads.
 void attention_delta(float* delta, Matrix dout, Matrix o, int groups, int head_dim, cudaStream_t stream);
 
+// ---- attention.cu: around cuDNN's fused attention (cudnn_attention.cpp) ----
+// cuDNN's ragged offsets in elements for up to kMaxRaggedTensors packed tensors of row stride ld[j]:
+// offsets[j * (batch + 1) + n] = cu[min(n, count)] * ld[j]; lengths[n] = sequence n's length, 0 for the
+// padding sequences count <= n < batch. One block; the values must fit int32 (the caller checks).
+inline constexpr int kMaxRaggedTensors = 8;
+struct RaggedStrides {
+  Index ld[kMaxRaggedTensors] = {};
+  int tensors = 0;
+};
+void ragged_offsets(std::int32_t* offsets, std::int32_t* lengths, RaggedStrides strides, Sequences sequences, int batch,
+                    cudaStream_t stream);
+// cuDNN's statistics [batch, Hq, length] (float32, the log-sum-exp of each query's scaled scores) to and from
+// lse [Hq, T] (Hq = lse.rows): lse[h, cu[n] + s] <-> stats[(n Hq + h) length + s] for s below n's length.
+void lse_from_stats(Matrix lse, const float* stats, Sequences sequences, Index length, cudaStream_t stream);
+void stats_from_lse(float* stats, Matrix lse, Sequences sequences, Index length, cudaStream_t stream);
+
 }  // namespace deltatrain::model::cuda

@@ -25,6 +25,7 @@
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
+#include "cuda/attention_plan.h"
 #include "ops.h"
 
 namespace deltatrain::model {
@@ -289,6 +290,45 @@ const Layout kLayouts[] = {{256, 0}, {128, 8}, {64, 24}, {37, 3}};
 TEST(CudaOpsAvailability, UnavailableWithoutGpu) {
   if (gpu_unusable().empty()) GTEST_SKIP() << "a usable GPU is present; the other tests cover it";
   EXPECT_THROW(make_cuda_ops(kGpu, nullptr), Unavailable);
+}
+
+// The attention kernels' choice (attention_plan.h): pure, so it runs without a GPU.
+TEST(AttentionPlan, CudnnWhereItAppliesTheUnfusedKernelsElsewhere) {
+  using cuda::AttentionKernels;
+  cuda::AttentionPlanInputs qwen;  // Qwen3.5's heads in a build with cuDNN
+  qwen.cudnn_built = true;
+  qwen.head_dim = 256;
+  qwen.rows_aligned = true;
+  EXPECT_EQ(cuda::plan_attention(qwen), AttentionKernels::cudnn);
+  const auto with = [&](auto change) {
+    cuda::AttentionPlanInputs in = qwen;
+    change(in);
+    return cuda::plan_attention(in);
+  };
+  EXPECT_EQ(with([](auto& in) { in.backward = true; }), AttentionKernels::cudnn);
+  EXPECT_EQ(with([](auto& in) { in.head_dim = 64; }), AttentionKernels::cudnn);
+  for (const int head_dim : {68, 264, 512})
+    EXPECT_EQ(with([&](auto& in) { in.head_dim = head_dim; }), AttentionKernels::unfused) << head_dim;
+  EXPECT_EQ(with([](auto& in) { in.rows_aligned = false; }), AttentionKernels::unfused);
+  EXPECT_EQ(with([](auto& in) { in.cudnn_built = false; }), AttentionKernels::unfused);
+  EXPECT_EQ(with([](auto& in) { in.cudnn_allowed = false; }), AttentionKernels::unfused);
+  // Batch invariance binds the forward (the log-probabilities) only.
+  EXPECT_EQ(with([](auto& in) { in.batch_invariant = true; }), AttentionKernels::rows);
+  EXPECT_EQ(with([](auto& in) { in.batch_invariant = true, in.head_dim = 68; }), AttentionKernels::rows);
+  EXPECT_EQ(with([](auto& in) { in.batch_invariant = true, in.backward = true; }), AttentionKernels::cudnn);
+}
+
+TEST(AttentionPlan, CudnnSettingIsZeroOrOne) {
+  EXPECT_TRUE(cuda::cudnn_attention_allowed_by(nullptr));
+  EXPECT_TRUE(cuda::cudnn_attention_allowed_by(""));
+  EXPECT_TRUE(cuda::cudnn_attention_allowed_by("1"));
+  EXPECT_FALSE(cuda::cudnn_attention_allowed_by("0"));
+  try {
+    cuda::cudnn_attention_allowed_by("off");
+    FAIL() << "'off' was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("DELTATRAIN_CUDNN_ATTENTION"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CudaOpsTest, GemmMatchesCpuForEveryTranspositionAndOutputType) {
