@@ -305,13 +305,17 @@ TensorLookup checked(const TensorLookup& lookup, const std::vector<ParamInfo>& i
 
 }  // namespace
 
+std::int64_t default_loss_chunk(const Device& device) { return device.type == DeviceType::cpu ? 1024 : 4096; }
+
 DType gradient_dtype(const ModelOptions& options) {
   return options.device.type == DeviceType::cpu ? options.dtype : DType::f32;
 }
 
 Model::Model(const Config& config, const ModelOptions& options) : impl_(std::make_unique<Impl>(config, options)) {
   validate(config);
-  if (options.loss_chunk < 1) throw InvalidArgument("loss_chunk", "must be at least 1 token");
+  if (options.loss_chunk < 0)
+    throw InvalidArgument("loss_chunk", "must be at least 1 token, or 0 for the device's default, got " +
+                                            std::to_string(options.loss_chunk));
   if (options.cpu_threads < 0) throw InvalidArgument("cpu_threads", "must be >= 0 (0: all available)");
   if (options.memory != nullptr && options.memory->device() != options.device) {
     throw InvalidArgument("memory", "allocates on " + device_name(options.memory->device()) + ", the model runs on " +
@@ -752,7 +756,9 @@ void Model::Impl::layer_backward(int layer, const TensorView& dx) {
 // The loss over chunks of loss_chunk tokens; with want_grad, d_final and the lm_head's gradient are formed
 // chunk by chunk too, so at most loss_chunk x vocab logits exist at once.
 double Model::Impl::loss(bool want_grad) {
-  const std::int64_t V = config.vocab_size, chunk = std::min<std::int64_t>(options.loss_chunk, T);
+  const std::int64_t V = config.vocab_size;
+  const std::int64_t chunk =
+      std::min<std::int64_t>(options.loss_chunk > 0 ? options.loss_chunk : default_loss_chunk(options.device), T);
   scratch.reset();
   const TensorView logits = temp({chunk, V});
   const bool on_host = options.device.type == DeviceType::cpu;

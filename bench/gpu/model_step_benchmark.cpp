@@ -3,7 +3,7 @@
 // seed, tokens random, packed as --sequences x --seq-len.
 //
 //   model_step_benchmark [--config qwen3.5-0.8b] [--sequences 8] [--seq-len 4096] [--steps 5] [--warmup 2]
-//                        [--peak-tflops 989] [--recompute] [--json FILE]
+//                        [--peak-tflops 989] [--recompute] [--loss-chunk TOKENS] [--json FILE]
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   int sequences = 8, seq_len = 4096, steps = 5, warmup = 2;
   double peak_tflops = 989;
   bool recompute = false;
+  std::int64_t loss_chunk = model::ModelOptions{}.loss_chunk;
   app.add_option("--config", config_name);
   app.add_option("--sequences", sequences);
   app.add_option("--seq-len", seq_len);
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_option("--peak-tflops", peak_tflops, "dense bf16 peak of the GPU (H200: 989)");
   app.add_flag("--recompute", recompute);
+  app.add_option("--loss-chunk", loss_chunk, "tokens per chunk of the loss (0: the model's default for a GPU)");
   app.add_option("--json", json_path);
   CLI11_PARSE(app, argc, argv);
 
@@ -49,7 +51,8 @@ int main(int argc, char** argv) {
     host.init(config.initializer_range, 1);
     model::DeviceParams device(host, gpu);
     device.upload(host, stream);
-    model::Model m(config, {.device = gpu, .dtype = DType::bf16, .stream = stream, .recompute = recompute});
+    model::Model m(config, {.device = gpu, .dtype = DType::bf16, .stream = stream, .loss_chunk = loss_chunk,
+                            .recompute = recompute});
     m.bind(device.params(), device.grads());
 
     std::mt19937 rng(7);
@@ -91,7 +94,7 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json out = {
         {"gpu", prop.name},           {"config", config_name},
         {"tokens", tokens.size()},    {"sequences", sequences},
-        {"seq_len", seq_len},         {"recompute", recompute},
+        {"seq_len", seq_len},         {"recompute", recompute},  {"loss_chunk", loss_chunk > 0 ? loss_chunk : model::default_loss_chunk(gpu)},
         {"step_ms", median},          {"forward_ms", median_forward},
         {"backward_ms", median - median_forward},
         {"tokens_per_s", tokens_per_s}, {"training_gflop_per_token", flops.total() / 1e9},

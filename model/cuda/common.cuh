@@ -134,19 +134,38 @@ struct PackedBf16<8> {
   using type = uint4;
 };
 
-// Elements [c0, c0 + N) of a bfloat16 row as floats: one access of 2N bytes, or element by element up to cols
-// (zeros past it).
+// N bfloat16 elements as loaded, not yet converted: a kernel can fetch rows ahead of their use and keep the loads
+// travelling in the registers (conversion would wait for them).
+template <int N>
+struct alignas(2 * N) RawBf16 {
+  bf16 e[N];
+};
+
+// Elements [c0, c0 + N) of a bfloat16 row: one access of 2N bytes, or element by element up to cols (zeros
+// past it).
 template <int N, bool Vectorized>
-__device__ __forceinline__ void load_n(const bf16* row, Index c0, Index cols, float (&v)[N]) {
+__device__ __forceinline__ RawBf16<N> fetch_n(const bf16* row, Index c0, Index cols) {
+  RawBf16<N> raw;
   if constexpr (Vectorized) {
-    const auto packed = *reinterpret_cast<const typename PackedBf16<N>::type*>(row + c0);
-    const bf16* e = reinterpret_cast<const bf16*>(&packed);
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = to_float(e[k]);
+    *reinterpret_cast<typename PackedBf16<N>::type*>(&raw) =
+        *reinterpret_cast<const typename PackedBf16<N>::type*>(row + c0);
   } else {
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = c0 + k < cols ? to_float(row[c0 + k]) : 0.f;
+    for (int k = 0; k < N; ++k) raw.e[k] = c0 + k < cols ? row[c0 + k] : to_bf16(0.f);
   }
+  return raw;
+}
+
+template <int N>
+__device__ __forceinline__ void unpack(const RawBf16<N>& raw, float (&v)[N]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = to_float(raw.e[k]);
+}
+
+// Elements [c0, c0 + N) of a bfloat16 row as floats (zeros past cols).
+template <int N, bool Vectorized>
+__device__ __forceinline__ void load_n(const bf16* row, Index c0, Index cols, float (&v)[N]) {
+  unpack(fetch_n<N, Vectorized>(row, c0, cols), v);
 }
 
 template <int N, bool Vectorized>
@@ -247,13 +266,34 @@ __global__ void column_partials_kernel(F f, Index rows, Index cols, Index rows_p
   partials[blockIdx.y * cols + c] = sum;
 }
 
+// dst[c] += the sum over b of partials[b * cols + c]: a block takes 32 columns with 32 warps, warp y adding
+// blocks y, y + 32, ... of them (its 32 lanes on adjacent columns: coalesced), then the warps' sums added in
+// warp order. A fixed order, so bitwise stable; and 1024 loads in flight a block, not 32 threads each
+// walking thousands of partial rows one at a time.
+constexpr int kFinishColumns = 32, kFinishWarps = 32;
+
 template <class Unused = void>
-__global__ void column_finish_kernel(const float* partials, Index blocks, Index cols, float* dst) {
-  const Index c = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
+__global__ void __launch_bounds__(kFinishColumns * kFinishWarps)
+    column_finish_kernel(const float* partials, Index blocks, Index cols, float* dst) {
+  __shared__ float warp_sums[kFinishWarps][kFinishColumns + 1];
+  const Index c = blockIdx.x * static_cast<Index>(kFinishColumns) + threadIdx.x;
   float sum = 0.f;
-  for (Index b = 0; b < blocks; ++b) sum += partials[b * cols + c];
-  dst[c] += sum;
+  if (c < cols)
+    for (Index b = threadIdx.y; b < blocks; b += kFinishWarps) sum += partials[b * cols + c];
+  warp_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float total = 0.f;
+  for (int w = 0; w < kFinishWarps; ++w) total += warp_sums[w][threadIdx.x];
+  dst[c] += total;
+}
+
+inline void column_finish(const char* name, const float* partials, Index blocks, Index cols, float* dst,
+                          cudaStream_t stream) {
+  if (cols == 0) return;
+  column_finish_kernel<<<grid_for(cols, kFinishColumns), dim3(kFinishColumns, kFinishWarps), 0, stream>>>(
+      partials, blocks, cols, dst);
+  check_launch(name);
 }
 
 template <class F>
@@ -267,8 +307,7 @@ void column_sums(const char* name, F f, Index rows, Index cols, float* dst, Work
   const dim3 grid(grid_for(cols, kColumnThreads), static_cast<unsigned>(blocks));
   column_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(f, rows, cols, rows_per_block, partials);
   check_launch(name);
-  column_finish_kernel<<<grid_for(cols, kColumnThreads), kColumnThreads, 0, stream>>>(partials, blocks, cols, dst);
-  check_launch(name);
+  column_finish(name, partials, blocks, cols, dst, stream);
 }
 
 // The sequence n holding row t: cu[n] <= t < cu[n + 1] (binary search; empty sequences are skipped over).

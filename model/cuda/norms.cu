@@ -1,7 +1,12 @@
 // RMSNorm (plain and zero-centred) and the GDN block's gated RMSNorm, with their backwards: a warp or half a
 // warp per row (rows are at most a few thousand columns), 8 consecutive columns per lane access, float32 sums.
-// Weight gradients go through column_sums (common.cuh), so they are bitwise reproducible.
+// The backward sums weight gradients per block of rows, added in block order (common.cuh's column_finish_kernel),
+// so they are bitwise reproducible.
+#include <string>
 #include <type_traits>
+
+#include "deltatrain/core/cuda_check.h"
+#include "deltatrain/core/error.h"
 
 #include "common.cuh"
 
@@ -13,17 +18,20 @@ constexpr int kNormThreads = 256;
 // The lanes that share a row: 16 for rows of at most 128 columns (the GDN heads' gated norm: a whole warp per
 // row would leave half its lanes idle), else 32. Each lane takes 8 consecutive columns per step. A group past
 // the last row works on the last row without storing, so that every lane of a warp reaches the shuffles.
+// The forward kernels' block takes one row per group: row_in_block() of them.
 template <int Lanes>
 struct RowGroup {
   static constexpr int kStep = Lanes * kVector;  // columns a group covers per step
   Index row;
   bool active;
   Index column;  // this lane's first column
-  __device__ explicit RowGroup(Index rows) {
-    const Index r = blockIdx.x * static_cast<Index>(kNormThreads / Lanes) + threadIdx.x / Lanes;
+  __device__ RowGroup(Index rows, Index r) {
     active = r < rows;
     row = active ? r : rows - 1;
     column = static_cast<Index>(threadIdx.x % Lanes) * kVector;
+  }
+  __device__ static Index row_in_block() {
+    return blockIdx.x * static_cast<Index>(kNormThreads / Lanes) + threadIdx.x / Lanes;
   }
   __device__ static float sum(float v) {
 #pragma unroll
@@ -54,7 +62,7 @@ __device__ float inverse_rms(const RowGroup<Lanes>& g, const bf16* x, Index cols
 
 template <int Lanes, bool V>
 __global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, const bf16* w, float eps, bool zero_centred) {
-  const RowGroup<Lanes> g(x.rows);
+  const RowGroup<Lanes> g(x.rows, RowGroup<Lanes>::row_in_block());
   const bf16* xr = row_of<const bf16>(x, g.row);
   const float s = inverse_rms<Lanes, V>(g, xr, x.cols, eps);
   if (!g.active) return;
@@ -69,64 +77,124 @@ __global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, const 
   }
 }
 
+// The backward's blocks: each takes kRowsPerGroup rows per row group (interleaved, so a block's loads stay
+// adjacent), and sums its rows' weight-gradient terms into one partial row that column_finish_kernel adds in
+// block order (deterministic, and the terms need no second pass over dy and x).
+constexpr int kRowsPerGroup = 8;
+
+// sums[c0 + k] += dy x rstd gate for the lane's 8 columns: two 16-byte shared-memory accesses when vectorized (a
+// lane's 8 floats per access, element by element, would put 8 lanes on each bank).
+template <bool V>
+__device__ void add_weight_terms(float* sums, Index c0, Index cols, const float (&d)[kVector],
+                                 const float (&v)[kVector], float s, const float (&gate)[kVector]) {
+  if constexpr (V) {
+    auto* quads = reinterpret_cast<float4*>(sums + c0);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float4 q = quads[half];
+      const int k = 4 * half;
+      q.x += d[k] * (v[k] * s) * gate[k];
+      q.y += d[k + 1] * (v[k + 1] * s) * gate[k + 1];
+      q.z += d[k + 2] * (v[k + 2] * s) * gate[k + 2];
+      q.w += d[k + 3] * (v[k + 3] * s) * gate[k + 3];
+      quads[half] = q;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVector; ++k)
+      if (c0 + k < cols) sums[c0 + k] += d[k] * (v[k] * s) * gate[k];
+  }
+}
+
+template <int Lanes>
+__host__ __device__ constexpr Index backward_block_rows() {
+  return Index{kNormThreads / Lanes} * kRowsPerGroup;
+}
+
 // dx (=, or += when accumulate) = rstd * (dy g - x rstd^2 mean(dy g x)) for y = (x rstd) g, where g is
 // (1 + w) or w, or w silu(z) for the gated norm (z non-null), which also writes dz = dy w (x rstd) silu'(z).
-// Each pass evaluates sigmoid(z) once per element for both silu(z) and silu'(z).
+// dweight's terms dy (x rstd), times silu(z) for the gated norm, go to partials[block][c] (the group's sums in
+// shared memory, [groups][cols], each lane on its own columns). Sigmoid(z) is evaluated once per element a pass.
+// Three blocks an SM (80 registers; 96 unbounded left two, too few loads in flight for a memory-bound kernel).
 template <int Lanes, bool V>
-__global__ void rms_input_grad_kernel(Matrix dx, Matrix dz, Matrix dout, Matrix x, Matrix z, Index heads,
-                                      const float* rstd, const bf16* w, bool zero_centred, bool accumulate) {
-  const Index cols = x.cols / heads;
-  const RowGroup<Lanes> group(x.rows * heads);
-  const Index r = group.row;
-  const bf16 *dy = norm_row<const bf16>(dout, r, heads, cols), *xr = norm_row<const bf16>(x, r, heads, cols);
-  const bf16* zr = z.data != nullptr ? norm_row<const bf16>(z, r, heads, cols) : nullptr;
-  const float s = rstd[r];
-  // The per-element factor g of columns [c0, c0 + 8), with w and silu'(z) for the gated norm's dz.
-  auto factor = [&](Index c0, float (&g)[kVector], float (&wv)[kVector], float (&gate_grad)[kVector]) {
-    load8<V>(w, c0, cols, wv);
-    if (zr != nullptr) {
-      float zv[kVector];
-      load8<V>(zr, c0, cols, zv);
+__global__ void __launch_bounds__(kNormThreads, 3) rms_input_grad_kernel(Matrix dx, Matrix dz, Matrix dout, Matrix x, Matrix z, Index heads,
+                                      const float* rstd, const bf16* w, bool zero_centred, bool accumulate,
+                                      float* partials) {
+  extern __shared__ float group_sums[];
+  constexpr int kGroups = kNormThreads / Lanes;
+  const Index cols = x.cols / heads, rows = x.rows * heads;
+  float* sums = group_sums + (threadIdx.x / Lanes) * cols;
+  const Index first_column = static_cast<Index>(threadIdx.x % Lanes) * kVector;
+  for (Index c0 = first_column; c0 < cols; c0 += RowGroup<Lanes>::kStep)
+#pragma unroll
+    for (int k = 0; k < kVector; ++k)
+      if (c0 + k < cols) sums[c0 + k] = 0.f;
+
+  for (int i = 0; i < kRowsPerGroup; ++i) {
+    const RowGroup<Lanes> group(rows, blockIdx.x * backward_block_rows<Lanes>() + i * kGroups + threadIdx.x / Lanes);
+    const Index r = group.row;
+    const bf16 *dy = norm_row<const bf16>(dout, r, heads, cols), *xr = norm_row<const bf16>(x, r, heads, cols);
+    const bf16* zr = z.data != nullptr ? norm_row<const bf16>(z, r, heads, cols) : nullptr;
+    const float s = rstd[r];
+    // Columns [c0, c0 + 8): the per-element factor g, w, silu(z) and silu'(z) (the gate terms 1 without z).
+    auto factor = [&](Index c0, float (&g)[kVector], float (&wv)[kVector], float (&gate)[kVector],
+                      float (&gate_grad)[kVector]) {
+      load8<V>(w, c0, cols, wv);
+      if (zr != nullptr) {
+        float zv[kVector];
+        load8<V>(zr, c0, cols, zv);
+#pragma unroll
+        for (int k = 0; k < kVector; ++k) {
+          const float sz = sigmoid(zv[k]);
+          gate[k] = zv[k] * sz;  // silu(z) as common.cuh forms it
+          g[k] = wv[k] * gate[k];
+          gate_grad[k] = sz * (1.f + zv[k] * (1.f - sz));
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVector; ++k) {
+          g[k] = zero_centred ? wv[k] + 1.f : wv[k];
+          gate[k] = gate_grad[k] = 1.f;
+        }
+      }
+    };
+    float dot = 0.f;
+    for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
+      float d[kVector], v[kVector], g[kVector], wv[kVector], gate[kVector], gate_grad[kVector];
+      load8<V>(dy, c0, cols, d);
+      load8<V>(xr, c0, cols, v);
+      factor(c0, g, wv, gate, gate_grad);
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) dot += d[k] * g[k] * v[k];
+    }
+    const float coef = RowGroup<Lanes>::sum(dot) * s * s / static_cast<float>(cols);
+    if (!group.active) continue;  // the group's lanes all skip: no shuffles follow
+    bf16* dxr = norm_row<bf16>(dx, r, heads, cols);
+    for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
+      float d[kVector], v[kVector], g[kVector], wv[kVector], gate[kVector], gate_grad[kVector], out[kVector];
+      load8<V>(dy, c0, cols, d);
+      load8<V>(xr, c0, cols, v);
+      factor(c0, g, wv, gate, gate_grad);
+      if (accumulate) load8<V>(dxr, c0, cols, out);
 #pragma unroll
       for (int k = 0; k < kVector; ++k) {
-        const float sz = sigmoid(zv[k]);
-        g[k] = wv[k] * (zv[k] * sz);  // w silu(z), silu as common.cuh forms it
-        gate_grad[k] = sz * (1.f + zv[k] * (1.f - sz));
+        const float value = s * (d[k] * g[k] - v[k] * coef);
+        out[k] = accumulate ? out[k] + value : value;
       }
-    } else {
+      add_weight_terms<V>(sums, c0, cols, d, v, s, gate);
+      store8<V>(dxr, c0, cols, out);
+      if (zr != nullptr) {
 #pragma unroll
-      for (int k = 0; k < kVector; ++k) g[k] = zero_centred ? wv[k] + 1.f : wv[k];
+        for (int k = 0; k < kVector; ++k) out[k] = d[k] * wv[k] * (v[k] * s) * gate_grad[k];
+        store8<V>(norm_row<bf16>(dz, r, heads, cols), c0, cols, out);
+      }
     }
-  };
-  float dot = 0.f;
-  for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
-    float d[kVector], v[kVector], g[kVector], wv[kVector], gate_grad[kVector];
-    load8<V>(dy, c0, cols, d);
-    load8<V>(xr, c0, cols, v);
-    factor(c0, g, wv, gate_grad);
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) dot += d[k] * g[k] * v[k];
   }
-  const float coef = RowGroup<Lanes>::sum(dot) * s * s / static_cast<float>(cols);
-  if (!group.active) return;
-  for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
-    float d[kVector], v[kVector], g[kVector], wv[kVector], gate_grad[kVector], out[kVector];
-    load8<V>(dy, c0, cols, d);
-    load8<V>(xr, c0, cols, v);
-    factor(c0, g, wv, gate_grad);
-    bf16* dxr = norm_row<bf16>(dx, r, heads, cols);
-    if (accumulate) load8<V>(dxr, c0, cols, out);
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) {
-      const float value = s * (d[k] * g[k] - v[k] * coef);
-      out[k] = accumulate ? out[k] + value : value;
-    }
-    store8<V>(dxr, c0, cols, out);
-    if (zr != nullptr) {
-#pragma unroll
-      for (int k = 0; k < kVector; ++k) out[k] = d[k] * wv[k] * (v[k] * s) * gate_grad[k];
-      store8<V>(norm_row<bf16>(dz, r, heads, cols), c0, cols, out);
-    }
+  __syncthreads();
+  for (Index c = threadIdx.x; c < cols; c += kNormThreads) {
+    float sum = 0.f;
+    for (int group = 0; group < kGroups; ++group) sum += group_sums[group * cols + c];
+    partials[blockIdx.x * cols + c] = sum;
   }
 }
 
@@ -134,7 +202,7 @@ template <int Lanes, bool V>
 __global__ void gated_rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, Matrix z, Index heads, const bf16* w,
                                              float eps) {
   const Index cols = x.cols / heads;
-  const RowGroup<Lanes> g(x.rows * heads);
+  const RowGroup<Lanes> g(x.rows * heads, RowGroup<Lanes>::row_in_block());
   const bf16 *xr = norm_row<const bf16>(x, g.row, heads, cols), *zr = norm_row<const bf16>(z, g.row, heads, cols);
   const float s = inverse_rms<Lanes, V>(g, xr, cols, eps);
   if (!g.active) return;
@@ -151,30 +219,17 @@ __global__ void gated_rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, 
   }
 }
 
-// dweight's terms: dy x rstd (the same for w and 1 + w), times silu(z) for the gated norm.
-struct NormWeightGrad {
-  Matrix dout, x, z;
-  Index heads;
-  const float* rstd;
-  __device__ float operator()(Index r, Index c) const {
-    const Index width = x.cols / heads;
-    const float v = to_float(norm_row<const bf16>(dout, r, heads, width)[c]) *
-                    (to_float(norm_row<const bf16>(x, r, heads, width)[c]) * rstd[r]);
-    return z.data != nullptr ? v * silu(to_float(norm_row<const bf16>(z, r, heads, width)[c])) : v;
-  }
-};
-
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// Launches a row kernel as launch(vectorized, lanes, blocks), the first two std::integral_constant arguments.
+// Launches a row kernel as launch(vectorized, lanes), both std::integral_constant arguments.
 template <class Launch>
 void launch_rows(const char* name, Index rows, Index cols, bool vectorized, Launch launch) {
   if (rows == 0) return;
   auto with_lanes = [&](auto vec) {
     if (cols <= 16 * kVector) {
-      launch(vec, std::integral_constant<int, 16>{}, grid_for(rows, kNormThreads / 16));
+      launch(vec, std::integral_constant<int, 16>{});
     } else {
-      launch(vec, std::integral_constant<int, 32>{}, grid_for(rows, kNormThreads / 32));
+      launch(vec, std::integral_constant<int, 32>{});
     }
   };
   if (vectorized) {
@@ -185,14 +240,50 @@ void launch_rows(const char* name, Index rows, Index cols, bool vectorized, Laun
   check_launch(name);
 }
 
+template <int Lanes>
+unsigned forward_blocks(Index rows) {
+  return grid_for(rows, kNormThreads / Lanes);
+}
+
+// The plain and the gated norm's backward (z null for the plain one): rms_input_grad_kernel over blocks of
+// backward_block_rows rows, then their partial dweight rows added in block order into dweight.
+void norm_backward(const char* name, Matrix dx, Matrix dz, float* dweight, Matrix dout, Matrix x, Matrix z,
+                   Index heads, const float* rstd, const bf16* w, bool zero_centred, bool accumulate_dx,
+                   bool vectorized, Workspace& workspace, cudaStream_t stream) {
+  const Index rows = x.rows * heads, cols = x.cols / heads;
+  if (rows == 0 || cols == 0) return;
+  unsigned blocks = 0;
+  launch_rows(name, rows, cols, vectorized, [&](auto vec, auto lanes) {
+    constexpr auto kernel = rms_input_grad_kernel<lanes, vec>;
+    blocks = grid_for(rows, backward_block_rows<lanes>());
+    const std::size_t shared = std::size_t{kNormThreads / lanes} * cols * sizeof(float);
+    int device = 0, most = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+    if (shared > static_cast<std::size_t>(most)) {
+      throw Unavailable(name, "rows of " + std::to_string(cols) + " columns need " + std::to_string(shared) +
+                                  " bytes of shared memory for their weight-gradient sums; the GPU has " +
+                                  std::to_string(most));
+    }
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+               "cudaFuncSetAttribute");
+    auto* partials = reinterpret_cast<float*>(workspace.reserve(blocks * cols * sizeof(float)));
+    kernel<<<blocks, kNormThreads, shared, stream>>>(dx, dz, dout, x, z, heads, rstd, w, zero_centred, accumulate_dx,
+                                                     partials);
+    check_launch(name);
+    column_finish(name, partials, blocks, cols, dweight, stream);
+  });
+}
+
 }  // namespace
 
 void rmsnorm_forward(Matrix out, float* rstd, Matrix x, const void* weight, float eps, bool zero_centred,
                      cudaStream_t stream) {
   const auto* w = static_cast<const bf16*>(weight);
   const bool v = vectorizable(out) && vectorizable(x) && aligned16(w);
-  launch_rows("rmsnorm_forward", x.rows, x.cols, v, [&](auto vec, auto lanes, unsigned blocks) {
-    rmsnorm_forward_kernel<lanes, vec><<<blocks, kNormThreads, 0, stream>>>(out, rstd, x, w, eps, zero_centred);
+  launch_rows("rmsnorm_forward", x.rows, x.cols, v, [&](auto vec, auto lanes) {
+    rmsnorm_forward_kernel<lanes, vec><<<forward_blocks<lanes>(x.rows), kNormThreads, 0, stream>>>(out, rstd, x, w, eps,
+                                                                                                  zero_centred);
   });
 }
 
@@ -200,12 +291,8 @@ void rmsnorm_backward(Matrix dx, float* dweight, Matrix dout, Matrix x, const fl
                       bool zero_centred, bool accumulate_dx, Workspace& workspace, cudaStream_t stream) {
   const auto* w = static_cast<const bf16*>(weight);
   const bool v = vectorizable(dx) && vectorizable(dout) && vectorizable(x) && aligned16(w);
-  launch_rows("rmsnorm_backward", x.rows, x.cols, v, [&](auto vec, auto lanes, unsigned blocks) {
-    rms_input_grad_kernel<lanes, vec><<<blocks, kNormThreads, 0, stream>>>(dx, Matrix{}, dout, x, Matrix{}, 1, rstd,
-                                                                           w, zero_centred, accumulate_dx);
-  });
-  column_sums("rmsnorm_backward (dweight)", NormWeightGrad{dout, x, Matrix{}, 1, rstd}, x.rows, x.cols, dweight,
-              workspace, stream);
+  norm_backward("rmsnorm_backward", dx, Matrix{}, dweight, dout, x, Matrix{}, 1, rstd, w, zero_centred, accumulate_dx,
+                v, workspace, stream);
 }
 
 void gated_rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix z, Index heads, const void* weight, float eps,
@@ -213,8 +300,9 @@ void gated_rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix z, Index he
   const auto* w = static_cast<const bf16*>(weight);
   const Index width = x.cols / heads;
   const bool v = vectorizable(out) && vectorizable(x) && vectorizable(z) && width % kVector == 0 && aligned16(w);
-  launch_rows("gated_rmsnorm_forward", x.rows * heads, width, v, [&](auto vec, auto lanes, unsigned blocks) {
-    gated_rmsnorm_forward_kernel<lanes, vec><<<blocks, kNormThreads, 0, stream>>>(out, rstd, x, z, heads, w, eps);
+  launch_rows("gated_rmsnorm_forward", x.rows * heads, width, v, [&](auto vec, auto lanes) {
+    gated_rmsnorm_forward_kernel<lanes, vec><<<forward_blocks<lanes>(x.rows * heads), kNormThreads, 0, stream>>>(
+        out, rstd, x, z, heads, w, eps);
   });
 }
 
@@ -224,12 +312,8 @@ void gated_rmsnorm_backward(Matrix dx, Matrix dz, float* dweight, Matrix dout, M
   const Index width = x.cols / heads;
   const bool v = vectorizable(dx) && vectorizable(dz) && vectorizable(dout) && vectorizable(x) && vectorizable(z) &&
                  width % kVector == 0 && aligned16(w);
-  launch_rows("gated_rmsnorm_backward", x.rows * heads, width, v, [&](auto vec, auto lanes, unsigned blocks) {
-    rms_input_grad_kernel<lanes, vec><<<blocks, kNormThreads, 0, stream>>>(dx, dz, dout, x, z, heads, rstd, w, false,
-                                                                           false);
-  });
-  column_sums("gated_rmsnorm_backward (dweight)", NormWeightGrad{dout, x, z, heads, rstd}, x.rows * heads, width,
-              dweight, workspace, stream);
+  norm_backward("gated_rmsnorm_backward", dx, dz, dweight, dout, x, z, heads, rstd, w, false, false, v, workspace,
+                stream);
 }
 
 }  // namespace deltatrain::model::cuda

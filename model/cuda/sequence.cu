@@ -2,6 +2,7 @@
 // forms (the conv over a cached history, RoPE at given positions). Rows find their sequence in cu_seqlens on the
 // device (a binary search, or a cursor along a strip of rows), so launches need no host work.
 #include <array>
+#include <numeric>
 #include <utility>
 #include <string>
 
@@ -46,16 +47,39 @@ struct SequenceCursor {
   }
 };
 
-// Row u of x at channels [c0, c0 + N), zeros past the last row.
+// The next kPrefetchRows rows of a thread's channels, fetched ahead unconverted (RawBf16) so that that many
+// loads travel at once (one row ahead left the conv kernels at half the memory bandwidth: too few bytes in
+// flight at their occupancy). pop() hands over the oldest as floats and fetches the row kPrefetchRows on; rows
+// at or past the matrix's end read as zeros. The row loops unroll by a multiple of kPrefetchRows, so the
+// queue's shifts become register renames.
+constexpr int kPrefetchRows = 4;
+
 template <int N, bool V>
-__device__ void load_row(float (&v)[N], Matrix x, Index u, Index c0) {
-  if (u < x.rows) {
-    load_n<N, V>(row_of<const bf16>(x, u), c0, x.cols, v);
-  } else {
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = 0.f;
+struct RowQueue {
+  RawBf16<N> rows[kPrefetchRows];
+  Matrix m;
+  Index c0;
+
+  __device__ RawBf16<N> fetch(Index u) const {
+    return u < m.rows ? fetch_n<N, V>(row_of<const bf16>(m, u), c0, m.cols) : RawBf16<N>{};
   }
-}
+  // Rows first, first + 1, ... (those before `end`).
+  __device__ RowQueue(Matrix matrix, Index column, Index first, Index end) : m(matrix), c0(column) {
+#pragma unroll
+    for (int j = 0; j < kPrefetchRows; ++j) rows[j] = fetch(first + j < end ? first + j : m.rows);
+  }
+  // The oldest row; `next` (the row kPrefetchRows after it, or one at or past m.rows for none) joins the queue.
+  __device__ void pop(float (&v)[N], Index next) {
+    unpack(rows[0], v);
+#pragma unroll
+    for (int j = 0; j + 1 < kPrefetchRows; ++j) rows[j] = rows[j + 1];
+    rows[kPrefetchRows - 1] = fetch(next);
+  }
+};
+
+// The unroll of the row loops: the window's W and the queue's kPrefetchRows shifts both become renames.
+template <int W>
+constexpr int kRowUnroll = std::lcm(W, kPrefetchRows);
 
 // Moves a window of W rows one row on, `row` becoming its newest.
 template <int W, int N>
@@ -69,14 +93,23 @@ __device__ void shift_in(float (&window)[W][N], const float (&row)[N]) {
 }
 
 // pre[u, c0 + k] from window[j] = row u - (W - 1) + j, over the taps at or after the sequence's first row
-// `start`, oldest first (the order the CPU kernel sums them).
-template <int W, int N>
+// `start` (every tap when not Masked: the window lies inside the sequence), oldest first (the order the CPU
+// kernel sums them).
+template <int W, int N, bool Masked = true>
 __device__ float conv_pre(const float (&taps)[W][N], const float (&window)[W][N], int k, Index u, Index start) {
   float sum = 0.f;
 #pragma unroll
   for (int j = 0; j < W; ++j)
-    if (u - (W - 1) + j >= start) sum += taps[j][k] * window[j][k];
+    if (!Masked || u - (W - 1) + j >= start) sum += taps[j][k] * window[j][k];
   return sum;
+}
+
+// Whether rows [first, end) all lie in one packed sequence: then a strip needs no per-row sequence checks, and
+// its rows' loop is one block of straight-line code that the compiler interleaves across the unrolled rows
+// (with the checks, each row's dependent chain ran alone: the kernels were latency-bound).
+__device__ bool in_one_sequence(const Sequences& s, Index first, Index end) {
+  if (first < 0) return false;
+  return end <= s.cu[sequence_of(s, first) + 1];
 }
 
 // The window before a strip's first row t0: rows t0 - W .. t0 - 1 (zeros before row 0).
@@ -94,7 +127,28 @@ __device__ void load_history(float (&window)[W][N], Matrix x, Index t0, Index c0
   }
 }
 
-// Each row's load is issued a row ahead of its use, so that it travels while the previous row is computed.
+// A strip of rows [t0, t1); OneSequence: rows t0 - (W - 1) .. t1 - 1 lie in one sequence.
+template <int W, bool V, bool OneSequence>
+__device__ void conv_forward_strip(Matrix out, Matrix x, const float (&taps)[W][kForwardChannels], Sequences seq,
+                                   Index c0, Index t0, Index t1) {
+  constexpr int N = kForwardChannels;
+  float window[W][N];
+  load_history<W, N, V>(window, x, t0, c0);
+  RowQueue<N, V> queue(x, c0, t0, t1);
+  SequenceCursor sequence(seq, t0);
+#pragma unroll kRowUnroll<W>
+  for (Index u = t0; u < t1; ++u) {
+    if constexpr (!OneSequence) sequence.advance_to(u);
+    float row[N];
+    queue.pop(row, u + kPrefetchRows < t1 ? u + kPrefetchRows : x.rows);
+    shift_in<W, N>(window, row);
+    float y[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) y[k] = silu(conv_pre<W, N, !OneSequence>(taps, window, k, u, sequence.start));
+    store_n<N, V>(row_of<bf16>(out, u), c0, x.cols, y);
+  }
+}
+
 template <int W, bool V>
 __global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matrix out, Matrix x, Matrix weight,
                                                                           Sequences seq, Index strip_rows) {
@@ -102,21 +156,12 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matri
   const Index c0 = (blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x) * N;
   if (c0 >= x.cols) return;
   const Index t0 = blockIdx.y * strip_rows, t1 = min(x.rows, t0 + strip_rows);
-  float taps[W][N], window[W][N], next[N];
+  float taps[W][N];
   load_taps<W, N>(weight, c0, taps);
-  load_history<W, N, V>(window, x, t0, c0);
-  load_row<N, V>(next, x, t0, c0);
-  SequenceCursor sequence(seq, t0);
-  // Unrolled by W so that the window's shifts become register renames instead of moves.
-#pragma unroll W
-  for (Index u = t0; u < t1; ++u) {
-    sequence.advance_to(u);
-    shift_in<W, N>(window, next);
-    load_row<N, V>(next, x, u + 1 < t1 ? u + 1 : x.rows, c0);
-    float y[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) y[k] = silu(conv_pre<W, N>(taps, window, k, u, sequence.start));
-    store_n<N, V>(row_of<bf16>(out, u), c0, x.cols, y);
+  if (in_one_sequence(seq, t0 - (W - 1), t1)) {
+    conv_forward_strip<W, V, true>(out, x, taps, seq, c0, t0, t1);
+  } else {
+    conv_forward_strip<W, V, false>(out, x, taps, seq, c0, t0, t1);
   }
 }
 
@@ -126,40 +171,35 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matri
 // strip's weight-gradient sums go to partials[strip][c * W + j] for column_finish_kernel to add in strip order
 // (deterministic). dx[t] = sum_j w[c, j] dpre[t + (W - 1) - j] over the rows of t's sequence;
 // dweight[c, j] = sum_t dpre[t] x[t - (W - 1) + j] over the taps inside t's sequence.
-template <int W, bool V>
-__global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matrix dx, Matrix dout, Matrix x,
-                                                                           Matrix weight, Sequences seq,
-                                                                           Index strip_rows, float* partials) {
+// A strip of rows [t0, t1) and the W - 1 rows after it; OneSequence: rows t0 - (W - 1) .. t1 + W - 2 lie in one
+// sequence (so every row is inside the matrix and every tap counts).
+template <int W, bool V, bool OneSequence>
+__device__ void conv_backward_strip(Matrix dx, Matrix dout, Matrix x, const float (&taps)[W][kBackwardChannels],
+                                    Sequences seq, Index c0, Index t0, Index t1,
+                                    float (&dweight)[W][kBackwardChannels]) {
   constexpr int N = kBackwardChannels;
   const Index C = x.cols, T = x.rows;
-  const Index c0 = (blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x) * N;
-  if (c0 >= C) return;
-  const Index t0 = blockIdx.y * strip_rows, t1 = min(T, t0 + strip_rows);
-  float taps[W][N], window[W][N], dpre[W][N], dweight[W][N];
+  float window[W][N], dpre[W][N];
   int sequence_at[W];  // the sequence of the rows dpre holds (-1: past the last row)
-  load_taps<W, N>(weight, c0, taps);
   load_history<W, N, V>(window, x, t0, c0);
 #pragma unroll
   for (int j = 0; j < W; ++j) {
     sequence_at[j] = -1;
 #pragma unroll
-    for (int k = 0; k < N; ++k) dpre[j][k] = dweight[j][k] = 0.f;
+    for (int k = 0; k < N; ++k) dpre[j][k] = 0.f;
   }
-  float next_x[N], next_dout[N];  // row u's inputs, loaded while row u - 1 is computed
-  load_row<N, V>(next_x, x, t0, c0);
-  load_row<N, V>(next_dout, dout, t0, c0);
-  SequenceCursor sequence(seq, t0);
   const Index last = t1 + (W - 1);
-#pragma unroll W  // the windows' shifts become register renames
+  RowQueue<N, V> x_rows(x, c0, t0, last), dout_rows(dout, c0, t0, last);
+  SequenceCursor sequence(seq, t0);
+#pragma unroll kRowUnroll<W>
   for (Index u = t0; u < last; ++u) {
-    const bool inside = u < T;
-    if (inside) sequence.advance_to(u);
-    float d[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) d[k] = next_dout[k];
-    shift_in<W, N>(window, next_x);
-    load_row<N, V>(next_x, x, u + 1 < last ? u + 1 : T, c0);
-    load_row<N, V>(next_dout, dout, u + 1 < last ? u + 1 : T, c0);
+    const bool inside = OneSequence || u < T;
+    if (!OneSequence && inside) sequence.advance_to(u);
+    const Index next = u + kPrefetchRows < last ? u + kPrefetchRows : T;
+    float d[N], row[N];
+    dout_rows.pop(d, next);
+    x_rows.pop(row, next);
+    shift_in<W, N>(window, row);
 #pragma unroll
     for (int j = 0; j + 1 < W; ++j) {
       sequence_at[j] = sequence_at[j + 1];
@@ -169,11 +209,12 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
     sequence_at[W - 1] = inside ? sequence.n : -1;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      dpre[W - 1][k] = inside ? d[k] * silu_grad(conv_pre<W, N>(taps, window, k, u, sequence.start)) : 0.f;
+      dpre[W - 1][k] =
+          inside ? d[k] * silu_grad(conv_pre<W, N, !OneSequence>(taps, window, k, u, sequence.start)) : 0.f;
       if (u < t1) {
 #pragma unroll
         for (int j = 0; j < W; ++j)
-          if (u - (W - 1) + j >= sequence.start) dweight[j][k] += dpre[W - 1][k] * window[j][k];
+          if (OneSequence || u - (W - 1) + j >= sequence.start) dweight[j][k] += dpre[W - 1][k] * window[j][k];
       }
     }
     // Row t = u - (W - 1) now has every later row whose taps read it.
@@ -186,11 +227,29 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
 #pragma unroll
         for (int j = 0; j < W; ++j) {
           const int later = W - 1 - j;  // dpre[later] is row t + later, whose tap j reads row t
-          if (sequence_at[later] == sequence_at[0]) sum[k] += taps[j][k] * dpre[later][k];
+          if (OneSequence || sequence_at[later] == sequence_at[0]) sum[k] += taps[j][k] * dpre[later][k];
         }
       }
       store_n<N, V>(row_of<bf16>(dx, t), c0, C, sum);
     }
+  }
+}
+
+template <int W, bool V>
+__global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matrix dx, Matrix dout, Matrix x,
+                                                                           Matrix weight, Sequences seq,
+                                                                           Index strip_rows, float* partials) {
+  constexpr int N = kBackwardChannels;
+  const Index C = x.cols, T = x.rows;
+  const Index c0 = (blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x) * N;
+  if (c0 >= C) return;
+  const Index t0 = blockIdx.y * strip_rows, t1 = min(T, t0 + strip_rows);
+  float taps[W][N], dweight[W][N] = {};
+  load_taps<W, N>(weight, c0, taps);
+  if (in_one_sequence(seq, t0 - (W - 1), t1 + (W - 1))) {
+    conv_backward_strip<W, V, true>(dx, dout, x, taps, seq, c0, t0, t1, dweight);
+  } else {
+    conv_backward_strip<W, V, false>(dx, dout, x, taps, seq, c0, t0, t1, dweight);
   }
 #pragma unroll
   for (int k = 0; k < N; ++k)
@@ -331,9 +390,7 @@ void conv1d_silu_backward(Matrix dx, Matrix dweight, Matrix dout, Matrix x, Matr
   kernel<<<g.grid, kConvThreads, 0, stream>>>(dx, dout, x, weight, sequences, g.strip_rows, partials);
   check_launch("conv1d_silu_backward");
   // dweight is contiguous [C, W] (checked by the caller): the strips' partial sums, added in strip order.
-  column_finish_kernel<<<grid_for(C * W, kColumnThreads), kColumnThreads, 0, stream>>>(partials, g.grid.y, C * W,
-                                                                                        static_cast<float*>(dweight.data));
-  check_launch("conv1d_silu_backward (dweight)");
+  column_finish("conv1d_silu_backward (dweight)", partials, g.grid.y, C * W, static_cast<float*>(dweight.data), stream);
 }
 
 void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequences sequences, bool inverse,

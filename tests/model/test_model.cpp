@@ -245,6 +245,33 @@ TEST_F(ModelTest, WeightsBoundFromSeparateTensorsGiveTheSameStep) {
   }
 }
 
+// loss_chunk 0 takes the device's default, the same loss and gradients as that chunk given explicitly; a
+// negative chunk is refused by name.
+TEST_F(ModelTest, LossChunkZeroIsTheDevicesDefault) {
+  const Config config = small_config(false);
+  const std::vector<std::int32_t> tokens = testing::random_tokens(rng_, 9, config.vocab_size);
+  const std::vector<std::int32_t> cu{0, 4, 9};
+  auto loss_and_grad = [&](std::int64_t chunk) {
+    ParamStore store(config, DType::f64);
+    store.init(0.5, seed_);
+    Model model(config, {.dtype = DType::f64, .loss_chunk = chunk});
+    model.bind(store.params(), store.grads());
+    const double loss = model.forward({tokens, cu});
+    model.backward();
+    const TensorView g = store.grad("lm_head.weight");
+    return std::pair{loss, std::vector<double>(g.ptr<double>(), g.ptr<double>() + g.numel())};
+  };
+  const std::int64_t cpu_default = default_loss_chunk(Device{});
+  EXPECT_EQ(default_loss_chunk(Device{DeviceType::cuda, 0}) % cpu_default, 0);
+  EXPECT_EQ(loss_and_grad(0), loss_and_grad(cpu_default));
+  try {
+    Model model(config, {.dtype = DType::f64, .loss_chunk = -1});
+    ADD_FAILURE() << "loss_chunk -1 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "loss_chunk") << e.what();
+  }
+}
+
 // A token objective (the RL losses') against a second algorithm: the objective's derivatives at the
 // parameters' log-probabilities, computed by a separate forward, used as the weights of a plain weighted-NLL
 // forward give the same gradient (d term / d logits = -weight * d nll / d logits). The objective here is

@@ -40,7 +40,8 @@ struct ModelOptions {
   DType dtype = DType::f32;
   int cpu_threads = 0;             // CPU: 0 = all available
   void* stream = nullptr;          // GPU: the cudaStream_t every kernel and copy of the model runs on
-  std::int64_t loss_chunk = 1024;  // tokens per chunk of the loss (logits of loss_chunk x vocab at once)
+  // Tokens per chunk of the loss (logits of loss_chunk x vocab exist at once); 0: default_loss_chunk(device).
+  std::int64_t loss_chunk = 0;
   bool recompute = false;          // keep only each layer's input; recompute the layer in the backward
   // Where activations (and an InferenceState's caches) are allocated; null: plain device memory. Its
   // device must be `device`. It must outlive the model.
@@ -59,6 +60,12 @@ struct ModelOptions {
   // the CPU.
   bool cuda_graphs = true;
 };
+
+// The loss chunk a model takes unless told: 1024 tokens on the CPU; 4096 on a GPU, where the lm_head's weight-
+// gradient product (its inner dimension is the chunk) runs at full rate only from there: at 1024 reading and
+// writing its float32 accumulator (vocab x hidden, 1 GB at Qwen3.5's vocabulary) once per chunk bound it. The
+// price is the logits: 2 GB of bfloat16 at that vocabulary instead of 0.5.
+std::int64_t default_loss_chunk(const Device& device);
 
 // The dtype of the gradients a model with these options accumulates into (the parameters' on the CPU,
 // float32 on a GPU).
