@@ -122,9 +122,13 @@ inline bool vectorizable(const Matrix& m) {
   return reinterpret_cast<std::uintptr_t>(m.data) % 16 == 0 && m.ld % kVector == 0 && m.cols % kVector == 0;
 }
 
-// The 4- and 8-element (8- and 16-byte) accesses load_n and store_n move as one.
+// The 2-, 4- and 8-element (4-, 8- and 16-byte) accesses load_n and store_n move as one.
 template <int N>
 struct PackedBf16;
+template <>
+struct PackedBf16<2> {
+  using type = unsigned int;
+};
 template <>
 struct PackedBf16<4> {
   using type = uint2;

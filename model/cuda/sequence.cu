@@ -15,10 +15,12 @@ namespace {
 // The causal conv over a strip of rows: each thread takes N consecutive channels (one access of 2N bytes per
 // row) down a strip of rows, keeping the channels' taps and the last W inputs in registers, so each input is
 // read from memory once per strip and no row searches for its sequence (a cursor follows the strip's rows).
-// The forward takes 8 channels a thread; the backward, which also keeps W rows of dpre and W weight-gradient
-// sums per channel, 4 (8 would need ~170 registers and leave too few warps to cover memory latency).
+// The strips are latency-bound (ncu: ~8 cycles between a warp's instructions, half of them waiting on loads), so
+// occupancy rules: the forward takes 4 channels a thread, the backward, which also keeps W rows of dpre and W
+// weight-gradient sums per channel, 2 (4 took 142 registers: 12 warps a SM). The decode step, one row a thread,
+// takes 8.
 constexpr int kConvThreads = 128;
-constexpr int kForwardChannels = 8, kBackwardChannels = 4;
+constexpr int kForwardChannels = 4, kBackwardChannels = 2, kStepChannels = 8;
 
 // taps[j][k] = weight[c0 + k, j] ([C, W]); zeros past the last channel.
 template <int W, int N>
@@ -263,7 +265,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
 // element). The taps are summed oldest first, as conv_pre sums them over a whole sequence.
 template <int W, bool V>
 __global__ void conv1d_silu_step_kernel(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots) {
-  constexpr int N = kForwardChannels;
+  constexpr int N = kStepChannels;
   const Index C = x.cols, per_row = (C + N - 1) / N;
   const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
   if (index >= x.rows * per_row) return;
@@ -405,7 +407,7 @@ void rope_at_positions(Matrix x, int heads, int head_dim, int rotary_dim, float 
 
 void conv1d_silu_step(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
                       cudaStream_t stream) {
-  const Index threads = x.rows * ((x.cols + kForwardChannels - 1) / kForwardChannels);
+  const Index threads = x.rows * ((x.cols + kStepChannels - 1) / kStepChannels);
   if (threads == 0) return;
   const auto kernel = conv_kernel("conv1d_silu_step", weight.cols,
                                   vectorizable(out) && vectorizable(x) && vectorizable(state), kStepKernels);
