@@ -29,13 +29,23 @@ __device__ __forceinline__ T* row_of(const Matrix& m, Index r) {
   return static_cast<T*>(m.data) + r * m.ld;
 }
 
-// Stable for large |x|: exp(-|x|) cannot overflow, and one correctly rounded reciprocal serves both signs. The
-// hardware exponential (__expf, a few ulp) keeps the element-wise kernels that apply it to every activation
-// (SiLU in the conv, the MLP and the gated norm) from being bound by arithmetic; its error is far below the
-// bfloat16 rounding of their outputs.
+// 1 / d, correctly rounded, for d in [1, 2]: the hardware reciprocal and one Newton step, which is __frcp_rn's own
+// path for such d, without its branch to a subroutine for denormal and huge d. That branch, taken never, still cut
+// every sigmoid out of the straight-line code around it (two per row and channel in the conv backward's unrolled
+// rows), so the compiler could not interleave the rows.
+__device__ __forceinline__ float reciprocal_of_1_to_2(float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return fmaf(r, fmaf(-d, r, 1.f), r);
+}
+
+// Stable for large |x|: exp(-|x|) cannot overflow, and one correctly rounded reciprocal of 1 + exp(-|x|) (in
+// [1, 2]) serves both signs. The hardware exponential (__expf, a few ulp) keeps the element-wise kernels that apply
+// it to every activation (SiLU in the conv, the MLP and the gated norm) from being bound by arithmetic; its error is
+// far below the bfloat16 rounding of their outputs.
 __device__ __forceinline__ float sigmoid(float x) {
   const float e = __expf(-fabsf(x));
-  const float r = __frcp_rn(1.f + e);
+  const float r = reciprocal_of_1_to_2(1.f + e);
   return x >= 0.f ? r : e * r;
 }
 __device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
