@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json out = {
         {"gpu", prop.name},           {"config", config_name},
         {"tokens", tokens.size()},    {"sequences", sequences},
-        {"seq_len", seq_len},         {"recompute", recompute},  {"loss_chunk", loss_chunk > 0 ? loss_chunk : model::default_loss_chunk(gpu)},
+        {"seq_len", seq_len},         {"recompute", recompute},
+        {"loss_chunk", loss_chunk > 0 ? loss_chunk : model::default_loss_chunk(gpu)},
         {"step_ms", median},          {"forward_ms", median_forward},
         {"backward_ms", median - median_forward},
         {"tokens_per_s", tokens_per_s}, {"training_gflop_per_token", flops.total() / 1e9},

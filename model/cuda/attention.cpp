@@ -29,8 +29,9 @@ ScoreRows score_rows(const Matrix& lse, Index s, Index L, int first_head, int gr
 
 }  // namespace
 
-void unfused_attention_forward(Gemm& gemm, Workspace& workspace, Matrix o, Matrix lse, Matrix q, Matrix k, Matrix v,
-                       AttentionShape shape, std::span<const std::int32_t> cu, cudaStream_t stream) {
+void unfused_attention_forward(Gemm& gemm, Workspace& workspace, Matrix o, Matrix lse, Matrix q, Matrix k,
+                               Matrix v, AttentionShape shape, std::span<const std::int32_t> cu,
+                               cudaStream_t stream) {
   const int G = shape.q_heads / shape.kv_heads, D = shape.head_dim;
   const Index max_length = longest(cu);
   Carver plan;
@@ -56,9 +57,9 @@ void unfused_attention_forward(Gemm& gemm, Workspace& workspace, Matrix o, Matri
   }
 }
 
-void unfused_attention_backward(Gemm& gemm, Workspace& workspace, Matrix dq, Matrix dk, Matrix dv, Matrix dout, Matrix q,
-                        Matrix k, Matrix v, Matrix o, Matrix lse, AttentionShape shape,
-                        std::span<const std::int32_t> cu, cudaStream_t stream) {
+void unfused_attention_backward(Gemm& gemm, Workspace& workspace, Matrix dq, Matrix dk, Matrix dv, Matrix dout,
+                                Matrix q, Matrix k, Matrix v, Matrix o, Matrix lse, AttentionShape shape,
+                                std::span<const std::int32_t> cu, cudaStream_t stream) {
   const int G = shape.q_heads / shape.kv_heads, D = shape.head_dim;
   const Index max_length = longest(cu);
   Carver plan;

@@ -21,10 +21,11 @@ struct AttentionShape {
 
 // q, o [T, Hq * D]; k, v [T, Hkv * D]; lse [Hq, T] float32; cu_seqlens on the host (the launches' plan).
 // The shape is shared with cudnn_attention.h.
-void unfused_attention_forward(Gemm& gemm, Workspace& workspace, Matrix o, Matrix lse, Matrix q, Matrix k, Matrix v,
-                       AttentionShape shape, std::span<const std::int32_t> cu_seqlens, cudaStream_t stream);
-void unfused_attention_backward(Gemm& gemm, Workspace& workspace, Matrix dq, Matrix dk, Matrix dv, Matrix dout, Matrix q,
-                        Matrix k, Matrix v, Matrix o, Matrix lse, AttentionShape shape,
-                        std::span<const std::int32_t> cu_seqlens, cudaStream_t stream);
+void unfused_attention_forward(Gemm& gemm, Workspace& workspace, Matrix o, Matrix lse, Matrix q, Matrix k,
+                               Matrix v, AttentionShape shape, std::span<const std::int32_t> cu_seqlens,
+                               cudaStream_t stream);
+void unfused_attention_backward(Gemm& gemm, Workspace& workspace, Matrix dq, Matrix dk, Matrix dv, Matrix dout,
+                                Matrix q, Matrix k, Matrix v, Matrix o, Matrix lse, AttentionShape shape,
+                                std::span<const std::int32_t> cu_seqlens, cudaStream_t stream);
 
 }  // namespace deltatrain::model::cuda

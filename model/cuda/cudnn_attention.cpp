@@ -210,7 +210,8 @@ struct CudnnAttention::Graphs {
     ragged_offsets(offsets_data, lengths_data, strides, sequences, static_cast<int>(key.batch), stream);
     if (stats_from_lse_first) {
       // The padding rows past each sequence's length are never read; zeros keep them finite all the same.
-      cuda_check(cudaMemsetAsync(stats_data, 0, stats_count * sizeof(float), stream), "cudaMemsetAsync (attention statistics)");
+      cuda_check(cudaMemsetAsync(stats_data, 0, stats_count * sizeof(float), stream),
+                 "cudaMemsetAsync (attention statistics)");
       stats_from_lse(stats_data, lse, sequences, key.length, stream);
     }
     const cudnnStatus_t status = cudnnSetStream(handle, stream);

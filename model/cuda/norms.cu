@@ -117,9 +117,9 @@ __host__ __device__ constexpr Index backward_block_rows() {
 // shared memory, [groups][cols], each lane on its own columns). Sigmoid(z) is evaluated once per element a pass.
 // Three blocks an SM (80 registers; 96 unbounded left two, too few loads in flight for a memory-bound kernel).
 template <int Lanes, bool V>
-__global__ void __launch_bounds__(kNormThreads, 3) rms_input_grad_kernel(Matrix dx, Matrix dz, Matrix dout, Matrix x, Matrix z, Index heads,
-                                      const float* rstd, const bf16* w, bool zero_centred, bool accumulate,
-                                      float* partials) {
+__global__ void __launch_bounds__(kNormThreads, 3)
+    rms_input_grad_kernel(Matrix dx, Matrix dz, Matrix dout, Matrix x, Matrix z, Index heads, const float* rstd,
+                          const bf16* w, bool zero_centred, bool accumulate, float* partials) {
   extern __shared__ float group_sums[];
   constexpr int kGroups = kNormThreads / Lanes;
   const Index cols = x.cols / heads, rows = x.rows * heads;
@@ -259,7 +259,8 @@ void norm_backward(const char* name, Matrix dx, Matrix dz, float* dweight, Matri
     const std::size_t shared = std::size_t{kNormThreads / lanes} * cols * sizeof(float);
     int device = 0, most = 0;
     cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+    cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+               "cudaDeviceGetAttribute");
     if (shared > static_cast<std::size_t>(most)) {
       throw Unavailable(name, "rows of " + std::to_string(cols) + " columns need " + std::to_string(shared) +
                                   " bytes of shared memory for their weight-gradient sums; the GPU has " +
