@@ -62,8 +62,8 @@ if(DELTATRAIN_WITH_CUDA)
     endif()
   endif()
 endif()
-message(STATUS "deltatrain: CUDA backends ${DELTATRAIN_WITH_CUDA} (cuDNN attention ${DELTATRAIN_WITH_CUDNN}), CPU arch ${DELTATRAIN_CPU_ARCH}, "
-               "whole project ${DELTATRAIN_FULL} (OFF: the Python package only)")
+message(STATUS "deltatrain: CUDA backends ${DELTATRAIN_WITH_CUDA} (cuDNN attention ${DELTATRAIN_WITH_CUDNN}), "
+               "CPU arch ${DELTATRAIN_CPU_ARCH}, whole project ${DELTATRAIN_FULL} (OFF: the Python package only)")
 
 # Warnings for the project's own code.
 add_library(deltatrain_warnings INTERFACE)

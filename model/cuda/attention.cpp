@@ -17,23 +17,23 @@ Matrix block(const Matrix& m, Index s, Index L, Index column, Index cols) {
   return {static_cast<std::byte*>(m.data) + (s * m.ld + column) * 2, L, cols, m.ld};
 }
 
-Index longest(std::span<const std::int32_t> cu) {
-  Index length = 0;
-  for (std::size_t n = 0; n + 1 < cu.size(); ++n) length = std::max<Index>(length, cu[n + 1] - cu[n]);
-  return length;
-}
-
 ScoreRows score_rows(const Matrix& lse, Index s, Index L, int first_head, int groups) {
   return {L, groups, static_cast<float*>(lse.data) + first_head * lse.ld + s, lse.ld};
 }
 
 }  // namespace
 
+Index longest_sequence(std::span<const std::int32_t> cu) {
+  Index length = 0;
+  for (std::size_t n = 0; n + 1 < cu.size(); ++n) length = std::max<Index>(length, cu[n + 1] - cu[n]);
+  return length;
+}
+
 void unfused_attention_forward(Gemm& gemm, Workspace& workspace, Matrix o, Matrix lse, Matrix q, Matrix k,
                                Matrix v, AttentionShape shape, std::span<const std::int32_t> cu,
                                cudaStream_t stream) {
   const int G = shape.q_heads / shape.kv_heads, D = shape.head_dim;
-  const Index max_length = longest(cu);
+  const Index max_length = longest_sequence(cu);
   Carver plan;
   plan.add<float>(G * max_length * max_length);
   plan.add<std::uint16_t>(G * max_length * max_length);
@@ -61,7 +61,7 @@ void unfused_attention_backward(Gemm& gemm, Workspace& workspace, Matrix dq, Mat
                                 Matrix q, Matrix k, Matrix v, Matrix o, Matrix lse, AttentionShape shape,
                                 std::span<const std::int32_t> cu, cudaStream_t stream) {
   const int G = shape.q_heads / shape.kv_heads, D = shape.head_dim;
-  const Index max_length = longest(cu);
+  const Index max_length = longest_sequence(cu);
   Carver plan;
   plan.add<float>(G * max_length * max_length);
   plan.add<std::uint16_t>(G * max_length * max_length);

@@ -19,6 +19,9 @@ struct AttentionShape {
   float scale = 0.f;
 };
 
+// The longest sequence of packed cu_seqlens (host values).
+Index longest_sequence(std::span<const std::int32_t> cu_seqlens);
+
 // q, o [T, Hq * D]; k, v [T, Hkv * D]; lse [Hq, T] float32; cu_seqlens on the host (the launches' plan).
 // The shape is shared with cudnn_attention.h.
 void unfused_attention_forward(Gemm& gemm, Workspace& workspace, Matrix o, Matrix lse, Matrix q, Matrix k,

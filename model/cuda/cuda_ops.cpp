@@ -5,8 +5,8 @@
 // Dtypes: bfloat16 parameters and activations, float32 statistics (rstd, lse), gates (g, beta), loss
 // weights and log-probabilities, and float32 weight gradients; computation in float32.
 // Determinism: no floating-point atomics anywhere (cuDNN's attention backward runs its deterministic
-// algorithm); weight gradients are sums over fixed blocks of rows
-// added in block order (common.cuh), the embedding's by runs of sorted tokens (embedding.cu).
+// algorithm); weight gradients are sums over fixed blocks of rows added in block order (common.cuh), the
+// embedding's by runs of sorted tokens (embedding.cu).
 // Batch invariance (ModelOptions::batch_invariant): the products' algorithms do not depend on the number of rows
 // (gemm.h's row_invariant; attention's inner products need not), attention runs decode's kernel over the
 // batch's own keys (row_attention), and log-probabilities come in float64 from the formula the rollout's

@@ -142,12 +142,6 @@ std::unique_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
   return graph;
 }
 
-Index longest(std::span<const std::int32_t> cu) {
-  Index length = 0;
-  for (std::size_t n = 0; n + 1 < cu.size(); ++n) length = std::max<Index>(length, cu[n + 1] - cu[n]);
-  return length;
-}
-
 }  // namespace
 
 struct CudnnAttention::Graphs {
@@ -161,7 +155,8 @@ struct CudnnAttention::Graphs {
     GraphKey key;
     key.backward = backward;
     key.batch = static_cast<Index>(std::bit_ceil(cu.size() - 1));
-    key.length = static_cast<Index>(std::bit_ceil(static_cast<std::uint64_t>(std::max<Index>(64, longest(cu)))));
+    const Index longest = std::max<Index>(64, longest_sequence(cu));
+    key.length = static_cast<Index>(std::bit_ceil(static_cast<std::uint64_t>(longest)));
     key.q_heads = shape.q_heads;
     key.kv_heads = shape.kv_heads;
     key.head_dim = shape.head_dim;

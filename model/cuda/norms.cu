@@ -252,22 +252,24 @@ void norm_backward(const char* name, Matrix dx, Matrix dz, float* dweight, Matri
                    bool vectorized, Workspace& workspace, cudaStream_t stream) {
   const Index rows = x.rows * heads, cols = x.cols / heads;
   if (rows == 0 || cols == 0) return;
-  unsigned blocks = 0;
   launch_rows(name, rows, cols, vectorized, [&](auto vec, auto lanes) {
     constexpr auto kernel = rms_input_grad_kernel<lanes, vec>;
-    blocks = grid_for(rows, backward_block_rows<lanes>());
+    const unsigned blocks = grid_for(rows, backward_block_rows<lanes>());
     const std::size_t shared = std::size_t{kNormThreads / lanes} * cols * sizeof(float);
-    int device = 0, most = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-               "cudaDeviceGetAttribute");
-    if (shared > static_cast<std::size_t>(most)) {
-      throw Unavailable(name, "rows of " + std::to_string(cols) + " columns need " + std::to_string(shared) +
-                                  " bytes of shared memory for their weight-gradient sums; the GPU has " +
-                                  std::to_string(most));
+    // Up to 48 KiB (rows of up to 1536 columns) needs no opt-in; wider rows check and raise the kernel's limit.
+    if (shared > 48 * 1024) {
+      int device = 0, most = 0;
+      cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+      cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                 "cudaDeviceGetAttribute");
+      if (shared > static_cast<std::size_t>(most)) {
+        throw Unavailable(name, "rows of " + std::to_string(cols) + " columns need " + std::to_string(shared) +
+                                    " bytes of shared memory for their weight-gradient sums; the GPU has " +
+                                    std::to_string(most));
+      }
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+                 "cudaFuncSetAttribute");
     }
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
-               "cudaFuncSetAttribute");
     auto* partials = reinterpret_cast<float*>(workspace.reserve(blocks * cols * sizeof(float)));
     kernel<<<blocks, kNormThreads, shared, stream>>>(dx, dz, dout, x, z, heads, rstd, w, zero_centred, accumulate_dx,
                                                      partials);
