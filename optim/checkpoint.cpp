@@ -234,10 +234,14 @@ void check_file_size(const File& file, const CheckpointFile& record) {
   }
 }
 
-void check_checksum(const fs::path& file, const std::string& sha, const CheckpointFile& record) {
-  if (sha != record.sha256) {
-    throw Failure("file " + file.string() + " is corrupted: its SHA-256 is " + sha + " but metadata.json records " +
-                  record.sha256);
+// The key of a file's digest in metadata.json, by the format's kind of digest.
+const char* digest_key(std::uint64_t piece_bytes) { return piece_bytes == 0 ? "sha256" : "sha256_of_pieces"; }
+
+void check_digest(const fs::path& file, const std::string& digest, const CheckpointMetadata& metadata,
+                  const CheckpointFile& record) {
+  if (digest != record.digest) {
+    throw Failure("file " + file.string() + " is corrupted: its " + digest_key(metadata.digest_piece_bytes) + " is " +
+                  digest + " but metadata.json records " + record.digest);
   }
 }
 
@@ -275,7 +279,7 @@ std::string legacy_step_tensor_name(const std::string& param) { return param + "
 std::string metadata_to_json(const CheckpointMetadata& m) {
   json files = json::array();
   for (const CheckpointFile& f : m.files) {
-    files.push_back({{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+    files.push_back({{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {digest_key(m.digest_piece_bytes), f.digest}});
   }
   json state = json::array();
   for (StateTensor tensor : kStateTensors) state.push_back(state_tensor_name(tensor));
@@ -296,6 +300,7 @@ std::string metadata_to_json(const CheckpointMetadata& m) {
       {"layout", layout_to_json(m.layout)},
       {"files", files},
   };
+  if (m.digest_piece_bytes != 0) j["digest_piece_bytes"] = m.digest_piece_bytes;
   if (m.format_version >= 2) j[kDigestKey] = metadata_digest(j);
   return j.dump(2) + "\n";
 }
@@ -316,6 +321,9 @@ CheckpointMetadata metadata_from_json(const std::string& text, const std::string
     }
     m.format_version = version.get<int>();
     m.digest_checked = m.format_version >= 2;
+    m.digest_piece_bytes = m.format_version >= 3 ? static_cast<std::uint64_t>(integer_field(
+                                                       j, "digest_piece_bytes", 1, INT64_MAX, "", source))
+                                                 : 0;
     if (m.digest_checked) {
       const std::string recorded = string_field(j, kDigestKey, "", source);
       const std::string actual = metadata_digest(j);
@@ -338,7 +346,7 @@ CheckpointMetadata metadata_from_json(const std::string& text, const std::string
       m.files.push_back({string_field(files[f], "name", where, source),
                          static_cast<int>(integer_field(files[f], "rank", 0, INT_MAX, where, source)),
                          static_cast<std::uint64_t>(integer_field(files[f], "bytes", 0, INT64_MAX, where, source)),
-                         string_field(files[f], "sha256", where, source)});
+                         string_field(files[f], digest_key(m.digest_piece_bytes), where, source)});
     }
   } catch (const json::exception& e) {
     bad_metadata(source, e.what());
@@ -413,10 +421,10 @@ fs::path resolve_checkpoint(const fs::path& path) {
   throw Failure("no checkpoint at " + path.string() + ": it holds neither " + kMetadata + " nor " + kLatest);
 }
 
-void verify_checkpoint_file(const fs::path& dir, const CheckpointFile& record) {
+void verify_checkpoint_file(const fs::path& dir, const CheckpointMetadata& metadata, const CheckpointFile& record) {
   const fs::path file = dir / record.name;
   check_file_size(File::open_read(file), record);
-  check_checksum(file, sha256_file(file), record);
+  check_digest(file, file_digest(file, metadata.digest_piece_bytes), metadata, record);
 }
 
 CheckpointMetadata read_checkpoint_metadata(const fs::path& path) {
@@ -472,14 +480,14 @@ fs::path save_checkpoint(const DistributedAdamW& optimizer, const fs::path& root
       }
     }
     const fs::path file = temp_dir / shard_file_name(rank, dp_size);
-    const std::string sha = write_safetensors(
+    const std::string digest = write_safetensors(
         file, tensors,
         {{"format", kFormat}, {"rank", std::to_string(rank)}, {"dp_size", std::to_string(dp_size)},
          {"step", std::to_string(optimizer.step_count())}},
         {.after_tensor = [&](std::size_t written) {
           if (written == 1) reached(SaveStage::shard_partly_written);
         }});
-    file_record = sha + " " + std::to_string(fs::file_size(file));
+    file_record = digest + " " + std::to_string(fs::file_size(file));
   });
   reached(SaveStage::shards_written);
 
@@ -557,7 +565,7 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
       const bool check = options.verify_checksums && checker == rank;
       const bool needed = sources_of_rank[rank].count(source) != 0;
       if (!needed) {
-        if (check) verify_checkpoint_file(dir, metadata.files[source]);
+        if (check) verify_checkpoint_file(dir, metadata, metadata.files[source]);
         continue;
       }
       const CheckpointFile& record = metadata.files[source];
@@ -571,7 +579,7 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
       } catch (const Failure&) {
         // A damaged header is, first of all, a file whose checksum does not match: say so, as a checksum
         // pass ahead of the header would.
-        if (check) verify_checkpoint_file(dir, record);
+        if (check) verify_checkpoint_file(dir, metadata, record);
         throw;
       }
       // This rank's byte ranges of the file, each with where its bytes go.
@@ -595,10 +603,10 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
                 [](const Placement& a, const Placement& b) { return a.bytes.begin < b.bytes.begin; });
       // Checked: the whole file, once, hashed on the way. Otherwise only the ranges, adjacent ones merged.
       ChunkedRead read{.chunk_bytes = options.chunk_bytes, .device = device, .stream = optimizer.stream()};
-      Sha256 sha;
+      PieceDigest digest(metadata.digest_piece_bytes);
       if (check) {
         read.ranges = {{0, record.bytes}};
-        read.sha = &sha;
+        read.digest = &digest;
       } else {
         for (const Placement& placement : placements) {
           if (!read.ranges.empty() && read.ranges.back().end == placement.bytes.begin) {
@@ -622,7 +630,7 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
         }
       };
       read_chunked(file, read);
-      if (check) check_checksum(path_of_file, sha.hex_digest(), record);
+      if (check) check_digest(path_of_file, digest.hex_digest(), metadata, record);
     }
   });
 

@@ -22,18 +22,23 @@ void read_chunked(const File& file, const ChunkedRead& read) {
   const bool to_gpu = read.device.type != DeviceType::cpu;
   std::array<StagingBuffer, 2> buffers{StagingBuffer(largest, to_gpu), StagingBuffer(largest, to_gpu)};
   std::future<void> hashed;  // declared after the buffers: destroyed (and so waited for) before them
+  // The disk reads the next chunks into the page cache while this thread waits for the hash and the copies of
+  // the last one below, instead of idling between two reads; two ahead, so that its queue never runs dry.
+  constexpr std::size_t kPrefetched = 2;
+  const auto prefetch = [&](std::size_t i) {
+    if (i < chunks.size()) file.prefetch(chunks[i].begin, chunks[i].end - chunks[i].begin);
+  };
+  for (std::size_t i = 0; i < kPrefetched; ++i) prefetch(i);
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     const std::size_t bytes = chunks[i].end - chunks[i].begin;
-    // The disk reads the next chunk into the page cache while this thread waits for the hash and the copies of
-    // the last one below, instead of idling between two reads.
-    if (i + 1 < chunks.size()) file.prefetch(chunks[i + 1].begin, chunks[i + 1].end - chunks[i + 1].begin);
+    prefetch(i + kPrefetched);
     char* buffer = buffers[i % 2].data();
     file.read_exact(buffer, bytes, chunks[i].begin);
     // The last chunk's hash and copies end before this one's start: then its buffer is free for the next read.
     if (hashed.valid()) hashed.get();
     wait_for_copies(read.device, read.stream);
-    if (read.sha != nullptr) {
-      hashed = std::async(std::launch::async, [sha = read.sha, buffer, bytes] { sha->update(buffer, bytes); });
+    if (read.digest != nullptr) {
+      hashed = std::async(std::launch::async, [digest = read.digest, buffer, bytes] { digest->update(buffer, bytes); });
     }
     if (read.deliver) read.deliver(chunks[i].begin, buffer, bytes);
   }

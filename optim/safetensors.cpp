@@ -154,11 +154,11 @@ std::string write_safetensors(const std::filesystem::path& path, const std::vect
   text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts 8-byte aligned, as safetensors writes it
 
   File file = File::create_new(path);
-  Sha256 sha;
+  PieceDigest digest(options.digest_piece_bytes);
   const std::uint64_t header_length = text.size();
   for (const auto& [data, bytes] : {std::pair<const void*, std::size_t>{&header_length, sizeof header_length},
                                     std::pair<const void*, std::size_t>{text.data(), text.size()}}) {
-    sha.update(data, bytes);
+    digest.update(data, bytes);
     file.write_all(data, bytes);
   }
   std::uint64_t file_offset = sizeof header_length + text.size();
@@ -179,7 +179,8 @@ std::string write_safetensors(const std::filesystem::path& path, const std::vect
     // The chunk is hashed and written on two more threads while this one fetches the next: a save takes the
     // longest of the three, not their sum. (The futures' destructors wait, so a failure never leaves them
     // running.)
-    std::future<void> hashed = std::async(std::launch::async, [&sha, data, &chunk] { sha.update(data, chunk.bytes); });
+    std::future<void> hashed =
+        std::async(std::launch::async, [&digest, data, &chunk] { digest.update(data, chunk.bytes); });
     std::future<void> written = std::async(std::launch::async, [&file, data, &chunk, file_offset] {
       file.write_all(data, chunk.bytes);
       // Without this the kernel starts writing a large file back only once its dirty pages pass
@@ -196,7 +197,7 @@ std::string write_safetensors(const std::filesystem::path& path, const std::vect
     data = next;
   }
   file.sync();
-  return sha.hex_digest();
+  return digest.hex_digest();
 }
 
 }  // namespace deltatrain::optim

@@ -40,8 +40,9 @@ void print_text(const std::filesystem::path& dir, const optim::CheckpointMetadat
     }
   }
   for (std::size_t f = 0; f < m.files.size(); ++f) {
-    std::printf("file           %s  %llu bytes  sha256 %s%s\n", m.files[f].name.c_str(),
-                static_cast<unsigned long long>(m.files[f].bytes), m.files[f].sha256.c_str(),
+    std::printf("file           %s  %llu bytes  %s %s%s\n", m.files[f].name.c_str(),
+                static_cast<unsigned long long>(m.files[f].bytes),
+                m.digest_piece_bytes == 0 ? "sha256" : "sha256_of_pieces", m.files[f].digest.c_str(),
                 verdicts.empty() ? "" : ("  " + verdicts[f]).c_str());
   }
 }
@@ -53,7 +54,7 @@ void inspect(const InspectArgs& args) {
   if (args.verify) {
     for (const optim::CheckpointFile& file : metadata.files) {
       try {
-        optim::verify_checkpoint_file(dir, file);
+        optim::verify_checkpoint_file(dir, metadata, file);
         verdicts.push_back("ok");
       } catch (const Failure& e) {
         verdicts.push_back(std::string("BAD: ") + e.what());

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -54,10 +55,15 @@ class DamagedCheckpoint : public ::testing::Test {
     write_all(metadata_file_, j.dump(2));
   }
 
-  // The checkpoint as format 1 wrote it: no digest of its own.
-  static void as_format_1(json& j) {
+  // The checkpoint as format 1 wrote it: no digest of its own, each file's plain SHA-256.
+  void as_format_1(json& j) const {
     j.erase("metadata_sha256");
+    j.erase("digest_piece_bytes");
     j["format_version"] = 1;
+    for (json& file : j["files"]) {
+      file.erase("sha256_of_pieces");
+      file["sha256"] = file_digest(dir_ / file["name"].get<std::string>(), 0);
+    }
   }
 
   fs::path root_, dir_, metadata_file_;
@@ -126,13 +132,39 @@ TEST_F(DamagedCheckpoint, NoSingleBitFlipOfTheMetadataChangesWhatLoads) {
 }
 
 TEST_F(DamagedCheckpoint, Format1StillLoadsAndSaysItIsUnprotected) {
-  edit_metadata(as_format_1);
+  edit_metadata([&](json& j) { as_format_1(j); });
   const CheckpointMetadata m = read_checkpoint_metadata(root_);
   EXPECT_EQ(m.format_version, 1);
   EXPECT_FALSE(m.digest_checked);
   const ChildResult loaded = load();
   ASSERT_EQ(loaded.exit_code, 0) << loaded.message;
   EXPECT_EQ(loaded.message, digest_);
+}
+
+// Format 2: a digest of its own, and each file's plain SHA-256 (which one stream hashes, so its loads run at
+// one core's SHA-256 rate). Still loads, and a flipped bit in a shard is still found.
+TEST_F(DamagedCheckpoint, Format2StillLoadsAndItsFilesAreStillChecked) {
+  json j = json::parse(original_);
+  as_format_1(j);
+  CheckpointMetadata format_2 = metadata_from_json(j.dump(), "format 1 metadata");
+  format_2.format_version = 2;
+  write_all(metadata_file_, metadata_to_json(format_2));
+  const CheckpointMetadata m = read_checkpoint_metadata(root_);
+  EXPECT_EQ(m.format_version, 2);
+  EXPECT_TRUE(m.digest_checked);
+  EXPECT_EQ(m.digest_piece_bytes, 0u);
+  EXPECT_NE(read_all(metadata_file_).find("\"sha256\""), std::string::npos);
+  const ChildResult loaded = load();
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.message;
+  EXPECT_EQ(loaded.message, digest_);
+
+  const fs::path shard = dir_ / shard_file_name(0, 1);
+  std::string bytes = read_all(shard);
+  bytes[bytes.size() - 1 - std::random_device{}() % 64] ^= 4;
+  write_all(shard, bytes);
+  const ChildResult damaged = load();
+  EXPECT_EQ(damaged.exit_code, 1) << "loaded: " << damaged.message;
+  EXPECT_NE(damaged.message.find(shard.string() + " is corrupted: its sha256"), std::string::npos) << damaged.message;
 }
 
 // Without a digest, what can be checked still is: the layout against the one its parameters imply, the
@@ -154,7 +186,7 @@ TEST_F(DamagedCheckpoint, Format1EditsThatCanBeCheckedAreRefused) {
     EXPECT_EQ(loaded.exit_code, 1) << "loaded: " << loaded.message;
     EXPECT_NE(loaded.message.find(detail), std::string::npos) << loaded.message;
   }
-  edit_metadata([](json& j) {
+  edit_metadata([&](json& j) {
     as_format_1(j);
     j["optimizer"]["beta2"] = 1.5;
   });
@@ -184,7 +216,7 @@ TEST_F(DamagedCheckpoint, AShardThatIsAFifoOrADeviceIsRefusedNamingIt) {
   fs::remove(shard);
   fs::create_symlink("/dev/zero", shard);
   try {
-    verify_checkpoint_file(dir_, m.files[0]);
+    verify_checkpoint_file(dir_, m, m.files[0]);
     ADD_FAILURE() << "a symlink to /dev/zero verified";
   } catch (const Failure& e) {
     EXPECT_NE(std::string(e.what()).find("is a character device"), std::string::npos) << e.what();

@@ -335,14 +335,20 @@ std::string load_error(comm::Group& group, const fs::path& dir, const SyntheticC
 }
 
 // Edits metadata.json as a writer would, sealed with a fresh digest of its own: read back as format 1
-// (which has none) and written as the current format.
+// (which has none, and whose files' digests are called "sha256") and written as the current format.
 void rewrite_metadata(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
   nlohmann::json metadata = nlohmann::json::parse(std::ifstream(dir / "metadata.json"));
   edit(metadata);
+  const std::uint64_t piece_bytes = metadata.at("digest_piece_bytes");
+  for (nlohmann::json& file : metadata["files"]) {
+    file["sha256"] = file.at("sha256_of_pieces");
+    file.erase("sha256_of_pieces");
+  }
   metadata.erase("metadata_sha256");
   metadata["format_version"] = 1;
   CheckpointMetadata sealed = metadata_from_json(metadata.dump(), "the edited metadata");
   sealed.format_version = kCheckpointFormatVersion;
+  sealed.digest_piece_bytes = piece_bytes;
   std::ofstream(dir / "metadata.json", std::ios::trunc) << metadata_to_json(sealed);
 }
 
@@ -400,7 +406,7 @@ TEST_P(OptimizerTest, DamagedOrMismatchedCheckpointsFailOnEveryRankNamingTheFile
       fs::rename(copy.dir() / "x", other);
       rewrite_metadata(copy.dir(), [&](nlohmann::json& m) {
         for (auto& f : m["files"]) {
-          f["sha256"] = sha256_file(copy.dir() / f["name"].get<std::string>());
+          f["sha256_of_pieces"] = file_digest(copy.dir() / f["name"].get<std::string>(), kDigestPieceBytes);
           f["bytes"] = fs::file_size(copy.dir() / f["name"].get<std::string>());
         }
       });
@@ -425,10 +431,10 @@ TEST_P(OptimizerTest, DamagedOrMismatchedCheckpointsFailOnEveryRankNamingTheFile
   }
   {  // saving the same step again refuses and leaves every file as it was
     std::vector<std::string> before;
-    for (int r = 0; r < world_size(); ++r) before.push_back(sha256_file(saved / shard_file_name(r, world_size())));
+    for (int r = 0; r < world_size(); ++r) before.push_back(file_digest(saved / shard_file_name(r, world_size()), 0));
     EXPECT_THROW(train_and_save(*group_, dir.path() / "run", 2), Failure);
     for (int r = 0; r < world_size(); ++r) {
-      EXPECT_EQ(sha256_file(saved / shard_file_name(r, world_size())), before[r]) << "shard " << r;
+      EXPECT_EQ(file_digest(saved / shard_file_name(r, world_size()), 0), before[r]) << "shard " << r;
     }
   }
 }
@@ -467,7 +473,7 @@ TEST_P(OptimizerTest, LegacyShardsWithPerParameterStepsLoadAndTheStoredScalarWin
     fs::copy_file(saved.saved / "metadata.json", legacy / "metadata.json");
     rewrite_metadata(legacy, [&](nlohmann::json& m) {
       for (auto& f : m["files"]) {
-        f["sha256"] = sha256_file(legacy / f["name"].get<std::string>());
+        f["sha256_of_pieces"] = file_digest(legacy / f["name"].get<std::string>(), kDigestPieceBytes);
         f["bytes"] = fs::file_size(legacy / f["name"].get<std::string>());
       }
     });

@@ -73,7 +73,7 @@ TEST_F(SafetensorsTest, WritesTheFormatByteForByteAndReadsItBack) {
   const std::string sha =
       write_safetensors(path, tensors, {{"rank", "3"}, {"note", "x"}},
                         {.after_tensor = [&](std::size_t written) { progress.push_back(written); }});
-  EXPECT_EQ(sha, sha256_file(path));
+  EXPECT_EQ(sha, file_digest(path, kDigestPieceBytes));
   EXPECT_EQ(progress, (std::vector<std::size_t>{1, 2, 3, 4, 5, 6}));
 
   // Independently: 8 little-endian length bytes, a JSON object, then the data.
@@ -169,7 +169,7 @@ TEST_F(SafetensorsTest, TensorsReadChunkByChunkThroughStagingWriteTheSameBytesAs
   const std::string file = bytes_of(staged_path);
   EXPECT_EQ(file, bytes_of(host_path));
   EXPECT_EQ(staged_sha, host_sha);
-  EXPECT_EQ(staged_sha, sha256_file(staged_path));
+  EXPECT_EQ(staged_sha, file_digest(staged_path, kDigestPieceBytes));
   EXPECT_EQ(staged_progress, host_progress);
   EXPECT_EQ(staged_progress, (std::vector<std::size_t>{1, 2, 3, 4, 5, 6, 7}));
   // Independently: after the header, the tensors' bytes back to back.

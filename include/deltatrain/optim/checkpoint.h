@@ -36,18 +36,21 @@ namespace deltatrain::optim {
 // 2: metadata.json carries "metadata_sha256", the SHA-256 of its own canonical form (the JSON without
 // that key, keys sorted, compact), so an edit or a flipped bit anywhere in it is found on load. Format 1
 // checkpoints still load; their metadata is checked field by field but has no digest of its own.
-inline constexpr int kCheckpointFormatVersion = 2;
+// 3: a file's digest is digest.h's PieceDigest ("sha256_of_pieces", over pieces of "digest_piece_bytes"), which
+// a load verifies at the disk's rate; formats 1 and 2 record the plain SHA-256 of each file ("sha256").
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr int kOldestCheckpointFormatVersion = 1;
 
 struct CheckpointFile {
   std::string name;
   int rank = 0;
   std::uint64_t bytes = 0;
-  std::string sha256;
+  std::string digest;  // PieceDigest(CheckpointMetadata::digest_piece_bytes) of the file
 };
 
 struct CheckpointMetadata {
   int format_version = kCheckpointFormatVersion;
+  std::uint64_t digest_piece_bytes = kDigestPieceBytes;  // 0 in formats 1 and 2
   std::int64_t step = 0;
   int dp_size = 1;
   AdamWConfig config;
@@ -115,7 +118,8 @@ void load_checkpoint(DistributedAdamW& optimizer, const std::filesystem::path& p
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 // Checks one file of checkpoint `dir` against its record: a regular file (not a FIFO or a device) of
 // the recorded size, whose SHA-256 matches. Failure naming the file and what is wrong.
-void verify_checkpoint_file(const std::filesystem::path& dir, const CheckpointFile& record);
+void verify_checkpoint_file(const std::filesystem::path& dir, const CheckpointMetadata& metadata,
+                            const CheckpointFile& record);
 CheckpointMetadata read_checkpoint_metadata(const std::filesystem::path& path);
 
 }  // namespace deltatrain::optim

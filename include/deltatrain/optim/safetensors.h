@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "deltatrain/core/tensor.h"
+#include "deltatrain/optim/digest.h"
 
 namespace deltatrain::optim {
 
@@ -60,10 +61,12 @@ struct SafetensorsWriteOptions {
   // The most bytes of a tensor handled at once; two staging buffers of this size are allocated when some
   // tensor comes through `read`.
   std::size_t chunk_bytes = kDefaultChunkBytes;
+  // The returned digest's pieces (digest.h's PieceDigest; 0: the plain SHA-256 of the file).
+  std::uint64_t digest_piece_bytes = kDigestPieceBytes;
 };
 
-// Creates `path` (Failure if it exists), writes the tensors in order and fsyncs it. Returns the SHA-256 of
-// the whole file, computed while writing. InvalidArgument naming the tensor when it has neither data nor read.
+// Creates `path` (Failure if it exists), writes the tensors in order and fsyncs it. Returns the file's
+// PieceDigest, computed while writing. InvalidArgument naming the tensor when it has neither data nor read.
 std::string write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata,
                               const SafetensorsWriteOptions& options = {});
