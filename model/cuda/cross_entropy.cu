@@ -29,21 +29,25 @@ __global__ void cross_entropy_kernel(Matrix logits, const std::int32_t* targets,
   for (Index c0 = threadIdx.x * kVector; c0 < cols; c0 += step) {
     float x[kVector];
     load8<V>(row, c0, cols, x);
+    if constexpr (!V) {
 #pragma unroll
-    for (int k = 0; k < kVector; ++k)
-      if (c0 + k < cols) partial.add(x[k]);
+      for (int k = 0; k < kVector; ++k)
+        if (c0 + k >= cols) x[k] = -INFINITY;
+    }
+    partial.add_n(x);
   }
   const MaxSum total = block_max_sum(partial);
   const float lse = total.max + logf(total.sum);
   if (threadIdx.x == 0 && logprob != nullptr) logprob[r] = target_logit - lse;
   if (!want_grad) return;
   const float weight = weights[r];
+  const float shift = lse * kLog2e;
   for (Index c0 = threadIdx.x * kVector; c0 < cols; c0 += step) {
     float x[kVector];
     load8<V>(row, c0, cols, x);
 #pragma unroll
     for (int k = 0; k < kVector; ++k) {
-      const float p = expf(x[k] - lse);
+      const float p = exp2f(fmaf(x[k], kLog2e, -shift));
       x[k] = weight * (c0 + k == target ? p - 1.f : p);
     }
     store8<V>(row, c0, cols, x);
