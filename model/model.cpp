@@ -89,8 +89,7 @@ struct Weights {
 struct GdnActivations {
   TensorView in_proj;            // the input projections' outputs side by side [T, conv_dim + HV * dv + 2 HV]
   TensorView qkv;                // in_proj's first columns, before the convolution [T, conv_dim]
-  TensorView conv;               // after conv1d + SiLU [T, conv_dim]
-  TensorView q, k, v;            // contiguous copies of conv's column blocks, as the gdn operator takes them
+  TensorView q, k, v;            // conv1d + SiLU's output, its column blocks apart as the gdn operator takes them
   TensorView z, b, a;            // in_proj's next columns [T, HV * dv], [T, HV] x 2
   TensorView g, beta;            // [T, HV] x 2
   TensorView core;               // the gdn operator's output [T, HV * dv]
@@ -483,7 +482,6 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
     g.z = columns.z;
     g.b = columns.b;
     g.a = columns.a;
-    g.conv = act({T, c.linear_conv_dim()});
     g.q = act({T, c.linear_key_dim()});
     g.k = act({T, c.linear_key_dim()});
     g.v = act({T, c.linear_value_dim()});
@@ -566,10 +564,11 @@ void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const Tens
                               const LayerState* state) {
   const Config& c = config;
   linear(a.in_proj, h, w.in_proj);
+  const ColumnParts conv_out{a.q, a.k, a.v};
   if (state && inference.decode) {
-    ops->conv1d_silu_step(a.conv, a.qkv, w.conv1d, state->conv_state, inference.slot_ids);
+    ops->conv1d_silu_step(conv_out, a.qkv, w.conv1d, state->conv_state, inference.slot_ids);
   } else {
-    ops->conv1d_silu_forward(a.conv, a.qkv, w.conv1d, sequences);
+    ops->conv1d_silu_forward(conv_out, a.qkv, w.conv1d, sequences);
   }
   if (state && !inference.decode) {
     // The prompt's last W - 1 inputs become the slot's conv history, zeros before a short prompt's start.
@@ -578,10 +577,6 @@ void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const Tens
     for (const std::int32_t slot : inference.short_slots) ops->fill_zero(row_slice(rows, slot * history, (slot + 1) * history));
     ops->copy_rows(rows, inference.conv_dst_ids, a.qkv, inference.conv_src_ids);
   }
-  const std::int64_t kd = c.linear_key_dim();
-  ops->copy(a.q, col_slice(a.conv, 0, kd));
-  ops->copy(a.k, col_slice(a.conv, kd, 2 * kd));
-  ops->copy(a.v, col_slice(a.conv, 2 * kd, c.linear_conv_dim()));
   ops->gdn_gates_forward(a.g, a.beta, a.a, a.b, w.a_log, w.dt_bias);
   gdn_core(a, state);
   ops->gated_rmsnorm_forward(a.normed, a.norm_rstd, a.core, a.z, w.norm, c.rms_norm_eps);
@@ -642,12 +637,7 @@ void Model::Impl::gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnAct
                        reshaped(dg, {1, T, HV}), reshaped(dbeta, {1, T, HV}), std::nullopt},
                       gdn_options());
   ops->gdn_gates_backward(d.a, d.b, dw.a_log, dw.dt_bias, dg, dbeta, a.a, a.b, w.a_log, w.dt_bias);
-  const std::int64_t C = c.linear_conv_dim();
-  const TensorView d_conv = temp({T, C});
-  ops->copy(col_slice(d_conv, 0, kd), dq);
-  ops->copy(col_slice(d_conv, kd, 2 * kd), dk_);
-  ops->copy(col_slice(d_conv, 2 * kd, C), dv_);
-  ops->conv1d_silu_backward(d.qkv, dw.conv1d, d_conv, a.qkv, w.conv1d, sequences);
+  ops->conv1d_silu_backward(d.qkv, dw.conv1d, {dq, dk_, dv_}, a.qkv, w.conv1d, sequences);
   linear_backward(dh, dw.in_proj, d_in_proj, h, w.in_proj, false);
 }
 

@@ -62,6 +62,21 @@ MatrixLayout matrix_layout(const TensorView& v, const char* name, std::int64_t r
   return {r, c, r > 1 ? v.strides[0] : std::max<std::int64_t>(c, 1)};
 }
 
+ColumnParts::ColumnParts(std::initializer_list<TensorView> parts) : count(static_cast<int>(parts.size())) {
+  if (parts.size() == 0 || parts.size() > kMaxParts)
+    throw InvalidArgument("parts", "must be 1 to " + std::to_string(kMaxParts) + " matrices, got " +
+                                       std::to_string(parts.size()));
+  std::copy(parts.begin(), parts.end(), part.begin());
+}
+
+void check_column_parts(const ColumnParts& parts, const char* name, std::int64_t rows, std::int64_t cols) {
+  std::int64_t total = 0;
+  for (int p = 0; p < parts.count; ++p) total += matrix_layout(parts.part[p], name, rows).cols;
+  if (total != cols)
+    throw InvalidArgument(name, "must have " + std::to_string(cols) + " columns in its parts, got " +
+                                    std::to_string(total));
+}
+
 void check_cu_seqlens(std::span<const std::int32_t> cu, std::int64_t rows) {
   if (cu.empty() || cu.front() != 0 || cu.back() != rows)
     throw InvalidArgument("cu_seqlens", "must start at 0 and end at the token count " + std::to_string(rows));
@@ -101,10 +116,10 @@ void check_copy_rows(const TensorView& dst, const IndexArray& dst_rows, const Te
   check_row_indices(src_rows.host, s.rows, "src_rows");
 }
 
-CacheLayout check_conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight,
+CacheLayout check_conv1d_silu_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                                    const TensorView& state, const IndexArray& slots) {
   const MatrixLayout xm = matrix_layout(x, "x");
-  matrix_layout(out, "out", xm.rows, xm.cols);
+  check_column_parts(out, "out", xm.rows, xm.cols);
   const MatrixLayout w = matrix_layout(weight, "weight", xm.cols);
   if (w.cols < 2)
     throw InvalidArgument("weight", "must be at least 2 taps wide to have a history, got " + std::to_string(w.cols));

@@ -19,8 +19,10 @@
 //   GQA sums) runs in a fixed order of fixed-size blocks.
 #pragma once
 
+#include <array>
 #include <concepts>
 #include <cstddef>
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -60,6 +62,23 @@ inline constexpr std::int64_t kAnyExtent = -1;  // an extent matrix_layout does 
 MatrixLayout matrix_layout(const TensorView& v, const char* name, std::int64_t rows = kAnyExtent,
                            std::int64_t cols = kAnyExtent);
 
+// A [rows, cols] operand held as up to kMaxParts matrices side by side: part p holds the next cols_p columns
+// as a [rows, cols_p] matrix of its own, parts in column order. The conv1d writes its outputs (reads their
+// gradients) in this form, so that q, k and v are the GDN operator's dense tensors with no copy in between.
+// A single matrix converts to one part.
+struct ColumnParts {
+  static constexpr int kMaxParts = 3;
+  std::array<TensorView, kMaxParts> part{};
+  int count = 0;
+
+  ColumnParts(const TensorView& whole) : part{whole}, count(1) {}  // NOLINT: a matrix is one part
+  ColumnParts(std::initializer_list<TensorView> parts);             // InvalidArgument past kMaxParts
+};
+
+// Checks each part as a matrix of `rows` rows (matrix_layout), their widths adding up to `cols`; InvalidArgument
+// naming `name`.
+void check_column_parts(const ColumnParts& parts, const char* name, std::int64_t rows, std::int64_t cols);
+
 // The other checks every implementation shares: extents, index values and offsets, which do not depend on the
 // device. InvalidArgument names the argument; each implementation adds its own device and dtype checks.
 
@@ -86,7 +105,7 @@ struct CacheLayout {
 // any kernel reads an index.
 void check_copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
                      const IndexArray& src_rows);
-CacheLayout check_conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight,
+CacheLayout check_conv1d_silu_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                                    const TensorView& state, const IndexArray& slots);  // the state's layout
 void check_rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
                              const IndexArray& positions);
@@ -134,11 +153,11 @@ class Ops {
 
   // Causal depthwise convolution over time with SiLU, per packed sequence (zero history at each start):
   // pre[t, c] = sum_{j < W} w[c, j] * x[t - (W - 1) + j, c] (terms before the sequence start are 0),
-  // out = silu(pre). x, out [T, C]; weight [C, W] (HF's conv1d.weight [C, 1, W] without the middle axis).
-  // Backward: dx (overwritten) and dweight (+=) from dout, recomputing pre from x.
-  virtual void conv1d_silu_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
+  // out = silu(pre). x, out [T, C] (out in column parts); weight [C, W] (HF's conv1d.weight [C, 1, W] without the
+  // middle axis). Backward: dx (overwritten) and dweight (+=) from dout (in column parts), recomputing pre from x.
+  virtual void conv1d_silu_forward(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                                    const IndexArray& cu_seqlens) = 0;
-  virtual void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+  virtual void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const ColumnParts& dout,
                                     const TensorView& x, const TensorView& weight,
                                     const IndexArray& cu_seqlens) = 0;
 
@@ -204,11 +223,12 @@ class Ops {
   virtual void copy_rows(const TensorView& dst, const IndexArray& dst_rows, const TensorView& src,
                          const IndexArray& src_rows) = 0;
 
-  // One token per sequence through conv1d_silu_forward, its history in a cache: x, out [N, C]; sequence n in
+  // One token per sequence through conv1d_silu_forward, its history in a cache: x, out [N, C] (out in column
+  // parts); sequence n in
   // slot slots[n] of state [S, W - 1, C], which holds its last W - 1 inputs oldest first (zeros before its
   // start). pre[n, c] = sum_{j < W - 1} w[c, j] state[slot, j, c] + w[c, W - 1] x[n, c], out = silu(pre), and
   // the state shifts by one row with x[n] as its newest.
-  virtual void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight,
+  virtual void conv1d_silu_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                                 const TensorView& state, const IndexArray& slots) = 0;
 
   // rope (forward) with each row's position given instead of derived from sequence starts: positions [T].

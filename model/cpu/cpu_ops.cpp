@@ -70,6 +70,25 @@ Mat<T> matrix(const TensorView& v, const char* name, Index rows = kAny, Index co
   return {v.ptr<T>(), m.rows, m.cols, m.row_stride};
 }
 
+// ColumnParts on the host: element (r, c) of the whole through a table of each column's part and place in it.
+template <class T>
+struct Parts {
+  std::vector<Mat<T>> part;
+  std::vector<std::pair<int, Index>> column;  // column[c]: c's part and its column there
+  T& at(Index r, Index c) const { return part[column[c].first].row(r)[column[c].second]; }
+};
+
+template <class T>
+Parts<T> parts(const ColumnParts& v, const char* name, Index rows, Index cols) {
+  check_column_parts(v, name, rows, cols);
+  Parts<T> out;
+  for (int p = 0; p < v.count; ++p) {
+    out.part.push_back(matrix<T>(v.part[p], name, rows));
+    for (Index c = 0; c < out.part.back().cols; ++c) out.column.emplace_back(p, c);
+  }
+  return out;
+}
+
 template <class T>
 T* vector(const TensorView& v, const char* name, Index n) {
   check_host(v, name);
@@ -384,26 +403,25 @@ double conv_pre(const Mat<T>& x, const Mat<T>& w, Index t, Index c, Index start)
 }
 
 template <class T>
-void conv1d_silu_forward(int threads, Mat<T> out, Mat<T> x, Mat<T> w, const Sequences& seq) {
+void conv1d_silu_forward(int threads, const Parts<T>& out, Mat<T> x, Mat<T> w, const Sequences& seq) {
   parallel_for(threads, x.rows, [&](Index t) {
     const Index start = seq.start_of(t);
-    T* o = out.row(t);
-    for (Index c = 0; c < x.cols; ++c) o[c] = silu(static_cast<T>(conv_pre(x, w, t, c, start)));
+    for (Index c = 0; c < x.cols; ++c) out.at(t, c) = silu(static_cast<T>(conv_pre(x, w, t, c, start)));
   });
 }
 
 // The decode step: each sequence's window (its W - 1 cached inputs, then x[n]) is row W - 1 of a matrix whose
 // earlier rows are the history, so the sum is conv_pre's, term for term. window: N * W * C scratch values.
 template <class T>
-void conv1d_silu_step(int threads, Mat<T> out, Mat<T> x, Mat<T> w, Mat<T> state, std::span<const std::int32_t> slots,
-                      T* window) {
+void conv1d_silu_step(int threads, const Parts<T>& out, Mat<T> x, Mat<T> w, Mat<T> state,
+                      std::span<const std::int32_t> slots, T* window) {
   const Index W = w.cols, C = x.cols;
   parallel_for(threads, x.rows, [&](Index n) {
     const Mat<T> win{window + n * W * C, W, C, C};
     T* history = state.row(slots[n] * (W - 1));  // W - 1 contiguous rows
     std::copy_n(history, (W - 1) * C, win.data);
     std::copy_n(x.row(n), C, win.row(W - 1));
-    for (Index c = 0; c < C; ++c) out.row(n)[c] = silu(static_cast<T>(conv_pre(win, w, W - 1, c, 0)));
+    for (Index c = 0; c < C; ++c) out.at(n, c) = silu(static_cast<T>(conv_pre(win, w, W - 1, c, 0)));
     std::copy_n(win.row(1), (W - 1) * C, history);
   });
 }
@@ -411,7 +429,8 @@ void conv1d_silu_step(int threads, Mat<T> out, Mat<T> x, Mat<T> w, Mat<T> state,
 // One thread per block of channels: it owns their dweight, walks every sequence backwards keeping the last W
 // rows of dpre (the gradient of pre) in a ring, and writes dx[t] = sum_j w[c, j] dpre[t + (W - 1) - j].
 template <class T>
-void conv1d_silu_backward(int threads, Mat<T> dx, Mat<T> dw, Mat<T> dout, Mat<T> x, Mat<T> w, const Sequences& seq) {
+void conv1d_silu_backward(int threads, Mat<T> dx, Mat<T> dw, const Parts<T>& dout, Mat<T> x, Mat<T> w,
+                          const Sequences& seq) {
   const Index W = w.cols, C = x.cols;
   const Index blocks = (C + kColumnBlock - 1) / kColumnBlock;
   const Index per_block = 2 * W * kColumnBlock;  // the ring and the dweight sums, [W][kColumnBlock] each
@@ -427,7 +446,7 @@ void conv1d_silu_backward(int threads, Mat<T> dx, Mat<T> dw, Mat<T> dout, Mat<T>
         for (Index i = 0; i < width; ++i) {
           const Index c = first + i;
           const T pre = static_cast<T>(conv_pre(x, w, t, c, start));
-          const double dpre = static_cast<double>(dout.row(t)[c]) * silu_grad(pre);
+          const double dpre = static_cast<double>(dout.at(t, c)) * silu_grad(pre);
           ring[(t % W) * kColumnBlock + i] = dpre;
           double sum = 0;
           for (Index j = 0; j < W; ++j) {
@@ -768,18 +787,18 @@ class CpuOps final : public Ops {
     });
   }
 
-  void conv1d_silu_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
+  void conv1d_silu_forward(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                            const IndexArray& cu_seqlens) override {
     dispatch(x, "x", [&]<class T>() {
       const Mat<T> xm = matrix<T>(x, "x");
       const Mat<T> w = matrix<T>(weight, "weight", xm.cols, kAny);
       check_positive(w.cols, "weight's width");
       const Sequences seq(cu_seqlens.host, xm.rows);
-      model::conv1d_silu_forward<T>(threads(), matrix<T>(out, "out", xm.rows, xm.cols), xm, w, seq);
+      model::conv1d_silu_forward<T>(threads(), parts<T>(out, "out", xm.rows, xm.cols), xm, w, seq);
     });
   }
 
-  void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+  void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const ColumnParts& dout,
                             const TensorView& x, const TensorView& weight,
                             const IndexArray& cu_seqlens) override {
     dispatch(x, "x", [&]<class T>() {
@@ -789,7 +808,7 @@ class CpuOps final : public Ops {
       const Sequences seq(cu_seqlens.host, xm.rows);
       model::conv1d_silu_backward<T>(threads(), matrix<T>(dx, "dx", xm.rows, xm.cols),
                                      matrix<T>(dweight, "dweight", w.rows, w.cols),
-                                     matrix<T>(dout, "dout", xm.rows, xm.cols), xm, w, seq);
+                                     parts<T>(dout, "dout", xm.rows, xm.cols), xm, w, seq);
     });
   }
 
@@ -868,13 +887,14 @@ class CpuOps final : public Ops {
     });
   }
 
-  void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight, const TensorView& state,
-                        const IndexArray& slots) override {
+  void conv1d_silu_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
+                        const TensorView& state, const IndexArray& slots) override {
     const CacheLayout layout = check_conv1d_silu_step(out, x, weight, state, slots);
     dispatch(x, "x", [&]<class T>() {
       const Mat<T> xm = matrix<T>(x, "x"), w = matrix<T>(weight, "weight");
       std::vector<T> window(static_cast<std::size_t>(xm.rows * w.cols * xm.cols));
-      model::conv1d_silu_step<T>(threads(), matrix<T>(out, "out"), xm, w, cache_rows<T>(state, "state", layout),
+      model::conv1d_silu_step<T>(threads(), parts<T>(out, "out", xm.rows, xm.cols), xm, w,
+                                 cache_rows<T>(state, "state", layout),
                                  slots.host, window.data());
     });
   }

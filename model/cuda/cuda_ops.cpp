@@ -35,6 +35,7 @@ namespace {
 
 using cuda::Index;
 using cuda::Matrix;
+using cuda::MatrixParts;
 
 constexpr Index kAny = kAnyExtent;
 constexpr DType bf16 = DType::bf16, f32 = DType::f32;
@@ -128,17 +129,17 @@ class CudaOps final : public Ops {
                                  vector<const void>(weight, "weight", bf16, l.width), workspace_, stream_);
   }
 
-  void conv1d_silu_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
+  void conv1d_silu_forward(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                            const IndexArray& cu_seqlens) override {
     const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
     const Matrix w = matrix(weight, "weight", bf16, xm.cols, kAny);
     check_positive(w.cols, "weight's width");
-    cuda::conv1d_silu_forward(matrix(out, "out", bf16, xm.rows, xm.cols), xm, w, sequences(cu_seqlens, xm.rows),
-                              stream_);
+    cuda::conv1d_silu_forward(matrix_parts(out, "out", bf16, xm.rows, xm.cols), xm, w,
+                              sequences(cu_seqlens, xm.rows), stream_);
   }
 
-  void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+  void conv1d_silu_backward(const TensorView& dx, const TensorView& dweight, const ColumnParts& dout,
                             const TensorView& x, const TensorView& weight, const IndexArray& cu_seqlens) override {
     const CudaDeviceGuard guard(device_.index);
     const Matrix xm = matrix(x, "x", bf16);
@@ -146,8 +147,9 @@ class CudaOps final : public Ops {
     check_positive(w.cols, "weight's width");
     const Matrix dw = matrix(dweight, "dweight", f32, w.rows, w.cols);
     if (dw.rows > 1 && dw.ld != dw.cols) throw InvalidArgument("dweight", "must be contiguous");
-    cuda::conv1d_silu_backward(matrix(dx, "dx", bf16, xm.rows, xm.cols), dw, matrix(dout, "dout", bf16, xm.rows, xm.cols),
-                               xm, w, sequences(cu_seqlens, xm.rows), workspace_, stream_);
+    cuda::conv1d_silu_backward(matrix(dx, "dx", bf16, xm.rows, xm.cols), dw,
+                               matrix_parts(dout, "dout", bf16, xm.rows, xm.cols), xm, w,
+                               sequences(cu_seqlens, xm.rows), workspace_, stream_);
   }
 
   void gdn_gates_forward(const TensorView& g, const TensorView& beta, const TensorView& a, const TensorView& b,
@@ -294,12 +296,12 @@ class CudaOps final : public Ops {
                     indices(src_rows, "src_rows", n), n, dtype_size(dst.dtype), stream_);
   }
 
-  void conv1d_silu_step(const TensorView& out, const TensorView& x, const TensorView& weight, const TensorView& state,
-                        const IndexArray& slots) override {
+  void conv1d_silu_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
+                        const TensorView& state, const IndexArray& slots) override {
     const CudaDeviceGuard guard(device_.index);
     const CacheLayout layout = check_conv1d_silu_step(out, x, weight, state, slots);
     const Matrix xm = matrix(x, "x", bf16);
-    cuda::conv1d_silu_step(matrix(out, "out", bf16), xm, matrix(weight, "weight", bf16),
+    cuda::conv1d_silu_step(matrix_parts(out, "out", bf16, xm.rows, xm.cols), xm, matrix(weight, "weight", bf16),
                            cache_rows(state, "state", bf16, layout), indices(slots, "slots", xm.rows), stream_);
   }
 
@@ -363,6 +365,15 @@ class CudaOps final : public Ops {
     check_dtype(v, name, dtype);
     const MatrixLayout m = matrix_layout(v, name, rows, cols);
     return {v.data, m.rows, m.cols, m.row_stride};
+  }
+
+  MatrixParts matrix_parts(const ColumnParts& v, const char* name, DType dtype, Index rows, Index cols) const {
+    static_assert(ColumnParts::kMaxParts == MatrixParts::kMaxParts);
+    check_column_parts(v, name, rows, cols);
+    MatrixParts parts;
+    parts.count = v.count;
+    for (int p = 0; p < v.count; ++p) parts.part[p] = matrix(v.part[p], name, dtype, rows);
+    return parts;
   }
 
   // A cache checked by ops.cpp as the matrix of its S * L rows.

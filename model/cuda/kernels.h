@@ -18,6 +18,13 @@ struct Matrix {
   Index rows = 0, cols = 0, ld = 0;
 };
 
+// Matrices side by side by columns (ops.h's ColumnParts): part p holds the next part[p].cols columns.
+struct MatrixParts {
+  static constexpr int kMaxParts = 3;
+  Matrix part[kMaxParts] = {};
+  int count = 0;
+};
+
 // Packed-sequence offsets: `count` + 1 int32 values on the device.
 struct Sequences {
   const std::int32_t* cu = nullptr;
@@ -93,8 +100,9 @@ void gated_rmsnorm_backward(Matrix dx, Matrix dz, float* dweight, Matrix dout, M
                             const float* rstd, const void* weight, Workspace& workspace, cudaStream_t stream);
 
 // ---- sequence.cu: ops along packed sequences. x, out, dx, dout, weight bfloat16; dweight float32 (+=) ----
-void conv1d_silu_forward(Matrix out, Matrix x, Matrix weight, Sequences sequences, cudaStream_t stream);
-void conv1d_silu_backward(Matrix dx, Matrix dweight, Matrix dout, Matrix x, Matrix weight, Sequences sequences,
+// out and dout in column parts (x.cols columns in all).
+void conv1d_silu_forward(MatrixParts out, Matrix x, Matrix weight, Sequences sequences, cudaStream_t stream);
+void conv1d_silu_backward(Matrix dx, Matrix dweight, MatrixParts dout, Matrix x, Matrix weight, Sequences sequences,
                           Workspace& workspace, cudaStream_t stream);
 void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequences sequences, bool inverse,
           cudaStream_t stream);
@@ -102,7 +110,7 @@ void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequen
 // `state`, the matrix of the cache's S * (W - 1) rows, slot slots[n] for row n of x.
 void rope_at_positions(Matrix x, int heads, int head_dim, int rotary_dim, float theta, const std::int32_t* positions,
                        cudaStream_t stream);
-void conv1d_silu_step(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
+void conv1d_silu_step(MatrixParts out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
                       cudaStream_t stream);
 
 // ---- decode.cu: the rest of the inference ops ----

@@ -22,6 +22,18 @@ namespace {
 constexpr int kConvThreads = 128;
 constexpr int kForwardChannels = 4, kBackwardChannels = 2, kStepChannels = 8;
 
+// A thread's channels [c0, c0 + N) of a matrix in column parts, which the launch keeps inside one part: that part,
+// and c0 as its column there.
+struct PartColumns {
+  Matrix m;
+  Index c0;
+};
+__device__ PartColumns locate(const MatrixParts& parts, Index c0) {
+  int p = 0;
+  while (p + 1 < parts.count && c0 >= parts.part[p].cols) c0 -= parts.part[p++].cols;
+  return {parts.part[p], c0};
+}
+
 // taps[j][k] = weight[c0 + k, j] ([C, W]); zeros past the last channel.
 template <int W, int N>
 __device__ void load_taps(Matrix weight, Index c0, float (&taps)[W][N]) {
@@ -131,7 +143,7 @@ __device__ void load_history(float (&window)[W][N], Matrix x, Index t0, Index c0
 
 // A strip of rows [t0, t1); OneSequence: rows t0 - (W - 1) .. t1 - 1 lie in one sequence.
 template <int W, bool V, bool OneSequence>
-__device__ void conv_forward_strip(Matrix out, Matrix x, const float (&taps)[W][kForwardChannels], Sequences seq,
+__device__ void conv_forward_strip(PartColumns out, Matrix x, const float (&taps)[W][kForwardChannels], Sequences seq,
                                    Index c0, Index t0, Index t1) {
   constexpr int N = kForwardChannels;
   float window[W][N];
@@ -147,12 +159,12 @@ __device__ void conv_forward_strip(Matrix out, Matrix x, const float (&taps)[W][
     float y[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) y[k] = silu(conv_pre<W, N, !OneSequence>(taps, window, k, u, sequence.start));
-    store_n<N, V>(row_of<bf16>(out, u), c0, x.cols, y);
+    store_n<N, V>(row_of<bf16>(out.m, u), out.c0, out.m.cols, y);
   }
 }
 
 template <int W, bool V>
-__global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matrix out, Matrix x, Matrix weight,
+__global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(MatrixParts out, Matrix x, Matrix weight,
                                                                           Sequences seq, Index strip_rows) {
   constexpr int N = kForwardChannels;
   const Index c0 = (blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x) * N;
@@ -160,10 +172,11 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matri
   const Index t0 = blockIdx.y * strip_rows, t1 = min(x.rows, t0 + strip_rows);
   float taps[W][N];
   load_taps<W, N>(weight, c0, taps);
+  const PartColumns o = locate(out, c0);
   if (in_one_sequence(seq, t0 - (W - 1), t1)) {
-    conv_forward_strip<W, V, true>(out, x, taps, seq, c0, t0, t1);
+    conv_forward_strip<W, V, true>(o, x, taps, seq, c0, t0, t1);
   } else {
-    conv_forward_strip<W, V, false>(out, x, taps, seq, c0, t0, t1);
+    conv_forward_strip<W, V, false>(o, x, taps, seq, c0, t0, t1);
   }
 }
 
@@ -176,7 +189,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matri
 // A strip of rows [t0, t1) and the W - 1 rows after it; OneSequence: rows t0 - (W - 1) .. t1 + W - 2 lie in one
 // sequence (so every row is inside the matrix and every tap counts).
 template <int W, bool V, bool OneSequence>
-__device__ void conv_backward_strip(Matrix dx, Matrix dout, Matrix x, const float (&taps)[W][kBackwardChannels],
+__device__ void conv_backward_strip(Matrix dx, PartColumns dout, Matrix x, const float (&taps)[W][kBackwardChannels],
                                     Sequences seq, Index c0, Index t0, Index t1,
                                     float (&dweight)[W][kBackwardChannels]) {
   constexpr int N = kBackwardChannels;
@@ -191,7 +204,7 @@ __device__ void conv_backward_strip(Matrix dx, Matrix dout, Matrix x, const floa
     for (int k = 0; k < N; ++k) dpre[j][k] = 0.f;
   }
   const Index last = t1 + (W - 1);
-  RowQueue<N, V> x_rows(x, c0, t0, last), dout_rows(dout, c0, t0, last);
+  RowQueue<N, V> x_rows(x, c0, t0, last), dout_rows(dout.m, dout.c0, t0, last);
   SequenceCursor sequence(seq, t0);
 #pragma unroll kRowUnroll<W>
   for (Index u = t0; u < last; ++u) {
@@ -238,7 +251,7 @@ __device__ void conv_backward_strip(Matrix dx, Matrix dout, Matrix x, const floa
 }
 
 template <int W, bool V>
-__global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matrix dx, Matrix dout, Matrix x,
+__global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matrix dx, MatrixParts dout, Matrix x,
                                                                            Matrix weight, Sequences seq,
                                                                            Index strip_rows, float* partials) {
   constexpr int N = kBackwardChannels;
@@ -248,10 +261,11 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
   const Index t0 = blockIdx.y * strip_rows, t1 = min(T, t0 + strip_rows);
   float taps[W][N], dweight[W][N] = {};
   load_taps<W, N>(weight, c0, taps);
+  const PartColumns d = locate(dout, c0);
   if (in_one_sequence(seq, t0 - (W - 1), t1 + (W - 1))) {
-    conv_backward_strip<W, V, true>(dx, dout, x, taps, seq, c0, t0, t1, dweight);
+    conv_backward_strip<W, V, true>(dx, d, x, taps, seq, c0, t0, t1, dweight);
   } else {
-    conv_backward_strip<W, V, false>(dx, dout, x, taps, seq, c0, t0, t1, dweight);
+    conv_backward_strip<W, V, false>(dx, d, x, taps, seq, c0, t0, t1, dweight);
   }
 #pragma unroll
   for (int k = 0; k < N; ++k)
@@ -264,7 +278,8 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
 // history rows and the new input as the window, and shifts the history by one row (no two threads touch one
 // element). The taps are summed oldest first, as conv_pre sums them over a whole sequence.
 template <int W, bool V>
-__global__ void conv1d_silu_step_kernel(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots) {
+__global__ void conv1d_silu_step_kernel(MatrixParts out, Matrix x, Matrix weight, Matrix state,
+                                        const std::int32_t* slots) {
   constexpr int N = kStepChannels;
   const Index C = x.cols, per_row = (C + N - 1) / N;
   const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
@@ -278,7 +293,8 @@ __global__ void conv1d_silu_step_kernel(Matrix out, Matrix x, Matrix weight, Mat
   float y[N];
 #pragma unroll
   for (int k = 0; k < N; ++k) y[k] = silu(conv_pre<W, N>(taps, window, k, W - 1, 0));
-  store_n<N, V>(row_of<bf16>(out, n), c0, C, y);
+  const PartColumns o = locate(out, c0);
+  store_n<N, V>(row_of<bf16>(o.m, n), o.c0, o.m.cols, y);
 #pragma unroll
   for (int j = 0; j + 1 < W; ++j) store_n<N, V>(row_of<bf16>(state, first + j), c0, C, window[j + 1]);
 }
@@ -370,29 +386,74 @@ void launch_rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta,
   check_launch("rope");
 }
 
-}  // namespace
-
-void conv1d_silu_forward(Matrix out, Matrix x, Matrix weight, Sequences sequences, cudaStream_t stream) {
-  if (x.rows == 0 || x.cols == 0) return;
-  const ConvGrid g = conv_grid(x, kForwardChannels);
-  const auto kernel = conv_kernel("conv1d_silu_forward", weight.cols, vectorizable(out) && vectorizable(x),
-                                  kForwardKernels);
-  kernel<<<g.grid, kConvThreads, 0, stream>>>(out, x, weight, sequences, g.strip_rows);
-  check_launch("conv1d_silu_forward");
+// Columns [first, first + count) of m, and rows [first, first + count).
+Matrix columns(Matrix m, Index first, Index count, std::size_t element_size) {
+  return {static_cast<char*>(m.data) + first * element_size, m.rows, count, m.ld};
+}
+Matrix rows(Matrix m, Index first, Index count, std::size_t element_size) {
+  return {static_cast<char*>(m.data) + first * m.ld * element_size, count, m.cols, m.ld};
 }
 
-void conv1d_silu_backward(Matrix dx, Matrix dweight, Matrix dout, Matrix x, Matrix weight, Sequences sequences,
+bool vectorizable(const MatrixParts& parts) {
+  for (int p = 0; p < parts.count; ++p)
+    if (!vectorizable(parts.part[p])) return false;
+  return true;
+}
+
+// The conv kernels' launches over channels whose output (or its gradient) lies in column parts: one launch over
+// all the channels when no thread's `channels` consecutive ones straddle two parts (every part but the last a
+// multiple of `channels` wide, as q, k and v are), else one launch per part over its own columns of the other
+// operands. launch(parts, first, count): the parts for channels [first, first + count).
+template <class Launch>
+void over_parts(const MatrixParts& parts, int channels, Launch launch) {
+  bool straddles = false;
+  Index all = 0;
+  for (int p = 0; p < parts.count; ++p) {
+    straddles = straddles || (p + 1 < parts.count && parts.part[p].cols % channels != 0);
+    all += parts.part[p].cols;
+  }
+  if (!straddles) return launch(parts, Index{0}, all);
+  Index first = 0;
+  for (int p = 0; p < parts.count; ++p) {
+    MatrixParts one;
+    one.part[0] = parts.part[p];
+    one.count = 1;
+    launch(one, first, parts.part[p].cols);
+    first += parts.part[p].cols;
+  }
+}
+
+}  // namespace
+
+void conv1d_silu_forward(MatrixParts out, Matrix x, Matrix weight, Sequences sequences, cudaStream_t stream) {
+  if (x.rows == 0 || x.cols == 0) return;
+  over_parts(out, kForwardChannels, [&](const MatrixParts& parts, Index first, Index count) {
+    const Matrix xs = columns(x, first, count, sizeof(bf16)), ws = rows(weight, first, count, sizeof(bf16));
+    const ConvGrid g = conv_grid(xs, kForwardChannels);
+    const auto kernel = conv_kernel("conv1d_silu_forward", weight.cols, vectorizable(parts) && vectorizable(xs),
+                                    kForwardKernels);
+    kernel<<<g.grid, kConvThreads, 0, stream>>>(parts, xs, ws, sequences, g.strip_rows);
+    check_launch("conv1d_silu_forward");
+  });
+}
+
+void conv1d_silu_backward(Matrix dx, Matrix dweight, MatrixParts dout, Matrix x, Matrix weight, Sequences sequences,
                           Workspace& workspace, cudaStream_t stream) {
-  const Index C = x.cols, W = weight.cols;
-  if (x.rows == 0 || C == 0) return;
-  const ConvGrid g = conv_grid(x, kBackwardChannels);
-  const auto kernel = conv_kernel("conv1d_silu_backward", W,
-                                  vectorizable(dx) && vectorizable(dout) && vectorizable(x), kBackwardKernels);
-  auto* partials = reinterpret_cast<float*>(workspace.reserve(g.grid.y * C * W * sizeof(float)));
-  kernel<<<g.grid, kConvThreads, 0, stream>>>(dx, dout, x, weight, sequences, g.strip_rows, partials);
-  check_launch("conv1d_silu_backward");
-  // dweight is contiguous [C, W] (checked by the caller): the strips' partial sums, added in strip order.
-  column_finish("conv1d_silu_backward (dweight)", partials, g.grid.y, C * W, static_cast<float*>(dweight.data), stream);
+  const Index W = weight.cols;
+  if (x.rows == 0 || x.cols == 0) return;
+  over_parts(dout, kBackwardChannels, [&](const MatrixParts& parts, Index first, Index count) {
+    const Matrix xs = columns(x, first, count, sizeof(bf16)), dxs = columns(dx, first, count, sizeof(bf16));
+    const ConvGrid g = conv_grid(xs, kBackwardChannels);
+    const auto kernel = conv_kernel("conv1d_silu_backward", W,
+                                    vectorizable(dxs) && vectorizable(parts) && vectorizable(xs), kBackwardKernels);
+    auto* partials = reinterpret_cast<float*>(workspace.reserve(g.grid.y * count * W * sizeof(float)));
+    kernel<<<g.grid, kConvThreads, 0, stream>>>(dxs, parts, xs, rows(weight, first, count, sizeof(bf16)), sequences,
+                                                g.strip_rows, partials);
+    check_launch("conv1d_silu_backward");
+    // dweight is contiguous [C, W] (checked by the caller): the strips' partial sums, added in strip order.
+    column_finish("conv1d_silu_backward (dweight)", partials, g.grid.y, count * W,
+                  static_cast<float*>(dweight.data) + first * W, stream);
+  });
 }
 
 void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequences sequences, bool inverse,
@@ -405,14 +466,18 @@ void rope_at_positions(Matrix x, int heads, int head_dim, int rotary_dim, float 
   launch_rope(x, heads, head_dim, rotary_dim, theta, Given{positions}, false, stream);
 }
 
-void conv1d_silu_step(Matrix out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
+void conv1d_silu_step(MatrixParts out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
                       cudaStream_t stream) {
-  const Index threads = x.rows * ((x.cols + kStepChannels - 1) / kStepChannels);
-  if (threads == 0) return;
-  const auto kernel = conv_kernel("conv1d_silu_step", weight.cols,
-                                  vectorizable(out) && vectorizable(x) && vectorizable(state), kStepKernels);
-  kernel<<<grid_for(threads, 256), 256, 0, stream>>>(out, x, weight, state, slots);
-  check_launch("conv1d_silu_step");
+  over_parts(out, kStepChannels, [&](const MatrixParts& parts, Index first, Index count) {
+    const Matrix xs = columns(x, first, count, sizeof(bf16)), states = columns(state, first, count, sizeof(bf16));
+    const Index threads = xs.rows * ((count + kStepChannels - 1) / kStepChannels);
+    if (threads == 0) return;
+    const auto kernel = conv_kernel("conv1d_silu_step", weight.cols,
+                                    vectorizable(parts) && vectorizable(xs) && vectorizable(states), kStepKernels);
+    kernel<<<grid_for(threads, 256), 256, 0, stream>>>(parts, xs, rows(weight, first, count, sizeof(bf16)), states,
+                                                       slots);
+    check_launch("conv1d_silu_step");
+  });
 }
 
 }  // namespace deltatrain::model::cuda

@@ -16,6 +16,15 @@
 
 namespace deltatrain::model::testing {
 
+// Columns [first, first + count) of row-major [rows, cols] values.
+template <class Values>
+Values columns_of(const Values& v, std::int64_t cols, std::int64_t first, std::int64_t count) {
+  Values out;
+  for (std::int64_t r = 0; r < std::ssize(v) / cols; ++r)
+    out.insert(out.end(), v.begin() + r * cols + first, v.begin() + r * cols + first + count);
+  return out;
+}
+
 class SeededTest : public ::testing::Test {
  protected:
   SeededTest() {

@@ -26,10 +26,13 @@
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
 #include "cuda/attention_plan.h"
+#include "model_testing.h"
 #include "ops.h"
 
 namespace deltatrain::model {
 namespace {
+
+using testing::columns_of;
 
 using Index = std::int64_t;
 using Values = std::vector<float>;
@@ -864,6 +867,62 @@ TEST_F(CudaOpsTest, Conv1dSiluStepUpdatesTheSlotsHistory) {
       EXPECT_TRUE(matches("out", out, kBf16Tolerance));
       EXPECT_TRUE(matches("state", state, 0));  // moved bfloat16 values, exact
     }
+  }
+}
+
+// The conv's output and its gradient in column parts, as the model's q, k and v: the whole matrix's values on
+// the GPU bit for bit (and the CPU's to bfloat16), both in one launch (parts 8-aligned: 16-byte groups) and in a
+// launch per part (widths that split the kernels' channel groups).
+TEST_F(CudaOpsTest, Conv1dSiluInColumnParts) {
+  const Offsets cu = offsets({3, 70, 0, 41});
+  const Index T = cu.back(), W = 4, S = 3;
+  const Indices sequences(cu), slots(std::vector<std::int32_t>{2, 0});
+  for (const std::array<Index, 3> widths : {std::array<Index, 3>{64, 64, 128}, std::array<Index, 3>{13, 7, 21}}) {
+    const Index C = widths[0] + widths[1] + widths[2];
+    SCOPED_TRACE("parts " + std::to_string(widths[0]) + ", " + std::to_string(widths[1]) + ", " +
+                 std::to_string(widths[2]));
+    const Both x = random(bf16, T, C, 0, -2, 2), w = random(bf16, C, W, 0), dout = random(bf16, T, C, 0);
+    const Both whole = unset(bf16, T, C, 0), dx_whole = unset(bf16, T, C, 0), dw_whole = random(f32, C, W, 0);
+    const Both dx = unset(bf16, T, C, 0);
+    Both dw(f32, C, W);
+    dw.set(dw_whole.expected());
+    std::vector<Both> out, d;
+    for (int p = 0, first = 0; p < 3; first += widths[p++]) {
+      out.push_back(unset(bf16, T, widths[p], 0));
+      d.emplace_back(bf16, T, widths[p]);
+      d.back().set(columns_of(dout.expected(), C, first, widths[p]));
+    }
+    on_both([&](Ops& ops, Side s) {
+      ops.conv1d_silu_forward(whole.view(s), x.view(s), w.view(s), sequences.array());
+      ops.conv1d_silu_forward({out[0].view(s), out[1].view(s), out[2].view(s)}, x.view(s), w.view(s),
+                              sequences.array());
+      ops.conv1d_silu_backward(dx_whole.view(s), dw_whole.view(s), dout.view(s), x.view(s), w.view(s),
+                               sequences.array());
+      ops.conv1d_silu_backward(dx.view(s), dw.view(s), {d[0].view(s), d[1].view(s), d[2].view(s)}, x.view(s),
+                               w.view(s), sequences.array());
+    });
+    for (int p = 0, first = 0; p < 3; first += widths[p++]) {
+      EXPECT_EQ(out[p].actual(), columns_of(whole.actual(), C, first, widths[p])) << "part " << p;
+      EXPECT_TRUE(matches("out part", out[p], kBf16Tolerance));
+    }
+    EXPECT_EQ(dx.actual(), dx_whole.actual());
+    EXPECT_EQ(dw.actual(), dw_whole.actual());
+    EXPECT_TRUE(matches("dx", dx, kBf16Tolerance));
+
+    const Both state_whole = random(bf16, S * (W - 1), C, 0, -2, 2);
+    Both state(bf16, S * (W - 1), C);
+    state.set(state_whole.expected());
+    const Both in = random(bf16, 2, C, 0, -2, 2), step_whole = unset(bf16, 2, C, 0);
+    std::vector<Both> step;
+    for (int p = 0; p < 3; ++p) step.push_back(unset(bf16, 2, widths[p], 0));
+    on_both([&](Ops& ops, Side s) {
+      ops.conv1d_silu_step(step_whole.view(s), in.view(s), w.view(s), cache_view(state_whole, s, S), slots.array());
+      ops.conv1d_silu_step({step[0].view(s), step[1].view(s), step[2].view(s)}, in.view(s), w.view(s),
+                           cache_view(state, s, S), slots.array());
+    });
+    for (int p = 0, first = 0; p < 3; first += widths[p++])
+      EXPECT_EQ(step[p].actual(), columns_of(step_whole.actual(), C, first, widths[p])) << "step part " << p;
+    EXPECT_EQ(state.actual(), state_whole.actual());
   }
 }
 

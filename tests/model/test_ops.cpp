@@ -15,10 +15,13 @@
 #include <vector>
 
 #include "deltatrain/core/error.h"
+#include "model_testing.h"
 #include "ops.h"
 
 namespace deltatrain::model {
 namespace {
+
+using testing::columns_of;
 
 using Index = std::int64_t;
 using Values = std::vector<double>;
@@ -915,6 +918,70 @@ TEST_F(OpsTest, CopyRowsMovesTheNamedRows) {
   }
 }
 
+// `call` throws InvalidArgument naming `argument`.
+template <class Call>
+void invalid(const std::string& argument, const Call& call) {
+  try {
+    call();
+    ADD_FAILURE() << "no InvalidArgument for " << argument;
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+  }
+}
+
+// The conv's output and its gradient in column parts (the model's q, k and v) carry the whole matrix's values,
+// bitwise, in the forward, the backward and the decode step; widths that split every channel block.
+TEST_F(OpsTest, Conv1dInColumnPartsEqualsTheWholeMatrix) {
+  const Offsets cu = offsets({5, 1, 7, 2});
+  const Index T = cu.back(), W = 4, C = 13, S = 4;
+  const Index first[3] = {0, 5, 8}, widths[3] = {5, 3, 5};
+  for (const DType dtype : {f32, f64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = random(rng_, dtype, T, C, 1), w = random(rng_, dtype, C, W), dout = random(rng_, dtype, T, C, 2);
+    std::vector<Tensor> out, d;
+    for (int p = 0; p < 3; ++p) {
+      out.push_back(unset(dtype, T, widths[p], p));
+      d.push_back(Tensor(dtype, T, widths[p], 1).set(columns_of(dout.values(), C, first[p], widths[p])));
+    }
+    const Tensor whole = unset(dtype, T, C, 1);
+    ops_->conv1d_silu_forward(whole.view(), x.view(), w.view(), cu);
+    ops_->conv1d_silu_forward({out[0].view(), out[1].view(), out[2].view()}, x.view(), w.view(), cu);
+    for (int p = 0; p < 3; ++p) {
+      EXPECT_EQ(out[p].values(), columns_of(whole.values(), C, first[p], widths[p])) << "part " << p;
+      EXPECT_TRUE(out[p].padding_intact());
+    }
+
+    const Tensor dx_whole = unset(dtype, T, C), dw_whole(dtype, C, W), dx = unset(dtype, T, C), dw(dtype, C, W);
+    ops_->conv1d_silu_backward(dx_whole.view(), dw_whole.view(), dout.view(), x.view(), w.view(), cu);
+    ops_->conv1d_silu_backward(dx.view(), dw.view(), {d[0].view(), d[1].view(), d[2].view()}, x.view(), w.view(), cu);
+    EXPECT_EQ(dx.values(), dx_whole.values());
+    EXPECT_EQ(dw.values(), dw_whole.values());
+
+    Tensor state_whole(dtype, S * (W - 1), C), state(dtype, S * (W - 1), C);
+    const Values history = uniform(rng_, S * (W - 1) * C);
+    state_whole.set(history);
+    state.set(history);
+    const std::vector<std::int32_t> slots{2, 0};
+    const Tensor in = random(rng_, dtype, 2, C), step_whole = unset(dtype, 2, C);
+    std::vector<Tensor> step;
+    for (int p = 0; p < 3; ++p) step.push_back(unset(dtype, 2, widths[p]));
+    ops_->conv1d_silu_step(step_whole.view(), in.view(), w.view(), cache_view(state_whole, S, W - 1), slots);
+    ops_->conv1d_silu_step({step[0].view(), step[1].view(), step[2].view()}, in.view(), w.view(),
+                           cache_view(state, S, W - 1), slots);
+    for (int p = 0; p < 3; ++p)
+      EXPECT_EQ(step[p].values(), columns_of(step_whole.values(), C, first[p], widths[p])) << "step part " << p;
+    EXPECT_EQ(state.values(), state_whole.values());
+  }
+}
+
+TEST_F(OpsTest, ColumnPartsThatDoNotAddUpAreRefusedNamingTheArgument) {
+  const Offsets cu = offsets({3});
+  const Tensor x = random(rng_, f64, 3, 6), w = random(rng_, f64, 6, 2), a(f64, 3, 2), b(f64, 3, 3), c(f64, 2, 1);
+  invalid("out", [&] { ops_->conv1d_silu_forward({a.view(), b.view()}, x.view(), w.view(), cu); });
+  invalid("out", [&] { ops_->conv1d_silu_forward({a.view(), b.view(), c.view()}, x.view(), w.view(), cu); });
+  invalid("parts", [&] { ColumnParts({a.view(), a.view(), a.view(), a.view()}); });
+}
+
 // Stepping the conv one token at a time from a zero history, each sequence in its own slot, gives the forward
 // over the whole sequence (naive_conv), row by row; the state is the last W - 1 inputs; other slots untouched.
 TEST_F(OpsTest, Conv1dStepEqualsTheForwardTokenByToken) {
@@ -1014,14 +1081,6 @@ TEST_F(OpsTest, CachedAttentionEqualsAttentionOverTheWholeSequence) {
 }
 
 TEST_F(OpsTest, InferenceOpsRefuseBadInputByName) {
-  const auto invalid = [](const std::string& argument, const auto& call) {
-    try {
-      call();
-      ADD_FAILURE() << "no InvalidArgument for " << argument;
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(e.argument(), argument) << e.what();
-    }
-  };
   const Tensor src(f32, 4, 3), dst(f32, 5, 3);
   using Ids = std::vector<std::int32_t>;
   invalid("dst_rows", [&] { ops_->copy_rows(dst.view(), Ids{1, 1}, src.view(), Ids{0, 2}); });
