@@ -456,7 +456,7 @@ void Model::Impl::load_batch(const Batch& batch, bool for_loss) {
   std::vector<float> weights32(weights.begin(), weights.end());
   weight_values = memory.allocate(DType::f32, {T});
   copy_to_device(weight_values.data, weights32.data(), weights32.size() * sizeof(float), device, options.stream);
-  synchronize(device, options.stream);  // weights32 is a local
+  model::synchronize(device, options.stream);  // weights32 is a local
   logprob_values = memory.allocate(options.batch_invariant ? DType::f64 : DType::f32, {T});
 }
 
@@ -759,12 +759,12 @@ double Model::Impl::loss(bool want_grad) {
     const TensorView values = vector_slice(logprob_values, begin, end - begin);
     if (values.dtype == DType::f64) {
       copy_to_host(logprobs.data() + begin, values.data, (end - begin) * sizeof(double), options.device, options.stream);
-      synchronize(options.device, options.stream);
+      model::synchronize(options.device, options.stream);
       return;
     }
     staged.resize(static_cast<std::size_t>(end - begin));
     copy_to_host(staged.data(), values.data, staged.size() * sizeof(float), options.device, options.stream);
-    synchronize(options.device, options.stream);
+    model::synchronize(options.device, options.stream);
     std::copy(staged.begin(), staged.end(), logprobs.begin() + begin);
   };
   double total = 0;
@@ -792,7 +792,7 @@ double Model::Impl::loss(bool want_grad) {
       if (want_grad && !on_host) {
         staged.assign(weights.begin() + begin, weights.begin() + end);
         copy_to_device(chunk_weights.data, staged.data(), staged.size() * sizeof(float), options.device, options.stream);
-        synchronize(options.device, options.stream);  // staged is reused by the next chunk
+        model::synchronize(options.device, options.stream);  // staged is reused by the next chunk
       }
       if (want_grad) ops->cross_entropy(chunk_logits, chunk_targets, chunk_weights, chunk_logprobs, true);
     } else {
@@ -838,6 +838,8 @@ void Model::backward() {
   m.ops->embedding_backward(m.grads.embedding, m.token_ids, dx);
 }
 
+void Model::synchronize() const { model::synchronize(impl_->options.device, impl_->options.stream); }
+
 std::span<const double> Model::token_logprobs() const { return impl_->logprobs; }
 
 void Model::logits(const Batch& batch, const TensorView& out) {
@@ -852,7 +854,7 @@ void Model::logits(const Batch& batch, const TensorView& out) {
   }
   forward(batch, false);
   m.linear(out, m.final_normed, m.params.lm_head);
-  synchronize(m.options.device, m.options.stream);
+  synchronize();
 }
 
 // The arguments every inference step shares: a state of this model, N distinct slots in it.
@@ -925,7 +927,7 @@ void Model::Impl::logits_to_host(const TensorView& logits, std::span<double> out
   }
   std::vector<std::uint16_t> bits(n);
   copy_to_host(bits.data(), logits.data, n * sizeof(std::uint16_t), options.device, options.stream);
-  synchronize(options.device, options.stream);
+  model::synchronize(options.device, options.stream);
   std::transform(bits.begin(), bits.end(), out.begin(), [](std::uint16_t b) { return double(bf16_to_float(b)); });
 }
 

@@ -109,7 +109,8 @@ class Reporter : public train::Observer {
     std::fflush(stdout);
     nlohmann::ordered_json row = {{"kind", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr},
                                   {"grad_norm", r.grad_norm}, {"tokens", r.tokens}, {"seconds", r.seconds},
-                                  {"tokens_per_s", tokens_per_s}, {"elapsed", r.elapsed}};
+                                  {"optimizer_seconds", r.optimizer_seconds}, {"tokens_per_s", tokens_per_s},
+                                  {"elapsed", r.elapsed}};
     if (mfu > 0) row["mfu"] = mfu;
     if (device_bytes > 0) row["device_memory_bytes"] = device_bytes;
     write(row);

@@ -164,6 +164,10 @@ TEST_F(Trainer, LossFallsAndEvalAndSamplesRun) {
   double last = 0;
   for (int i = 25; i < 30; ++i) last += recorder.steps[i].loss / 5;
   EXPECT_LT(last, 0.6 * first) << "the loss did not fall: " << first << " -> " << last;
+  for (const StepReport& step : recorder.steps) {
+    EXPECT_GT(step.optimizer_seconds, 0) << "step " << step.step;
+    EXPECT_LT(step.optimizer_seconds, step.seconds) << "step " << step.step;
+  }
   ASSERT_EQ(recorder.evals.size(), 3u);
   EXPECT_LT(recorder.evals.back().val_loss, recorder.evals.front().val_loss);
   if (world_->rank() == 0) {

@@ -110,6 +110,8 @@ class Model {
   // After a training forward: adds d loss / d parameter to the bound gradients. (The lm_head's share is
   // added during the forward, chunk by chunk, with the loss's gradient.)
   void backward();
+  // Returns once the model's queued device work (on options.stream) has finished; nothing to wait for on a CPU.
+  void synchronize() const;
 
   // log p(targets[t]) per token (0 where the target is -1), from the last forward.
   std::span<const double> token_logprobs() const;

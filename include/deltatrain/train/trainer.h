@@ -76,6 +76,7 @@ struct StepReport {
   double grad_norm = 0;      // before clipping
   std::int64_t tokens = 0;   // global tokens of this step
   double seconds = 0;        // wall time of this step
+  double optimizer_seconds = 0;  // of `seconds`: the optimizer's step (reduce-scatter, clip, AdamW, all-gather)
   double elapsed = 0;        // since training (re)started
 };
 
