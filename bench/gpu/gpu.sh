@@ -15,7 +15,7 @@
 #                                        then the GDN tests again on the mma.sync passes (DELTATRAIN_CUDA_WGMMA=0)
 #   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck and racecheck on small GDN cases
 #   bench/gpu/gpu.sh python OUT SCRIPT ARGS...
-#                                        module (and .device-build/anchors.tar.xz, fla and FlashQLA from
+#                                        module and/or binaries (and .device-build/anchors.tar.xz, fla and FlashQLA from
 #                                        ../shared/tools/anchor_site.sh, when carried): a Python script with
 #                                        deltatrain importable, e.g. bench/gdn_h200.py --out OUT --commit HASH
 #                                        (with the binaries carried too, those are under /tmp/deltatrain-gpu/bin);
@@ -140,11 +140,15 @@ python_script() {
   local out=$1 site=/tmp/deltatrain-site status
   shift
   mkdir -p "$out" "$site/deltatrain"
-  [ -f "$BUNDLE/module.tar.xz" ] || { echo "gpu.sh: carry $BUNDLE/module.tar.xz (make gpu-bundle)" >&2; return 1; }
-  # With the binaries carried too, a script can run them (bench/model_h200.py --ours $ROOT/bin/model_step_benchmark).
+  [ -f "$BUNDLE/module.tar.xz" ] || [ -f "$BUNDLE/binaries.tar.xz" ] ||
+    { echo "gpu.sh: carry $BUNDLE/module.tar.xz and/or binaries.tar.xz (make gpu-bundle)" >&2; return 1; }
+  # With the binaries carried, a script can run them (bench/model_h200.py --ours $ROOT/bin/model_step_benchmark);
+  # the module only for scripts that import deltatrain (leaving it out makes room for the anchors).
   if [ -f "$BUNDLE/binaries.tar.xz" ]; then setup "$out" >/dev/null || return 1; fi
-  tar -xJf "$BUNDLE/module.tar.xz" -C "$site/deltatrain" || return 1
-  cp python/deltatrain/*.py "$site/deltatrain/"
+  if [ -f "$BUNDLE/module.tar.xz" ]; then
+    tar -xJf "$BUNDLE/module.tar.xz" -C "$site/deltatrain" || return 1
+    cp python/deltatrain/*.py "$site/deltatrain/"
+  fi
   if [ -f .device-build/anchors.tar.xz ]; then tar -xJf .device-build/anchors.tar.xz -C "$site" || return 1; fi
   export TILELANG_CACHE_DIR=/tmp/tilelang-cache
   mkdir -p "$TILELANG_CACHE_DIR"
