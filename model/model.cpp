@@ -706,8 +706,7 @@ void Model::Impl::layer_forward(int layer) {
   ops->rmsnorm_forward(a.input_normed, a.input_rstd, x, w.input_norm, eps, true);
   if (w.kind == LayerKind::linear_attention) gdn_forward(w.gdn, a.gdn, a.input_normed, a.mid, state);
   else attention_forward(w.attention, a.attention, a.input_normed, a.mid, state);
-  ops->add(a.mid, x);
-  ops->rmsnorm_forward(a.post_normed, a.post_rstd, a.mid, w.post_norm, eps, true);
+  ops->add_rmsnorm_forward(a.post_normed, a.post_rstd, a.mid, x, w.post_norm, eps, true);
   linear(a.mlp_gate_up, a.post_normed, w.gate_up);
   ops->swiglu_forward(a.mlp_act, a.mlp_gate, a.mlp_up);
   const TensorView& out = layer_inputs[layer + 1];

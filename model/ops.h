@@ -137,6 +137,14 @@ class Ops {
   // Backward: dx (overwritten, or += when accumulate_dx) and dweight (+=) from dout.
   virtual void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
                                const TensorView& weight, double eps, bool zero_centred) = 0;
+  // x += residual, then rmsnorm_forward of x: the residual stream's add and the norm after it, which a GPU runs as
+  // one kernel (a launch and a pass over x fewer). Results equal the two operations'.
+  virtual void add_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                                   const TensorView& residual, const TensorView& weight, double eps,
+                                   bool zero_centred) {
+    add(x, residual);
+    rmsnorm_forward(out, rstd, x, weight, eps, zero_centred);
+  }
   virtual void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
                                 const TensorView& x, const TensorView& rstd, const TensorView& weight,
                                 bool zero_centred, bool accumulate_dx) = 0;

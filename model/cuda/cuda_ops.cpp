@@ -89,6 +89,18 @@ class CudaOps final : public Ops {
     const Matrix xm = matrix(x, "x", bf16);
     check_positive(xm.cols, "x's columns");
     cuda::rmsnorm_forward(matrix(out, "out", bf16, xm.rows, xm.cols), vector<float>(rstd, "rstd", f32, xm.rows), xm,
+                          Matrix{}, vector<void>(weight, "weight", bf16, xm.cols), static_cast<float>(eps), zero_centred,
+                          stream_);
+  }
+
+  void add_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                           const TensorView& residual, const TensorView& weight, double eps,
+                           bool zero_centred) override {
+    const CudaDeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    check_positive(xm.cols, "x's columns");
+    cuda::rmsnorm_forward(matrix(out, "out", bf16, xm.rows, xm.cols), vector<float>(rstd, "rstd", f32, xm.rows), xm,
+                          matrix(residual, "residual", bf16, xm.rows, xm.cols),
                           vector<void>(weight, "weight", bf16, xm.cols), static_cast<float>(eps), zero_centred,
                           stream_);
   }

@@ -89,8 +89,9 @@ void embedding_backward(Matrix dtable, const std::int32_t* tokens, Matrix dout, 
                         cudaStream_t stream);
 
 // ---- norms.cu: x, z, out, dx, dz, dout, weight bfloat16; rstd float32; dweight float32 (+=) ----
-void rmsnorm_forward(Matrix out, float* rstd, Matrix x, const void* weight, float eps, bool zero_centred,
-                     cudaStream_t stream);
+// With residual.data: x += residual first (ops.h's add_rmsnorm_forward).
+void rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix residual, const void* weight, float eps,
+                     bool zero_centred, cudaStream_t stream);
 void rmsnorm_backward(Matrix dx, float* dweight, Matrix dout, Matrix x, const float* rstd, const void* weight,
                       bool zero_centred, bool accumulate_dx, Workspace& workspace, cudaStream_t stream);
 // The gated norm over x, z, out [T, heads * width] (width = x.cols / heads), each head's columns on their own.

@@ -60,9 +60,25 @@ __device__ float inverse_rms(const RowGroup<Lanes>& g, const bf16* x, Index cols
   return 1.f / sqrtf(RowGroup<Lanes>::sum(ss) / static_cast<float>(cols) + eps);
 }
 
-template <int Lanes, bool V>
-__global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, const bf16* w, float eps, bool zero_centred) {
+template <int Lanes, bool V, bool Residual>
+__global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, Matrix residual, const bf16* w, float eps,
+                                       bool zero_centred) {
   const RowGroup<Lanes> g(x.rows, RowGroup<Lanes>::row_in_block());
+  if constexpr (Residual) {
+    // x += residual, stored in bfloat16 as the add alone stores it; each lane reads back below only the columns it
+    // wrote. (A group past the last row must not add twice: it only reads, and stores nothing.)
+    if (g.active) {
+      bf16* xw = row_of<bf16>(x, g.row);
+      for (Index c0 = g.column; c0 < x.cols; c0 += g.kStep) {
+        float v[kVector], r[kVector];
+        load8<V>(xw, c0, x.cols, v);
+        load8<V>(row_of<const bf16>(residual, g.row), c0, x.cols, r);
+#pragma unroll
+        for (int k = 0; k < kVector; ++k) v[k] += r[k];
+        store8<V>(xw, c0, x.cols, v);
+      }
+    }
+  }
   const bf16* xr = row_of<const bf16>(x, g.row);
   const float s = inverse_rms<Lanes, V>(g, xr, x.cols, eps);
   if (!g.active) return;
@@ -280,13 +296,15 @@ void norm_backward(const char* name, Matrix dx, Matrix dz, float* dweight, Matri
 
 }  // namespace
 
-void rmsnorm_forward(Matrix out, float* rstd, Matrix x, const void* weight, float eps, bool zero_centred,
-                     cudaStream_t stream) {
+void rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix residual, const void* weight, float eps,
+                     bool zero_centred, cudaStream_t stream) {
   const auto* w = static_cast<const bf16*>(weight);
-  const bool v = vectorizable(out) && vectorizable(x) && aligned16(w);
+  const bool with_residual = residual.data != nullptr;
+  const bool v = vectorizable(out) && vectorizable(x) && aligned16(w) && (!with_residual || vectorizable(residual));
   launch_rows("rmsnorm_forward", x.rows, x.cols, v, [&](auto vec, auto lanes) {
-    rmsnorm_forward_kernel<lanes, vec><<<forward_blocks<lanes>(x.rows), kNormThreads, 0, stream>>>(out, rstd, x, w, eps,
-                                                                                                  zero_centred);
+    const auto kernel =
+        with_residual ? rmsnorm_forward_kernel<lanes, vec, true> : rmsnorm_forward_kernel<lanes, vec, false>;
+    kernel<<<forward_blocks<lanes>(x.rows), kNormThreads, 0, stream>>>(out, rstd, x, residual, w, eps, zero_centred);
   });
 }
 

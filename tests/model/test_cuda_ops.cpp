@@ -407,6 +407,34 @@ TEST_F(CudaOpsTest, RmsnormForwardAndBackward) {
   }
 }
 
+// The residual add fused into the norm: on the GPU bitwise the add, then the norm (the sum stored in bfloat16
+// before its norm), and within bfloat16 of the CPU; over every layout (16-byte groups and element by element).
+TEST_F(CudaOpsTest, AddRmsnormEqualsTheAddThenTheNorm) {
+  const Index R = 77;
+  for (const Layout& l : kLayouts) {
+    SCOPED_TRACE("cols " + std::to_string(l.cols) + ", pad " + std::to_string(l.pad));
+    const Values x0 = random(bf16, R, l.cols, l.pad, -2, 2).expected();
+    const Both residual = random(bf16, R, l.cols, l.pad, -2, 2), w = random_vec(bf16, l.cols);
+    Both fused_x(bf16, R, l.cols, l.pad), apart_x(bf16, R, l.cols, l.pad);
+    fused_x.set(x0);
+    apart_x.set(x0);
+    const Both fused = unset(bf16, R, l.cols, l.pad), apart = unset(bf16, R, l.cols, l.pad);
+    const Both fused_rstd = unset_vec(f32, R), apart_rstd = unset_vec(f32, R);
+    on_both([&](Ops& ops, Side s) {
+      ops.add_rmsnorm_forward(fused.view(s), fused_rstd.view(s), fused_x.view(s), residual.view(s), w.view(s), 1e-6,
+                              true);
+      ops.add(apart_x.view(s), residual.view(s));
+      ops.rmsnorm_forward(apart.view(s), apart_rstd.view(s), apart_x.view(s), w.view(s), 1e-6, true);
+    });
+    EXPECT_EQ(fused_x.actual(), apart_x.actual());
+    EXPECT_EQ(fused.actual(), apart.actual());
+    EXPECT_EQ(fused_rstd.actual(), apart_rstd.actual());
+    EXPECT_TRUE(matches("x + residual", fused_x, kBf16Tolerance));
+    EXPECT_TRUE(matches("out", fused, kBf16Tolerance));
+    EXPECT_TRUE(fused_x.padding_intact() && fused.padding_intact());
+  }
+}
+
 TEST_F(CudaOpsTest, RmsnormOnHalfRows) {
   // q_norm reads the first half of each row of q_proj's output seen as [T * heads, 2 * width] (tensors.h's
   // interleaved_half): rows 2 * width apart.
