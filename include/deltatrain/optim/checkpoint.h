@@ -117,7 +117,7 @@ void load_checkpoint(DistributedAdamW& optimizer, const std::filesystem::path& p
 // when it does not hold a checkpoint directory name (step-NNNNNNNN) or names no directory.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 // Checks one file of checkpoint `dir` against its record: a regular file (not a FIFO or a device) of
-// the recorded size, whose SHA-256 matches. Failure naming the file and what is wrong.
+// the recorded size, whose digest (of the metadata's kind) matches. Failure naming the file and what is wrong.
 void verify_checkpoint_file(const std::filesystem::path& dir, const CheckpointMetadata& metadata,
                             const CheckpointFile& record);
 CheckpointMetadata read_checkpoint_metadata(const std::filesystem::path& path);
