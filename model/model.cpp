@@ -61,9 +61,6 @@ InProjColumns in_proj_columns(const TensorView& m, const Config& c) {
   return {col_slice(m, 0, C), col_slice(m, C, C + vd), col_slice(m, C + vd, C + vd + HV),
           col_slice(m, C + vd + HV, C + vd + 2 * HV)};
 }
-std::int64_t in_proj_width(const Config& c) {
-  return c.linear_conv_dim() + c.linear_value_dim() + 2 * std::int64_t{c.linear_num_value_heads};
-}
 
 // The parameters of one layer, or their gradients: the same names resolve into either.
 struct GdnWeights {
@@ -476,7 +473,7 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
   if (kind == LayerKind::linear_attention) {
     const std::int64_t HV = c.linear_num_value_heads;
     GdnActivations& g = a.gdn;
-    g.in_proj = act({T, in_proj_width(c)});
+    g.in_proj = act({T, c.linear_in_proj_dim()});
     const InProjColumns columns = in_proj_columns(g.in_proj, c);
     g.qkv = columns.qkv;
     g.z = columns.z;
@@ -626,7 +623,7 @@ void Model::Impl::gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnAct
   const TensorView d_normed = temp({T, vd});
   linear_backward(d_normed, dw.out_proj, dout, a.normed, w.out_proj, false);
   // The input projections' gradients side by side, as their outputs are (in_proj's columns).
-  const TensorView d_in_proj = temp({T, in_proj_width(c)});
+  const TensorView d_in_proj = temp({T, c.linear_in_proj_dim()});
   const InProjColumns d = in_proj_columns(d_in_proj, c);
   const TensorView d_core = temp({T, vd});
   ops->gated_rmsnorm_backward(d_core, d.z, dw.norm, d_normed, a.core, a.z, a.norm_rstd, w.norm);

@@ -1,6 +1,7 @@
 #include "gemm.h"
 
 #include <string>
+#include <vector>
 
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/core/error.h"
@@ -89,23 +90,56 @@ Gemm::~Gemm() {
   cublasLtDestroy(handle_);
 }
 
+namespace {
+
+// What a product's algorithm choice depends on (Gemm::Key): the problem (M = -1: row-invariant) and the operands'
+// alignments.
+std::array<std::int64_t, 12> key_of(bool trans_a, bool trans_b, Index M, Index N, Index K, const void* a, Index lda,
+                                    const void* b, Index ldb, void* c, Index ldc, DType c_dtype, bool row_invariant) {
+  return {trans_a, trans_b, row_invariant ? -1 : M, N, K, lda, ldb, ldc, static_cast<std::int64_t>(c_dtype),
+          alignment(a), alignment(b), alignment(c)};
+}
+
+std::string product_name(std::int64_t M, const std::array<std::int64_t, 12>& key) {
+  return "[" + std::to_string(M) + ", " + std::to_string(key[4]) + "] x [" + std::to_string(key[4]) + ", " +
+         std::to_string(key[3]) + "]";
+}
+
+}  // namespace
+
 void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
                const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant) {
-  const Key key{trans_a, trans_b, row_invariant ? -1 : M, N, K, lda, ldb, ldc, static_cast<std::int64_t>(c_dtype),
-                alignment(a), alignment(b), alignment(c)};
+  const cublasLtMatmulAlgo_t& algo =
+      algorithm(key_of(trans_a, trans_b, M, N, K, a, lda, b, ldb, c, ldc, c_dtype, row_invariant));
+  run_with(algo, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, c_dtype);
+}
+
+void Gemm::run_with(const cublasLtMatmulAlgo_t& algo, bool trans_a, bool trans_b, Index M, Index N, Index K,
+                    float alpha, const void* a, Index lda, const void* b, Index ldb, float beta, void* c, Index ldc,
+                    DType c_dtype) {
   Descriptors d;
-  describe(d, key, M);
-  const cublasLtMatmulAlgo_t& algo = algorithm(key);
+  describe(d, key_of(trans_a, trans_b, M, N, K, a, lda, b, ldb, c, ldc, c_dtype, false), M);
   check(cublasLtMatmul(handle_, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &algo, workspace_,
                        kWorkspaceBytes, stream_),
         "cublasLtMatmul");
 }
 
-const cublasLtMatmulAlgo_t& Gemm::algorithm(const Key& key) {
-  if (auto found = algorithms_.find(key); found != algorithms_.end()) return found->second;
-  const bool row_invariant = key[2] < 0;
-  Descriptors d;  // a row-invariant choice is made at kInvariantRows rows, whatever the call's M
-  describe(d, key, row_invariant ? kInvariantRows : key[2]);
+std::vector<Gemm::Candidate> Gemm::candidates(bool trans_a, bool trans_b, Index M, Index N, Index K, const void* a,
+                                              Index lda, const void* b, Index ldb, void* c, Index ldc,
+                                              DType c_dtype, int count) {
+  std::vector<Candidate> out;
+  for (const cublasLtMatmulHeuristicResult_t& result :
+       heuristic(key_of(trans_a, trans_b, M, N, K, a, lda, b, ldb, c, ldc, c_dtype, false), M, count)) {
+    out.push_back({result.algo, config_attribute(result.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                   config_attribute(result.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                   config_attribute(result.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)});
+  }
+  return out;
+}
+
+std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristic(const Key& key, std::int64_t M, int count) {
+  Descriptors d;
+  describe(d, key, M);
   check(cublasLtMatmulPreferenceCreate(&d.preference), "cublasLtMatmulPreferenceCreate");
   const std::size_t workspace = kWorkspaceBytes;
   check(cublasLtMatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
@@ -122,30 +156,36 @@ const cublasLtMatmulAlgo_t& Gemm::algorithm(const Key& key) {
   for (const auto& [attribute, value] : alignments)
     check(cublasLtMatmulPreferenceSetAttribute(d.preference, attribute, &value, sizeof value),
           "cublasLtMatmulPreferenceSetAttribute");
-  cublasLtMatmulHeuristicResult_t results[kInvariantCandidates]{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(count));
   int found = 0;
-  check(cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c, d.preference,
-                                       row_invariant ? kInvariantCandidates : 1, results, &found),
+  check(cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c, d.preference, count, results.data(), &found),
         "cublasLtMatmulAlgoGetHeuristic");
-  const std::string product = "[" + std::to_string(row_invariant ? kInvariantRows : key[2]) + ", " +
-                              std::to_string(key[4]) + "] x [" + std::to_string(key[4]) + ", " +
-                              std::to_string(key[3]) + "]";
-  if (found == 0) throw Failure("cublasLtMatmulAlgoGetHeuristic found no algorithm for the product " + product);
-  if (!row_invariant) return algorithms_.emplace(key, results[0].algo).first->second;
-  for (int i = 0; i < found; ++i)
-    if (config_attribute(results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1)
-      return algorithms_.emplace(key, results[i].algo).first->second;
-  cublasLtMatmulAlgo_t unsplit = results[0].algo;
+  if (found == 0) throw Failure("cublasLtMatmulAlgoGetHeuristic found no algorithm for the product " + product_name(M, key));
+  results.resize(static_cast<std::size_t>(found));
+  return results;
+}
+
+const cublasLtMatmulAlgo_t& Gemm::algorithm(const Key& key) {
+  if (auto found = algorithms_.find(key); found != algorithms_.end()) return found->second;
+  if (key[2] >= 0) return algorithms_.emplace(key, heuristic(key, key[2], 1).front().algo).first->second;
+  // Row-invariant: chosen at kInvariantRows rows, whatever the call's M.
+  const std::vector<cublasLtMatmulHeuristicResult_t> results = heuristic(key, kInvariantRows, kInvariantCandidates);
+  for (const cublasLtMatmulHeuristicResult_t& result : results)
+    if (config_attribute(result.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1)
+      return algorithms_.emplace(key, result.algo).first->second;
+  cublasLtMatmulAlgo_t unsplit = results.front().algo;
   const std::uint32_t one = 1, no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
   check(cublasLtMatmulAlgoConfigSetAttribute(&unsplit, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one),
         "cublasLtMatmulAlgoConfigSetAttribute");
   check(cublasLtMatmulAlgoConfigSetAttribute(&unsplit, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
                                              sizeof no_reduction),
         "cublasLtMatmulAlgoConfigSetAttribute");
+  Descriptors d;
+  describe(d, key, kInvariantRows);
   cublasLtMatmulHeuristicResult_t checked{};
   const cublasStatus_t status = cublasLtMatmulAlgoCheck(handle_, d.op, d.a, d.b, d.c, d.c, &unsplit, &checked);
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw Failure("cuBLASLt has no algorithm for the row-invariant product " + product +
+    throw Failure("cuBLASLt has no algorithm for the row-invariant product " + product_name(kInvariantRows, key) +
                   " that does not split K (" + cublasLtGetStatusString(status) + ")");
   return algorithms_.emplace(key, unsplit).first->second;
 }

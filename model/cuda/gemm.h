@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "deltatrain/core/tensor.h"
 #include "kernels.h"
@@ -32,10 +33,24 @@ class Gemm {
   void run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
            const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant = false);
 
+  // The heuristic's first `count` algorithms for run()'s product (not row-invariant), best first, with the
+  // configuration each names; run() takes the first. For benchmarks that time them (bench/gpu/gemm_candidates.cpp),
+  // with run_with().
+  struct Candidate {
+    cublasLtMatmulAlgo_t algo;
+    std::uint32_t tile, stages, split_k;
+  };
+  std::vector<Candidate> candidates(bool trans_a, bool trans_b, Index M, Index N, Index K, const void* a, Index lda,
+                                    const void* b, Index ldb, void* c, Index ldc, DType c_dtype, int count);
+  void run_with(const cublasLtMatmulAlgo_t& algo, bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha,
+                const void* a, Index lda, const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype);
+
  private:
   // What the heuristic's choice depends on: the problem (M = -1: row-invariant) and the operands' alignments.
   using Key = std::array<std::int64_t, 12>;
   const cublasLtMatmulAlgo_t& algorithm(const Key& key);
+  // The heuristic's first `count` results for `key` at M rows.
+  std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Key& key, std::int64_t M, int count);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;

@@ -41,6 +41,10 @@ struct Config {
   std::int64_t linear_key_dim() const { return std::int64_t{linear_num_key_heads} * linear_key_head_dim; }
   std::int64_t linear_value_dim() const { return std::int64_t{linear_num_value_heads} * linear_value_head_dim; }
   std::int64_t linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }  // q | k | v channels
+  // The GDN block's input projections side by side (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a), as one product.
+  std::int64_t linear_in_proj_dim() const {
+    return linear_conv_dim() + linear_value_dim() + 2 * std::int64_t{linear_num_value_heads};
+  }
 
   bool operator==(const Config&) const = default;  // every field, exactly (a config.json round trip keeps them)
 };

@@ -1,0 +1,116 @@
+// cuBLASLt's candidates for a decode step's products, timed. For each product of a config's layers (the stacked
+// GDN input projections, out_proj, attention's q/k/v and o_proj, the MLP's stacked gate/up and down) and its
+// lm_head, at each row count: the heuristic's first --candidates algorithms (model/cuda/gemm.h's
+// Gemm::candidates; the model runs the first), each timed with CUDA events over --reps launches after a warm-up,
+// with its tile, stages and split-K. At decode's few rows a product reads its weight once, so the weight's bytes
+// over the time are the bandwidth it gets: what a rule for small row counts would choose from (bench/NOTES.md,
+// Rollout). One JSON object per (product, rows, candidate) on stdout, or an array in --json.
+//
+//   gemm_candidates [--config qwen3.5-0.8b] [--rows 1,16,64,256] [--candidates 16] [--reps 200] [--json FILE]
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cuda/gemm.h"
+#include "deltatrain/core/cuda_check.h"
+#include "deltatrain/model/config.h"
+
+using namespace deltatrain;
+
+namespace {
+
+struct Product {
+  std::string name;
+  std::int64_t out_features, in_features;  // the weight [N, K]; y [M, N] = x [M, K] W^T
+};
+
+std::vector<Product> decode_products(const model::Config& c) {
+  const std::int64_t hidden = c.hidden_size, hd = c.head_dim;
+  return {{"gdn.in_proj", c.linear_in_proj_dim(), hidden},
+          {"gdn.out_proj", hidden, c.linear_value_dim()},
+          {"attention.q_proj", 2 * std::int64_t{c.num_attention_heads} * hd, hidden},
+          {"attention.k_proj", std::int64_t{c.num_key_value_heads} * hd, hidden},
+          {"attention.o_proj", hidden, std::int64_t{c.num_attention_heads} * hd},
+          {"mlp.gate_up", 2 * c.intermediate_size, hidden},
+          {"mlp.down", hidden, c.intermediate_size},
+          {"lm_head", c.vocab_size, hidden}};
+}
+
+// Device memory for one product's operands, filled with small values (the kernels' time does not depend on them).
+struct Buffer {
+  void* data = nullptr;
+  explicit Buffer(std::size_t bytes) {
+    cuda_check(cudaMalloc(&data, bytes), "cudaMalloc");
+    cuda_check(cudaMemset(data, 0x3c, bytes), "cudaMemset");  // bf16 0x3c3c ~ 0.0115
+  }
+  ~Buffer() { cudaFree(data); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cuBLASLt's candidates for a decode step's products, timed"};
+  std::string config_name = "qwen3.5-0.8b", json_path;
+  std::vector<std::int64_t> row_counts{1, 16, 64, 256};
+  int candidates = 16, reps = 200;
+  app.add_option("--config", config_name);
+  app.add_option("--rows", row_counts, "row counts (a decode step's batch sizes), comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_option("--candidates", candidates, "heuristic results to time per product")->check(CLI::Range(1, 64));
+  app.add_option("--reps", reps, "timed launches per candidate")->check(CLI::Range(1, 100000));
+  app.add_option("--json", json_path);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const model::Config config = model::load_config(config_name);
+    cudaStream_t stream;
+    cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    model::cuda::Gemm gemm(stream);
+    cudaEvent_t start, stop;
+    cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+    nlohmann::json rows = nlohmann::json::array();
+    for (const Product& p : decode_products(config)) {
+      const std::int64_t N = p.out_features, K = p.in_features;
+      const Buffer weight(static_cast<std::size_t>(N * K) * 2);
+      for (const std::int64_t M : row_counts) {
+        const Buffer x(static_cast<std::size_t>(M * K) * 2), y(static_cast<std::size_t>(M * N) * 2);
+        const std::vector<model::cuda::Gemm::Candidate> found =
+            gemm.candidates(false, true, M, N, K, x.data, K, weight.data, K, y.data, N, DType::bf16, candidates);
+        for (std::size_t rank = 0; rank < found.size(); ++rank) {
+          const auto launch = [&] {
+            gemm.run_with(found[rank].algo, false, true, M, N, K, 1.f, x.data, K, weight.data, K, 0.f, y.data, N,
+                          DType::bf16);
+          };
+          for (int i = 0; i < 10; ++i) launch();
+          cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
+          for (int i = 0; i < reps; ++i) launch();
+          cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
+          cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+          float ms = 0;
+          cuda_check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+          const double us = 1e3 * ms / reps;
+          nlohmann::json row = {{"product", p.name}, {"rows", M}, {"N", N}, {"K", K}, {"heuristic_rank", rank},
+                                {"tile", found[rank].tile}, {"stages", found[rank].stages},
+                                {"split_k", found[rank].split_k}, {"us", us},
+                                {"weight_gb_per_s", static_cast<double>(N * K * 2) / (us * 1e3)}};
+          std::printf("%s\n", row.dump().c_str());
+          rows.push_back(std::move(row));
+        }
+      }
+    }
+    if (!json_path.empty()) std::ofstream(json_path) << rows.dump(1) << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gemm_candidates: %s\n", e.what());
+    return 1;
+  }
+}
