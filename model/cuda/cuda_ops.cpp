@@ -89,8 +89,8 @@ class CudaOps final : public Ops {
     const Matrix xm = matrix(x, "x", bf16);
     check_positive(xm.cols, "x's columns");
     cuda::rmsnorm_forward(matrix(out, "out", bf16, xm.rows, xm.cols), vector<float>(rstd, "rstd", f32, xm.rows), xm,
-                          Matrix{}, vector<void>(weight, "weight", bf16, xm.cols), static_cast<float>(eps), zero_centred,
-                          stream_);
+                          Matrix{}, vector<void>(weight, "weight", bf16, xm.cols), static_cast<float>(eps),
+                          zero_centred, stream_);
   }
 
   void add_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,

@@ -160,7 +160,8 @@ std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristic(const Key& key, std
   int found = 0;
   check(cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c, d.preference, count, results.data(), &found),
         "cublasLtMatmulAlgoGetHeuristic");
-  if (found == 0) throw Failure("cublasLtMatmulAlgoGetHeuristic found no algorithm for the product " + product_name(M, key));
+  if (found == 0)
+    throw Failure("cublasLtMatmulAlgoGetHeuristic found no algorithm for the product " + product_name(M, key));
   results.resize(static_cast<std::size_t>(found));
   return results;
 }
