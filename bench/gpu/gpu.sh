@@ -19,7 +19,8 @@
 #                                        ../shared/tools/anchor_site.sh, when carried): a Python script with
 #                                        deltatrain importable, e.g. bench/gdn_h200.py --out OUT --commit HASH
 #                                        (with the binaries carried too, those are under /tmp/deltatrain-gpu/bin);
-#                                        WRAP prefixes the command (e.g. WRAP="ncu --kernel-name regex:state ...").
+#                                        WRAP prefixes the command (WRAP="ncu --clock-control none ...": gpu.sh refuses
+#                                        an ncu that would lock the GPU's clocks).
 #                                        FlashQLA's kernel cache is restored from .device-build/tilelang-cache.tar.xz
 #                                        when carried and saved to OUT/tilelang-cache.tar.xz
 #   bench/gpu/gpu.sh train OUT ARGS...   binaries: `deltatrain train --device cuda ARGS...`, log OUT/train.jsonl
@@ -27,7 +28,8 @@
 #   bench/gpu/gpu.sh exec OUT BINARY ARGS...
 #                                        binaries: a packed binary (a benchmark) with the same environment; WRAP
 #                                        prefixes it as for python (e.g. a per-kernel time of a few decode steps:
-#                                        WRAP="ncu --metrics gpu__time_duration.sum --launch-skip 3000
+#                                        WRAP="ncu --clock-control none --cache-control none
+#                                        --metrics gpu__time_duration.sum --launch-skip 3000
 #                                        --launch-count 1000 --csv" ... rollout_benchmark --cuda-graphs false)
 #   bench/gpu/gpu.sh disk OUT DIR        the fsynced write and the cold read bandwidth of DIR's disk (dd, 4 GiB),
 #                                        what checkpoint saves and loads are measured against
@@ -96,6 +98,16 @@ setup() {
   if ldd "$ROOT/bin/deltatrain" | grep -E "not found"; then return 1; fi
 }
 
+# WRAP's profiler must leave the lent GPU's clocks alone: ncu locks them to base (and flushes the caches before
+# each kernel) unless told --clock-control none, which also keeps its times comparable with the running step's.
+check_wrap() {
+  if [[ "${WRAP:-}" == *ncu* && "${WRAP}" != *"--clock-control none"* ]]; then
+    echo "gpu.sh: WRAP runs ncu without --clock-control none, which would lock the GPU's clocks; add" \
+         "--clock-control none --cache-control none" >&2
+    return 2
+  fi
+}
+
 # run_test OUT LOG BINARY ARGS...: one test executable with its log in OUT/LOG.log and a one-line verdict.
 run_test() {
   local out=$1 log=$2 status
@@ -157,6 +169,7 @@ python_script() {
   # fla's own dispatch to FlashQLA off unless the caller sets it (FlashQLA is then measured as itself).
   export FLA_DISABLE_BACKEND_DISPATCH=${FLA_DISABLE_BACKEND_DISPATCH-1} PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+  check_wrap || return 2
   # shellcheck disable=SC2086
   ${WRAP:-} python3 "$@"
   status=$?
@@ -179,6 +192,7 @@ cli() {
 run_binary() {
   local out=$1 binary=$2
   shift 2
+  check_wrap || return 2
   setup "$out" >/dev/null || return 1
   # shellcheck disable=SC2086
   ${WRAP:-} "$ROOT/bin/$binary" "$@"
