@@ -26,6 +26,7 @@
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
 #include "cuda/attention_plan.h"
+#include "cuda/gemm.h"
 #include "model_testing.h"
 #include "ops.h"
 
@@ -642,6 +643,28 @@ TEST_F(CudaOpsTest, CopyAndFillZeroKeepTheirRows) {
   EXPECT_TRUE(matches("copy", dst, 0));
   EXPECT_TRUE(matches("fill_zero (bfloat16)", zeros16, 0));
   EXPECT_TRUE(matches("fill_zero (float32)", zeros32, 0));
+}
+
+// Gemm's candidates (bench/gpu/gemm_candidates times them): the first is the algorithm run() takes, bit for bit,
+// and every one computes the product, within bfloat16 rounding of the first. 64 rows: a decode step's batch.
+TEST_F(CudaOpsTest, GemmCandidatesComputeTheProductRunTakesTheFirst) {
+  const Index M = 64, N = 520, K = 256;
+  const Both x = random(bf16, M, K), w = random(bf16, N, K), by_run = unset(bf16, M, N);
+  const auto data = [](const Both& t) { return t.view(Side::gpu).data; };
+  cuda::Gemm gemm(nullptr);  // the legacy default stream, which Both's downloads wait for
+  gemm.run(false, true, M, N, K, 1.f, data(x), K, data(w), K, 0.f, data(by_run), N, DType::bf16);
+  const std::vector<cuda::Gemm::Candidate> candidates =
+      gemm.candidates(false, true, M, N, K, data(x), K, data(w), K, data(by_run), N, DType::bf16, 8);
+  ASSERT_FALSE(candidates.empty());
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    SCOPED_TRACE("candidate " + std::to_string(i) + ": tile " + std::to_string(candidates[i].tile) + ", split-K " +
+                 std::to_string(candidates[i].split_k));
+    const Both y = unset(bf16, M, N);
+    gemm.run_with(candidates[i].algo, false, true, M, N, K, 1.f, data(x), K, data(w), K, 0.f, data(y), N,
+                  DType::bf16);
+    if (i == 0) EXPECT_EQ(y.bytes(), by_run.bytes());
+    EXPECT_LT(relative_error(y.actual(), by_run.actual()), kBf16Tolerance);
+  }
 }
 
 TEST_F(CudaOpsTest, CrossEntropyWithIgnoredTargets) {
