@@ -920,7 +920,7 @@ TEST_F(OpsTest, CopyRowsMovesTheNamedRows) {
 
 // `call` throws InvalidArgument naming `argument`.
 template <class Call>
-void invalid(const std::string& argument, const Call& call) {
+void expect_invalid(const std::string& argument, const Call& call) {
   try {
     call();
     ADD_FAILURE() << "no InvalidArgument for " << argument;
@@ -977,9 +977,9 @@ TEST_F(OpsTest, Conv1dInColumnPartsEqualsTheWholeMatrix) {
 TEST_F(OpsTest, ColumnPartsThatDoNotAddUpAreRefusedNamingTheArgument) {
   const Offsets cu = offsets({3});
   const Tensor x = random(rng_, f64, 3, 6), w = random(rng_, f64, 6, 2), a(f64, 3, 2), b(f64, 3, 3), c(f64, 2, 1);
-  invalid("out", [&] { ops_->conv1d_silu_forward({a.view(), b.view()}, x.view(), w.view(), cu); });
-  invalid("out", [&] { ops_->conv1d_silu_forward({a.view(), b.view(), c.view()}, x.view(), w.view(), cu); });
-  invalid("parts", [&] { ColumnParts({a.view(), a.view(), a.view(), a.view()}); });
+  expect_invalid("out", [&] { ops_->conv1d_silu_forward({a.view(), b.view()}, x.view(), w.view(), cu); });
+  expect_invalid("out", [&] { ops_->conv1d_silu_forward({a.view(), b.view(), c.view()}, x.view(), w.view(), cu); });
+  expect_invalid("parts", [&] { ColumnParts({a.view(), a.view(), a.view(), a.view()}); });
 }
 
 // Stepping the conv one token at a time from a zero history, each sequence in its own slot, gives the forward
@@ -1083,48 +1083,48 @@ TEST_F(OpsTest, CachedAttentionEqualsAttentionOverTheWholeSequence) {
 TEST_F(OpsTest, InferenceOpsRefuseBadInputByName) {
   const Tensor src(f32, 4, 3), dst(f32, 5, 3);
   using Ids = std::vector<std::int32_t>;
-  invalid("dst_rows", [&] { ops_->copy_rows(dst.view(), Ids{1, 1}, src.view(), Ids{0, 2}); });
-  invalid("dst_rows", [&] { ops_->copy_rows(dst.view(), Ids{5}, src.view(), Ids{0}); });
-  invalid("src_rows", [&] { ops_->copy_rows(dst.view(), Ids{0}, src.view(), Ids{4}); });
-  invalid("src_rows", [&] { ops_->copy_rows(dst.view(), Ids{0, 1}, src.view(), Ids{0}); });
-  invalid("src", [&] { ops_->copy_rows(dst.view(), Ids{0}, Tensor(f32, 4, 2).view(), Ids{0}); });
+  expect_invalid("dst_rows", [&] { ops_->copy_rows(dst.view(), Ids{1, 1}, src.view(), Ids{0, 2}); });
+  expect_invalid("dst_rows", [&] { ops_->copy_rows(dst.view(), Ids{5}, src.view(), Ids{0}); });
+  expect_invalid("src_rows", [&] { ops_->copy_rows(dst.view(), Ids{0}, src.view(), Ids{4}); });
+  expect_invalid("src_rows", [&] { ops_->copy_rows(dst.view(), Ids{0, 1}, src.view(), Ids{0}); });
+  expect_invalid("src", [&] { ops_->copy_rows(dst.view(), Ids{0}, Tensor(f32, 4, 2).view(), Ids{0}); });
 
   const Tensor x(f32, 2, 3), out(f32, 2, 3), w(f32, 3, 4), state(f32, 4 * 3, 3);
   const TensorView st = cache_view(state, 4, 3);
-  invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{0, 4}); });
-  invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{1, 1}); });
-  invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{1}); });
-  invalid("state", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), cache_view(state, 6, 2), Ids{0, 1}); });
-  invalid("state", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), state.view(), Ids{0, 1}); });
+  expect_invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{0, 4}); });
+  expect_invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{1, 1}); });
+  expect_invalid("slots", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), st, Ids{1}); });
+  expect_invalid("state", [&] {
+    ops_->conv1d_silu_step(out.view(), x.view(), w.view(), cache_view(state, 6, 2), Ids{0, 1});
+  });
+  expect_invalid("state", [&] { ops_->conv1d_silu_step(out.view(), x.view(), w.view(), state.view(), Ids{0, 1}); });
 
   const Tensor xr(f32, 2, 8);
-  invalid("positions", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 2, 1e4, Ids{0, -1}); });
-  invalid("positions", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 2, 1e4, Ids{0}); });
-  invalid("rotary_dim", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 3, 1e4, Ids{0, 1}); });
+  expect_invalid("positions", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 2, 1e4, Ids{0, -1}); });
+  expect_invalid("positions", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 2, 1e4, Ids{0}); });
+  expect_invalid("rotary_dim", [&] { ops_->rope_at_positions(xr.view(), 2, 4, 3, 1e4, Ids{0, 1}); });
 
   const Tensor q(f32, 2, 8), o(f32, 2, 8), kc(f32, 3 * 5, 4);
   const TensorView k = cache_view(kc, 3, 5);
-  invalid("lengths", [&] { ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{0}, Ids{1}); });
-  invalid("lengths", [&] { ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{0}, Ids{6}); });
-  invalid("slots", [&] { ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{3}, Ids{2}); });
-  invalid("v_cache", [&] {
+  expect_invalid("lengths", [&] {
+    ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{0}, Ids{1});
+  });
+  expect_invalid("lengths", [&] {
+    ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{0}, Ids{6});
+  });
+  expect_invalid("slots", [&] {
+    ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 2}, Ids{3}, Ids{2});
+  });
+  expect_invalid("v_cache", [&] {
     ops_->cached_attention(o.view(), q.view(), k, cache_view(kc, 5, 3), 2, 1, 4, 0.5, Offsets{0, 2}, Ids{0}, Ids{2});
   });
-  invalid("cu_seqlens", [&] { ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 1}, Ids{0}, Ids{2}); });
+  expect_invalid("cu_seqlens", [&] {
+    ops_->cached_attention(o.view(), q.view(), k, k, 2, 1, 4, 0.5, Offsets{0, 1}, Ids{0}, Ids{2});
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Bad input
-
-template <class Call>
-void expect_invalid(const std::string& argument, const Call& call) {
-  try {
-    call();
-    ADD_FAILURE() << "no InvalidArgument for " << argument;
-  } catch (const InvalidArgument& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-  }
-}
 
 TEST_F(OpsTest, BadInputThrowsInvalidArgumentNamingTheArgument) {
   const Tensor x32(f32, 4, 6), out32(f32, 4, 6), out64(f64, 4, 6), rstd32 = Tensor::vec(f32, 4);
