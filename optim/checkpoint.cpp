@@ -234,18 +234,19 @@ void check_file_size(const File& file, const CheckpointFile& record) {
   }
 }
 
-// The key of a file's digest in metadata.json, by the format's kind of digest.
-const char* digest_key(std::uint64_t piece_bytes) { return piece_bytes == 0 ? "sha256" : "sha256_of_pieces"; }
-
 void check_digest(const fs::path& file, const std::string& digest, const CheckpointMetadata& metadata,
                   const CheckpointFile& record) {
   if (digest != record.digest) {
-    throw Failure("file " + file.string() + " is corrupted: its " + digest_key(metadata.digest_piece_bytes) + " is " +
-                  digest + " but metadata.json records " + record.digest);
+    throw Failure("file " + file.string() + " is corrupted: its " + file_digest_key(metadata.digest_piece_bytes) +
+                  " is " + digest + " but metadata.json records " + record.digest);
   }
 }
 
 }  // namespace
+
+const char* file_digest_key(std::uint64_t digest_piece_bytes) {
+  return digest_piece_bytes == 0 ? "sha256" : "sha256_of_pieces";
+}
 
 std::string checkpoint_dir_name(std::int64_t step) {
   char name[32];
@@ -279,7 +280,10 @@ std::string legacy_step_tensor_name(const std::string& param) { return param + "
 std::string metadata_to_json(const CheckpointMetadata& m) {
   json files = json::array();
   for (const CheckpointFile& f : m.files) {
-    files.push_back({{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {digest_key(m.digest_piece_bytes), f.digest}});
+    files.push_back({{"name", f.name},
+                     {"rank", f.rank},
+                     {"bytes", f.bytes},
+                     {file_digest_key(m.digest_piece_bytes), f.digest}});
   }
   json state = json::array();
   for (StateTensor tensor : kStateTensors) state.push_back(state_tensor_name(tensor));
@@ -346,7 +350,7 @@ CheckpointMetadata metadata_from_json(const std::string& text, const std::string
       m.files.push_back({string_field(files[f], "name", where, source),
                          static_cast<int>(integer_field(files[f], "rank", 0, INT_MAX, where, source)),
                          static_cast<std::uint64_t>(integer_field(files[f], "bytes", 0, INT64_MAX, where, source)),
-                         string_field(files[f], digest_key(m.digest_piece_bytes), where, source)});
+                         string_field(files[f], file_digest_key(m.digest_piece_bytes), where, source)});
     }
   } catch (const json::exception& e) {
     bad_metadata(source, e.what());

@@ -42,7 +42,7 @@ void print_text(const std::filesystem::path& dir, const optim::CheckpointMetadat
   for (std::size_t f = 0; f < m.files.size(); ++f) {
     std::printf("file           %s  %llu bytes  %s %s%s\n", m.files[f].name.c_str(),
                 static_cast<unsigned long long>(m.files[f].bytes),
-                m.digest_piece_bytes == 0 ? "sha256" : "sha256_of_pieces", m.files[f].digest.c_str(),
+                optim::file_digest_key(m.digest_piece_bytes), m.files[f].digest.c_str(),
                 verdicts.empty() ? "" : ("  " + verdicts[f]).c_str());
   }
 }

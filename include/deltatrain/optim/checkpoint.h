@@ -121,5 +121,8 @@ std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 void verify_checkpoint_file(const std::filesystem::path& dir, const CheckpointMetadata& metadata,
                             const CheckpointFile& record);
 CheckpointMetadata read_checkpoint_metadata(const std::filesystem::path& path);
+// The name of each file's digest in metadata.json, by the digest's kind: "sha256_of_pieces" (format 3 on) or
+// "sha256" (the plain SHA-256 of formats 1 and 2, digest_piece_bytes 0).
+const char* file_digest_key(std::uint64_t digest_piece_bytes);
 
 }  // namespace deltatrain::optim
