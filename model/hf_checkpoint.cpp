@@ -259,8 +259,9 @@ void save_hf_model(const fs::path& dir, const Config& config, const TensorLookup
   try {
     if (!fs::create_directory(temporary, error) || error) fail_fs("create directory", temporary, error);
     optim::write_new_file(temporary / kConfigFile, config_to_hf_json(config));
-    // "format": "pt" is what transformers expects of a safetensors file's metadata.
-    optim::write_safetensors(temporary / kWeightsFile, tensors, {{"format", "pt"}});
+    // "format": "pt" is what transformers expects of a safetensors file's metadata. No digest: none is recorded.
+    optim::write_safetensors(temporary / kWeightsFile, tensors, {{"format", "pt"}},
+                             {.digest_piece_bytes = std::nullopt});
     optim::sync_directory(temporary);
     optim::rename_no_replace(temporary, target);
     optim::sync_directory(parent);

@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <future>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "deltatrain/core/error.h"
@@ -154,11 +155,12 @@ std::string write_safetensors(const std::filesystem::path& path, const std::vect
   text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts 8-byte aligned, as safetensors writes it
 
   File file = File::create_new(path);
-  PieceDigest digest(options.digest_piece_bytes);
+  std::optional<PieceDigest> digest;
+  if (options.digest_piece_bytes) digest.emplace(*options.digest_piece_bytes);
   const std::uint64_t header_length = text.size();
   for (const auto& [data, bytes] : {std::pair<const void*, std::size_t>{&header_length, sizeof header_length},
                                     std::pair<const void*, std::size_t>{text.data(), text.size()}}) {
-    digest.update(data, bytes);
+    if (digest) digest->update(data, bytes);
     file.write_all(data, bytes);
   }
   std::uint64_t file_offset = sizeof header_length + text.size();
@@ -179,8 +181,8 @@ std::string write_safetensors(const std::filesystem::path& path, const std::vect
     // The chunk is hashed and written on two more threads while this one fetches the next: a save takes the
     // longest of the three, not their sum. (The futures' destructors wait, so a failure never leaves them
     // running.)
-    std::future<void> hashed =
-        std::async(std::launch::async, [&digest, data, &chunk] { digest.update(data, chunk.bytes); });
+    std::future<void> hashed;
+    if (digest) hashed = std::async(std::launch::async, [&digest, data, &chunk] { digest->update(data, chunk.bytes); });
     std::future<void> written = std::async(std::launch::async, [&file, data, &chunk, file_offset] {
       file.write_all(data, chunk.bytes);
       // Without this the kernel starts writing a large file back only once its dirty pages pass
@@ -191,13 +193,13 @@ std::string write_safetensors(const std::filesystem::path& path, const std::vect
     });
     const char* next = i + 1 < chunks.size() ? fetch(i + 1) : nullptr;
     written.get();
-    hashed.get();
+    if (hashed.valid()) hashed.get();
     file_offset += chunk.bytes;
     if (chunk.ends_tensor && options.after_tensor) options.after_tensor(chunk.tensor + 1);
     data = next;
   }
   file.sync();
-  return digest.hex_digest();
+  return digest ? digest->hex_digest() : std::string();
 }
 
 }  // namespace deltatrain::optim

@@ -196,6 +196,13 @@ TEST_F(SafetensorsTest, TensorsReadChunkByChunkThroughStagingWriteTheSameBytesAs
   const fs::path chunked_host_path = dir_ / "chunked-host.safetensors";
   EXPECT_EQ(write_safetensors(chunked_host_path, from_host, metadata, {.chunk_bytes = chunk_bytes}), host_sha);
   EXPECT_EQ(bytes_of(chunked_host_path), file);
+
+  // Without a digest (a file whose digest nobody records): the same bytes, and no digest returned.
+  const fs::path undigested_path = dir_ / "undigested.safetensors";
+  EXPECT_EQ(write_safetensors(undigested_path, staged, metadata,
+                              {.chunk_bytes = chunk_bytes, .digest_piece_bytes = std::nullopt}),
+            "");
+  EXPECT_EQ(bytes_of(undigested_path), file);
 }
 
 TEST_F(SafetensorsTest, ATensorWithNeitherDataNorReadIsRefusedNamingIt) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,16 +58,18 @@ struct TensorToWrite {
 
 struct SafetensorsWriteOptions {
   // Called after each tensor's bytes are written, with how many tensors are written so far.
-  std::function<void(std::size_t)> after_tensor;
+  std::function<void(std::size_t)> after_tensor = {};
   // The most bytes of a tensor handled at once; two staging buffers of this size are allocated when some
   // tensor comes through `read`.
   std::size_t chunk_bytes = kDefaultChunkBytes;
-  // The returned digest's pieces (digest.h's PieceDigest; 0: the plain SHA-256 of the file).
-  std::uint64_t digest_piece_bytes = kDigestPieceBytes;
+  // The returned digest's pieces (digest.h's PieceDigest; 0: the plain SHA-256 of the file); none: no digest, for
+  // files whose digest nobody records (the hashing threads would compete with the writes for nothing).
+  std::optional<std::uint64_t> digest_piece_bytes = kDigestPieceBytes;
 };
 
 // Creates `path` (Failure if it exists), writes the tensors in order and fsyncs it. Returns the file's
-// PieceDigest, computed while writing. InvalidArgument naming the tensor when it has neither data nor read.
+// PieceDigest, computed while writing (empty without digest_piece_bytes). InvalidArgument naming the tensor when
+// it has neither data nor read.
 std::string write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata,
                               const SafetensorsWriteOptions& options = {});
