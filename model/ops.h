@@ -22,8 +22,8 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
-#include <initializer_list>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 
@@ -232,10 +232,9 @@ class Ops {
                          const IndexArray& src_rows) = 0;
 
   // One token per sequence through conv1d_silu_forward, its history in a cache: x, out [N, C] (out in column
-  // parts); sequence n in
-  // slot slots[n] of state [S, W - 1, C], which holds its last W - 1 inputs oldest first (zeros before its
-  // start). pre[n, c] = sum_{j < W - 1} w[c, j] state[slot, j, c] + w[c, W - 1] x[n, c], out = silu(pre), and
-  // the state shifts by one row with x[n] as its newest.
+  // parts); sequence n in slot slots[n] of state [S, W - 1, C], which holds its last W - 1 inputs oldest first
+  // (zeros before its start). pre[n, c] = sum_{j < W - 1} w[c, j] state[slot, j, c] + w[c, W - 1] x[n, c],
+  // out = silu(pre), and the state shifts by one row with x[n] as its newest.
   virtual void conv1d_silu_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                                 const TensorView& state, const IndexArray& slots) = 0;
 

@@ -894,8 +894,7 @@ class CpuOps final : public Ops {
       const Mat<T> xm = matrix<T>(x, "x"), w = matrix<T>(weight, "weight");
       std::vector<T> window(static_cast<std::size_t>(xm.rows * w.cols * xm.cols));
       model::conv1d_silu_step<T>(threads(), parts<T>(out, "out", xm.rows, xm.cols), xm, w,
-                                 cache_rows<T>(state, "state", layout),
-                                 slots.host, window.data());
+                                 cache_rows<T>(state, "state", layout), slots.host, window.data());
     });
   }
 

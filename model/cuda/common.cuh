@@ -75,10 +75,10 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(v);
 }
 
-// A running maximum and the sum of exp(x - max) over the values seen: merged without overflow.
 // exp(x) = exp2(x * kLog2e): the base-2 form is one FMA and one MUFU.EX2.
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+// A running maximum and the sum of exp(x - max) over the values seen: merged without overflow.
 struct MaxSum {
   float max = -INFINITY, sum = 0.f;
   // N values at once: one comparison with the maximum for all of them, and base-2 exponentials (an FMA and one

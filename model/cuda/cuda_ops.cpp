@@ -85,24 +85,13 @@ class CudaOps final : public Ops {
 
   void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x, const TensorView& weight,
                        double eps, bool zero_centred) override {
-    const CudaDeviceGuard guard(device_.index);
-    const Matrix xm = matrix(x, "x", bf16);
-    check_positive(xm.cols, "x's columns");
-    cuda::rmsnorm_forward(matrix(out, "out", bf16, xm.rows, xm.cols), vector<float>(rstd, "rstd", f32, xm.rows), xm,
-                          Matrix{}, vector<void>(weight, "weight", bf16, xm.cols), static_cast<float>(eps),
-                          zero_centred, stream_);
+    norm_forward(out, rstd, x, nullptr, weight, eps, zero_centred);
   }
 
   void add_rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
                            const TensorView& residual, const TensorView& weight, double eps,
                            bool zero_centred) override {
-    const CudaDeviceGuard guard(device_.index);
-    const Matrix xm = matrix(x, "x", bf16);
-    check_positive(xm.cols, "x's columns");
-    cuda::rmsnorm_forward(matrix(out, "out", bf16, xm.rows, xm.cols), vector<float>(rstd, "rstd", f32, xm.rows), xm,
-                          matrix(residual, "residual", bf16, xm.rows, xm.cols),
-                          vector<void>(weight, "weight", bf16, xm.cols), static_cast<float>(eps), zero_centred,
-                          stream_);
+    norm_forward(out, rstd, x, &residual, weight, eps, zero_centred);
   }
 
   void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout, const TensorView& x,
@@ -377,6 +366,18 @@ class CudaOps final : public Ops {
     check_dtype(v, name, dtype);
     const MatrixLayout m = matrix_layout(v, name, rows, cols);
     return {v.data, m.rows, m.cols, m.row_stride};
+  }
+
+  // rmsnorm_forward, after x += *residual when given (one kernel).
+  void norm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x, const TensorView* residual,
+                    const TensorView& weight, double eps, bool zero_centred) {
+    const CudaDeviceGuard guard(device_.index);
+    const Matrix xm = matrix(x, "x", bf16);
+    check_positive(xm.cols, "x's columns");
+    cuda::rmsnorm_forward(matrix(out, "out", bf16, xm.rows, xm.cols), vector<float>(rstd, "rstd", f32, xm.rows), xm,
+                          residual ? matrix(*residual, "residual", bf16, xm.rows, xm.cols) : Matrix{},
+                          vector<void>(weight, "weight", bf16, xm.cols), static_cast<float>(eps), zero_centred,
+                          stream_);
   }
 
   MatrixParts matrix_parts(const ColumnParts& v, const char* name, DType dtype, Index rows, Index cols) const {
