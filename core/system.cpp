@@ -1,6 +1,7 @@
 #include "deltatrain/core/system.h"
 
 #include <fstream>
+#include <string>
 #include <sstream>
 #include <thread>
 
@@ -8,7 +9,16 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "deltatrain/core/error.h"
+
 namespace deltatrain {
+
+bool switch_setting(const char* variable, const char* value) {
+  const std::string text = value == nullptr ? "" : value;
+  if (text.empty() || text == "1") return true;
+  if (text == "0") return false;
+  throw InvalidArgument(variable, "must be 0 or 1 (or unset), got \"" + text + "\"");
+}
 
 const CpuInfo& cpu_info() {
   static const CpuInfo info = [] {

@@ -97,7 +97,7 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, std::int64_t chunks) {
   in.V = kernel.V;
   in.chunks = chunks;
   in.multiprocessors = current_multiprocessors();
-  in.wgmma_allowed = cuda::wgmma_allowed_by(wgmma_setting);
+  in.wgmma_allowed = switch_setting("DELTATRAIN_CUDA_WGMMA", wgmma_setting);
   in.wgmma_device = in.wgmma_allowed && cuda::wgmma_device_ready();
   return cuda::plan_execution(in);
 }

@@ -1,9 +1,6 @@
 #include "plan.h"
 
 #include <algorithm>
-#include <string>
-
-#include "deltatrain/core/error.h"
 
 namespace deltatrain::gdn::cuda {
 namespace {
@@ -58,13 +55,6 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
   const std::int64_t narrow_ctas = in.sequences * in.value_heads * (in.V / 32);
   plan.warp_pairs = in.io == DType::f32 || narrow_ctas <= in.multiprocessors ? 2 : 4;
   return plan;
-}
-
-bool wgmma_allowed_by(const char* value) {
-  const std::string text = value == nullptr ? "" : value;
-  if (text.empty() || text == "1") return true;
-  if (text == "0") return false;
-  throw InvalidArgument("DELTATRAIN_CUDA_WGMMA", "must be 0 or 1 (or unset), got \"" + text + "\"");
 }
 
 }  // namespace deltatrain::gdn::cuda

@@ -24,7 +24,7 @@ struct PlanInputs {
   std::int64_t chunks = 1;        // over all sequences
   int multiprocessors = 1;        // of the device
   bool wgmma_device = false;      // the device is sm_90 and this build carries the sm_90a kernels
-  bool wgmma_allowed = true;      // DELTATRAIN_CUDA_WGMMA is not 0 (wgmma_allowed_by)
+  bool wgmma_allowed = true;      // DELTATRAIN_CUDA_WGMMA is not 0 (core/system.h's switch_setting)
 };
 
 struct ExecutionPlan {
@@ -37,10 +37,5 @@ struct ExecutionPlan {
 };
 
 ExecutionPlan plan_execution(const PlanInputs& in);
-
-// What DELTATRAIN_CUDA_WGMMA's value allows: unset (null), empty or "1" lets the wgmma passes run where they
-// apply; "0" keeps the mma.sync passes on sm_90 devices too (to compare the two, or to test the path other
-// GPUs take). Anything else is an InvalidArgument naming the variable.
-bool wgmma_allowed_by(const char* value);
 
 }  // namespace deltatrain::gdn::cuda

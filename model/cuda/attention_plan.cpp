@@ -1,9 +1,5 @@
 #include "attention_plan.h"
 
-#include <string>
-
-#include "deltatrain/core/error.h"
-
 namespace deltatrain::model::cuda {
 
 AttentionKernels plan_attention(const AttentionPlanInputs& in) {
@@ -15,14 +11,6 @@ AttentionKernels plan_attention(const AttentionPlanInputs& in) {
   const bool cudnn_applies = in.head_dim > 0 && in.head_dim <= 256 && in.head_dim % 8 == 0 && in.rows_aligned;
   if (in.cudnn_built && in.cudnn_allowed && cudnn_applies) return AttentionKernels::cudnn;
   return AttentionKernels::unfused;
-}
-
-bool cudnn_attention_allowed_by(const char* value) {
-  if (value == nullptr) return true;
-  const std::string setting(value);
-  if (setting.empty() || setting == "1") return true;
-  if (setting == "0") return false;
-  throw InvalidArgument("DELTATRAIN_CUDNN_ATTENTION", "must be 0 or 1 (or unset), got '" + setting + "'");
 }
 
 }  // namespace deltatrain::model::cuda

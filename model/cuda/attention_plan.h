@@ -15,16 +15,11 @@ struct AttentionPlanInputs {
   bool backward = false;
   bool batch_invariant = false;  // ModelOptions::batch_invariant: the forward must not depend on the batch
   bool cudnn_built = false;      // this build has cuDNN and its frontend (DELTATRAIN_WITH_CUDNN)
-  bool cudnn_allowed = true;     // DELTATRAIN_CUDNN_ATTENTION is not 0 (cudnn_attention_allowed_by)
+  bool cudnn_allowed = true;     // DELTATRAIN_CUDNN_ATTENTION is not 0 (core/system.h's switch_setting)
   int head_dim = 0;
   bool rows_aligned = false;     // every matrix's base and row stride are 16-byte aligned (8 bfloat16)
 };
 
 AttentionKernels plan_attention(const AttentionPlanInputs& in);
-
-// What DELTATRAIN_CUDNN_ATTENTION's value allows: unset (null), empty or "1" lets cuDNN run where it applies;
-// "0" keeps the unfused kernels (to compare the two, or where the installed cuDNN refuses the graphs).
-// Anything else is an InvalidArgument naming the variable.
-bool cudnn_attention_allowed_by(const char* value);
 
 }  // namespace deltatrain::model::cuda

@@ -442,7 +442,7 @@ class CudaOps final : public Ops {
     in.backward = backward;
     in.batch_invariant = batch_invariant_;
     in.cudnn_built = cuda::CudnnAttention::built();
-    in.cudnn_allowed = cuda::cudnn_attention_allowed_by(cudnn_setting);
+    in.cudnn_allowed = switch_setting("DELTATRAIN_CUDNN_ATTENTION", cudnn_setting);
     in.head_dim = head_dim;
     in.rows_aligned = std::all_of(rows.begin(), rows.end(), [](const Matrix& m) {
       return reinterpret_cast<std::uintptr_t>(m.data) % 16 == 0 && m.ld % 8 == 0;

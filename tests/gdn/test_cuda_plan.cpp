@@ -8,7 +8,6 @@
 #include <string>
 
 #include "cuda/plan.h"
-#include "deltatrain/core/error.h"
 #include "gdn_testing.h"
 
 namespace deltatrain::gdn::testing {
@@ -134,23 +133,6 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan mma_sync = plan_execution(forced);
   EXPECT_FALSE(mma_sync.wgmma);
   EXPECT_EQ(mma_sync.warp_pairs, 4);
-}
-
-TEST(CudaPlanSetting, WgmmaOverrideParsing) {
-  EXPECT_TRUE(cuda::wgmma_allowed_by(nullptr));
-  EXPECT_TRUE(cuda::wgmma_allowed_by(""));
-  EXPECT_TRUE(cuda::wgmma_allowed_by("1"));
-  EXPECT_FALSE(cuda::wgmma_allowed_by("0"));
-  for (const char* bad : {"2", "yes", " 0", "0 ", "true"}) {
-    try {
-      cuda::wgmma_allowed_by(bad);
-      ADD_FAILURE() << "accepted \"" << bad << "\"";
-    } catch (const InvalidArgument& error) {
-      const std::string message = error.what();
-      EXPECT_NE(message.find("DELTATRAIN_CUDA_WGMMA"), std::string::npos) << message;
-      EXPECT_NE(message.find(bad), std::string::npos) << message;
-    }
-  }
 }
 
 }  // namespace

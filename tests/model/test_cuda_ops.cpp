@@ -322,19 +322,6 @@ TEST(AttentionPlan, CudnnWhereItAppliesTheUnfusedKernelsElsewhere) {
   EXPECT_EQ(with([](auto& in) { in.batch_invariant = true, in.backward = true; }), AttentionKernels::cudnn);
 }
 
-TEST(AttentionPlan, CudnnSettingIsZeroOrOne) {
-  EXPECT_TRUE(cuda::cudnn_attention_allowed_by(nullptr));
-  EXPECT_TRUE(cuda::cudnn_attention_allowed_by(""));
-  EXPECT_TRUE(cuda::cudnn_attention_allowed_by("1"));
-  EXPECT_FALSE(cuda::cudnn_attention_allowed_by("0"));
-  try {
-    cuda::cudnn_attention_allowed_by("off");
-    FAIL() << "'off' was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("DELTATRAIN_CUDNN_ATTENTION"), std::string::npos) << e.what();
-  }
-}
-
 TEST_F(CudaOpsTest, GemmMatchesCpuForEveryTranspositionAndOutputType) {
   const Index M = 37, N = 53, K = 70;
   for (const bool ta : {false, true}) {

@@ -1,0 +1,34 @@
+// switch_setting reads the environment's on/off switches (DELTATRAIN_CUDA_WGMMA and the others) one way: unset,
+// empty or "1" on, "0" off, and anything else refused with the variable and the value named.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "deltatrain/core/error.h"
+#include "deltatrain/core/system.h"
+
+namespace deltatrain {
+namespace {
+
+TEST(SwitchSetting, UnsetEmptyAndOneAreOnZeroIsOff) {
+  EXPECT_TRUE(switch_setting("DELTATRAIN_X", nullptr));
+  EXPECT_TRUE(switch_setting("DELTATRAIN_X", ""));
+  EXPECT_TRUE(switch_setting("DELTATRAIN_X", "1"));
+  EXPECT_FALSE(switch_setting("DELTATRAIN_X", "0"));
+}
+
+TEST(SwitchSetting, AnythingElseIsRefusedNamingTheVariableAndTheValue) {
+  for (const char* bad : {"2", "yes", "off", " 0", "0 ", "true"}) {
+    try {
+      switch_setting("DELTATRAIN_CUDA_WGMMA", bad);
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const InvalidArgument& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("DELTATRAIN_CUDA_WGMMA"), std::string::npos) << message;
+      EXPECT_NE(message.find(bad), std::string::npos) << message;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deltatrain
