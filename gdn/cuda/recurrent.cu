@@ -11,9 +11,15 @@ namespace {
 
 constexpr int kRecurrentThreads = 256;
 constexpr int kRecurrentWarps = kRecurrentThreads / 32;
+// CTAs an SM must hold at once, which caps the registers: a decode step's kernel is bound by the states' bytes in
+// flight, and at K = 128 the compiler's own choice (74 registers, 3 CTAs, 48 KB of state loads per SM) left the
+// bandwidth short (bench/NOTES.md, Rollout). 6 fit in 40 registers without spilling; K = 256's 32 state rows a
+// thread do not, and keep the compiler's choice.
+template <int K>
+constexpr int kRecurrentMinCtas = K <= 128 ? 6 : 1;
 
 template <class E, int K>
-__global__ void __launch_bounds__(kRecurrentThreads) recurrent_kernel(Params p) {
+__global__ void __launch_bounds__(kRecurrentThreads, kRecurrentMinCtas<K>) recurrent_kernel(Params p) {
   constexpr int kRows = K / kRecurrentWarps;
   __shared__ float q_row[K], k_row[K];
   __shared__ float partial[2][kRecurrentWarps][32];
