@@ -1,10 +1,13 @@
 // cuBLASLt's candidates for a decode step's products, timed. For each product of a config's layers (the stacked
 // GDN input projections, out_proj, attention's q/k/v and o_proj, the MLP's stacked gate/up and down) and its
 // lm_head, at each row count: the heuristic's first --candidates algorithms (model/cuda/gemm.h's
-// Gemm::candidates; the model runs the first), each timed with CUDA events over --reps launches after a warm-up,
+// Gemm::candidates), each timed with CUDA events over a graph of --reps launches after a warm-up,
 // with its tile, stages and split-K. At decode's few rows a product reads its weight once, so the weight's bytes
 // over the time are the bandwidth it gets: what a rule for small row counts would choose from (bench/NOTES.md,
-// Rollout). One JSON object per (product, rows, candidate) on stdout, or an array in --json.
+// Rollout). Beside them, Gemm::run itself ("kernel": "run"): the weight-streaming kernel where its plan takes the
+// product (stream_gemm_plan.h), else the first candidate. The launches take their weight from copies that together
+// exceed the L2 cache, as the layers of a decode step do (one weight timed alone would be served from L2 after its
+// first launch). One JSON object per (product, rows, kernel) on stdout, or an array in --json.
 //
 //   gemm_candidates [--config qwen3.5-0.8b] [--rows 1,16,64,256] [--candidates 16] [--reps 200] [--json FILE]
 #include <cuda_runtime_api.h>
@@ -12,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -23,6 +27,9 @@
 using namespace deltatrain;
 
 namespace {
+
+// The H200's L2 is 50 MB; four times that in weight copies keeps every launch's weight coming from HBM.
+constexpr std::size_t kWeightBytesBeyondL2 = std::size_t{200} << 20;
 
 struct Product {
   std::string name;
@@ -80,30 +87,51 @@ int main(int argc, char** argv) {
     nlohmann::json rows = nlohmann::json::array();
     for (const Product& p : decode_products(config)) {
       const std::int64_t N = p.out_features, K = p.in_features;
-      const Buffer weight(static_cast<std::size_t>(N * K) * 2);
+      const std::size_t weight_bytes = static_cast<std::size_t>(N * K) * 2;
+      std::vector<std::unique_ptr<Buffer>> weights;
+      for (std::size_t held = 0; held < kWeightBytesBeyondL2 || weights.empty(); held += weight_bytes)
+        weights.push_back(std::make_unique<Buffer>(weight_bytes));
       for (const std::int64_t M : row_counts) {
         const Buffer x(static_cast<std::size_t>(M * K) * 2), y(static_cast<std::size_t>(M * N) * 2);
         const std::vector<model::cuda::Gemm::Candidate> found =
-            gemm.candidates(false, true, M, N, K, x.data, K, weight.data, K, y.data, N, DType::bf16, candidates);
-        for (std::size_t rank = 0; rank < found.size(); ++rank) {
-          const auto launch = [&] {
-            gemm.run_with(found[rank].algo, false, true, M, N, K, 1.f, x.data, K, weight.data, K, 0.f, y.data, N,
-                          DType::bf16);
-          };
-          for (int i = 0; i < 10; ++i) launch();
+            gemm.candidates(false, true, M, N, K, x.data, K, weights[0]->data, K, y.data, N, DType::bf16, candidates);
+        // Mean time of one launch over `reps`, each launch on the next weight copy, replayed from a CUDA graph as a
+        // decode step is (timing the launches themselves would time cuBLASLt's host work at these sizes).
+        const auto time_us = [&](const auto& product) {
+          cudaGraph_t graph;
+          cudaGraphExec_t replay;
+          cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+          for (int i = 0; i < reps; ++i) product(weights[static_cast<std::size_t>(i) % weights.size()]->data);
+          cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+          cuda_check(cudaGraphInstantiate(&replay, graph, 0), "cudaGraphInstantiate");
+          cuda_check(cudaGraphLaunch(replay, stream), "cudaGraphLaunch");  // warm-up
           cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
-          for (int i = 0; i < reps; ++i) launch();
+          cuda_check(cudaGraphLaunch(replay, stream), "cudaGraphLaunch");
           cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
           cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
           float ms = 0;
           cuda_check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-          const double us = 1e3 * ms / reps;
-          nlohmann::json row = {{"product", p.name}, {"rows", M}, {"N", N}, {"K", K}, {"heuristic_rank", rank},
-                                {"tile", found[rank].tile}, {"stages", found[rank].stages},
-                                {"split_k", found[rank].split_k}, {"us", us},
-                                {"weight_gb_per_s", static_cast<double>(N * K * 2) / (us * 1e3)}};
+          cuda_check(cudaGraphExecDestroy(replay), "cudaGraphExecDestroy");
+          cuda_check(cudaGraphDestroy(graph), "cudaGraphDestroy");
+          return 1e3 * ms / reps;
+        };
+        const auto record = [&](nlohmann::json row, double us) {
+          row.update({{"product", p.name}, {"rows", M}, {"N", N}, {"K", K}, {"us", us},
+                      {"weight_gb_per_s", static_cast<double>(N * K * 2) / (us * 1e3)}});
           std::printf("%s\n", row.dump().c_str());
           rows.push_back(std::move(row));
+        };
+        // What the model runs: Gemm::run, the weight-streaming kernel where its plan takes the product.
+        record({{"kernel", "run"}}, time_us([&](const void* weight) {
+                 gemm.run(false, true, M, N, K, 1.f, x.data, K, weight, K, 0.f, y.data, N, DType::bf16);
+               }));
+        for (std::size_t rank = 0; rank < found.size(); ++rank) {
+          record({{"kernel", "cublaslt"}, {"heuristic_rank", rank}, {"tile", found[rank].tile},
+                  {"stages", found[rank].stages}, {"split_k", found[rank].split_k}},
+                 time_us([&](const void* weight) {
+                   gemm.run_with(found[rank].algo, false, true, M, N, K, 1.f, x.data, K, weight, K, 0.f, y.data, N,
+                                 DType::bf16);
+                 }));
         }
       }
     }

@@ -1,6 +1,7 @@
 // Matrix products through cuBLASLt: row-major bfloat16 operands with any row strides, float32 compute,
 // a bfloat16 or float32 result. One handle, one 32 MiB workspace and one heuristic per shape, kept for the
-// object's life; every product runs on the object's stream.
+// object's life; every product runs on the object's stream. Decode's products (a few rows against a weight) run on
+// the weight-streaming kernel instead where stream_gemm_plan.h's plan takes them.
 //
 // Row-invariant products (run's row_invariant; ModelOptions::batch_invariant): a row of the result must not depend
 // on how many rows M there are. cuBLASLt's heuristic picks other kernels, split-K among them, for other M; so the
@@ -34,7 +35,7 @@ class Gemm {
            const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant = false);
 
   // The heuristic's first `count` algorithms for run()'s product (not row-invariant), best first, with the
-  // configuration each names; run() takes the first. For benchmarks that time them (bench/gpu/gemm_candidates.cpp),
+  // configuration each names; run() takes the first where the weight-streaming kernel does not apply. For benchmarks that time them (bench/gpu/gemm_candidates.cpp),
   // with run_with().
   struct Candidate {
     cublasLtMatmulAlgo_t algo;
@@ -53,6 +54,8 @@ class Gemm {
   std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Key& key, std::int64_t M, int count);
 
   cudaStream_t stream_;
+  int multiprocessors_ = 0;
+  bool stream_gemm_ready_ = false;  // the weight-streaming kernel is built for this device
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, cublasLtMatmulAlgo_t> algorithms_;

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "stream_gemm_plan.h"
+
 namespace deltatrain::model::cuda {
 
 using Index = std::int64_t;
@@ -180,5 +182,11 @@ void ragged_offsets(std::int32_t* offsets, std::int32_t* lengths, RaggedStrides 
 // lse [Hq, T] (Hq = lse.rows): lse[h, cu[n] + s] <-> stats[(n Hq + h) length + s] for s below n's length.
 void lse_from_stats(Matrix lse, const float* stats, Sequences sequences, Index length, cudaStream_t stream);
 void stats_from_lse(float* stats, Matrix lse, Sequences sequences, Index length, cudaStream_t stream);
+
+// ---- stream_gemm.cu: decode's products, as plan_stream_gemm divides them. x, w bfloat16; y bfloat16 or float32
+// y [M, N] = alpha x [M, K] w [N, K]^T. stream_gemm_ready: the kernel is built for the current device.
+bool stream_gemm_ready();
+void stream_gemm(const StreamGemmPlan& plan, Index M, Index N, Index K, float alpha, const void* x, Index ldx,
+                 const void* w, Index ldw, void* y, Index ldy, bool y_float, cudaStream_t stream);
 
 }  // namespace deltatrain::model::cuda

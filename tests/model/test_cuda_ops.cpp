@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "deltatrain/core/system.h"
 #include "cuda/attention_plan.h"
 #include "cuda/gemm.h"
+#include "cuda/stream_gemm_plan.h"
 #include "model_testing.h"
 #include "ops.h"
 
@@ -320,6 +322,91 @@ TEST(AttentionPlan, CudnnWhereItAppliesTheUnfusedKernelsElsewhere) {
   EXPECT_EQ(with([](auto& in) { in.batch_invariant = true; }), AttentionKernels::rows);
   EXPECT_EQ(with([](auto& in) { in.batch_invariant = true, in.head_dim = 68; }), AttentionKernels::rows);
   EXPECT_EQ(with([](auto& in) { in.batch_invariant = true, in.backward = true; }), AttentionKernels::cudnn);
+}
+
+// The weight-streaming product's plan (stream_gemm_plan.h): pure, so it runs without a GPU.
+cuda::StreamGemmProblem decode_product(Index M, Index N, Index K) {
+  cuda::StreamGemmProblem p;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.lda = K;
+  p.ldb = K;
+  p.align_a = 256;
+  p.align_b = 256;
+  p.device_ready = true;
+  return p;
+}
+
+TEST(StreamGemmPlan, TakesOnlyFewRowsTimesANarrowAlignedWeight) {
+  ASSERT_TRUE(cuda::plan_stream_gemm(decode_product(16, 1024, 3584), 132).has_value());
+  const std::pair<const char*, void (*)(cuda::StreamGemmProblem&)> refusals[] = {
+      {"a transposed", [](auto& p) { p.trans_a = true; }},
+      {"b not transposed", [](auto& p) { p.trans_b = false; }},
+      {"17 rows", [](auto& p) { p.M = 17; }},
+      {"no rows", [](auto& p) { p.M = 0; }},
+      {"K not a multiple of the chunk", [](auto& p) { p.K = 3584 + 32; }},
+      {"a 8-byte aligned", [](auto& p) { p.align_a = 8; }},
+      {"b 8-byte aligned", [](auto& p) { p.align_b = 8; }},
+      {"a's row stride odd", [](auto& p) { p.lda = 3585; }},
+      {"b's row stride not 16 bytes", [](auto& p) { p.ldb = 3588; }},
+      {"beta not zero", [](auto& p) { p.beta_zero = false; }},
+      {"more feature tiles than 8 splits of each fill in one wave", [](auto& p) { p.N = 64 * 33 + 1; }},
+      {"row-invariant", [](auto& p) { p.row_invariant = true; }},
+      {"not built for the device", [](auto& p) { p.device_ready = false; }},
+      {"switched off", [](auto& p) { p.allowed = false; }},
+  };
+  for (const auto& [why, change] : refusals) {
+    cuda::StreamGemmProblem p = decode_product(16, 1024, 3584);
+    change(p);
+    EXPECT_FALSE(cuda::plan_stream_gemm(p, 132).has_value()) << why;
+  }
+  EXPECT_TRUE(cuda::plan_stream_gemm(decode_product(16, 64 * 33, 1024), 132).has_value()) << "one whole wave";
+}
+
+TEST(StreamGemmPlan, RulesOverRandomShapesAndDevices) {
+  std::mt19937 rng(test_seed());
+  std::uniform_int_distribution<Index> rows(1, cuda::kStreamPlanRows), chunks(1, 128);
+  // From the smallest device on which a narrow product fills a wave with eight splits.
+  std::uniform_int_distribution<int> sms(cuda::kStreamMaxSplits / cuda::kStreamCtasPerSm, 200);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int multiprocessors = sms(rng);
+    const Index one_wave = Index{cuda::kStreamCtasPerSm} * multiprocessors;
+    const Index M = rows(rng), K = cuda::kStreamChunk * chunks(rng);
+    const Index N =
+        std::uniform_int_distribution<Index>(1, cuda::kStreamFeatures * (one_wave / cuda::kStreamMaxSplits))(rng);
+    SCOPED_TRACE("M " + std::to_string(M) + ", N " + std::to_string(N) + ", K " + std::to_string(K) + ", SMs " +
+                 std::to_string(multiprocessors));
+    const std::optional<cuda::StreamGemmPlan> plan = cuda::plan_stream_gemm(decode_product(M, N, K), multiprocessors);
+    ASSERT_TRUE(plan.has_value());
+    // Every feature in exactly one tile; splits a power of two up to a cluster, each with two chunks or more, and
+    // split only while the CTAs stay within one wave.
+    EXPECT_EQ(plan->feature_tiles, (N + cuda::kStreamFeatures - 1) / cuda::kStreamFeatures);
+    EXPECT_TRUE(plan->splits == 1 || plan->splits == 2 || plan->splits == 4 || plan->splits == 8) << plan->splits;
+    EXPECT_LE(plan->splits, cuda::kStreamMaxSplits);
+    if (plan->splits > 1) {
+      EXPECT_LE(plan->feature_tiles * plan->splits, one_wave);
+      EXPECT_GE(K / cuda::kStreamChunk, 2 * plan->splits);
+    }
+    // As far as the rule allows: one more doubling would overflow the wave, the cluster or the chunks.
+    EXPECT_TRUE(plan->splits == cuda::kStreamMaxSplits || plan->feature_tiles * plan->splits * 2 > one_wave ||
+                K / cuda::kStreamChunk < 4 * plan->splits);
+    // Nothing depends on M: a row's result is computed the same way at every batch size.
+    for (const Index other : {Index{1}, Index{cuda::kStreamPlanRows}}) {
+      EXPECT_EQ(cuda::plan_stream_gemm(decode_product(other, N, K), multiprocessors), plan);
+    }
+  }
+}
+
+TEST(StreamGemmPlan, TheDecodeProductsOfQwen35On132Sms) {
+  const auto plan = [](Index N, Index K) { return cuda::plan_stream_gemm(decode_product(16, N, K), 132); };
+  EXPECT_EQ(plan(1024, 3584)->splits, 8);  // the MLP's down: 16 tiles of 56 chunks
+  EXPECT_EQ(plan(1024, 2048)->splits, 8);  // out_proj and o_proj
+  EXPECT_EQ(plan(512, 1024)->splits, 8);   // k or v: 8 tiles of 16 chunks, two a split
+  // cuBLASLt's: the stacked GDN input projections (129 tiles), the MLP's gate and up (112), attention's q and gate
+  // (64), the lm_head (3880); and every product at 64 rows.
+  for (const Index N : {8224, 7168, 4096, 248320}) EXPECT_FALSE(plan(N, 1024).has_value()) << N;
+  EXPECT_FALSE(cuda::plan_stream_gemm(decode_product(64, 1024, 3584), 132).has_value());
 }
 
 TEST_F(CudaOpsTest, GemmMatchesCpuForEveryTranspositionAndOutputType) {
@@ -634,8 +721,63 @@ TEST_F(CudaOpsTest, CopyAndFillZeroKeepTheirRows) {
 
 // Gemm's candidates (bench/gpu/gemm_candidates times them): the first is the algorithm run() takes, bit for bit,
 // and every one computes the product, within bfloat16 rounding of the first. 64 rows: a decode step's batch.
+// The weight-streaming kernel (decode's products, stream_gemm.cu) through Gemm::run, against the CPU's sgemm, on
+// the shapes its plan takes: tails of N, one to 16 rows, one split to eight, bfloat16 and float32 results.
+TEST_F(CudaOpsTest, StreamGemmMatchesCpu) {
+  if (!cuda::stream_gemm_ready()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
+  struct Shape {
+    Index M, N, K;
+  };
+  for (const Shape& shape : {Shape{1, 1024, 3584}, Shape{7, 1024, 2048}, Shape{16, 520, 256}, Shape{16, 2112, 1024},
+                             Shape{3, 100, 128}, Shape{12, 1030, 2048}}) {
+    const auto [M, N, K] = shape;
+    SCOPED_TRACE("M " + std::to_string(M) + ", N " + std::to_string(N) + ", K " + std::to_string(K));
+    const Both x = random(bf16, M, K), w = random(bf16, N, K, 8);
+    const Both y = unset(bf16, M, N, 8), y_f32 = unset(f32, M, N);
+    on_both([&](Ops& ops, Side s) {
+      ops.gemm(false, true, 0.5, x.view(s), w.view(s), 0, y.view(s));
+      ops.gemm(false, true, 1, x.view(s), w.view(s), 0, y_f32.view(s));
+    });
+    EXPECT_TRUE(matches("y (bfloat16)", y, kBf16Tolerance));
+    EXPECT_TRUE(matches("y (float32)", y_f32, 1e-5));
+  }
+}
+
+// Run to run the same bits, and a row's result the same whatever the other rows, as the rollout's reproducibility
+// and batch invariance need; up to the kernel's 64 rows (the plan gives it 16), called directly, against float64.
+TEST_F(CudaOpsTest, StreamGemmIsDeterministicRowInvariantAndTakes64Rows) {
+  if (!cuda::stream_gemm_ready()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
+  const Index N = 1030, K = 3584;
+  const Both x = random(bf16, 64, K), w = random(bf16, N, K);
+  const auto data = [](const Both& t) { return t.view(Side::gpu).data; };
+  const std::optional<cuda::StreamGemmPlan> plan =
+      cuda::plan_stream_gemm(decode_product(1, N, K), cuda_info().gpus.front().multiprocessors);
+  ASSERT_TRUE(plan.has_value());
+  const auto product = [&](Index M) {
+    Both y = unset(f32, M, N);
+    cuda::stream_gemm(*plan, M, N, K, 1.f, data(x), K, data(w), K, data(y), N, true, nullptr);
+    return y;
+  };
+  const Both all = product(64);
+  EXPECT_EQ(product(64).bytes(), all.bytes());
+  for (const Index M : {Index{1}, Index{16}, Index{37}}) {
+    const std::vector<std::uint8_t> some = product(M).bytes(), everything = all.bytes();
+    EXPECT_TRUE(std::equal(some.begin(), some.end(), everything.begin())) << "the first " << M << " rows differ";
+  }
+  Values expected(static_cast<std::size_t>(64 * N));
+  const Values xs = x.actual(), ws = w.actual();
+  for (Index r = 0; r < 64; ++r)
+    for (Index n = 0; n < N; ++n) {
+      double sum = 0;
+      for (Index k = 0; k < K; ++k) sum += double(xs[r * K + k]) * ws[n * K + k];
+      expected[r * N + n] = static_cast<float>(sum);
+    }
+  EXPECT_LT(relative_error(all.actual(), expected), 1e-5);
+}
+
+// At 80 rows, past the weight-streaming kernel's, run() takes cuBLASLt's first candidate.
 TEST_F(CudaOpsTest, GemmCandidatesComputeTheProductRunTakesTheFirst) {
-  const Index M = 64, N = 520, K = 256;
+  const Index M = 80, N = 520, K = 256;
   const Both x = random(bf16, M, K), w = random(bf16, N, K), by_run = unset(bf16, M, N);
   const auto data = [](const Both& t) { return t.view(Side::gpu).data; };
   cuda::Gemm gemm(nullptr);  // the legacy default stream, which Both's downloads wait for

@@ -1,0 +1,163 @@
+// The weight-streaming product of decode (stream_gemm_plan.h says when it runs and how it divides the work):
+// y [M, N] = alpha x [M, K] W [N, K]^T for at most 64 rows of x, where the time is W's bytes over the memory
+// bandwidth. cuBLASLt's kernels for such shapes read a layer's weights at 0.5-1.9 TB/s (bench/NOTES.md, Rollout).
+//
+// Each CTA, one warpgroup, computes kStreamFeatures outputs (weight rows) for all 64 rows of the row tile over one
+// split's run of K chunks: warp w's 16 features come from shared memory as the A fragments of wgmma m64n64k16, x's
+// chunk is its B operand (128-byte swizzled, rows past M zero-filled). At 64 rows the product is 64 flops a weight
+// byte, more than mma.sync sustains at the memory's pace; wgmma leaves the SM idle for most of a chunk. Weight
+// and activation chunks stream through a cp.async pipeline kStreamStages deep, so that 40 KB of each CTA's weight
+// is in flight, two CTAs per SM. The splits of one feature tile form a thread block cluster: each leaves its
+// partial sums in its shared memory, then each CTA adds its share of the tile over the splits in split order
+// through distributed shared memory. So the result is the same run to run, and a row's result does not depend on
+// the other rows (every output element's sum runs in the same order whatever M is).
+#include <cooperative_groups.h>
+
+#include "common.cuh"
+#include "gdn/cuda/wgmma.cuh"
+#include "stream_gemm_plan.h"
+
+namespace deltatrain::model::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+namespace tiles = gdn::cuda;  // the GDN kernels' tile primitives: Tile, SwizzledTile, cp.async, ldmatrix, wgmma
+
+constexpr int kStreamThreads = 128;  // one warpgroup: warp w takes features 16 w .. 16 w + 15
+using WeightTile = tiles::Tile<bf16, kStreamFeatures, kStreamChunk>;
+using RowTile = tiles::SwizzledTile<bf16, kStreamMaxRows, kStreamChunk>;
+// A stage: x's chunk first (its swizzled block needs 1024-byte alignment), then the weight's.
+constexpr int kStageBytes = RowTile::kBytes + WeightTile::kBytes;
+static_assert(kStageBytes % 1024 == 0, "every stage's swizzled block starts 1024-byte aligned");
+// Dynamic shared memory is only 16-byte aligned: 1024 bytes of slack to align the first stage.
+constexpr int kSharedBytes = kStreamStages * kStageBytes + 1024;
+// Partial sums [rows][features] in float, rows padded so that a warp's stores of one accumulator register (4 rows
+// x 8 features) fall in distinct banks.
+constexpr int kPartialLd = kStreamFeatures + 4;
+static_assert(kStreamMaxRows * kPartialLd * 4 <= kStreamStages * kStageBytes, "partial sums reuse the pipeline");
+
+struct StreamGemmArgs {
+  const bf16* x;
+  Index ldx;
+  const bf16* w;
+  Index ldw;
+  void* y;
+  Index ldy;
+  bool y_float;
+  float alpha;
+  Index M, N, chunks;
+  Index chunks_per_split;  // the last split may have fewer, or none
+};
+
+__global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmArgs a) {
+#ifdef DELTATRAIN_WGMMA  // sm_90a; stream_gemm_ready() keeps other devices away
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const std::uint32_t raw = tiles::smem_address(smem_raw);
+  unsigned char* const smem = smem_raw + ((raw + 1023) / 1024 * 1024 - raw);
+  const auto row_tile = [&](int stage) { return RowTile{tiles::smem_address(smem + stage * kStageBytes)}; };
+  const auto weight_tile = [&](int stage) {
+    return WeightTile{reinterpret_cast<bf16*>(smem + stage * kStageBytes + RowTile::kBytes)};
+  };
+
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = static_cast<int>(cluster.num_blocks()), split = static_cast<int>(cluster.block_rank());
+  const Index n0 = static_cast<Index>(blockIdx.x / splits) * kStreamFeatures;
+  const Index first_chunk = split * a.chunks_per_split;
+  const int chunks = static_cast<int>(max(Index{0}, min(a.chunks_per_split, a.chunks - first_chunk)));
+  const int warp = threadIdx.x / 32;
+
+  // Weight rows past N are zero-filled (cp.async reads nothing for them) from a valid address; so are x's rows
+  // past M (load_rows_async).
+  const auto load = [&](int stage, Index chunk) {
+    const Index k0 = chunk * kStreamChunk;
+    const WeightTile w = weight_tile(stage);
+    tiles::for_each_vector<kStreamThreads, WeightTile>(threadIdx.x, [&](int r, int c) {
+      const bool valid = n0 + r < a.N;
+      tiles::cp_async_16(&w(r, c), a.w + (valid ? n0 + r : 0) * a.ldw + k0 + c, valid);
+    });
+    tiles::load_rows_async<kStreamThreads>(row_tile(stage), a.x + k0, a.ldx, static_cast<int>(a.M), threadIdx.x);
+  };
+
+  float acc[kStreamMaxRows / 8][4] = {};
+#pragma unroll
+  for (int s = 0; s < kStreamStages - 1; ++s) {
+    if (s < chunks) load(s, first_chunk + s);
+    tiles::cp_async_commit();
+  }
+  for (int i = 0; i < chunks; ++i) {
+    tiles::cp_async_wait<kStreamStages - 2>();
+    __syncthreads();  // chunk i has landed for every thread, and chunk i - 1's products are done with its stage
+    if (i + kStreamStages - 1 < chunks) load((i + kStreamStages - 1) % kStreamStages, first_chunk + i + kStreamStages - 1);
+    tiles::cp_async_commit();
+    const int stage = i % kStreamStages;
+    std::uint32_t a_fragments[kStreamChunk / 16][4];
+#pragma unroll
+    for (int k = 0; k < kStreamChunk / 16; ++k)
+      tiles::load_a16(a_fragments[k], tiles::plain(weight_tile(stage)), 16 * warp, 16 * k);
+    tiles::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kStreamChunk / 16; ++k)
+      tiles::wgmma_64x64x16<bf16, false>(acc, a_fragments[k], tiles::k_major(row_tile(stage), 16 * k));
+    tiles::wgmma_commit_and_wait();
+    tiles::hold(acc);
+  }
+  tiles::cp_async_wait<0>();
+  __syncthreads();  // the pipeline's memory becomes the partial sums
+
+  // Accumulator (mma "C" layout): lane (g, t) holds features 16 warp + g (+ 8) of rows 8 j + 2 t (+ 1).
+  float* partial = reinterpret_cast<float*>(smem);
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < kStreamMaxRows / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      partial[(8 * j + 2 * t + (e & 1)) * kPartialLd + 16 * warp + g + (e >> 1) * 8] = acc[j][e];
+  cluster.sync();  // every split's partial sums are in its shared memory
+
+  // This CTA's share of the tile's outputs, each the splits' sum in split order.
+  for (Index i = split * kStreamThreads + threadIdx.x; i < a.M * kStreamFeatures; i += splits * kStreamThreads) {
+    const int r = static_cast<int>(i / kStreamFeatures), f = static_cast<int>(i % kStreamFeatures);
+    float sum = 0.f;
+    for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(partial, s)[r * kPartialLd + f];
+    if (n0 + f < a.N) {
+      const Index at = r * a.ldy + n0 + f;
+      if (a.y_float) static_cast<float*>(a.y)[at] = a.alpha * sum;
+      else static_cast<bf16*>(a.y)[at] = to_bf16(a.alpha * sum);
+    }
+  }
+  cluster.sync();  // the other CTAs have read this one's partial sums
+#endif
+}
+
+}  // namespace
+
+bool stream_gemm_ready() {
+  cudaFuncAttributes attributes{};
+  cuda_check(cudaFuncGetAttributes(&attributes, stream_gemm_kernel), "cudaFuncGetAttributes (stream_gemm)");
+  return attributes.binaryVersion == 90;
+}
+
+void stream_gemm(const StreamGemmPlan& plan, Index M, Index N, Index K, float alpha, const void* x, Index ldx,
+                 const void* w, Index ldw, void* y, Index ldy, bool y_float, cudaStream_t stream) {
+  const Index chunks = K / kStreamChunk;
+  const StreamGemmArgs args{static_cast<const bf16*>(x), ldx, static_cast<const bf16*>(w), ldw, y, ldy, y_float,
+                            alpha, M, N, chunks, (chunks + plan.splits - 1) / plan.splits};
+  // Per device and cheap: set on every launch rather than remembered per process.
+  cuda_check(cudaFuncSetAttribute(stream_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+             "cudaFuncSetAttribute (stream_gemm shared memory)");
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(plan.feature_tiles * plan.splits));
+  config.blockDim = dim3(kStreamThreads);
+  config.dynamicSmemBytes = kSharedBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(plan.splits);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  cuda_check(cudaLaunchKernelEx(&config, stream_gemm_kernel, args), "stream_gemm launch");
+}
+
+}  // namespace deltatrain::model::cuda
