@@ -239,12 +239,16 @@ TEST_F(CudaBackend, CapturedInGraph) {
 
 // The recurrent step on a pool of states (state_indices) against the cpu backend's call on the rows the indices
 // name, gathered, with its final states scattered back (tests/gdn/test_state_indices.cpp holds the CPU backends to
-// that bit for bit): decode's one token a sequence at the 0.8B model's head dims, and a few tokens a sequence at
-// head dims the kernels run on padded copies; in place and into a separate pool. Rows no index names come back
-// bit for bit.
+// that bit for bit): decode's one token a sequence at the 0.8B model's head dims (6 and 40 sequences), and a few
+// tokens a sequence at head dims the kernels run on padded copies; in place and into a separate pool. Rows no index
+// names come back bit for bit.
 TEST_F(CudaBackend, StateIndicesMatchTheGatheredCallOnTheCpu) {
   SKIP_WITHOUT_CUDA_BACKEND();
+  // A decode batch of 40 sequences at the 0.8B model's head dims, a few of them three tokens long.
+  std::vector<std::int64_t> many(40, 1);
+  for (std::size_t i = 0; i < many.size(); i += 7) many[i] = 3;
   const std::pair<Layout, DType> shapes[] = {{packed({1, 1, 1, 1, 1, 1}, 16, 16, 128, 128), DType::bf16},
+                                             {packed(many, 16, 16, 128, 128), DType::bf16},
                                              {packed({3, 1, 0, 5, 2}, 2, 4, 48, 80), DType::f32},
                                              {packed({2, 1, 1}, 1, 2, 64, 64), DType::f16}};
   for (const auto& [layout, io] : shapes) {
