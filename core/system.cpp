@@ -1,8 +1,8 @@
 #include "deltatrain/core/system.h"
 
 #include <fstream>
-#include <string>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #ifdef DELTATRAIN_WITH_CUDA

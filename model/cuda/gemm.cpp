@@ -79,10 +79,13 @@ std::uint32_t config_attribute(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulA
 }  // namespace
 
 Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
+  static const char* const stream_setting = std::getenv("DELTATRAIN_STREAM_GEMM");  // read once
+  stream_gemm_allowed_ = switch_setting("DELTATRAIN_STREAM_GEMM", stream_setting);
   int device = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  stream_gemm_ready_ = stream_gemm_ready();
+  cuda_check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute");
+  stream_gemm_ready_ = prepare_stream_gemm();
   check(cublasLtCreate(&handle_), "cublasLtCreate");
   const cudaError_t status = cudaMalloc(&workspace_, kWorkspaceBytes);
   if (status != cudaSuccess) {
@@ -116,7 +119,6 @@ std::string product_name(std::int64_t M, const std::array<std::int64_t, 12>& key
 
 void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
                const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant) {
-  static const char* const stream_setting = std::getenv("DELTATRAIN_STREAM_GEMM");  // read once
   StreamGemmProblem problem;
   problem.trans_a = trans_a;
   problem.trans_b = trans_b;
@@ -130,7 +132,7 @@ void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alph
   problem.beta_zero = beta == 0.f;
   problem.row_invariant = row_invariant;
   problem.device_ready = stream_gemm_ready_;
-  problem.allowed = switch_setting("DELTATRAIN_STREAM_GEMM", stream_setting);
+  problem.allowed = stream_gemm_allowed_;
   if (const std::optional<StreamGemmPlan> plan = plan_stream_gemm(problem, multiprocessors_)) {
     stream_gemm(*plan, M, N, K, alpha, a, lda, b, ldb, c, ldc, c_dtype == DType::f32, stream_);
     return;

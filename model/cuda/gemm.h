@@ -35,8 +35,8 @@ class Gemm {
            const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant = false);
 
   // The heuristic's first `count` algorithms for run()'s product (not row-invariant), best first, with the
-  // configuration each names; run() takes the first where the weight-streaming kernel does not apply. For benchmarks that time them (bench/gpu/gemm_candidates.cpp),
-  // with run_with().
+  // configuration each names; run() takes the first where the weight-streaming kernel does not apply. For
+  // benchmarks that time them (bench/gpu/gemm_candidates.cpp), with run_with().
   struct Candidate {
     cublasLtMatmulAlgo_t algo;
     std::uint32_t tile, stages, split_k;
@@ -55,7 +55,8 @@ class Gemm {
 
   cudaStream_t stream_;
   int multiprocessors_ = 0;
-  bool stream_gemm_ready_ = false;  // the weight-streaming kernel is built for this device
+  bool stream_gemm_ready_ = false;    // the weight-streaming kernel is built for this device (and prepared)
+  bool stream_gemm_allowed_ = true;   // DELTATRAIN_STREAM_GEMM is not 0
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, cublasLtMatmulAlgo_t> algorithms_;

@@ -184,8 +184,9 @@ void lse_from_stats(Matrix lse, const float* stats, Sequences sequences, Index l
 void stats_from_lse(float* stats, Matrix lse, Sequences sequences, Index length, cudaStream_t stream);
 
 // ---- stream_gemm.cu: decode's products, as plan_stream_gemm divides them. x, w bfloat16; y bfloat16 or float32
-// y [M, N] = alpha x [M, K] w [N, K]^T. stream_gemm_ready: the kernel is built for the current device.
-bool stream_gemm_ready();
+// y [M, N] = alpha x [M, K] w [N, K]^T. prepare_stream_gemm: whether the kernel is built for the current device, and
+// if so its shared memory allowed there (once per device, before stream_gemm runs on it).
+bool prepare_stream_gemm();
 void stream_gemm(const StreamGemmPlan& plan, Index M, Index N, Index K, float alpha, const void* x, Index ldx,
                  const void* w, Index ldw, void* y, Index ldy, bool y_float, cudaStream_t stream);
 

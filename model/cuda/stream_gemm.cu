@@ -1,6 +1,6 @@
 // The weight-streaming product of decode (stream_gemm_plan.h says when it runs and how it divides the work):
 // y [M, N] = alpha x [M, K] W [N, K]^T for at most 64 rows of x, where the time is W's bytes over the memory
-// bandwidth. cuBLASLt's kernels for such shapes read a layer's weights at 0.5-1.9 TB/s (bench/NOTES.md, Rollout).
+// bandwidth. cuBLASLt's kernels read the narrow ones (out_proj, down) at 0.3-1 TB/s (bench/NOTES.md, Rollout).
 //
 // Each CTA, one warpgroup, computes kStreamFeatures outputs (weight rows) for all 64 rows of the row tile over one
 // split's run of K chunks: warp w's 16 features come from shared memory as the A fragments of wgmma m64n64k16, x's
@@ -50,7 +50,7 @@ struct StreamGemmArgs {
 };
 
 __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmArgs a) {
-#ifdef DELTATRAIN_WGMMA  // sm_90a; stream_gemm_ready() keeps other devices away
+#ifdef DELTATRAIN_WGMMA  // sm_90a; prepare_stream_gemm() keeps other devices away
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const std::uint32_t raw = tiles::smem_address(smem_raw);
   unsigned char* const smem = smem_raw + ((raw + 1023) / 1024 * 1024 - raw);
@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
   for (int i = 0; i < chunks; ++i) {
     tiles::cp_async_wait<kStreamStages - 2>();
     __syncthreads();  // chunk i has landed for every thread, and chunk i - 1's products are done with its stage
-    if (i + kStreamStages - 1 < chunks) load((i + kStreamStages - 1) % kStreamStages, first_chunk + i + kStreamStages - 1);
+    const int ahead = i + kStreamStages - 1;
+    if (ahead < chunks) load(ahead % kStreamStages, first_chunk + ahead);
     tiles::cp_async_commit();
     const int stage = i % kStreamStages;
     std::uint32_t a_fragments[kStreamChunk / 16][4];
@@ -131,10 +132,13 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
 
 }  // namespace
 
-bool stream_gemm_ready() {
+bool prepare_stream_gemm() {
   cudaFuncAttributes attributes{};
   cuda_check(cudaFuncGetAttributes(&attributes, stream_gemm_kernel), "cudaFuncGetAttributes (stream_gemm)");
-  return attributes.binaryVersion == 90;
+  if (attributes.binaryVersion != 90) return false;
+  cuda_check(cudaFuncSetAttribute(stream_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+             "cudaFuncSetAttribute (stream_gemm shared memory)");
+  return true;
 }
 
 void stream_gemm(const StreamGemmPlan& plan, Index M, Index N, Index K, float alpha, const void* x, Index ldx,
@@ -142,9 +146,6 @@ void stream_gemm(const StreamGemmPlan& plan, Index M, Index N, Index K, float al
   const Index chunks = K / kStreamChunk;
   const StreamGemmArgs args{static_cast<const bf16*>(x), ldx, static_cast<const bf16*>(w), ldw, y, ldy, y_float,
                             alpha, M, N, chunks, (chunks + plan.splits - 1) / plan.splits};
-  // Per device and cheap: set on every launch rather than remembered per process.
-  cuda_check(cudaFuncSetAttribute(stream_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
-             "cudaFuncSetAttribute (stream_gemm shared memory)");
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(plan.feature_tiles * plan.splits));
   config.blockDim = dim3(kStreamThreads);

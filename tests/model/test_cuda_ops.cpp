@@ -724,7 +724,7 @@ TEST_F(CudaOpsTest, CopyAndFillZeroKeepTheirRows) {
 // The weight-streaming kernel (decode's products, stream_gemm.cu) through Gemm::run, against the CPU's sgemm, on
 // the shapes its plan takes: tails of N, one to 16 rows, one split to eight, bfloat16 and float32 results.
 TEST_F(CudaOpsTest, StreamGemmMatchesCpu) {
-  if (!cuda::stream_gemm_ready()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
+  if (!cuda::prepare_stream_gemm()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
   struct Shape {
     Index M, N, K;
   };
@@ -746,7 +746,7 @@ TEST_F(CudaOpsTest, StreamGemmMatchesCpu) {
 // Run to run the same bits, and a row's result the same whatever the other rows, as the rollout's reproducibility
 // and batch invariance need; up to the kernel's 64 rows (the plan gives it 16), called directly, against float64.
 TEST_F(CudaOpsTest, StreamGemmIsDeterministicRowInvariantAndTakes64Rows) {
-  if (!cuda::stream_gemm_ready()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
+  if (!cuda::prepare_stream_gemm()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
   const Index N = 1030, K = 3584;
   const Both x = random(bf16, 64, K), w = random(bf16, N, K);
   const auto data = [](const Both& t) { return t.view(Side::gpu).data; };

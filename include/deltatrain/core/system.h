@@ -35,13 +35,13 @@ struct CudaInfo {
 };
 
 const CpuInfo& cpu_info();
+// Queried once per process; cheap afterwards.
+const CudaInfo& cuda_info();
 
 // An on/off switch read from the environment (DELTATRAIN_CUDA_WGMMA, DELTATRAIN_CUDNN_ATTENTION,
 // DELTATRAIN_STREAM_GEMM: kernels' choices a user may turn off to compare them or to avoid one): `value` is
 // getenv(variable)'s result; unset (null), empty or "1" is on, "0" off, anything else an InvalidArgument naming
 // the variable.
 bool switch_setting(const char* variable, const char* value);
-// Queried once per process; cheap afterwards.
-const CudaInfo& cuda_info();
 
 }  // namespace deltatrain
