@@ -1,5 +1,7 @@
 #include "attention_plan.h"
 
+#include <initializer_list>
+
 namespace deltatrain::model::cuda {
 
 AttentionKernels plan_attention(const AttentionPlanInputs& in) {
@@ -11,6 +13,14 @@ AttentionKernels plan_attention(const AttentionPlanInputs& in) {
   const bool cudnn_applies = in.head_dim > 0 && in.head_dim <= 256 && in.head_dim % 8 == 0 && in.rows_aligned;
   if (in.cudnn_built && in.cudnn_allowed && cudnn_applies) return AttentionKernels::cudnn;
   return AttentionKernels::unfused;
+}
+
+int cached_attention_heads(int group, int head_dim) {
+  const int chunks = (head_dim + 255) / 256;
+  for (const int heads : {4, 2}) {
+    if (group % heads == 0 && heads * chunks <= 4) return heads;
+  }
+  return 1;
 }
 
 }  // namespace deltatrain::model::cuda

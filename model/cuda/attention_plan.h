@@ -22,4 +22,11 @@ struct AttentionPlanInputs {
 
 AttentionKernels plan_attention(const AttentionPlanInputs& in);
 
+// How many query heads one CTA of decode's cached attention (and of the `rows` kernels) serves: they share a
+// key/value head, so the CTA reads each cached row once for all of them. The largest of 4, 2 and 1 that divides
+// the GQA group (q heads / kv heads), with at most 4 heads x 256-element chunks of the head held per lane (the
+// registers of 512 threads, one CTA an SM). A row's result depends on this choice (the order of its sums), so it
+// depends only on the model's shape, never on the batch.
+int cached_attention_heads(int group, int head_dim);
+
 }  // namespace deltatrain::model::cuda

@@ -43,7 +43,10 @@ constexpr DType bf16 = DType::bf16, f32 = DType::f32;
 class CudaOps final : public Ops {
  public:
   CudaOps(Device device, cudaStream_t stream, bool batch_invariant)
-      : device_(device), stream_(stream), batch_invariant_(batch_invariant), gemm_(stream), workspace_(stream) {}
+      : device_(device), stream_(stream), batch_invariant_(batch_invariant), gemm_(stream), workspace_(stream) {
+    const CudaDeviceGuard guard(device_.index);
+    cuda::prepare_cached_attention();
+  }
 
   void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
             const TensorView& c) override {

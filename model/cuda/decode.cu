@@ -1,13 +1,20 @@
 // The inference ops that move rows into and out of cache slots and read the attention cache: copy_rows (bytes of
 // any dtype, in the widest accesses the addresses allow) and cached_attention (one CTA per new query row and
-// query head, its warps taking the cached keys in turn with an online softmax, merged in warp order so that the
-// result does not depend on timing). The same kernel over a packed batch's own keys (row_attention) is the
+// block of query heads sharing a key/value head, its warps taking the cached keys in turn with an online softmax,
+// merged in warp order so that the result does not depend on timing). The same kernel over a packed batch's own keys (row_attention) is the
 // batch-invariant model's attention forward: a row's output depends only on its query and its keys, computed
 // as decode computes it.
+#include <string>
+
+#include "attention_plan.h"
 #include "common.cuh"
+#include "deltatrain/core/error.h"
+#include "gdn/cuda/mma.cuh"
 
 namespace deltatrain::model::cuda {
 namespace {
+
+namespace tiles = gdn::cuda;  // the GDN kernels' tile primitives: cp.async
 
 // ---------------------------------------------------------------------------------------------------------
 // copy_rows: one thread per access unit of a row (16 bytes where rows and addresses allow).
@@ -33,15 +40,21 @@ void launch_copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, cons
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// cached_attention. Lane l of a warp holds the head's elements [c * 256 + 8 l, c * 256 + 8 l + 8) for each of
-// Chunks chunks of 256 (q scaled, and its share of the output), so a key or value row is one coalesced access
-// per warp and chunk, and a score one warp sum.
+// cached_attention. One CTA per query row and block of `Heads` query heads of one GQA group (attention_plan.h's
+// cached_attention_heads): the heads of a group share their key/value head, so the CTA reads each cached row once
+// for all of them. Its kAttentionWarps warps take the keys in turn (key u to warp u mod kAttentionWarps); each warp
+// copies its next kStages keys and values into its own ring in shared memory (cp.async) ahead of their use, so that
+// about 128 KB a CTA are in flight and the kernel runs near the cache's bandwidth, where the first form (a warp a
+// key, its loads two keys ahead, a CTA per head) waited on one load after another: 51 us a layer at batch 64 and
+// 512 positions on the H200, ~0.7 TB/s. Lane l holds the head's elements [c * 256 + 8 l, c * 256 + 8 l + 8) for each
+// of Chunks chunks of 256 (q scaled, and its share of the output), so a score is one warp sum. Which keys a warp
+// takes and the order of every sum depend only on the row's position: a row's result is the same in any batch.
 
-// Warps of a CTA (one row and head): each walks every kAttentionWarps-th key, its loads two keys ahead, so a decode
-// row's few hundred keys are a short chain per warp (4 warps left each a chain of ~40 dependent steps at 150
-// keys: 27 us a layer at batch 64 on the H200).
-constexpr int kAttentionWarps = 8;
+constexpr int kAttentionWarps = 16;
 constexpr int kChunk = 32 * kVector;  // head elements one warp covers in one access
+// Keys in flight per warp: 8 KB of keys and values at head dims up to 256, at most 16 KB at 512.
+template <int Chunks>
+constexpr int kAttentionStages = Chunks == 1 ? 8 : 4;
 
 struct CachedAttention {
   Matrix o, q, k, v;  // k and v: the caches' S * slot_rows rows, or (slots null) the packed rows of q's sequences
@@ -54,6 +67,18 @@ struct CachedAttention {
   float* lse;  // null, or [Hq, R] with row stride lse_ld: each row's log-sum-exp of its scaled scores
   Index lse_ld;
 };
+
+// A cached row's stride in shared memory: whole 16-byte vectors (zeros past head_dim).
+__host__ __device__ constexpr int padded_head_dim(int head_dim) { return (head_dim + kVector - 1) / kVector * kVector; }
+
+// The shared memory of a CTA: the warps' rings of (key, value) rows, which the warps' partial outputs
+// [warp][head][padded_head_dim] in float reuse once the keys are done.
+template <int Chunks, int Heads>
+constexpr std::size_t cached_attention_shared_bytes(int head_dim) {
+  const std::size_t rows = padded_head_dim(head_dim);
+  return std::max(kAttentionWarps * kAttentionStages<Chunks> * 2 * rows * sizeof(bf16),
+                  kAttentionWarps * Heads * rows * sizeof(float));
+}
 
 // The elements of one head row this lane holds (zeros past head_dim).
 template <bool Vectorized, int Chunks>
@@ -70,108 +95,225 @@ __device__ __forceinline__ void load_head(const bf16* row, int head_dim, int lan
   }
 }
 
-template <bool Vectorized, int Chunks>
-__global__ void __launch_bounds__(kAttentionWarps * 32) cached_attention_kernel(CachedAttention a) {
+// One key's row and value's row (head_dim elements at k_row and v_row) into a ring slot [2][padded_head_dim] by
+// the warp's lanes: 16-byte asynchronous copies where rows allow, else element by element (zeros in the padding).
+template <bool Vectorized>
+__device__ __forceinline__ void copy_key_value(bf16* slot, const bf16* k_row, const bf16* v_row, int head_dim,
+                                               int lane) {
+  const int rows = padded_head_dim(head_dim);
+  if constexpr (Vectorized) {
+    const int vectors = rows / kVector;
+    for (int i = lane; i < 2 * vectors; i += 32) {
+      const bool value = i >= vectors;
+      const int d = (value ? i - vectors : i) * kVector;
+      tiles::cp_async_16(slot + (value ? rows : 0) + d, (value ? v_row : k_row) + d, true);
+    }
+  } else {
+    for (int i = lane; i < 2 * rows; i += 32) {
+      const bool value = i >= rows;
+      const int d = value ? i - rows : i;
+      slot[i] = d < head_dim ? (value ? v_row : k_row)[d] : to_bf16(0.f);
+    }
+  }
+  tiles::cp_async_commit();  // an empty group on the element path: the waits count the same either way
+}
+
+template <bool Vectorized, int Chunks, int Heads>
+__global__ void __launch_bounds__(kAttentionWarps * 32, 1) cached_attention_kernel(CachedAttention a) {
+  constexpr int kStages = kAttentionStages<Chunks>;
+  extern __shared__ __align__(16) unsigned char attention_smem[];
   const Index t = blockIdx.x;
-  const int h = static_cast<int>(blockIdx.y), D = a.head_dim;
+  const int h0 = static_cast<int>(blockIdx.y) * Heads, D = a.head_dim, rows = padded_head_dim(D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int n = sequence_of(a.seq, t);
   const Index first = a.seq.cu[n], news = a.seq.cu[n + 1] - first;
   // This row's position, the last key it sees, and where its sequence's keys start.
   const Index position = a.slots != nullptr ? a.lengths[n] - news + (t - first) : t - first;
   const Index base = a.slots != nullptr ? static_cast<Index>(a.slots[n]) * a.slot_rows : first;
-  const Index kv_column = static_cast<Index>(h / a.group) * D;
+  const Index kv_column = static_cast<Index>(h0 / a.group) * D;
 
-  float q[Chunks][kVector];
-  load_head<Vectorized>(row_of<const bf16>(a.q, t) + static_cast<Index>(h) * D, D, lane, q);
-#pragma unroll
-  for (int c = 0; c < Chunks; ++c)
-#pragma unroll
-    for (int e = 0; e < kVector; ++e) q[c][e] *= a.scale;
-
-  // This warp's keys u = warp, warp + kAttentionWarps, ...: running max, sum of exp(score - max), and
-  // sum of exp(score - max) v.
-  float max = -INFINITY, sum = 0.f, acc[Chunks][kVector] = {};
-#pragma unroll 2
-  for (Index u = warp; u <= position; u += kAttentionWarps) {
-    float k[Chunks][kVector], v[Chunks][kVector];
-    load_head<Vectorized>(row_of<const bf16>(a.k, base + u) + kv_column, D, lane, k);
-    load_head<Vectorized>(row_of<const bf16>(a.v, base + u) + kv_column, D, lane, v);
-    float score = 0.f;
-#pragma unroll
-    for (int c = 0; c < Chunks; ++c)
-#pragma unroll
-      for (int e = 0; e < kVector; ++e) score += q[c][e] * k[c][e];
-    score = warp_sum(score);
-    // Rescale what came before when the max grows (exp(-inf) = 0 for the first key).
-    const float old_weight = score > max ? expf(max - score) : 1.f;
-    max = fmaxf(max, score);
-    const float p = expf(score - max);
-    sum = sum * old_weight + p;
-#pragma unroll
-    for (int c = 0; c < Chunks; ++c)
-#pragma unroll
-      for (int e = 0; e < kVector; ++e) acc[c][e] = acc[c][e] * old_weight + p * v[c][e];
-  }
-
-  // Merge the warps in warp order. Warp 0 always has key 0, so the overall max is finite; a warp without keys
-  // has max -inf and weighs 0.
-  __shared__ float maxes[kAttentionWarps], sums[kAttentionWarps];
-  __shared__ float accs[kAttentionWarps][kMaxCachedHeadDim];
-  if (lane == 0) {
-    maxes[warp] = max;
-    sums[warp] = sum;
-  }
-#pragma unroll
-  for (int c = 0; c < Chunks; ++c)
-#pragma unroll
-    for (int e = 0; e < kVector; ++e) {
-      const int d = c * kChunk + lane * kVector + e;
-      if (d < D) accs[warp][d] = acc[c][e];
+  // This warp's keys are u = warp + j kAttentionWarps for j < mine; key j waits in slot j mod kStages.
+  bf16* const ring = reinterpret_cast<bf16*>(attention_smem) + warp * kStages * 2 * rows;
+  const Index mine = warp <= position ? (position - warp) / kAttentionWarps + 1 : 0;
+  const auto fetch = [&](Index j) {
+    if (j < mine) {
+      const Index u = base + warp + j * kAttentionWarps;
+      copy_key_value<Vectorized>(ring + (j % kStages) * 2 * rows, row_of<const bf16>(a.k, u) + kv_column,
+                                 row_of<const bf16>(a.v, u) + kv_column, D, lane);
+    } else {
+      tiles::cp_async_commit();  // one group per key index, so that a wait counts keys
     }
-  __syncthreads();
-  float overall = -INFINITY;
+  };
 #pragma unroll
-  for (int w = 0; w < kAttentionWarps; ++w) overall = fmaxf(overall, maxes[w]);
-  float weights[kAttentionWarps], total = 0.f;
+  for (int j = 0; j < kStages; ++j) fetch(j);
+
+  float q[Heads][Chunks][kVector];
 #pragma unroll
-  for (int w = 0; w < kAttentionWarps; ++w) {
-    weights[w] = expf(maxes[w] - overall);
-    total += sums[w] * weights[w];
+  for (int h = 0; h < Heads; ++h) {
+    load_head<Vectorized>(row_of<const bf16>(a.q, t) + static_cast<Index>(h0 + h) * D, D, lane, q[h]);
+#pragma unroll
+    for (int c = 0; c < Chunks; ++c)
+#pragma unroll
+      for (int e = 0; e < kVector; ++e) q[h][c][e] *= a.scale;
   }
-  if (a.lse != nullptr && threadIdx.x == 0) a.lse[h * a.lse_ld + t] = overall + logf(total);
-  bf16* out = row_of<bf16>(a.o, t) + static_cast<Index>(h) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float value = 0.f;
+
+  // Per head: running max, sum of exp(score - max), and sum of exp(score - max) v.
+  float max[Heads], sum[Heads], acc[Heads][Chunks][kVector] = {};
 #pragma unroll
-    for (int w = 0; w < kAttentionWarps; ++w) value += accs[w][d] * weights[w];
-    out[d] = to_bf16(value / total);
+  for (int h = 0; h < Heads; ++h) {
+    max[h] = -INFINITY;
+    sum[h] = 0.f;
+  }
+  for (Index j = 0; j < mine; ++j) {
+    tiles::cp_async_wait<kStages - 1>();  // this lane's copies of key j are done
+    __syncwarp();                          // and so are the other lanes'
+    const bf16* slot = ring + (j % kStages) * 2 * rows;
+    float k[Chunks][kVector], v[Chunks][kVector];
+    load_head<true>(slot, rows, lane, k);
+    load_head<true>(slot + rows, rows, lane, v);
+    __syncwarp();  // every lane has read the slot before it is refilled
+    fetch(j + kStages);
+    float score[Heads];
+#pragma unroll
+    for (int h = 0; h < Heads; ++h) {
+      score[h] = 0.f;
+#pragma unroll
+      for (int c = 0; c < Chunks; ++c)
+#pragma unroll
+        for (int e = 0; e < kVector; ++e) score[h] += q[h][c][e] * k[c][e];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+#pragma unroll
+      for (int h = 0; h < Heads; ++h) score[h] += __shfl_xor_sync(0xffffffffu, score[h], offset);
+#pragma unroll
+    for (int h = 0; h < Heads; ++h) {
+      // Rescale what came before only when the max grows (the score is the same in every lane, so the branch is
+      // uniform; past the first keys it is rarely taken, and the common step is one exponential and one FMA an
+      // element). exp(-inf) = 0 for the first key.
+      if (score[h] > max[h]) {
+        const float old_weight = expf(max[h] - score[h]);
+        max[h] = score[h];
+        sum[h] *= old_weight;
+#pragma unroll
+        for (int c = 0; c < Chunks; ++c)
+#pragma unroll
+          for (int e = 0; e < kVector; ++e) acc[h][c][e] *= old_weight;
+      }
+      const float p = expf(score[h] - max[h]);
+      sum[h] += p;
+#pragma unroll
+      for (int c = 0; c < Chunks; ++c)
+#pragma unroll
+        for (int e = 0; e < kVector; ++e) acc[h][c][e] = fmaf(p, v[c][e], acc[h][c][e]);
+    }
+  }
+  tiles::cp_async_wait<0>();
+  __syncthreads();  // the rings become the partial outputs
+
+  // Merge the warps in warp order. Warp 0 always has key 0, so each head's overall max is finite; a warp without
+  // keys has max -inf and weighs 0.
+  __shared__ float maxes[kAttentionWarps][Heads], sums[kAttentionWarps][Heads];
+  float* const partial = reinterpret_cast<float*>(attention_smem);  // [warp][head][rows]
+#pragma unroll
+  for (int h = 0; h < Heads; ++h) {
+    if (lane == 0) {
+      maxes[warp][h] = max[h];
+      sums[warp][h] = sum[h];
+    }
+#pragma unroll
+    for (int c = 0; c < Chunks; ++c)
+#pragma unroll
+      for (int e = 0; e < kVector; ++e) {
+        const int d = c * kChunk + lane * kVector + e;
+        if (d < D) partial[(warp * Heads + h) * rows + d] = acc[h][c][e];
+      }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < Heads * D; i += blockDim.x) {
+    const int h = i / D, d = i % D;
+    float overall = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kAttentionWarps; ++w) overall = fmaxf(overall, maxes[w][h]);
+    float value = 0.f, total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kAttentionWarps; ++w) {
+      const float weight = expf(maxes[w][h] - overall);
+      total += sums[w][h] * weight;
+      value += partial[(w * Heads + h) * rows + d] * weight;
+    }
+    row_of<bf16>(a.o, t)[static_cast<Index>(h0 + h) * D + d] = to_bf16(value / total);
+    if (a.lse != nullptr && d == 0) a.lse[(h0 + h) * a.lse_ld + t] = overall + logf(total);
   }
 }
 
-template <bool Vectorized>
-void launch_cached_attention(const CachedAttention& a, Index rows, int q_heads, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(q_heads));
-  if (a.head_dim <= kChunk) {
-    cached_attention_kernel<Vectorized, 1><<<grid, kAttentionWarps * 32, 0, stream>>>(a);
-  } else {
-    static_assert(kMaxCachedHeadDim == 2 * kChunk, "one kernel per number of chunks up to the maximum");
-    cached_attention_kernel<Vectorized, 2><<<grid, kAttentionWarps * 32, 0, stream>>>(a);
+template <bool Vectorized, int Chunks, int Heads>
+void launch_cached_attention(const CachedAttention& a, int q_heads, cudaStream_t stream) {
+  const std::size_t shared = cached_attention_shared_bytes<Chunks, Heads>(a.head_dim);
+  if (shared > 48 * 1024) {
+    int device = 0, most = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+               "cudaDeviceGetAttribute");
+    if (shared > static_cast<std::size_t>(most)) {
+      throw Unavailable("cached_attention", "head dim " + std::to_string(a.head_dim) + " needs " +
+                                                std::to_string(shared) + " bytes of shared memory a CTA; the GPU has " +
+                                                std::to_string(most));
+    }
   }
+  const dim3 grid(static_cast<unsigned>(a.q.rows), static_cast<unsigned>(q_heads / Heads));
+  cached_attention_kernel<Vectorized, Chunks, Heads><<<grid, kAttentionWarps * 32, shared, stream>>>(a);
   check_launch("cached_attention");
+}
+
+// Calls f.template operator()<Vectorized, Chunks, Heads>() for every kernel instance: the one a call takes, or all
+// of them (to prepare their shared-memory limits).
+template <class F>
+void for_each_cached_attention_kernel(F&& f) {
+  const auto chunks = [&]<bool Vectorized>() {
+    f.template operator()<Vectorized, 1, 1>();
+    f.template operator()<Vectorized, 1, 2>();
+    f.template operator()<Vectorized, 1, 4>();
+    f.template operator()<Vectorized, 2, 1>();
+    f.template operator()<Vectorized, 2, 2>();
+  };
+  chunks.template operator()<true>();
+  chunks.template operator()<false>();
 }
 
 // 16-byte accesses need every head to start on 16 bytes: whole groups of 8 elements and aligned rows.
 void launch_cached_attention(const CachedAttention& a, int q_heads, cudaStream_t stream) {
   if (a.q.rows == 0) return;
-  if (a.head_dim % kVector == 0 && vectorizable(a.o) && vectorizable(a.q) && vectorizable(a.k) && vectorizable(a.v)) {
-    launch_cached_attention<true>(a, a.q.rows, q_heads, stream);
-  } else {
-    launch_cached_attention<false>(a, a.q.rows, q_heads, stream);
-  }
+  const bool vectorized =
+      a.head_dim % kVector == 0 && vectorizable(a.o) && vectorizable(a.q) && vectorizable(a.k) && vectorizable(a.v);
+  const int chunks = a.head_dim <= kChunk ? 1 : 2, heads = cached_attention_heads(a.group, a.head_dim);
+  static_assert(kMaxCachedHeadDim == 2 * kChunk, "one kernel per number of chunks up to the maximum");
+  bool launched = false;
+  for_each_cached_attention_kernel([&]<bool Vectorized, int Chunks, int Heads>() {
+    if (Vectorized == vectorized && Chunks == chunks && Heads == heads) {
+      launch_cached_attention<Vectorized, Chunks, Heads>(a, q_heads, stream);
+      launched = true;
+    }
+  });
+  if (!launched) throw Failure("cached_attention: no kernel for " + std::to_string(heads) + " heads a CTA");
 }
 
 }  // namespace
+
+void prepare_cached_attention() {
+  int device = 0, most = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  for_each_cached_attention_kernel([&]<bool Vectorized, int Chunks, int Heads>() {
+    // The most the instance takes (at its widest head dim), or what the device allows (launches that need more
+    // are refused by name).
+    const std::size_t bytes = cached_attention_shared_bytes<Chunks, Heads>(Chunks * kChunk);
+    cuda_check(cudaFuncSetAttribute(cached_attention_kernel<Vectorized, Chunks, Heads>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(std::min<std::size_t>(bytes, most))),
+               "cudaFuncSetAttribute (cached_attention shared memory)");
+  });
+}
 
 void copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, const std::int32_t* src_rows, Index count,
                std::size_t element_size, cudaStream_t stream) {

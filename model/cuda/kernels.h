@@ -124,6 +124,8 @@ void copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, const std::
 // Attention of q's rows (bfloat16 [R, Hq * D]) over the caches' rows (the matrices of their S * slot_rows rows of
 // Hkv * D), per ops.h's cached_attention; float32 scores and softmax, o bfloat16. head_dim <= kMaxCachedHeadDim.
 inline constexpr int kMaxCachedHeadDim = 512;
+// prepare_cached_attention: raises the kernel's shared-memory limit on the current device (once per Ops).
+void prepare_cached_attention();
 void cached_attention(Matrix o, Matrix q, Matrix k_cache, Matrix v_cache, Index slot_rows, int q_heads, int kv_heads,
                       int head_dim, float scale, Sequences sequences, const std::int32_t* slots,
                       const std::int32_t* lengths, cudaStream_t stream);

@@ -28,6 +28,7 @@
 #include "deltatrain/core/system.h"
 #include "cuda/attention_plan.h"
 #include "cuda/gemm.h"
+#include "cuda/kernels.h"
 #include "cuda/stream_gemm_plan.h"
 #include "model_testing.h"
 #include "ops.h"
@@ -322,6 +323,27 @@ TEST(AttentionPlan, CudnnWhereItAppliesTheUnfusedKernelsElsewhere) {
   EXPECT_EQ(with([](auto& in) { in.batch_invariant = true; }), AttentionKernels::rows);
   EXPECT_EQ(with([](auto& in) { in.batch_invariant = true, in.head_dim = 68; }), AttentionKernels::rows);
   EXPECT_EQ(with([](auto& in) { in.batch_invariant = true, in.backward = true; }), AttentionKernels::cudnn);
+}
+
+// The cached attention's heads a CTA (attention_plan.h), on random GQA shapes: a divisor of the group that keeps
+// heads x 256-element chunks within 4, and no larger one of 4, 2 that would.
+TEST(AttentionPlan, CachedAttentionTakesTheWidestHeadBlockThatFits) {
+  std::mt19937 rng(test_seed());
+  std::uniform_int_distribution<int> groups(1, 16), head_dims(1, cuda::kMaxCachedHeadDim);
+  EXPECT_EQ(cuda::cached_attention_heads(4, 256), 4);  // Qwen3.5's attention layers
+  for (int trial = 0; trial < 1000; ++trial) {
+    const int group = groups(rng), head_dim = head_dims(rng), chunks = head_dim <= 256 ? 1 : 2;
+    const int heads = cuda::cached_attention_heads(group, head_dim);
+    SCOPED_TRACE("group " + std::to_string(group) + ", head_dim " + std::to_string(head_dim));
+    ASSERT_TRUE(heads == 1 || heads == 2 || heads == 4) << heads;
+    EXPECT_EQ(group % heads, 0);
+    EXPECT_LE(heads * chunks, 4);
+    for (const int wider : {2, 4}) {
+      if (wider > heads) {
+        EXPECT_FALSE(group % wider == 0 && wider * chunks <= 4) << wider << " would fit";
+      }
+    }
+  }
 }
 
 // The weight-streaming product's plan (stream_gemm_plan.h): pure, so it runs without a GPU.
