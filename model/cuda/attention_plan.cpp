@@ -15,12 +15,17 @@ AttentionKernels plan_attention(const AttentionPlanInputs& in) {
   return AttentionKernels::unfused;
 }
 
-int cached_attention_heads(int group, int head_dim) {
+CachedAttentionPlan plan_cached_attention(int group, int head_dim, bool rows_aligned) {
+  const auto largest_dividing = [&](std::initializer_list<int> choices, int most) {
+    for (const int heads : choices) {
+      if (group % heads == 0 && heads <= most) return heads;
+    }
+    return 1;
+  };
+  if (rows_aligned && (head_dim == 64 || head_dim == 128 || head_dim == 256))
+    return {true, largest_dividing({8, 4, 2}, 8)};
   const int chunks = (head_dim + 255) / 256;
-  for (const int heads : {4, 2}) {
-    if (group % heads == 0 && heads * chunks <= 4) return heads;
-  }
-  return 1;
+  return {false, largest_dividing({4, 2}, 4 / chunks)};
 }
 
 }  // namespace deltatrain::model::cuda

@@ -22,11 +22,19 @@ struct AttentionPlanInputs {
 
 AttentionKernels plan_attention(const AttentionPlanInputs& in);
 
-// How many query heads one CTA of decode's cached attention (and of the `rows` kernels) serves: they share a
-// key/value head, so the CTA reads each cached row once for all of them. The largest of 4, 2 and 1 that divides
-// the GQA group (q heads / kv heads), with at most 4 heads x 256-element chunks of the head held per lane (the
-// registers of 512 threads, one CTA an SM). A row's result depends on this choice (the order of its sums), so it
-// depends only on the model's shape, never on the batch.
-int cached_attention_heads(int group, int head_dim);
+// Which kernel runs decode's cached attention (and the `rows` kernels), and how many query heads one CTA of it
+// serves: they share a key/value head, so the CTA reads each cached row once for all of them.
+// - tensor_cores (head dims 64, 128 and 256 with 16-byte aligned rows): mma m16n8k16 with the heads as its N of 8,
+//   so up to 8 heads a CTA: the largest of 8, 4, 2, 1 dividing the GQA group (q heads / kv heads).
+// - otherwise the warp kernel (one key a warp step, any head dim up to kMaxCachedHeadDim): the largest of 4, 2, 1
+//   dividing the group, with at most 4 heads x 256-element chunks of the head held per lane (the registers of
+//   512 threads, one CTA an SM).
+// A row's result depends on this choice (the order of its sums), so it depends only on the model's shape and
+// its tensors' alignment, never on the batch.
+struct CachedAttentionPlan {
+  bool tensor_cores = false;
+  int heads = 1;
+};
+CachedAttentionPlan plan_cached_attention(int group, int head_dim, bool rows_aligned);
 
 }  // namespace deltatrain::model::cuda

@@ -41,7 +41,7 @@ void launch_copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, cons
 
 // ---------------------------------------------------------------------------------------------------------
 // cached_attention. One CTA per query row and block of `Heads` query heads of one GQA group (attention_plan.h's
-// cached_attention_heads): the heads of a group share their key/value head, so the CTA reads each cached row once
+// plan_cached_attention): the heads of a group share their key/value head, so the CTA reads each cached row once
 // for all of them. Its kAttentionWarps warps take the keys in turn (key u to warp u mod kAttentionWarps); each warp
 // copies its next kStages keys and values into its own ring in shared memory (cp.async) ahead of their use, so that
 // about 128 KB a CTA are in flight and the kernel runs near the cache's bandwidth, where the first form (a warp a
@@ -247,20 +247,22 @@ __global__ void __launch_bounds__(kAttentionWarps * 32, 1) cached_attention_kern
   }
 }
 
+// Unavailable (naming the kernel) where a launch would need more shared memory a CTA than the device has.
+void require_shared_memory(std::size_t shared, int head_dim) {
+  if (shared <= 48 * 1024) return;
+  int device = 0, most = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  if (shared > static_cast<std::size_t>(most)) {
+    throw Unavailable("cached_attention", "head dim " + std::to_string(head_dim) + " needs " + std::to_string(shared) +
+                                              " bytes of shared memory a CTA; the GPU has " + std::to_string(most));
+  }
+}
+
 template <bool Vectorized, int Chunks, int Heads>
 void launch_cached_attention(const CachedAttention& a, int q_heads, cudaStream_t stream) {
   const std::size_t shared = cached_attention_shared_bytes<Chunks, Heads>(a.head_dim);
-  if (shared > 48 * 1024) {
-    int device = 0, most = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-               "cudaDeviceGetAttribute");
-    if (shared > static_cast<std::size_t>(most)) {
-      throw Unavailable("cached_attention", "head dim " + std::to_string(a.head_dim) + " needs " +
-                                                std::to_string(shared) + " bytes of shared memory a CTA; the GPU has " +
-                                                std::to_string(most));
-    }
-  }
+  require_shared_memory(shared, a.head_dim);
   const dim3 grid(static_cast<unsigned>(a.q.rows), static_cast<unsigned>(q_heads / Heads));
   cached_attention_kernel<Vectorized, Chunks, Heads><<<grid, kAttentionWarps * 32, shared, stream>>>(a);
   check_launch("cached_attention");
@@ -281,21 +283,222 @@ void for_each_cached_attention_kernel(F&& f) {
   chunks.template operator()<false>();
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// cached_attention on tensor cores (attention_plan.h: head dims 64, 128, 256 with 16-byte aligned rows). One CTA
+// per query row and block of up to 8 query heads of one GQA group; warp w takes the blocks of kMmaKeys keys w,
+// w + kMmaWarps, ... through its own two-stage cp.async ring of the block's key and value rows. Per block it forms
+// S^T = K Q^T with mma m16n8k16 (the 16 keys as M, the heads as N, the head dim as K), updates each head's online
+// softmax in base 2, and adds V^T P^T into O^T (the head dim as M). With the keys as M no operand needs a transpose
+// through shared memory: Q^T's fragments stay in registers, V^T's come from ldmatrix.trans, and P^T's are gathered
+// from S^T's accumulators by eight shuffles. A key then costs about a tenth of the warp kernel's ~230 instructions
+// (four dot products, twenty shuffles and the value row's FMAs on CUDA cores), which bound that kernel at ~1.5
+// instructions a cycle (bench/NOTES.md, Rollout). As there, the blocks a warp takes and every sum's order depend
+// only on the row's position.
+
+constexpr int kMmaWarps = 4;
+constexpr int kMmaKeys = 16;  // keys a warp takes at a time: M of the products
+constexpr int kMmaHeads = 8;  // N of the products
+constexpr int kMmaStages = 2;
+
+template <int D>
+using KeyTile = tiles::Tile<bf16, kMmaKeys, D>;
+template <int D>
+constexpr int kMmaStageBytes = 2 * KeyTile<D>::kBytes;  // the block's keys, then its values
+template <int D>
+constexpr int kMmaSharedBytes = std::max(kMmaWarps * kMmaStages * kMmaStageBytes<D>,
+                                         kMmaWarps * kMmaHeads * D * static_cast<int>(sizeof(float)));
+
+template <int D>
+__global__ void __launch_bounds__(kMmaWarps * 32, 1) cached_attention_mma_kernel(CachedAttention a, int heads) {
+  constexpr int kSteps = D / 16;       // 16-wide steps of the head dim: K of S^T's product, M tiles of O^T's
+  constexpr int kVectors = D / kVector;  // 16-byte vectors a row
+  extern __shared__ __align__(16) unsigned char attention_smem[];
+  const Index t = blockIdx.x;
+  const int h0 = static_cast<int>(blockIdx.y) * heads;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, quad = lane % 4;
+  const int n = sequence_of(a.seq, t);
+  const Index first = a.seq.cu[n], news = a.seq.cu[n + 1] - first;
+  const Index position = a.slots != nullptr ? a.lengths[n] - news + (t - first) : t - first;
+  const Index base = a.slots != nullptr ? static_cast<Index>(a.slots[n]) * a.slot_rows : first;
+  const Index kv_column = static_cast<Index>(h0 / a.group) * D;
+
+  // This warp's key blocks b = warp + j kMmaWarps (keys 16 b ..) for j < mine; block j waits in stage j mod 2.
+  unsigned char* const ring = attention_smem + warp * kMmaStages * kMmaStageBytes<D>;
+  const auto key_tile = [&](Index j) {
+    return KeyTile<D>{reinterpret_cast<bf16*>(ring + (j % kMmaStages) * kMmaStageBytes<D>)};
+  };
+  const auto value_tile = [&](Index j) {
+    return KeyTile<D>{reinterpret_cast<bf16*>(ring + (j % kMmaStages) * kMmaStageBytes<D> + KeyTile<D>::kBytes)};
+  };
+  const Index blocks = position / kMmaKeys + 1;
+  const Index mine = warp < blocks ? (blocks - 1 - warp) / kMmaWarps + 1 : 0;
+  const auto fetch = [&](Index j) {
+    if (j < mine) {
+      const Index key0 = (warp + j * kMmaWarps) * kMmaKeys;
+      const KeyTile<D> keys = key_tile(j), values = value_tile(j);
+      for (int i = lane; i < 2 * kMmaKeys * kVectors; i += 32) {
+        const bool value = i >= kMmaKeys * kVectors;
+        const int r = i % (kMmaKeys * kVectors) / kVectors, c = i % kVectors * kVector;
+        const bool valid = key0 + r <= position;  // keys past the row's are zero-filled, and masked below
+        const Index row = base + (valid ? key0 + r : 0);
+        const bf16* src = row_of<const bf16>(value ? a.v : a.k, row) + kv_column + c;
+        tiles::cp_async_16(&(value ? values : keys)(r, c), src, valid);
+      }
+    }
+    tiles::cp_async_commit();  // one group per block index, so that a wait counts blocks
+  };
+#pragma unroll
+  for (int j = 0; j < kMmaStages; ++j) fetch(j);
+
+  // Q^T's B fragments: head g's elements 16 s + 2 quad (+1) and + 8 (+9) of every step; zeros past the heads.
+  std::uint32_t q[kSteps][2];
+  const bf16* q_row = row_of<const bf16>(a.q, t) + static_cast<Index>(h0 + g) * D;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      q[s][half] = g < heads ? *reinterpret_cast<const std::uint32_t*>(q_row + 16 * s + 2 * quad + 8 * half) : 0u;
+
+  // O^T's accumulators (dims 16 s + g (+8), heads 2 quad (+1)); per head this lane holds: the running max of the
+  // scores in base 2, and its keys' share of the sum of 2^(score - max).
+  float o[kSteps][4] = {}, running[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
+  const float scale = a.scale * kLog2e;
+  for (Index j = 0; j < mine; ++j) {
+    tiles::cp_async_wait<kMmaStages - 1>();
+    __syncwarp();
+    const KeyTile<D> keys = key_tile(j), values = value_tile(j);
+    float s[4] = {};  // S^T: keys g (s[0], s[1]) and g + 8 (s[2], s[3]), heads 2 quad and 2 quad + 1
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      std::uint32_t k_fragment[4];
+      tiles::load_a16(k_fragment, tiles::plain(keys), 0, 16 * step);
+      tiles::mma_16816<bf16>(s, k_fragment, q[step][0], q[step][1]);
+    }
+    const Index key0 = (warp + j * kMmaWarps) * kMmaKeys;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] = key0 + g + (e / 2) * 8 <= position ? s[e] * scale : -INFINITY;
+    float block_max[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+#pragma unroll
+    for (int offset = 4; offset < 32; offset *= 2)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) block_max[c] = fmaxf(block_max[c], __shfl_xor_sync(0xffffffffu, block_max[c], offset));
+    float p[4], old_weight[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float updated = fmaxf(running[c], block_max[c]);  // finite: the block holds one of the row's keys
+      old_weight[c] = exp2f(running[c] - updated);
+      running[c] = updated;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = exp2f(s[e] - running[e % 2]);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) sum[c] = sum[c] * old_weight[c] + p[c] + p[c + 2];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[step][e] *= old_weight[e % 2];
+
+    // P^T's B fragment: this lane needs P[key 2 quad (+1)][head g] and P[key 2 quad + 8 (+9)][head g], which lanes
+    // 8 quad + g / 2 and 8 quad + 4 + g / 2 hold (for head g's parity: p[0] / p[1], keys + 8: p[2] / p[3]).
+    float low[4], high[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      low[e] = __shfl_sync(0xffffffffu, p[e], 8 * quad + g / 2);
+      high[e] = __shfl_sync(0xffffffffu, p[e], 8 * quad + 4 + g / 2);
+    }
+    const bool odd = g % 2 != 0;  // (selects, not indexing by it: that would put the arrays in local memory)
+    const std::uint32_t p0 = tiles::pack2<bf16>(odd ? low[1] : low[0], odd ? high[1] : high[0]);
+    const std::uint32_t p1 = tiles::pack2<bf16>(odd ? low[3] : low[2], odd ? high[3] : high[2]);
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      std::uint32_t v_fragment[4];
+      tiles::load_a16(v_fragment, tiles::transposed(values), 16 * step, 0);
+      tiles::mma_16816<bf16>(o[step], v_fragment, p0, p1);
+    }
+    __syncwarp();  // every lane is done with the stage before it is refilled
+    fetch(j + kMmaStages);
+  }
+  tiles::cp_async_wait<0>();
+#pragma unroll
+  for (int offset = 4; offset < 32; offset *= 2)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) sum[c] += __shfl_xor_sync(0xffffffffu, sum[c], offset);
+  __syncthreads();  // the rings become the partial outputs
+
+  // Merge the warps in warp order (a warp without keys has max -inf and weighs 0; warp 0 has key 0).
+  __shared__ float maxes[kMmaWarps][kMmaHeads], sums[kMmaWarps][kMmaHeads];
+  float* const partial = reinterpret_cast<float*>(attention_smem);  // [warp][head][D]
+  if (g == 0) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      maxes[warp][2 * quad + c] = running[c];
+      sums[warp][2 * quad + c] = sum[c];
+    }
+  }
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      partial[(warp * kMmaHeads + 2 * quad + e % 2) * D + 16 * step + g + (e / 2) * 8] = o[step][e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+    const int h = i / D, d = i % D;
+    float overall = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) overall = fmaxf(overall, maxes[w][h]);
+    float value = 0.f, total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) {
+      const float weight = exp2f(maxes[w][h] - overall);
+      total += sums[w][h] * weight;
+      value += partial[(w * kMmaHeads + h) * D + d] * weight;
+    }
+    row_of<bf16>(a.o, t)[static_cast<Index>(h0 + h) * D + d] = to_bf16(value / total);
+    if (a.lse != nullptr && d == 0) a.lse[(h0 + h) * a.lse_ld + t] = (overall + log2f(total)) / kLog2e;
+  }
+}
+
+template <int D>
+void launch_cached_attention_mma(const CachedAttention& a, int q_heads, int heads, cudaStream_t stream) {
+  require_shared_memory(kMmaSharedBytes<D>, D);
+  const dim3 grid(static_cast<unsigned>(a.q.rows), static_cast<unsigned>(q_heads / heads));
+  cached_attention_mma_kernel<D><<<grid, kMmaWarps * 32, kMmaSharedBytes<D>, stream>>>(a, heads);
+  check_launch("cached_attention");
+}
+
+// Calls f.template operator()<D>() for every head dim the tensor-core kernel is built for.
+template <class F>
+void for_each_mma_head_dim(F&& f) {
+  f.template operator()<64>();
+  f.template operator()<128>();
+  f.template operator()<256>();
+}
+
 // 16-byte accesses need every head to start on 16 bytes: whole groups of 8 elements and aligned rows.
 void launch_cached_attention(const CachedAttention& a, int q_heads, cudaStream_t stream) {
   if (a.q.rows == 0) return;
   const bool vectorized =
       a.head_dim % kVector == 0 && vectorizable(a.o) && vectorizable(a.q) && vectorizable(a.k) && vectorizable(a.v);
-  const int chunks = a.head_dim <= kChunk ? 1 : 2, heads = cached_attention_heads(a.group, a.head_dim);
-  static_assert(kMaxCachedHeadDim == 2 * kChunk, "one kernel per number of chunks up to the maximum");
+  const CachedAttentionPlan plan = plan_cached_attention(a.group, a.head_dim, vectorized);
   bool launched = false;
-  for_each_cached_attention_kernel([&]<bool Vectorized, int Chunks, int Heads>() {
-    if (Vectorized == vectorized && Chunks == chunks && Heads == heads) {
-      launch_cached_attention<Vectorized, Chunks, Heads>(a, q_heads, stream);
-      launched = true;
-    }
-  });
-  if (!launched) throw Failure("cached_attention: no kernel for " + std::to_string(heads) + " heads a CTA");
+  if (plan.tensor_cores) {
+    for_each_mma_head_dim([&]<int D>() {
+      if (D == a.head_dim) {
+        launch_cached_attention_mma<D>(a, q_heads, plan.heads, stream);
+        launched = true;
+      }
+    });
+  } else {
+    const int chunks = a.head_dim <= kChunk ? 1 : 2;
+    static_assert(kMaxCachedHeadDim == 2 * kChunk, "one kernel per number of chunks up to the maximum");
+    for_each_cached_attention_kernel([&]<bool Vectorized, int Chunks, int Heads>() {
+      if (Vectorized == vectorized && Chunks == chunks && Heads == plan.heads) {
+        launch_cached_attention<Vectorized, Chunks, Heads>(a, q_heads, stream);
+        launched = true;
+      }
+    });
+  }
+  if (!launched) throw Failure("cached_attention: no kernel for the plan of head dim " + std::to_string(a.head_dim));
 }
 
 }  // namespace
@@ -304,6 +507,11 @@ void prepare_cached_attention() {
   int device = 0, most = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  for_each_mma_head_dim([&]<int D>() {
+    cuda_check(cudaFuncSetAttribute(cached_attention_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    std::min(kMmaSharedBytes<D>, most)),
+               "cudaFuncSetAttribute (cached_attention shared memory)");
+  });
   for_each_cached_attention_kernel([&]<bool Vectorized, int Chunks, int Heads>() {
     // The most the instance takes (at its widest head dim), or what the device allows (launches that need more
     // are refused by name).

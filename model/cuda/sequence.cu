@@ -385,6 +385,8 @@ struct Given {
   __device__ Index operator()(Index t) const { return positions[t]; }
 };
 
+constexpr int kRopeHeads = 8;
+
 template <class Position>
 __global__ void rope_kernel(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Position position,
                             bool inverse) {
@@ -398,11 +400,27 @@ __global__ void rope_kernel(Matrix x, int heads, int head_dim, int rotary_dim, f
   const float angle = static_cast<float>(position(t)) * inv_freq;
   const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
   bf16* row = row_of<bf16>(x, t);
-  for (int h = 0; h < heads; ++h) {
-    bf16* p = row + static_cast<Index>(h) * head_dim;
-    const float x1 = to_float(p[i]), x2 = to_float(p[i + half]);
-    p[i] = to_bf16(x1 * c - x2 * s);  // x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1)
-    p[i + half] = to_bf16(x2 * c + x1 * s);
+  // kRopeHeads heads at a time, every load issued before the first store: a loop that stored each head before
+  // loading the next waited on one load after another (the compiler cannot move a load above a store to the same
+  // row), 4 us for decode's 64 rows on the H200.
+  for (int h0 = 0; h0 < heads; h0 += kRopeHeads) {
+    float x1[kRopeHeads], x2[kRopeHeads];
+#pragma unroll
+    for (int j = 0; j < kRopeHeads; ++j) {
+      if (h0 + j < heads) {
+        const bf16* p = row + static_cast<Index>(h0 + j) * head_dim;
+        x1[j] = to_float(p[i]);
+        x2[j] = to_float(p[i + half]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRopeHeads; ++j) {
+      if (h0 + j < heads) {
+        bf16* p = row + static_cast<Index>(h0 + j) * head_dim;
+        p[i] = to_bf16(x1[j] * c - x2[j] * s);  // x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1)
+        p[i + half] = to_bf16(x2[j] * c + x1[j] * s);
+      }
+    }
   }
 }
 

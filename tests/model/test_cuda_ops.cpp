@@ -325,22 +325,29 @@ TEST(AttentionPlan, CudnnWhereItAppliesTheUnfusedKernelsElsewhere) {
   EXPECT_EQ(with([](auto& in) { in.batch_invariant = true, in.backward = true; }), AttentionKernels::cudnn);
 }
 
-// The cached attention's heads a CTA (attention_plan.h), on random GQA shapes: a divisor of the group that keeps
-// heads x 256-element chunks within 4, and no larger one of 4, 2 that would.
+// The cached attention's plan (attention_plan.h) on random GQA shapes: tensor cores exactly for aligned head dims
+// 64, 128, 256; heads a CTA a divisor of the group within the kernel's limit (8 heads, or 4 heads x 256-element
+// chunks), and no larger one of 8, 4, 2 that would fit.
 TEST(AttentionPlan, CachedAttentionTakesTheWidestHeadBlockThatFits) {
   std::mt19937 rng(test_seed());
   std::uniform_int_distribution<int> groups(1, 16), head_dims(1, cuda::kMaxCachedHeadDim);
-  EXPECT_EQ(cuda::cached_attention_heads(4, 256), 4);  // Qwen3.5's attention layers
+  const cuda::CachedAttentionPlan qwen = cuda::plan_cached_attention(4, 256, true);  // Qwen3.5's attention layers
+  EXPECT_TRUE(qwen.tensor_cores);
+  EXPECT_EQ(qwen.heads, 4);
   for (int trial = 0; trial < 1000; ++trial) {
-    const int group = groups(rng), head_dim = head_dims(rng), chunks = head_dim <= 256 ? 1 : 2;
-    const int heads = cuda::cached_attention_heads(group, head_dim);
-    SCOPED_TRACE("group " + std::to_string(group) + ", head_dim " + std::to_string(head_dim));
-    ASSERT_TRUE(heads == 1 || heads == 2 || heads == 4) << heads;
-    EXPECT_EQ(group % heads, 0);
-    EXPECT_LE(heads * chunks, 4);
-    for (const int wider : {2, 4}) {
-      if (wider > heads) {
-        EXPECT_FALSE(group % wider == 0 && wider * chunks <= 4) << wider << " would fit";
+    const int group = groups(rng), head_dim = trial % 4 == 0 ? 64 << (trial / 4 % 3) : head_dims(rng);
+    const bool aligned = trial % 3 != 0;
+    const cuda::CachedAttentionPlan plan = cuda::plan_cached_attention(group, head_dim, aligned);
+    SCOPED_TRACE("group " + std::to_string(group) + ", head_dim " + std::to_string(head_dim) + ", aligned " +
+                 std::to_string(aligned));
+    EXPECT_EQ(plan.tensor_cores, aligned && (head_dim == 64 || head_dim == 128 || head_dim == 256));
+    const int most = plan.tensor_cores ? 8 : head_dim <= 256 ? 4 : 2;
+    ASSERT_TRUE(plan.heads == 1 || plan.heads == 2 || plan.heads == 4 || plan.heads == 8) << plan.heads;
+    EXPECT_EQ(group % plan.heads, 0);
+    EXPECT_LE(plan.heads, most);
+    for (const int wider : {2, 4, 8}) {
+      if (wider > plan.heads) {
+        EXPECT_FALSE(group % wider == 0 && wider <= most) << wider << " would fit";
       }
     }
   }
@@ -1160,6 +1167,10 @@ TEST_F(CudaOpsTest, CachedAttentionMatchesCpu) {
       // head dims off multiples of 8 (element by element) and over 256 (two chunks per lane)
       {3, 1, 68, {2, 1}, {5, 33}, 40, 0},
       {2, 1, 512, {1, 4}, {90, 4}, 100, 0},
+      // a group of 8 heads on tensor cores over hundreds of keys (every warp's ring turning over many times)
+      {8, 1, 128, {1, 1, 2}, {700, 33, 16}, 700, 0},
+      // the warp kernel with 16-byte rows (a head dim the tensor-core kernel is not built for)
+      {4, 1, 200, {1, 3}, {150, 9}, 160, 0},
   };
   for (const CachedAttentionCase& c : cases) {
     SCOPED_TRACE("q_heads " + std::to_string(c.q_heads) + ", kv_heads " + std::to_string(c.kv_heads) +
