@@ -118,6 +118,33 @@ __device__ __forceinline__ void copy_key_value(bf16* slot, const bf16* k_row, co
   tiles::cp_async_commit();  // an empty group on the element path: the waits count the same either way
 }
 
+// The CTA's outputs (and lse) for its heads h < heads: each warp's partial softmax (its max and sum per head, in
+// base 2 or e as the kernel computed them, and its unnormalised output partial[(warp * kMaxHeads + h) * ld + d])
+// merged in warp order, so that the result does not depend on timing. Warp 0 always has key 0, so each head's
+// overall max is finite; a warp without keys has max -inf and weighs 0.
+template <bool Base2, int kWarps, int kMaxHeads>
+__device__ void write_merged(const CachedAttention& a, Index t, int h0, int heads, const float (&maxes)[kWarps][kMaxHeads],
+                             const float (&sums)[kWarps][kMaxHeads], const float* partial, int ld) {
+  const int D = a.head_dim;
+  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+    const int h = i / D, d = i % D;
+    float overall = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) overall = fmaxf(overall, maxes[w][h]);
+    float value = 0.f, total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = Base2 ? exp2f(maxes[w][h] - overall) : expf(maxes[w][h] - overall);
+      total += sums[w][h] * weight;
+      value += partial[(w * kMaxHeads + h) * ld + d] * weight;
+    }
+    row_of<bf16>(a.o, t)[static_cast<Index>(h0 + h) * D + d] = to_bf16(value / total);
+    if (a.lse != nullptr && d == 0) {
+      a.lse[(h0 + h) * a.lse_ld + t] = Base2 ? (overall + log2f(total)) / kLog2e : overall + logf(total);
+    }
+  }
+}
+
 template <bool Vectorized, int Chunks, int Heads>
 __global__ void __launch_bounds__(kAttentionWarps * 32, 1) cached_attention_kernel(CachedAttention a) {
   constexpr int kStages = kAttentionStages<Chunks>;
@@ -211,8 +238,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32, 1) cached_attention_kern
   tiles::cp_async_wait<0>();
   __syncthreads();  // the rings become the partial outputs
 
-  // Merge the warps in warp order. Warp 0 always has key 0, so each head's overall max is finite; a warp without
-  // keys has max -inf and weighs 0.
+  // The warps' partial softmaxes, for write_merged.
   __shared__ float maxes[kAttentionWarps][Heads], sums[kAttentionWarps][Heads];
   float* const partial = reinterpret_cast<float*>(attention_smem);  // [warp][head][rows]
 #pragma unroll
@@ -230,21 +256,7 @@ __global__ void __launch_bounds__(kAttentionWarps * 32, 1) cached_attention_kern
       }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < Heads * D; i += blockDim.x) {
-    const int h = i / D, d = i % D;
-    float overall = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kAttentionWarps; ++w) overall = fmaxf(overall, maxes[w][h]);
-    float value = 0.f, total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kAttentionWarps; ++w) {
-      const float weight = expf(maxes[w][h] - overall);
-      total += sums[w][h] * weight;
-      value += partial[(w * Heads + h) * rows + d] * weight;
-    }
-    row_of<bf16>(a.o, t)[static_cast<Index>(h0 + h) * D + d] = to_bf16(value / total);
-    if (a.lse != nullptr && d == 0) a.lse[(h0 + h) * a.lse_ld + t] = overall + logf(total);
-  }
+  write_merged<false>(a, t, h0, Heads, maxes, sums, partial, rows);
 }
 
 // Unavailable (naming the kernel) where a launch would need more shared memory a CTA than the device has.
@@ -425,7 +437,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) cached_attention_mma_kernel
     for (int c = 0; c < 2; ++c) sum[c] += __shfl_xor_sync(0xffffffffu, sum[c], offset);
   __syncthreads();  // the rings become the partial outputs
 
-  // Merge the warps in warp order (a warp without keys has max -inf and weighs 0; warp 0 has key 0).
+  // The warps' partial softmaxes, for write_merged.
   __shared__ float maxes[kMmaWarps][kMmaHeads], sums[kMmaWarps][kMmaHeads];
   float* const partial = reinterpret_cast<float*>(attention_smem);  // [warp][head][D]
   if (g == 0) {
@@ -441,21 +453,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) cached_attention_mma_kernel
     for (int e = 0; e < 4; ++e)
       partial[(warp * kMmaHeads + 2 * quad + e % 2) * D + 16 * step + g + (e / 2) * 8] = o[step][e];
   __syncthreads();
-  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
-    const int h = i / D, d = i % D;
-    float overall = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) overall = fmaxf(overall, maxes[w][h]);
-    float value = 0.f, total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) {
-      const float weight = exp2f(maxes[w][h] - overall);
-      total += sums[w][h] * weight;
-      value += partial[(w * kMmaHeads + h) * D + d] * weight;
-    }
-    row_of<bf16>(a.o, t)[static_cast<Index>(h0 + h) * D + d] = to_bf16(value / total);
-    if (a.lse != nullptr && d == 0) a.lse[(h0 + h) * a.lse_ld + t] = (overall + log2f(total)) / kLog2e;
-  }
+  write_merged<true>(a, t, h0, heads, maxes, sums, partial, D);
 }
 
 template <int D>
