@@ -1,9 +1,9 @@
 // The inference ops that move rows into and out of cache slots and read the attention cache: copy_rows (bytes of
 // any dtype, in the widest accesses the addresses allow) and cached_attention (one CTA per new query row and
 // block of query heads sharing a key/value head, its warps taking the cached keys in turn with an online softmax,
-// merged in warp order so that the result does not depend on timing). The same kernel over a packed batch's own keys (row_attention) is the
-// batch-invariant model's attention forward: a row's output depends only on its query and its keys, computed
-// as decode computes it.
+// merged in warp order so that the result does not depend on timing). The same kernels over a packed batch's own
+// keys (row_attention) are the batch-invariant model's attention forward: a row's output depends only on its query
+// and its keys, computed as decode computes it.
 #include <string>
 
 #include "attention_plan.h"
@@ -80,6 +80,19 @@ constexpr std::size_t cached_attention_shared_bytes(int head_dim) {
                   kAttentionWarps * Heads * rows * sizeof(float));
 }
 
+// Where query row t's keys are: its position (the last key it sees), the row of its sequence's first key in k and
+// v, and the column of the key/value head serving query heads from h0. Both kernels take the keys from here.
+struct RowKeys {
+  Index position, base, kv_column;
+};
+__device__ __forceinline__ RowKeys row_keys(const CachedAttention& a, Index t, int h0) {
+  const int n = sequence_of(a.seq, t);
+  const Index first = a.seq.cu[n], news = a.seq.cu[n + 1] - first;
+  return {a.slots != nullptr ? a.lengths[n] - news + (t - first) : t - first,
+          a.slots != nullptr ? static_cast<Index>(a.slots[n]) * a.slot_rows : first,
+          static_cast<Index>(h0 / a.group) * a.head_dim};
+}
+
 // The elements of one head row this lane holds (zeros past head_dim).
 template <bool Vectorized, int Chunks>
 __device__ __forceinline__ void load_head(const bf16* row, int head_dim, int lane, float (&v)[Chunks][kVector]) {
@@ -123,8 +136,9 @@ __device__ __forceinline__ void copy_key_value(bf16* slot, const bf16* k_row, co
 // merged in warp order, so that the result does not depend on timing. Warp 0 always has key 0, so each head's
 // overall max is finite; a warp without keys has max -inf and weighs 0.
 template <bool Base2, int kWarps, int kMaxHeads>
-__device__ void write_merged(const CachedAttention& a, Index t, int h0, int heads, const float (&maxes)[kWarps][kMaxHeads],
-                             const float (&sums)[kWarps][kMaxHeads], const float* partial, int ld) {
+__device__ void write_merged(const CachedAttention& a, Index t, int h0, int heads,
+                             const float (&maxes)[kWarps][kMaxHeads], const float (&sums)[kWarps][kMaxHeads],
+                             const float* partial, int ld) {
   const int D = a.head_dim;
   for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
     const int h = i / D, d = i % D;
@@ -152,12 +166,8 @@ __global__ void __launch_bounds__(kAttentionWarps * 32, 1) cached_attention_kern
   const Index t = blockIdx.x;
   const int h0 = static_cast<int>(blockIdx.y) * Heads, D = a.head_dim, rows = padded_head_dim(D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int n = sequence_of(a.seq, t);
-  const Index first = a.seq.cu[n], news = a.seq.cu[n + 1] - first;
-  // This row's position, the last key it sees, and where its sequence's keys start.
-  const Index position = a.slots != nullptr ? a.lengths[n] - news + (t - first) : t - first;
-  const Index base = a.slots != nullptr ? static_cast<Index>(a.slots[n]) * a.slot_rows : first;
-  const Index kv_column = static_cast<Index>(h0 / a.group) * D;
+  const RowKeys row = row_keys(a, t, h0);
+  const Index position = row.position, base = row.base, kv_column = row.kv_column;
 
   // This warp's keys are u = warp + j kAttentionWarps for j < mine; key j waits in slot j mod kStages.
   bf16* const ring = reinterpret_cast<bf16*>(attention_smem) + warp * kStages * 2 * rows;
@@ -259,22 +269,17 @@ __global__ void __launch_bounds__(kAttentionWarps * 32, 1) cached_attention_kern
   write_merged<false>(a, t, h0, Heads, maxes, sums, partial, rows);
 }
 
-// Unavailable (naming the kernel) where a launch would need more shared memory a CTA than the device has.
-void require_shared_memory(std::size_t shared, int head_dim) {
-  if (shared <= 48 * 1024) return;
-  int device = 0, most = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-  if (shared > static_cast<std::size_t>(most)) {
-    throw Unavailable("cached_attention", "head dim " + std::to_string(head_dim) + " needs " + std::to_string(shared) +
-                                              " bytes of shared memory a CTA; the GPU has " + std::to_string(most));
+// The shared memory a launch at head_dim needs, or Unavailable naming the kernel.
+void require_attention_shared_memory(std::size_t bytes, int head_dim) {
+  if (bytes > 48 * 1024) {
+    require_shared_memory("cached_attention", bytes, "keys and values at head dim " + std::to_string(head_dim));
   }
 }
 
 template <bool Vectorized, int Chunks, int Heads>
 void launch_cached_attention(const CachedAttention& a, int q_heads, cudaStream_t stream) {
   const std::size_t shared = cached_attention_shared_bytes<Chunks, Heads>(a.head_dim);
-  require_shared_memory(shared, a.head_dim);
+  require_attention_shared_memory(shared, a.head_dim);
   const dim3 grid(static_cast<unsigned>(a.q.rows), static_cast<unsigned>(q_heads / Heads));
   cached_attention_kernel<Vectorized, Chunks, Heads><<<grid, kAttentionWarps * 32, shared, stream>>>(a);
   check_launch("cached_attention");
@@ -328,13 +333,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) cached_attention_mma_kernel
   const Index t = blockIdx.x;
   const int h0 = static_cast<int>(blockIdx.y) * heads;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, quad = lane % 4;
-  const int n = sequence_of(a.seq, t);
-  const Index first = a.seq.cu[n], news = a.seq.cu[n + 1] - first;
-  const Index position = a.slots != nullptr ? a.lengths[n] - news + (t - first) : t - first;
-  const Index base = a.slots != nullptr ? static_cast<Index>(a.slots[n]) * a.slot_rows : first;
-  const Index kv_column = static_cast<Index>(h0 / a.group) * D;
+  const RowKeys row = row_keys(a, t, h0);
+  const Index position = row.position, base = row.base, kv_column = row.kv_column;
 
-  // This warp's key blocks b = warp + j kMmaWarps (keys 16 b ..) for j < mine; block j waits in stage j mod 2.
+  // This warp's key blocks b = warp + j kMmaWarps (keys 16 b ..) for j < mine; block j waits in stage j mod kMmaStages.
   unsigned char* const ring = attention_smem + warp * kMmaStages * kMmaStageBytes<D>;
   const auto key_tile = [&](Index j) {
     return KeyTile<D>{reinterpret_cast<bf16*>(ring + (j % kMmaStages) * kMmaStageBytes<D>)};
@@ -393,7 +395,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) cached_attention_mma_kernel
 #pragma unroll
     for (int offset = 4; offset < 32; offset *= 2)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) block_max[c] = fmaxf(block_max[c], __shfl_xor_sync(0xffffffffu, block_max[c], offset));
+      for (int c = 0; c < 2; ++c) {
+        block_max[c] = fmaxf(block_max[c], __shfl_xor_sync(0xffffffffu, block_max[c], offset));
+      }
     float p[4], old_weight[2];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -458,7 +462,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 1) cached_attention_mma_kernel
 
 template <int D>
 void launch_cached_attention_mma(const CachedAttention& a, int q_heads, int heads, cudaStream_t stream) {
-  require_shared_memory(kMmaSharedBytes<D>, D);
+  require_attention_shared_memory(kMmaSharedBytes<D>, D);
   const dim3 grid(static_cast<unsigned>(a.q.rows), static_cast<unsigned>(q_heads / heads));
   cached_attention_mma_kernel<D><<<grid, kMmaWarps * 32, kMmaSharedBytes<D>, stream>>>(a, heads);
   check_launch("cached_attention");
@@ -502,9 +506,7 @@ void launch_cached_attention(const CachedAttention& a, int q_heads, cudaStream_t
 }  // namespace
 
 void prepare_cached_attention() {
-  int device = 0, most = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  const int most = shared_memory_per_block();
   for_each_mma_head_dim([&]<int D>() {
     cuda_check(cudaFuncSetAttribute(cached_attention_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     std::min(kMmaSharedBytes<D>, most)),

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "stream_gemm_plan.h"
 
@@ -77,6 +78,11 @@ class Carver {
 
 // Throws Failure naming the kernel when its launch failed.
 void check_launch(const char* kernel);
+// The current device's shared memory a CTA may opt in to.
+int shared_memory_per_block();
+// Unavailable naming `kernel` when the `bytes` of shared memory a CTA that `what` needs exceed
+// shared_memory_per_block().
+void require_shared_memory(const char* kernel, std::size_t bytes, const std::string& what);
 
 // ---- elementwise.cu (bfloat16 matrices of one shape) ----
 void sigmoid_gate_forward(Matrix out, Matrix x, Matrix gate, cudaStream_t stream);

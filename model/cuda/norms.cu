@@ -357,15 +357,7 @@ void norm_backward(const char* name, Matrix dx, Matrix dz, float* dweight, Matri
     const std::size_t shared = std::size_t{kNormThreads / lanes} * cols * sizeof(float);
     // Up to 48 KiB (rows of up to 1536 columns) needs no opt-in; wider rows check and raise the kernel's limit.
     if (shared > 48 * 1024) {
-      int device = 0, most = 0;
-      cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-      cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                 "cudaDeviceGetAttribute");
-      if (shared > static_cast<std::size_t>(most)) {
-        throw Unavailable(name, "rows of " + std::to_string(cols) + " columns need " + std::to_string(shared) +
-                                    " bytes of shared memory for their weight-gradient sums; the GPU has " +
-                                    std::to_string(most));
-      }
+      require_shared_memory(name, shared, "the weight-gradient sums of rows of " + std::to_string(cols) + " columns");
       cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
                  "cudaFuncSetAttribute");
     }

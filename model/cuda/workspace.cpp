@@ -40,4 +40,19 @@ void check_launch(const char* kernel) {
   }
 }
 
+int shared_memory_per_block() {
+  int device = 0, most = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  return most;
+}
+
+void require_shared_memory(const char* kernel, std::size_t bytes, const std::string& what) {
+  const int most = shared_memory_per_block();
+  if (bytes > static_cast<std::size_t>(most)) {
+    throw Unavailable(kernel, what + " need " + std::to_string(bytes) + " bytes of shared memory a CTA; the GPU has " +
+                                  std::to_string(most));
+  }
+}
+
 }  // namespace deltatrain::model::cuda
