@@ -2,7 +2,7 @@
 // (ops.h) or the gdn operator; this file decides only what is computed, in which order, and what is kept.
 //
 // Per layer (x the residual stream [T, hidden]):
-//   h = rmsnorm(x);  x += mixer(h);  h = rmsnorm(x);  x += down(silu(gate(h)) * up(h))
+//   h = rmsnorm(x);  x += mixer(h);  h = rmsnorm(x);  x += down(silu(gate(h)) * up(h))  (the add in the product)
 // GDN mixer:        qkv = conv1d_silu(in_proj_qkv h);  z = in_proj_z h;  g, beta = gates(in_proj_a h, in_proj_b h)
 //                   o = gdn(q, k, v, g, beta) with the in-kernel L2 norm;  out_proj(gated_rmsnorm(o, z))
 // attention mixer:  [q | gate] = q_proj h per head;  q = rope(q_norm q);  k = rope(k_norm(k_proj h));  v = v_proj h
@@ -202,7 +202,8 @@ struct Model::Impl {
                          const TensorView& out, const LayerState* state);
   void attention_backward(const AttentionWeights& w, const AttentionWeights& dw, AttentionActivations& a,
                           const TensorView& h, const TensorView& dout, const TensorView& dh);
-  // Inference: the step's keys and values (normed and rotated) into their slots' cache rows.
+  // Prefill: the step's keys and values (normed and rotated) into their slots' cache rows (decode stores them in
+  // attention_inputs_step).
   void store_keys_values(const AttentionActivations& a, const LayerState& state) {
     const TensorView& cache = state.k_cache;
     const std::int64_t rows = cache.shape[0] * cache.shape[1], cols = cache.shape[2];
@@ -645,19 +646,34 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
   linear(a.qg, h, w.q_proj);
   linear(a.k_raw, h, w.k_proj);
   linear(a.v, h, w.v_proj);
-  ops->rmsnorm_forward(as_matrix(a.q, T * Hq, hd), a.q_rstd, interleaved_half(a.qg, Hq, hd, 0), w.q_norm,
-                       c.rms_norm_eps, true);
-  ops->rmsnorm_forward(as_matrix(a.k, T * Hkv, hd), a.k_rstd, as_matrix(a.k_raw, T * Hkv, hd), w.k_norm,
-                       c.rms_norm_eps, true);
   const double scale = 1.0 / std::sqrt(double(hd));
   if (state && inference.decode) {
-    // The new token's key and value join its slot's cache, and its query reads the whole cache.
-    ops->rope_at_positions(a.q, Hq, hd, c.rotary_dim(), c.rope_theta, inference.position_ids);
-    ops->rope_at_positions(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, inference.position_ids);
-    store_keys_values(a, *state);
+    // The new token's query and key normed and rotated at its position, its key and value into its slot's cache,
+    // and its query reads the whole cache.
+    const AttentionInputs inputs{.qg = a.qg,
+                                 .k_raw = a.k_raw,
+                                 .v = a.v,
+                                 .q_norm = w.q_norm,
+                                 .k_norm = w.k_norm,
+                                 .q = a.q,
+                                 .k = a.k,
+                                 .q_rstd = a.q_rstd,
+                                 .k_rstd = a.k_rstd,
+                                 .q_heads = Hq,
+                                 .kv_heads = Hkv,
+                                 .head_dim = hd,
+                                 .rotary_dim = c.rotary_dim(),
+                                 .theta = c.rope_theta,
+                                 .eps = c.rms_norm_eps};
+    ops->attention_inputs_step(inputs, inference.position_ids, state->k_cache, state->v_cache, inference.kv_dst_ids,
+                               inference.kv_src_ids);
     ops->cached_attention(a.o, a.q, state->k_cache, state->v_cache, Hq, Hkv, hd, scale, sequences,
                           inference.slot_ids, inference.length_ids);
   } else {
+    ops->rmsnorm_forward(as_matrix(a.q, T * Hq, hd), a.q_rstd, interleaved_half(a.qg, Hq, hd, 0), w.q_norm,
+                         c.rms_norm_eps, true);
+    ops->rmsnorm_forward(as_matrix(a.k, T * Hkv, hd), a.k_rstd, as_matrix(a.k_raw, T * Hkv, hd), w.k_norm,
+                         c.rms_norm_eps, true);
     ops->rope(a.q, Hq, hd, c.rotary_dim(), c.rope_theta, sequences, false);
     ops->rope(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, sequences, false);
     ops->attention_forward(a.o, a.lse, a.q, a.k, a.v, Hq, Hkv, hd, scale, sequences);
@@ -707,8 +723,7 @@ void Model::Impl::layer_forward(int layer) {
   linear(a.mlp_gate_up, a.post_normed, w.gate_up);
   ops->swiglu_forward(a.mlp_act, a.mlp_gate, a.mlp_up);
   const TensorView& out = layer_inputs[layer + 1];
-  linear(out, a.mlp_act, w.down_proj);
-  ops->add(out, a.mid);
+  ops->gemm_add(false, true, 1, a.mlp_act, w.down_proj, a.mid, out);  // out = down(act) + mid
 }
 
 // dx holds d loss / d (layer output) and leaves holding d loss / d (layer input).

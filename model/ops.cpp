@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "deltatrain/core/error.h"
+#include "tensors.h"
 
 namespace deltatrain::model {
 namespace {
@@ -140,6 +142,58 @@ void check_rope_at_positions(const TensorView& x, int heads, int head_dim, int r
   check_count(positions.size(), xm.rows, "positions");
   for (const std::int32_t p : positions.host)
     if (p < 0) throw InvalidArgument("positions", "must be >= 0, got " + std::to_string(p));
+}
+
+CacheLayout check_attention_inputs_step(const AttentionInputs& x, const IndexArray& positions,
+                                        const TensorView& k_cache, const TensorView& v_cache,
+                                        const IndexArray& cache_rows, const IndexArray& batch_rows) {
+  check_attention_heads(x.q_heads, x.kv_heads, x.head_dim);
+  check_rope(x.q_heads, x.head_dim, x.rotary_dim, x.theta);
+  const std::int64_t D = x.head_dim, q_cols = x.q_heads * D, kv_cols = x.kv_heads * D;
+  const std::int64_t T = matrix_layout(x.qg, "qg", kAnyExtent, 2 * q_cols).rows;
+  matrix_layout(x.v, "v", T, kv_cols);
+  // The norms see each head as a row of D: the matrices holding heads must have contiguous rows.
+  for (const auto& [m, cols, name] : {std::tuple{&x.qg, 2 * q_cols, "qg"}, std::tuple{&x.k_raw, kv_cols, "k_raw"},
+                                      std::tuple{&x.q, q_cols, "q"}, std::tuple{&x.k, kv_cols, "k"}}) {
+    if (matrix_layout(*m, name, T, cols).row_stride != cols && T > 1)
+      throw InvalidArgument(name, "must have contiguous rows (row stride " + std::to_string(cols) + "), got " +
+                                      std::to_string(m->strides[0]));
+  }
+  for (const auto& [v, n, name] : {std::tuple{&x.q_rstd, T * x.q_heads, "q_rstd"},
+                                   std::tuple{&x.k_rstd, T * x.kv_heads, "k_rstd"},
+                                   std::tuple{&x.q_norm, D, "q_norm"}, std::tuple{&x.k_norm, D, "k_norm"}}) {
+    if (v->ndim != 1 || v->shape[0] != n || !v->is_contiguous())
+      throw InvalidArgument(name, "must be a contiguous vector of " + std::to_string(n) + ", got " + v->shape_string());
+  }
+  check_count(positions.size(), T, "positions");
+  for (const std::int32_t p : positions.host)
+    if (p < 0) throw InvalidArgument("positions", "must be >= 0, got " + std::to_string(p));
+  const CacheLayout cache = cache_layout(k_cache, "k_cache", kv_cols);
+  const CacheLayout v_layout = cache_layout(v_cache, "v_cache", kv_cols);
+  if (v_layout.slots != cache.slots || v_layout.slot_rows != cache.slot_rows)
+    throw InvalidArgument("v_cache", "must have k_cache's shape " + k_cache.shape_string() + ", got " +
+                                         v_cache.shape_string());
+  check_count(cache_rows.size(), T, "cache_rows");
+  check_row_indices(cache_rows.host, cache.rows(), "cache_rows");
+  check_distinct(cache_rows.host, "cache_rows");
+  check_count(batch_rows.size(), T, "batch_rows");
+  check_row_indices(batch_rows.host, T, "batch_rows");
+  check_distinct(batch_rows.host, "batch_rows");
+  return cache;
+}
+
+void Ops::attention_inputs_step(const AttentionInputs& x, const IndexArray& positions, const TensorView& k_cache,
+                                const TensorView& v_cache, const IndexArray& cache_rows, const IndexArray& batch_rows) {
+  const CacheLayout cache = check_attention_inputs_step(x, positions, k_cache, v_cache, cache_rows, batch_rows);
+  const std::int64_t T = x.qg.shape[0], D = x.head_dim;
+  rmsnorm_forward(as_matrix(x.q, T * x.q_heads, D), x.q_rstd, interleaved_half(x.qg, x.q_heads, D, 0), x.q_norm,
+                  x.eps, true);
+  rmsnorm_forward(as_matrix(x.k, T * x.kv_heads, D), x.k_rstd, as_matrix(x.k_raw, T * x.kv_heads, D), x.k_norm,
+                  x.eps, true);
+  rope_at_positions(x.q, x.q_heads, x.head_dim, x.rotary_dim, x.theta, positions);
+  rope_at_positions(x.k, x.kv_heads, x.head_dim, x.rotary_dim, x.theta, positions);
+  copy_rows(as_matrix(k_cache, cache.rows(), cache.cols), cache_rows, x.k, batch_rows);
+  copy_rows(as_matrix(v_cache, cache.rows(), cache.cols), cache_rows, x.v, batch_rows);
 }
 
 void check_attention_heads(int q_heads, int kv_heads, int head_dim) {

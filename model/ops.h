@@ -109,8 +109,23 @@ CacheLayout check_conv1d_silu_step(const ColumnParts& out, const TensorView& x, 
                                    const TensorView& state, const IndexArray& slots);  // the state's layout
 void check_rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
                              const IndexArray& positions);
+// The attention block's inputs for one inference step (Ops::attention_inputs_step): the projections' outputs, the
+// q and k norms' weights, and what the step writes. The matrices holding heads (all but v) have contiguous rows.
+struct AttentionInputs {
+  TensorView qg;            // q_proj's output, per head [query | gate] [T, Hq * 2 * D]
+  TensorView k_raw, v;      // k_proj's and v_proj's outputs [T, Hkv * D]
+  TensorView q_norm, k_norm;  // [D], zero-centred
+  TensorView q, k;          // written: normed and rotated [T, Hq * D], [T, Hkv * D]
+  TensorView q_rstd, k_rstd;  // written: the norms' rstd [T * Hq], [T * Hkv] (token-major)
+  int q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
+  double theta = 0, eps = 0;
+};
+
 // Attention's head counts: each positive, q_heads a multiple of kv_heads (GQA).
 void check_attention_heads(int q_heads, int kv_heads, int head_dim);
+CacheLayout check_attention_inputs_step(const AttentionInputs& x, const IndexArray& positions,
+                                        const TensorView& k_cache, const TensorView& v_cache,
+                                        const IndexArray& cache_rows, const IndexArray& batch_rows);  // k_cache's layout
 CacheLayout check_cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache,
                                    const TensorView& v_cache, int q_heads, int kv_heads, int head_dim,
                                    const IndexArray& cu_seqlens, const IndexArray& slots,
@@ -125,6 +140,14 @@ class Ops {
   // dx = dy w is gemm(false, false, ...); dw += dy^T x is gemm(true, false, 1, dy, x, 1, dw).
   virtual void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
                     const TensorView& c) = 0;
+  // d = alpha op(a) op(b) + c, c and d of one shape (d may be c): a product with the residual stream's add in it,
+  // which a GPU runs as one launch (cuBLASLt reads c apart from d) instead of a product and an add. The sum is
+  // rounded once, where gemm then add rounds the product first.
+  virtual void gemm_add(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b,
+                        const TensorView& c, const TensorView& d) {
+    if (c.data != d.data) copy(d, c);
+    gemm(trans_a, trans_b, alpha, a, b, 1, d);
+  }
 
   // out [T, H] = table[tokens[t]]. dtable [V, H] += dout rows scattered by token (accumulates).
   virtual void embedding_forward(const TensorView& out, const IndexArray& tokens,
@@ -241,6 +264,14 @@ class Ops {
   // rope (forward) with each row's position given instead of derived from sequence starts: positions [T].
   virtual void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
                                  const IndexArray& positions) = 0;
+
+  // Decode's attention inputs: q = rope(q_norm(query)) and k = rope(k_norm(k_raw)) per head at the rows' positions
+  // [T], then row batch_rows[i] of k and of v into row cache_rows[i] of k_cache and v_cache [S, L, Hkv * D] seen as
+  // [S * L] rows (batch_rows: each of the T rows once). Results equal rmsnorm_forward (zero-centred), rope_at_positions
+  // and copy_rows in turn, which this default runs; a GPU runs them as one kernel (six launches a layer fewer).
+  virtual void attention_inputs_step(const AttentionInputs& x, const IndexArray& positions, const TensorView& k_cache,
+                                     const TensorView& v_cache, const IndexArray& cache_rows,
+                                     const IndexArray& batch_rows);
 
   // Attention of new query rows over cached keys and values: q, o [R, Hq * D] hold N sequences' new rows
   // (cu_seqlens [N + 1]); sequence n lives in slot slots[n] of k_cache and v_cache [S, L, Hkv * D], which hold

@@ -28,4 +28,8 @@ CachedAttentionPlan plan_cached_attention(int group, int head_dim, bool rows_ali
   return {false, largest_dividing({4, 2}, 4 / chunks)};
 }
 
+bool fuse_attention_inputs(int q_heads, int kv_heads, int head_dim, int rotary_dim, bool rows_aligned) {
+  return rows_aligned && head_dim % 8 == 0 && head_dim <= 256 && rotary_dim % 16 == 0 && q_heads + kv_heads <= 32;
+}
+
 }  // namespace deltatrain::model::cuda

@@ -37,4 +37,10 @@ struct CachedAttentionPlan {
 };
 CachedAttentionPlan plan_cached_attention(int group, int head_dim, bool rows_aligned);
 
+// Whether decode's attention inputs (ops.h's attention_inputs_step) run as one kernel: a warp a head, 8 elements a
+// lane in 16-byte accesses (head dims up to 256, a multiple of 8, rows 16-byte aligned), RoPE's pairs a whole
+// number of lanes apart (rotary_dim a multiple of 16), every head of a row in one CTA (q_heads + kv_heads <= 32).
+// Otherwise the operations run one by one (Ops' default): the same bits either way.
+bool fuse_attention_inputs(int q_heads, int kv_heads, int head_dim, int rotary_dim, bool rows_aligned);
+
 }  // namespace deltatrain::model::cuda

@@ -75,6 +75,36 @@ __device__ __forceinline__ float block_sum(float v) {
   return warp_sum(v);
 }
 
+// A norm's arithmetic, shared by every kernel that normalises rows (norms.cu; decode.cu's attention_inputs_step) so
+// that they round alike: a lane's sum of squares (one fused multiply-add an element, in column order), the scale
+// from a row's sum, and an element's output.
+__device__ __forceinline__ float add_squares(float ss, const float (&v)[kVector]) {
+#pragma unroll
+  for (int k = 0; k < kVector; ++k) ss = __fmaf_rn(v[k], v[k], ss);
+  return ss;
+}
+__device__ __forceinline__ float rms_scale(float sum_of_squares, Index cols, float eps) {
+  return 1.f / sqrtf(sum_of_squares / static_cast<float>(cols) + eps);
+}
+__device__ __forceinline__ float normed(float x, float s, float gain, bool zero_centred) {
+  return x * s * (zero_centred ? 1.f + gain : gain);
+}
+
+// RoPE's arithmetic (sequence.cu's rope; decode.cu's attention_inputs_step), the same bits in each: HF's float32
+// angle of pair i (elements i and i + rotary_dim / 2) at a position, inv_freq = 1 / theta^(2i / rotary_dim), and the
+// pair rotated, x cos + rotate_half(x) sin with rotate_half(x) = (-x2, x1), its roundings explicit.
+struct Rotation {
+  float c, s;
+};
+__device__ __forceinline__ Rotation rope_rotation(int i, int rotary_dim, float theta, Index position, bool inverse) {
+  const float inv_freq = 1.f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+  const float angle = static_cast<float>(position) * inv_freq;
+  return {cosf(angle), inverse ? -sinf(angle) : sinf(angle)};
+}
+__device__ __forceinline__ float2 rotate(float x1, float x2, Rotation r) {
+  return {__fmaf_rn(x1, r.c, -__fmul_rn(x2, r.s)), __fmaf_rn(x2, r.c, __fmul_rn(x1, r.s))};
+}
+
 // exp(x) = exp2(x * kLog2e): the base-2 form is one FMA and one MUFU.EX2.
 inline constexpr float kLog2e = 1.4426950408889634f;
 

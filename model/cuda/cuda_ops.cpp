@@ -50,26 +50,19 @@ class CudaOps final : public Ops {
 
   void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
             const TensorView& c) override {
-    const CudaDeviceGuard guard(device_.index);
-    if (c.dtype != bf16 && c.dtype != f32)
-      throw InvalidArgument("c", std::string("must be bfloat16 or float32, got ") + dtype_name(c.dtype));
-    const Matrix cm = matrix(c, "c", c.dtype);
-    const Index M = cm.rows, N = cm.cols;
-    const Matrix am = trans_a ? matrix(a, "a", bf16, kAny, M) : matrix(a, "a", bf16, M, kAny);
-    const Index K = trans_a ? am.rows : am.cols;
-    const Matrix bm = trans_b ? matrix(b, "b", bf16, N, K) : matrix(b, "b", bf16, K, N);
-    if (M == 0 || N == 0) return;
-    if (K == 0) {  // op(a) op(b) is zero: c = beta c
-      if (beta == 0) {
-        zero(cm, c.dtype);
-      } else if (beta != 1) {
-        throw InvalidArgument("beta", "must be 0 or 1 when the inner dimension is empty, got " + std::to_string(beta));
-      }
-      return;
-    }
-    // The rows of a product with a not transposed are tokens (ops.h): those must not depend on the batch.
-    gemm_.run(trans_a, trans_b, M, N, K, static_cast<float>(alpha), am.data, am.ld, bm.data, bm.ld,
-              static_cast<float>(beta), cm.data, cm.ld, c.dtype, batch_invariant_ && !trans_a);
+    product(trans_a, trans_b, alpha, a, b, beta, nullptr, c);
+  }
+
+  void gemm_add(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b,
+                const TensorView& c, const TensorView& d) override {
+    check_device(c, "c");
+    if (c.dtype != d.dtype)
+      throw InvalidArgument("c", std::string("must have d's dtype ") + dtype_name(d.dtype) + ", got " + dtype_name(c.dtype));
+    const MatrixLayout dl = matrix_layout(d, "d");
+    const MatrixLayout cl = matrix_layout(c, "c", dl.rows, dl.cols);
+    // cuBLASLt's C and D share one layout here: a residual of another row stride is copied into d first.
+    if (cl.row_stride != dl.row_stride) return Ops::gemm_add(trans_a, trans_b, alpha, a, b, c, d);
+    product(trans_a, trans_b, alpha, a, b, 1, c.data, d);
   }
 
   void embedding_forward(const TensorView& out, const IndexArray& tokens, const TensorView& table) override {
@@ -277,12 +270,7 @@ class CudaOps final : public Ops {
   void copy(const TensorView& dst, const TensorView& src) override {
     const CudaDeviceGuard guard(device_.index);
     const Matrix d = matrix(dst, "dst", dst.dtype);
-    const Matrix s = matrix(src, "src", dst.dtype, d.rows, d.cols);
-    if (d.rows == 0 || d.cols == 0) return;
-    const std::size_t size = dtype_size(dst.dtype);
-    cuda_check(cudaMemcpy2DAsync(d.data, d.ld * size, s.data, s.ld * size, d.cols * size, d.rows,
-                                 cudaMemcpyDeviceToDevice, stream_),
-               "cudaMemcpy2DAsync");
+    copy_matrix(d, matrix(src, "src", dst.dtype, d.rows, d.cols), dst.dtype);
   }
 
   void fill_zero(const TensorView& x) override {
@@ -316,6 +304,41 @@ class CudaOps final : public Ops {
     const Matrix xm = matrix(x, "x", bf16);
     cuda::rope_at_positions(xm, heads, head_dim, rotary_dim, static_cast<float>(theta),
                             indices(positions, "positions", xm.rows), stream_);
+  }
+
+  void attention_inputs_step(const AttentionInputs& x, const IndexArray& positions, const TensorView& k_cache,
+                             const TensorView& v_cache, const IndexArray& cache_rows,
+                             const IndexArray& batch_rows) override {
+    const CudaDeviceGuard guard(device_.index);
+    const CacheLayout layout = check_attention_inputs_step(x, positions, k_cache, v_cache, cache_rows, batch_rows);
+    const Index T = x.qg.shape[0], D = x.head_dim;
+    cuda::AttentionInputsStep p;
+    p.qg = matrix(x.qg, "qg", bf16);
+    p.k_raw = matrix(x.k_raw, "k_raw", bf16);
+    p.v = matrix(x.v, "v", bf16);
+    p.q = matrix(x.q, "q", bf16);
+    p.k = matrix(x.k, "k", bf16);
+    p.k_cache = this->cache_rows(k_cache, "k_cache", bf16, layout);
+    p.v_cache = this->cache_rows(v_cache, "v_cache", bf16, layout);
+    p.q_rstd = vector<float>(x.q_rstd, "q_rstd", f32, T * x.q_heads);
+    p.k_rstd = vector<float>(x.k_rstd, "k_rstd", f32, T * x.kv_heads);
+    p.q_norm = vector<const void>(x.q_norm, "q_norm", bf16, D);
+    p.k_norm = vector<const void>(x.k_norm, "k_norm", bf16, D);
+    const bool aligned = rows_aligned({p.qg, p.k_raw, p.v, p.q, p.k, p.k_cache, p.v_cache,
+                                       Matrix{const_cast<void*>(p.q_norm), 1, D, D},
+                                       Matrix{const_cast<void*>(p.k_norm), 1, D, D}});
+    if (!cuda::fuse_attention_inputs(x.q_heads, x.kv_heads, x.head_dim, x.rotary_dim, aligned))
+      return Ops::attention_inputs_step(x, positions, k_cache, v_cache, cache_rows, batch_rows);
+    p.positions = indices(positions, "positions", T);
+    p.cache_rows = indices(cache_rows, "cache_rows", T);
+    p.batch_rows = indices(batch_rows, "batch_rows", T);
+    p.q_heads = x.q_heads;
+    p.kv_heads = x.kv_heads;
+    p.head_dim = x.head_dim;
+    p.rotary_dim = x.rotary_dim;
+    p.theta = static_cast<float>(x.theta);
+    p.eps = static_cast<float>(x.eps);
+    cuda::attention_inputs_step(p, T, stream_);
   }
 
   void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
@@ -362,6 +385,33 @@ class CudaOps final : public Ops {
   static void check_dtype(const TensorView& v, const char* name, DType dtype) {
     if (v.dtype != dtype)
       throw InvalidArgument(name, std::string("must be ") + dtype_name(dtype) + ", got " + dtype_name(v.dtype));
+  }
+
+  // c = alpha op(a) op(b) + beta (addend, or c when null; the same layout as c).
+  void product(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
+               const void* addend, const TensorView& c) {
+    const CudaDeviceGuard guard(device_.index);
+    if (c.dtype != bf16 && c.dtype != f32)
+      throw InvalidArgument("c", std::string("must be bfloat16 or float32, got ") + dtype_name(c.dtype));
+    const Matrix cm = matrix(c, "c", c.dtype);
+    const Index M = cm.rows, N = cm.cols;
+    const Matrix am = trans_a ? matrix(a, "a", bf16, kAny, M) : matrix(a, "a", bf16, M, kAny);
+    const Index K = trans_a ? am.rows : am.cols;
+    const Matrix bm = trans_b ? matrix(b, "b", bf16, N, K) : matrix(b, "b", bf16, K, N);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {  // op(a) op(b) is zero: c = beta c
+      if (beta != 0 && beta != 1)
+        throw InvalidArgument("beta", "must be 0 or 1 when the inner dimension is empty, got " + std::to_string(beta));
+      if (beta == 0) {
+        zero(cm, c.dtype);
+      } else if (addend != nullptr && addend != cm.data) {
+        copy_matrix(cm, Matrix{const_cast<void*>(addend), M, N, cm.ld}, c.dtype);
+      }
+      return;
+    }
+    // The rows of a product with a not transposed are tokens (ops.h): those must not depend on the batch.
+    gemm_.run(trans_a, trans_b, M, N, K, static_cast<float>(alpha), am.data, am.ld, bm.data, bm.ld,
+              static_cast<float>(beta), cm.data, cm.ld, c.dtype, batch_invariant_ && !trans_a, addend);
   }
 
   Matrix matrix(const TensorView& v, const char* name, DType dtype, Index rows = kAny, Index cols = kAny) const {
@@ -447,10 +497,15 @@ class CudaOps final : public Ops {
     in.cudnn_built = cuda::CudnnAttention::built();
     in.cudnn_allowed = switch_setting("DELTATRAIN_CUDNN_ATTENTION", cudnn_setting);
     in.head_dim = head_dim;
-    in.rows_aligned = std::all_of(rows.begin(), rows.end(), [](const Matrix& m) {
+    in.rows_aligned = rows_aligned(rows);
+    return cuda::plan_attention(in);
+  }
+
+  // Every row of every bfloat16 matrix starts on 16 bytes: the kernels' 16-byte accesses.
+  static bool rows_aligned(std::initializer_list<Matrix> rows) {
+    return std::all_of(rows.begin(), rows.end(), [](const Matrix& m) {
       return reinterpret_cast<std::uintptr_t>(m.data) % 16 == 0 && m.ld % 8 == 0;
     });
-    return cuda::plan_attention(in);
   }
 
   // Made on first use: a cuDNN handle costs memory that models without attention layers need not spend.
@@ -462,6 +517,14 @@ class CudaOps final : public Ops {
   static cuda::AttentionShape attention_shape(int q_heads, int kv_heads, int head_dim, double scale) {
     check_attention_heads(q_heads, kv_heads, head_dim);
     return {q_heads, kv_heads, head_dim, static_cast<float>(scale)};
+  }
+
+  void copy_matrix(const Matrix& dst, const Matrix& src, DType dtype) const {
+    if (dst.rows == 0 || dst.cols == 0) return;
+    const std::size_t size = dtype_size(dtype);
+    cuda_check(cudaMemcpy2DAsync(dst.data, dst.ld * size, src.data, src.ld * size, dst.cols * size, dst.rows,
+                                 cudaMemcpyDeviceToDevice, stream_),
+               "cudaMemcpy2DAsync");
   }
 
   void zero(const Matrix& m, DType dtype) const {

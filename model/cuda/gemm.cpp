@@ -105,7 +105,7 @@ namespace {
 // What a product's algorithm choice depends on (Gemm::Key): the problem (M = -1: row-invariant) and the operands'
 // alignments.
 std::array<std::int64_t, 12> key_of(bool trans_a, bool trans_b, Index M, Index N, Index K, const void* a, Index lda,
-                                    const void* b, Index ldb, void* c, Index ldc, DType c_dtype, bool row_invariant) {
+                                    const void* b, Index ldb, const void* c, Index ldc, DType c_dtype, bool row_invariant) {
   return {trans_a, trans_b, row_invariant ? -1 : M, N, K, lda, ldb, ldc, static_cast<std::int64_t>(c_dtype),
           alignment(a), alignment(b), alignment(c)};
 }
@@ -118,7 +118,9 @@ std::string product_name(std::int64_t M, const std::array<std::int64_t, 12>& key
 }  // namespace
 
 void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
-               const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant) {
+               const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant,
+               const void* addend) {
+  if (addend == nullptr) addend = c;
   StreamGemmProblem problem;
   problem.trans_a = trans_a;
   problem.trans_b = trans_b;
@@ -129,7 +131,7 @@ void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alph
   problem.ldb = ldb;
   problem.align_a = alignment(a);
   problem.align_b = alignment(b);
-  problem.beta_zero = beta == 0.f;
+  problem.beta_zero = beta == 0.f;  // an addend apart from c has beta 1
   problem.row_invariant = row_invariant;
   problem.device_ready = stream_gemm_ready_;
   problem.allowed = stream_gemm_allowed_;
@@ -137,17 +139,20 @@ void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alph
     stream_gemm(*plan, M, N, K, alpha, a, lda, b, ldb, c, ldc, c_dtype == DType::f32, stream_);
     return;
   }
+  // The algorithm must take both c and the addend: the key holds the lesser alignment of the two.
+  const void* aligned_c = alignment(addend) < alignment(c) ? addend : c;
   const cublasLtMatmulAlgo_t& algo =
-      algorithm(key_of(trans_a, trans_b, M, N, K, a, lda, b, ldb, c, ldc, c_dtype, row_invariant));
-  run_with(algo, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, c_dtype);
+      algorithm(key_of(trans_a, trans_b, M, N, K, a, lda, b, ldb, aligned_c, ldc, c_dtype, row_invariant));
+  run_with(algo, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, c_dtype, addend);
 }
 
 void Gemm::run_with(const cublasLtMatmulAlgo_t& algo, bool trans_a, bool trans_b, Index M, Index N, Index K,
                     float alpha, const void* a, Index lda, const void* b, Index ldb, float beta, void* c, Index ldc,
-                    DType c_dtype) {
+                    DType c_dtype, const void* addend) {
+  if (addend == nullptr) addend = c;
   Descriptors d;
   describe(d, key_of(trans_a, trans_b, M, N, K, a, lda, b, ldb, c, ldc, c_dtype, false), M);
-  check(cublasLtMatmul(handle_, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &algo, workspace_,
+  check(cublasLtMatmul(handle_, d.op, &alpha, b, d.a, a, d.b, &beta, addend, d.c, c, d.c, &algo, workspace_,
                        kWorkspaceBytes, stream_),
         "cublasLtMatmul");
 }

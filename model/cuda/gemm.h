@@ -31,8 +31,10 @@ class Gemm {
 
   // c [M, N] = alpha op(a) op(b) + beta c, row-major with row strides lda, ldb, ldc (op(x) = x^T when trans_x;
   // a and b bfloat16, c `c_dtype`: bfloat16 or float32). K > 0. row_invariant: see above (a not transposed).
+  // addend: the matrix beta scales when it is not c (the same layout), as cuBLASLt's C apart from its D.
   void run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
-           const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant = false);
+           const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant = false,
+           const void* addend = nullptr);
 
   // The heuristic's first `count` algorithms for run()'s product (not row-invariant), best first, with the
   // configuration each names; run() takes the first where the weight-streaming kernel does not apply. For
@@ -44,7 +46,8 @@ class Gemm {
   std::vector<Candidate> candidates(bool trans_a, bool trans_b, Index M, Index N, Index K, const void* a, Index lda,
                                     const void* b, Index ldb, void* c, Index ldc, DType c_dtype, int count);
   void run_with(const cublasLtMatmulAlgo_t& algo, bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha,
-                const void* a, Index lda, const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype);
+                const void* a, Index lda, const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype,
+                const void* addend = nullptr);
 
  private:
   // What the heuristic's choice depends on: the problem (M = -1: row-invariant) and the operands' alignments.

@@ -127,6 +127,21 @@ void conv1d_silu_step(MatrixParts out, Matrix x, Matrix weight, Matrix state, co
 // (any dtype: the bytes move).
 void copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, const std::int32_t* src_rows, Index count,
                std::size_t element_size, cudaStream_t stream);
+// ops.h's attention_inputs_step as one kernel, where attention_plan.h's fuse_attention_inputs takes it: the matrices
+// bfloat16 (the caches as the matrices of their rows), rstd float32, the norms' weights bfloat16 [head_dim].
+struct AttentionInputsStep {
+  Matrix qg, k_raw, v, q, k, k_cache, v_cache;
+  float* q_rstd = nullptr;
+  float* k_rstd = nullptr;
+  const void* q_norm = nullptr;
+  const void* k_norm = nullptr;
+  const std::int32_t* positions = nullptr;   // [rows]
+  const std::int32_t* cache_rows = nullptr;  // [rows], with batch_rows
+  const std::int32_t* batch_rows = nullptr;
+  int q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
+  float theta = 0.f, eps = 0.f;
+};
+void attention_inputs_step(const AttentionInputsStep& p, Index rows, cudaStream_t stream);
 // Attention of q's rows (bfloat16 [R, Hq * D]) over the caches' rows (the matrices of their S * slot_rows rows of
 // Hkv * D), per ops.h's cached_attention; float32 scores and softmax, o bfloat16. head_dim <= kMaxCachedHeadDim.
 inline constexpr int kMaxCachedHeadDim = 512;

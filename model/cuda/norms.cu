@@ -54,10 +54,9 @@ __device__ float inverse_rms(const RowGroup<Lanes>& g, const bf16* x, Index cols
   for (Index c0 = g.column; c0 < cols; c0 += g.kStep) {
     float v[kVector];
     load8<V>(x, c0, cols, v);
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) ss += v[k] * v[k];
+    ss = add_squares(ss, v);
   }
-  return 1.f / sqrtf(RowGroup<Lanes>::sum(ss) / static_cast<float>(cols) + eps);
+  return rms_scale(RowGroup<Lanes>::sum(ss), cols, eps);
 }
 
 // Rows of up to kHeldSteps steps (1024 columns at 32 lanes, 512 at 16) are read once, every load issued before the
@@ -99,10 +98,8 @@ template <int Lanes>
 __device__ float inverse_rms_held(const float (&v)[kHeldSteps][kVector], Index cols, float eps) {
   float ss = 0.f;
 #pragma unroll
-  for (int s = 0; s < kHeldSteps; ++s)
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) ss += v[s][k] * v[s][k];
-  return 1.f / sqrtf(RowGroup<Lanes>::sum(ss) / static_cast<float>(cols) + eps);
+  for (int s = 0; s < kHeldSteps; ++s) ss = add_squares(ss, v[s]);
+  return rms_scale(RowGroup<Lanes>::sum(ss), cols, eps);
 }
 
 template <int Lanes, bool V, bool Residual>
@@ -128,7 +125,7 @@ __global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, Matrix
 #pragma unroll
     for (int i = 0; i < kHeldSteps; ++i)
 #pragma unroll
-      for (int k = 0; k < kVector; ++k) v[i][k] = v[i][k] * s * (zero_centred ? 1.f + gain[i][k] : gain[i][k]);
+      for (int k = 0; k < kVector; ++k) v[i][k] = normed(v[i][k], s, gain[i][k], zero_centred);
     store_held<Lanes, V>(g, row_of<bf16>(out, g.row), x.cols, v);
     return;
   }
@@ -156,7 +153,7 @@ __global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, Matrix
     load8<V>(xr, c0, x.cols, v);
     load8<V>(w, c0, x.cols, gain);
 #pragma unroll
-    for (int k = 0; k < kVector; ++k) v[k] = v[k] * s * (zero_centred ? 1.f + gain[k] : gain[k]);
+    for (int k = 0; k < kVector; ++k) v[k] = normed(v[k], s, gain[k], zero_centred);
     store8<V>(row_of<bf16>(out, g.row), c0, x.cols, v);
   }
 }

@@ -395,10 +395,7 @@ __global__ void rope_kernel(Matrix x, int heads, int head_dim, int rotary_dim, f
   if (index >= x.rows * half) return;
   const Index t = index / half;
   const int i = static_cast<int>(index % half);
-  // HF's float32 angles: inv_freq = 1 / theta^(2i / rotary_dim), angle = position * inv_freq.
-  const float inv_freq = 1.f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
-  const float angle = static_cast<float>(position(t)) * inv_freq;
-  const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
+  const Rotation r = rope_rotation(i, rotary_dim, theta, position(t), inverse);
   bf16* row = row_of<bf16>(x, t);
   // kRopeHeads heads at a time, every load issued before the first store: a loop that stored each head before
   // loading the next waited on one load after another (the compiler cannot move a load above a store to the same
@@ -417,8 +414,9 @@ __global__ void rope_kernel(Matrix x, int heads, int head_dim, int rotary_dim, f
     for (int j = 0; j < kRopeHeads; ++j) {
       if (h0 + j < heads) {
         bf16* p = row + static_cast<Index>(h0 + j) * head_dim;
-        p[i] = to_bf16(x1[j] * c - x2[j] * s);  // x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1)
-        p[i + half] = to_bf16(x2[j] * c + x1[j] * s);
+        const float2 y = rotate(x1[j], x2[j], r);
+        p[i] = to_bf16(y.x);
+        p[i + half] = to_bf16(y.y);
       }
     }
   }

@@ -353,6 +353,20 @@ TEST(AttentionPlan, CachedAttentionTakesTheWidestHeadBlockThatFits) {
   }
 }
 
+// Decode's attention inputs run as one kernel exactly where its warp-a-head form holds them (attention_plan.h).
+TEST(AttentionPlan, AttentionInputsFuseWhereAWarpHoldsAHead) {
+  EXPECT_TRUE(cuda::fuse_attention_inputs(8, 2, 256, 64, true));    // Qwen3.5
+  EXPECT_TRUE(cuda::fuse_attention_inputs(16, 2, 256, 64, true));   // Qwen3-Next
+  EXPECT_TRUE(cuda::fuse_attention_inputs(2, 1, 64, 32, true));     // half a warp's row
+  EXPECT_TRUE(cuda::fuse_attention_inputs(24, 8, 96, 96, true));    // 32 warps, a head of 12 lanes
+  EXPECT_FALSE(cuda::fuse_attention_inputs(8, 2, 256, 64, false)) << "rows not 16-byte aligned";
+  EXPECT_FALSE(cuda::fuse_attention_inputs(8, 2, 264, 64, true)) << "a head wider than a warp's 256 elements";
+  EXPECT_FALSE(cuda::fuse_attention_inputs(8, 2, 68, 32, true)) << "a head not in 16-byte accesses";
+  EXPECT_FALSE(cuda::fuse_attention_inputs(8, 2, 256, 8, true)) << "rotated pairs 4 elements apart: within a lane";
+  EXPECT_FALSE(cuda::fuse_attention_inputs(8, 2, 256, 40, true)) << "rotated pairs 20 elements apart";
+  EXPECT_FALSE(cuda::fuse_attention_inputs(32, 1, 128, 64, true)) << "33 warps a CTA";
+}
+
 // The weight-streaming product's plan (stream_gemm_plan.h): pure, so it runs without a GPU.
 cuda::StreamGemmProblem decode_product(Index M, Index N, Index K) {
   cuda::StreamGemmProblem p;
@@ -456,6 +470,29 @@ TEST_F(CudaOpsTest, GemmMatchesCpuForEveryTranspositionAndOutputType) {
       EXPECT_TRUE(matches("c (bfloat16, beta 1)", c_acc, kBf16Tolerance));
       EXPECT_TRUE(matches("c (float32, beta 1)", c_f32, 1e-5));
     }
+  }
+}
+
+// gemm_add: the product with the residual added (cuBLASLt reading c apart from d, or in place), against the CPU's
+// float32, for bfloat16 and float32 results; a residual of another row stride takes the copy-then-accumulate path.
+TEST_F(CudaOpsTest, GemmAddIsTheProductPlusTheResidual) {
+  const Index M = 45, N = 72, K = 96;
+  const Both a = random(bf16, M, K, 8), b = random(bf16, N, K, 0);
+  for (const DType dtype : {bf16, f32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const double tolerance = dtype == bf16 ? kBf16Tolerance : 1e-5;
+    const Both c = random(dtype, M, N, 8, -4, 4), d = unset(dtype, M, N, 8);
+    const Both c_other_stride = random(dtype, M, N, 0, -4, 4), d_apart = unset(dtype, M, N, 8);
+    const Both in_place = random(dtype, M, N, 8, -4, 4);
+    on_both([&](Ops& ops, Side s) {
+      ops.gemm_add(false, true, 0.5, a.view(s), b.view(s), c.view(s), d.view(s));
+      ops.gemm_add(false, true, 1, a.view(s), b.view(s), c_other_stride.view(s), d_apart.view(s));
+      ops.gemm_add(false, true, 1, a.view(s), b.view(s), in_place.view(s), in_place.view(s));
+    });
+    EXPECT_TRUE(matches("d", d, tolerance));
+    EXPECT_TRUE(matches("d (residual of another row stride)", d_apart, tolerance));
+    EXPECT_TRUE(matches("d (in place)", in_place, tolerance));
+    EXPECT_TRUE(matches("c (read only)", c, 0));
   }
 }
 
@@ -1149,6 +1186,92 @@ TEST_F(CudaOpsTest, RopeAtPositionsMatchesCpu) {
       ops.rope_at_positions(x.view(s), heads, head_dim, rotary_dim, 1e7, positions.array());
     });
     EXPECT_TRUE(matches("x", x, kBf16Tolerance));
+  }
+}
+
+// Decode's attention inputs: the one-kernel form gives the bits of the operations it replaces (Ops' default, run
+// on the GPU's own kernels) in every output, and both match the CPU. Rows come in shuffled batch order and go to
+// scattered cache rows; shapes outside the kernel's plan take the default and must agree all the same.
+TEST_F(CudaOpsTest, AttentionInputsStepIsTheNormsRopeAndCacheStores) {
+  struct Case {
+    int q_heads, kv_heads, head_dim, rotary_dim;
+    Index pad;
+  };
+  const Case cases[] = {
+      {8, 2, 256, 64, 0},    // Qwen3.5's attention layers
+      {4, 2, 128, 128, 8},   // full rotation, strided values
+      {2, 1, 64, 32, 0},     // a head of 8 lanes (the norm kernels' 16-lane rows)
+      {3, 1, 96, 48, 24},    // a head of 12 lanes
+      {2, 2, 64, 8, 0},      // pairs within a lane: the operations one by one
+      {2, 1, 68, 16, 4},     // a head off 16-byte accesses: one by one
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("q_heads " + std::to_string(c.q_heads) + ", kv_heads " + std::to_string(c.kv_heads) +
+                 ", head_dim " + std::to_string(c.head_dim) + ", rotary_dim " + std::to_string(c.rotary_dim));
+    const Index T = 29, S = 40, L = 3, D = c.head_dim, q_cols = c.q_heads * D, kv_cols = c.kv_heads * D;
+    std::vector<std::int32_t> cache_values(S * L), batch_values(T);
+    std::iota(cache_values.begin(), cache_values.end(), 0);
+    std::shuffle(cache_values.begin(), cache_values.end(), rng_);
+    cache_values.resize(T);
+    std::iota(batch_values.begin(), batch_values.end(), 0);
+    std::shuffle(batch_values.begin(), batch_values.end(), rng_);
+    const Indices positions(random_ints(T, 0, 40000)), cache_rows(cache_values), batch_rows(batch_values);
+    const Both qg = random(bf16, T, 2 * q_cols, 0, -3, 3), k_raw = random(bf16, T, kv_cols, 0, -3, 3);
+    const Both v = random(bf16, T, kv_cols, c.pad), q_norm = random_vec(bf16, D), k_norm = random_vec(bf16, D);
+    const Values k_cache0 = random(bf16, S * L, kv_cols).expected(), v_cache0 = random(bf16, S * L, kv_cols).expected();
+    // Two sets of outputs: the Ops' call, and (on the GPU) the default's operations one by one.
+    struct Outputs {
+      Both q, k, q_rstd, k_rstd, k_cache, v_cache;
+    };
+    const auto outputs = [&] {
+      Outputs o{unset(bf16, T, q_cols), unset(bf16, T, kv_cols), unset_vec(f32, T * c.q_heads),
+                unset_vec(f32, T * c.kv_heads),  Both(bf16, S * L, kv_cols),    Both(bf16, S * L, kv_cols)};
+      o.k_cache.set(k_cache0);
+      o.v_cache.set(v_cache0);
+      return o;
+    };
+    const Outputs fused = outputs(), apart = outputs();
+    const auto inputs = [&](const Outputs& o, Side s) {
+      return AttentionInputs{.qg = qg.view(s),
+                             .k_raw = k_raw.view(s),
+                             .v = v.view(s),
+                             .q_norm = q_norm.view(s),
+                             .k_norm = k_norm.view(s),
+                             .q = o.q.view(s),
+                             .k = o.k.view(s),
+                             .q_rstd = o.q_rstd.view(s),
+                             .k_rstd = o.k_rstd.view(s),
+                             .q_heads = c.q_heads,
+                             .kv_heads = c.kv_heads,
+                             .head_dim = c.head_dim,
+                             .rotary_dim = c.rotary_dim,
+                             .theta = 1e7,
+                             .eps = 1e-6};
+    };
+    on_both([&](Ops& ops, Side s) {
+      ops.attention_inputs_step(inputs(fused, s), positions.array(), cache_view(fused.k_cache, s, S),
+                                cache_view(fused.v_cache, s, S), cache_rows.array(), batch_rows.array());
+    });
+    gpu_->Ops::attention_inputs_step(inputs(apart, Side::gpu), positions.array(), cache_view(apart.k_cache, Side::gpu, S),
+                                     cache_view(apart.v_cache, Side::gpu, S), cache_rows.array(), batch_rows.array());
+    const std::pair<const char*, const Both Outputs::*> fields[] = {
+        {"q", &Outputs::q},           {"k", &Outputs::k},           {"q_rstd", &Outputs::q_rstd},
+        {"k_rstd", &Outputs::k_rstd}, {"k_cache", &Outputs::k_cache}, {"v_cache", &Outputs::v_cache}};
+    for (const auto& [name, field] : fields) {
+      EXPECT_TRUE((fused.*field).bytes() == (apart.*field).bytes()) << name << ": not the operations' bits";
+      EXPECT_TRUE(matches(name, fused.*field, std::string(name).ends_with("rstd") ? kF32Tolerance : kBf16Tolerance));
+    }
+    // A head-holding matrix with strided rows cannot be seen as rows of heads: refused, naming it.
+    const Both strided_q = unset(bf16, T, q_cols, 8);
+    AttentionInputs bad = inputs(fused, Side::gpu);
+    bad.q = strided_q.view(Side::gpu);
+    try {
+      gpu_->attention_inputs_step(bad, positions.array(), cache_view(fused.k_cache, Side::gpu, S),
+                                  cache_view(fused.v_cache, Side::gpu, S), cache_rows.array(), batch_rows.array());
+      ADD_FAILURE() << "a strided q was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.argument(), "q") << e.what();
+    }
   }
 }
 
