@@ -108,7 +108,8 @@ check_wrap() {
   fi
 }
 
-# run_test OUT LOG BINARY ARGS...: one test executable with its log in OUT/LOG.log and a one-line verdict.
+# run_test OUT LOG BINARY ARGS...: one test executable with its log in OUT/LOG.log and a one-line verdict; its
+# exit status, which tests() returns if any is not 0.
 run_test() {
   local out=$1 log=$2 status
   shift 2
@@ -116,24 +117,26 @@ run_test() {
   status=$?
   echo "$log exit $status: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$log.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \] [A-Za-z]' "$out/$log.log" | head -10
+  return "$status"
 }
 
 tests() {
-  local out=$1 binary name filter
+  local out=$1 binary name filter failed=0
   setup "$out" || return 1
   for binary in "$ROOT"/bin/test_*; do
     name=$(basename "$binary")
     # The trainer's executable holds the 4-rank CPU tests too; here only its GPU ones, on one rank.
     filter=*
     [ "$name" = test_train_mpi ] && filter='TrainerCuda.*'
-    run_test "$out" "$name" "$binary" --gtest_filter="$filter"
+    run_test "$out" "$name" "$binary" --gtest_filter="$filter" || failed=1
   done
   # The mma.sync passes that GPUs other than sm_90 take, on this one (as tests/gdn_cuda/CMakeLists.txt registers them).
   DELTATRAIN_CUDA_WGMMA=0 run_test "$out" test_gdn_cuda-mma-sync "$ROOT/bin/test_gdn_cuda" \
-    --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*-*K256*:*float32*:*f32_*'
+    --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*-*K256*:*float32*:*f32_*' || failed=1
   # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
   DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
-    --gtest_filter='*Attention*'
+    --gtest_filter='*Attention*' || failed=1
+  return "$failed"
 }
 
 sanitize() {

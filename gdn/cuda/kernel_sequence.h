@@ -18,8 +18,10 @@ class KernelSequence {
  public:
   static constexpr int kMaxKernels = 12;
 
-  // Appends a kernel `void function(Params)`; `name` names it in errors.
-  void add(const void* function, const char* name, dim3 grid, dim3 block, int smem);
+  // Appends a kernel `void function(Params)`; `name` names it in errors. dependent: launched as a programmatic
+  // dependent of the kernel before it on the stream (deltatrain/core/dependent_launch.h, whose contract the kernel
+  // keeps) when the sequence runs its kernels directly: the rollout's recurrent step, between the model's kernels.
+  void add(const void* function, const char* name, dim3 grid, dim3 block, int smem, bool dependent = false);
   // Runs the kernels in order on `stream` with parameters p; throws Failure when a launch fails.
   void run(const Params& p, cudaStream_t stream) const;
 
@@ -29,6 +31,7 @@ class KernelSequence {
     const char* name;
     dim3 grid, block;
     int smem;
+    bool dependent;
   };
   std::array<Kernel, kMaxKernels> kernels_{};
   int count_ = 0;

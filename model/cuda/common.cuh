@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "deltatrain/core/cuda_check.h"
+#include "deltatrain/core/dependent_launch.h"
 #include "kernels.h"
 
 namespace deltatrain::model::cuda {
@@ -175,6 +176,19 @@ __device__ __forceinline__ MaxSum block_max_sum(MaxSum v) {
   return warp_max_sum(w);
 }
 
+// Decode's kernels launch as programmatic dependents (deltatrain/core/dependent_launch.h): each may be scheduled
+// while the kernel before it drains, and begins with start_after_previous_grid(), before any access to memory.
+__device__ __forceinline__ void start_after_previous_grid() {
+  wait_for_previous_grid();
+  allow_next_grid();
+}
+template <class... Params, class... Args>
+void launch_after_previous(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+                           cudaStream_t stream, Args... args) {
+  launch_dependent(kernel, grid, block, shared_bytes, stream, args...);
+  check_launch(name);
+}
+
 inline unsigned grid_for(Index work, int per_block) { return static_cast<unsigned>((work + per_block - 1) / per_block); }
 
 // 16-byte accesses need a 16-byte aligned start and rows that keep it.
@@ -269,6 +283,7 @@ struct Operands {
 
 template <bool Vectorized, int In, int Out, class F>
 __global__ void elementwise_kernel(Operands<In, Out> m, Index rows, Index cols, F f) {
+  start_after_previous_grid();
   const Index chunks = (cols + kVector - 1) / kVector;
   const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
   if (index >= rows * chunks) return;
@@ -306,12 +321,8 @@ void elementwise(const char* name, const std::array<Matrix, In>& in, const std::
   }
   constexpr int threads = 256;
   const unsigned blocks = grid_for(rows * ((cols + kVector - 1) / kVector), threads);
-  if (vectorized) {
-    elementwise_kernel<true><<<blocks, threads, 0, stream>>>(m, rows, cols, f);
-  } else {
-    elementwise_kernel<false><<<blocks, threads, 0, stream>>>(m, rows, cols, f);
-  }
-  check_launch(name);
+  launch_after_previous(name, vectorized ? elementwise_kernel<true, In, Out, F> : elementwise_kernel<false, In, Out, F>,
+                        blocks, threads, 0, stream, m, rows, cols, f);
 }
 
 // ---------------------------------------------------------------------------------------------------------

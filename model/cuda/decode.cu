@@ -50,6 +50,7 @@ void launch_copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, cons
 constexpr int kMaxRotaryPairs = 128;  // rotary_dim <= head_dim <= 256
 
 __global__ void attention_inputs_step_kernel(AttentionInputsStep p) {
+  start_after_previous_grid();
   const Index i = blockIdx.x, t = p.batch_rows[i];
   const int half = p.rotary_dim / 2, shift = half / kVector;  // RoPE's pair (e, e + half) lies `shift` lanes apart
   __shared__ Rotation rotations[kMaxRotaryPairs];
@@ -217,6 +218,7 @@ __device__ void write_merged(const CachedAttention& a, Index t, int h0, int head
 
 template <bool Vectorized, int Chunks, int Heads>
 __global__ void __launch_bounds__(kAttentionWarps * 32, 1) cached_attention_kernel(CachedAttention a) {
+  start_after_previous_grid();
   constexpr int kStages = kAttentionStages<Chunks>;
   extern __shared__ __align__(16) unsigned char attention_smem[];
   const Index t = blockIdx.x;
@@ -337,8 +339,8 @@ void launch_cached_attention(const CachedAttention& a, int q_heads, cudaStream_t
   const std::size_t shared = cached_attention_shared_bytes<Chunks, Heads>(a.head_dim);
   require_attention_shared_memory(shared, a.head_dim);
   const dim3 grid(static_cast<unsigned>(a.q.rows), static_cast<unsigned>(q_heads / Heads));
-  cached_attention_kernel<Vectorized, Chunks, Heads><<<grid, kAttentionWarps * 32, shared, stream>>>(a);
-  check_launch("cached_attention");
+  launch_after_previous("cached_attention", cached_attention_kernel<Vectorized, Chunks, Heads>, grid,
+                        kAttentionWarps * 32, shared, stream, a);
 }
 
 // Calls f.template operator()<Vectorized, Chunks, Heads>() for every kernel instance: the one a call takes, or all
@@ -383,6 +385,7 @@ constexpr int kMmaSharedBytes = std::max(kMmaWarps * kMmaStages * kMmaStageBytes
 
 template <int D>
 __global__ void __launch_bounds__(kMmaWarps * 32, 1) cached_attention_mma_kernel(CachedAttention a, int heads) {
+  start_after_previous_grid();
   constexpr int kSteps = D / 16;       // 16-wide steps of the head dim: K of S^T's product, M tiles of O^T's
   constexpr int kVectors = D / kVector;  // 16-byte vectors a row
   extern __shared__ __align__(16) unsigned char attention_smem[];
@@ -520,8 +523,8 @@ template <int D>
 void launch_cached_attention_mma(const CachedAttention& a, int q_heads, int heads, cudaStream_t stream) {
   require_attention_shared_memory(kMmaSharedBytes<D>, D);
   const dim3 grid(static_cast<unsigned>(a.q.rows), static_cast<unsigned>(q_heads / heads));
-  cached_attention_mma_kernel<D><<<grid, kMmaWarps * 32, kMmaSharedBytes<D>, stream>>>(a, heads);
-  check_launch("cached_attention");
+  launch_after_previous("cached_attention", cached_attention_mma_kernel<D>, grid, kMmaWarps * 32, kMmaSharedBytes<D>,
+                        stream, a, heads);
 }
 
 // Calls f.template operator()<D>() for every head dim the tensor-core kernel is built for.
@@ -600,8 +603,8 @@ void copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, const std::
 
 void attention_inputs_step(const AttentionInputsStep& p, Index rows, cudaStream_t stream) {
   if (rows == 0) return;
-  attention_inputs_step_kernel<<<static_cast<unsigned>(rows), (p.q_heads + p.kv_heads) * 32, 0, stream>>>(p);
-  check_launch("attention_inputs_step");
+  launch_after_previous("attention_inputs_step", attention_inputs_step_kernel, static_cast<unsigned>(rows),
+                        (p.q_heads + p.kv_heads) * 32, 0, stream, p);
 }
 
 void cached_attention(Matrix o, Matrix q, Matrix k_cache, Matrix v_cache, Index slot_rows, int q_heads, int kv_heads,

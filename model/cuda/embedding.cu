@@ -14,6 +14,7 @@ namespace {
 
 template <bool Vectorized>
 __global__ void embedding_forward_kernel(Matrix out, const std::int32_t* tokens, Matrix table) {
+  start_after_previous_grid();
   const Index chunks = (out.cols + kVector - 1) / kVector;
   const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
   if (index >= out.rows * chunks) return;
@@ -53,12 +54,10 @@ void embedding_forward(Matrix out, const std::int32_t* tokens, Matrix table, cud
   if (out.rows == 0 || out.cols == 0) return;
   constexpr int threads = 256;
   const unsigned blocks = grid_for(out.rows * ((out.cols + kVector - 1) / kVector), threads);
-  if (vectorizable(out) && vectorizable(table)) {
-    embedding_forward_kernel<true><<<blocks, threads, 0, stream>>>(out, tokens, table);
-  } else {
-    embedding_forward_kernel<false><<<blocks, threads, 0, stream>>>(out, tokens, table);
-  }
-  check_launch("embedding_forward");
+  const bool vectorized = vectorizable(out) && vectorizable(table);
+  launch_after_previous("embedding_forward",
+                        vectorized ? embedding_forward_kernel<true> : embedding_forward_kernel<false>, blocks, threads,
+                        0, stream, out, tokens, table);
 }
 
 void embedding_backward(Matrix dtable, const std::int32_t* tokens, Matrix dout, Workspace& workspace,

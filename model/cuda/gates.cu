@@ -14,6 +14,7 @@ struct Gates {
 };
 
 __global__ void gates_forward_kernel(Matrix g, Matrix beta, Matrix b, Gates gates) {
+  start_after_previous_grid();
   const Index H = b.cols, index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
   if (index >= b.rows * H) return;
   const Index t = index / H, j = index % H;
@@ -51,8 +52,7 @@ void gdn_gates_forward(Matrix g, Matrix beta, Matrix a, Matrix b, const void* a_
   const Index n = a.rows * a.cols;
   if (n == 0) return;
   const Gates gates{a, Matrix{}, static_cast<const bf16*>(a_log), static_cast<const bf16*>(dt_bias)};
-  gates_forward_kernel<<<grid_for(n, 256), 256, 0, stream>>>(g, beta, b, gates);
-  check_launch("gdn_gates_forward");
+  launch_after_previous("gdn_gates_forward", gates_forward_kernel, grid_for(n, 256), 256, 0, stream, g, beta, b, gates);
 }
 
 void gdn_gates_backward(Matrix da, Matrix db, float* da_log, float* ddt_bias, Matrix dg, Matrix dbeta, Matrix a,

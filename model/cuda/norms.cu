@@ -105,6 +105,7 @@ __device__ float inverse_rms_held(const float (&v)[kHeldSteps][kVector], Index c
 template <int Lanes, bool V, bool Residual>
 __global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, Matrix residual, const bf16* w, float eps,
                                        bool zero_centred) {
+  start_after_previous_grid();
   const RowGroup<Lanes> g(x.rows, RowGroup<Lanes>::row_in_block());
   if (fits_held<Lanes>(x.cols)) {
     float v[kHeldSteps][kVector], gain[kHeldSteps][kVector];
@@ -282,6 +283,7 @@ __global__ void __launch_bounds__(kNormThreads, 3)
 template <int Lanes, bool V>
 __global__ void gated_rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, Matrix z, Index heads, const bf16* w,
                                              float eps) {
+  start_after_previous_grid();
   const Index cols = x.cols / heads;
   const RowGroup<Lanes> g(x.rows * heads, RowGroup<Lanes>::row_in_block());
   const bf16 *xr = norm_row<const bf16>(x, g.row, heads, cols), *zr = norm_row<const bf16>(z, g.row, heads, cols);
@@ -376,7 +378,8 @@ void rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix residual, const v
   launch_rows("rmsnorm_forward", x.rows, x.cols, v, [&](auto vec, auto lanes) {
     const auto kernel =
         with_residual ? rmsnorm_forward_kernel<lanes, vec, true> : rmsnorm_forward_kernel<lanes, vec, false>;
-    kernel<<<forward_blocks<lanes>(x.rows), kNormThreads, 0, stream>>>(out, rstd, x, residual, w, eps, zero_centred);
+    launch_dependent(kernel, forward_blocks<lanes>(x.rows), kNormThreads, 0, stream, out, rstd, x, residual, w, eps,
+                     zero_centred);  // launch_rows checks the launch
   });
 }
 
@@ -394,8 +397,8 @@ void gated_rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix z, Index he
   const Index width = x.cols / heads;
   const bool v = vectorizable(out) && vectorizable(x) && vectorizable(z) && width % kVector == 0 && aligned16(w);
   launch_rows("gated_rmsnorm_forward", x.rows * heads, width, v, [&](auto vec, auto lanes) {
-    gated_rmsnorm_forward_kernel<lanes, vec><<<forward_blocks<lanes>(x.rows * heads), kNormThreads, 0, stream>>>(
-        out, rstd, x, z, heads, w, eps);
+    launch_dependent(gated_rmsnorm_forward_kernel<lanes, vec>, forward_blocks<lanes>(x.rows * heads), kNormThreads, 0,
+                     stream, out, rstd, x, z, heads, w, eps);
   });
 }
 

@@ -309,6 +309,7 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
 template <int W, bool V>
 __global__ void conv1d_silu_step_kernel(MatrixParts out, Matrix x, Matrix weight, Matrix state,
                                         const std::int32_t* slots) {
+  start_after_previous_grid();
   constexpr int N = kStepChannels;
   const Index C = x.cols, per_row = (C + N - 1) / N;
   const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
@@ -519,9 +520,8 @@ void conv1d_silu_step(MatrixParts out, Matrix x, Matrix weight, Matrix state, co
     if (threads == 0) return;
     const auto kernel = conv_kernel("conv1d_silu_step", weight.cols,
                                     vectorizable(parts) && vectorizable(xs) && vectorizable(states), kStepKernels);
-    kernel<<<grid_for(threads, 256), 256, 0, stream>>>(parts, xs, rows(weight, first, count, sizeof(bf16)), states,
-                                                       slots);
-    check_launch("conv1d_silu_step");
+    launch_after_previous("conv1d_silu_step", kernel, grid_for(threads, 256), 256, 0, stream, parts, xs,
+                          rows(weight, first, count, sizeof(bf16)), states, slots);
   });
 }
 
