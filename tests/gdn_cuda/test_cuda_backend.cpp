@@ -152,18 +152,38 @@ TEST_P(CudaVsReference, RecurrentStep) {
   check_forward(true);
 }
 
+// dg sums differences of terms (a reverse cumulative sum over each chunk), which some draws cancel far more than
+// others: seed 2784212887 left 3.6e-2 of bfloat16 error in huge_or_weak's dg on both the mma.sync and the wgmma path,
+// the same in every run, against a fixed bound of 3e-2. The same draw through the cpu backend in float32 measures the
+// cancellation: its error against float64, scaled by the ratio of the io format's unit roundoff to float32's, is
+// 0.36 for that draw and 0.04-0.07 for most. Over 666 draws on the H200 (every Backward case, 9 seeds, both paths;
+// 2026-12-02) our dg error stayed within 0.31 of that scaled error, so half of it bounds what the io format may add;
+// the fixed bound holds where that is less (most draws).
+constexpr double kCancellationScale = 0.5;
+double dg_tolerance(const Sample& s, const Cotangents& c, const BackwardResult& expected, double tol) {
+  if (s.io == DType::f32) return tol;
+  Sample single = s;
+  single.io = DType::f32;  // the values are those of the io format: exact in float32
+  single.gate = DType::f32;
+  const BackwardResult f32 = run_backward(single, c, RunOptions{"cpu", false, true, 0});
+  const double float32_error = frobenius_error(f32.dg.values(), expected.dg.values());
+  const double roundoff_ratio = s.io == DType::bf16 ? 65536.0 : 8192.0;  // 2^-8 or 2^-11 over 2^-24
+  std::printf("  dg's float32 error %.3e, scaled to the io format %.3e\n", float32_error, roundoff_ratio * float32_error);
+  return std::max(tol, kCancellationScale * roundoff_ratio * float32_error);
+}
+
 TEST_P(CudaVsReference, Backward) {
   SKIP_WITHOUT_CUDA_BACKEND();
   const Sample s = sample();
   const Cotangents c = random_cotangents(s, GetParam().dht, rng_);
   const BackwardResult ours = cuda_backward(s, c, call());
   const BackwardResult expected = run_backward(as_float64(s), c, reference());
-  // Gradients pass through more rounded intermediates than the forward, and dg sums differences of terms.
+  // Gradients pass through more rounded intermediates than the forward.
   const double tol = 2 * cuda_tolerance(s.io);
   EXPECT_TRUE(frobenius_close("dq", ours.dq.values(), expected.dq.values(), tol));
   EXPECT_TRUE(frobenius_close("dk", ours.dk.values(), expected.dk.values(), tol));
   EXPECT_TRUE(frobenius_close("dv", ours.dv.values(), expected.dv.values(), tol));
-  EXPECT_TRUE(frobenius_close("dg", ours.dg.values(), expected.dg.values(), tol));
+  EXPECT_TRUE(frobenius_close("dg", ours.dg.values(), expected.dg.values(), dg_tolerance(s, c, expected, tol)));
   EXPECT_TRUE(frobenius_close("dbeta", ours.dbeta.values(), expected.dbeta.values(), tol));
   if (!s.h0.empty()) {
     EXPECT_TRUE(frobenius_close("dh0", ours.dh0.values(), expected.dh0.values(), tol));
