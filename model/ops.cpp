@@ -148,7 +148,6 @@ CacheLayout check_attention_inputs_step(const AttentionInputs& x, const IndexArr
                                         const TensorView& k_cache, const TensorView& v_cache,
                                         const IndexArray& cache_rows, const IndexArray& batch_rows) {
   check_attention_heads(x.q_heads, x.kv_heads, x.head_dim);
-  check_rope(x.q_heads, x.head_dim, x.rotary_dim, x.theta);
   const std::int64_t D = x.head_dim, q_cols = x.q_heads * D, kv_cols = x.kv_heads * D;
   const std::int64_t T = matrix_layout(x.qg, "qg", kAnyExtent, 2 * q_cols).rows;
   matrix_layout(x.v, "v", T, kv_cols);
@@ -159,15 +158,13 @@ CacheLayout check_attention_inputs_step(const AttentionInputs& x, const IndexArr
       throw InvalidArgument(name, "must have contiguous rows (row stride " + std::to_string(cols) + "), got " +
                                       std::to_string(m->strides[0]));
   }
+  check_rope_at_positions(x.q, x.q_heads, x.head_dim, x.rotary_dim, x.theta, positions);
   for (const auto& [v, n, name] : {std::tuple{&x.q_rstd, T * x.q_heads, "q_rstd"},
                                    std::tuple{&x.k_rstd, T * x.kv_heads, "k_rstd"},
                                    std::tuple{&x.q_norm, D, "q_norm"}, std::tuple{&x.k_norm, D, "k_norm"}}) {
     if (v->ndim != 1 || v->shape[0] != n || !v->is_contiguous())
       throw InvalidArgument(name, "must be a contiguous vector of " + std::to_string(n) + ", got " + v->shape_string());
   }
-  check_count(positions.size(), T, "positions");
-  for (const std::int32_t p : positions.host)
-    if (p < 0) throw InvalidArgument("positions", "must be >= 0, got " + std::to_string(p));
   const CacheLayout cache = cache_layout(k_cache, "k_cache", kv_cols);
   const CacheLayout v_layout = cache_layout(v_cache, "v_cache", kv_cols);
   if (v_layout.slots != cache.slots || v_layout.slot_rows != cache.slot_rows)

@@ -6,7 +6,6 @@
 #include <tuple>
 
 #include "deltatrain/core/cuda_check.h"
-#include "deltatrain/core/dependent_launch.h"
 #include "deltatrain/core/error.h"
 
 namespace deltatrain::gdn::cuda {
@@ -31,9 +30,9 @@ cudaKernelNodeParams node_params(const void* function, dim3 grid, dim3 block, in
 
 }  // namespace
 
-void KernelSequence::add(const void* function, const char* name, dim3 grid, dim3 block, int smem, bool dependent) {
+void KernelSequence::add(const void* function, const char* name, dim3 grid, dim3 block, int smem) {
   if (count_ == kMaxKernels) throw Failure("a GDN operation recorded more than " + std::to_string(kMaxKernels) + " kernels");
-  kernels_[count_++] = Kernel{function, name, grid, block, smem, dependent};
+  kernels_[count_++] = Kernel{function, name, grid, block, smem};
 }
 
 void KernelSequence::run(const Params& p, cudaStream_t stream) const {
@@ -45,9 +44,8 @@ void KernelSequence::run(const Params& p, cudaStream_t stream) const {
   if (count_ == 1 || capture != cudaStreamCaptureStatusNone) {
     for (int i = 0; i < count_; ++i) {
       const Kernel& k = kernels_[i];
-      const cudaError_t status = k.dependent ? launch_dependent(k.function, k.grid, k.block, k.smem, stream, args)
-                                             : cudaLaunchKernel(k.function, k.grid, k.block, args, k.smem, stream);
-      if (status != cudaSuccess) {
+      if (const cudaError_t status = cudaLaunchKernel(k.function, k.grid, k.block, args, k.smem, stream);
+          status != cudaSuccess) {
         throw Failure(std::string("CUDA launch of ") + k.name + " failed: " + cudaGetErrorString(status) + " (" +
                       cudaGetErrorName(status) + ")");
       }

@@ -18,10 +18,8 @@ class KernelSequence {
  public:
   static constexpr int kMaxKernels = 12;
 
-  // Appends a kernel `void function(Params)`; `name` names it in errors. dependent: launched as a programmatic
-  // dependent of the kernel before it on the stream (deltatrain/core/dependent_launch.h, whose contract the kernel
-  // keeps) when the sequence runs its kernels directly: the rollout's recurrent step, between the model's kernels.
-  void add(const void* function, const char* name, dim3 grid, dim3 block, int smem, bool dependent = false);
+  // Appends a kernel `void function(Params)`; `name` names it in errors.
+  void add(const void* function, const char* name, dim3 grid, dim3 block, int smem);
   // Runs the kernels in order on `stream` with parameters p; throws Failure when a launch fails.
   void run(const Params& p, cudaStream_t stream) const;
 
@@ -31,7 +29,6 @@ class KernelSequence {
     const char* name;
     dim3 grid, block;
     int smem;
-    bool dependent;
   };
   std::array<Kernel, kMaxKernels> kernels_{};
   int count_ = 0;

@@ -50,7 +50,7 @@ class CudaOps final : public Ops {
 
   void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
             const TensorView& c) override {
-    product(trans_a, trans_b, alpha, a, b, beta, nullptr, c);
+    product(trans_a, trans_b, alpha, a, b, beta, nullptr, c, "c");
   }
 
   void gemm_add(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b,
@@ -62,7 +62,7 @@ class CudaOps final : public Ops {
     const MatrixLayout cl = matrix_layout(c, "c", dl.rows, dl.cols);
     // cuBLASLt's C and D share one layout here: a residual of another row stride is copied into d first.
     if (cl.row_stride != dl.row_stride) return Ops::gemm_add(trans_a, trans_b, alpha, a, b, c, d);
-    product(trans_a, trans_b, alpha, a, b, 1, c.data, d);
+    product(trans_a, trans_b, alpha, a, b, 1, c.data, d, "d");
   }
 
   void embedding_forward(const TensorView& out, const IndexArray& tokens, const TensorView& table) override {
@@ -387,13 +387,14 @@ class CudaOps final : public Ops {
       throw InvalidArgument(name, std::string("must be ") + dtype_name(dtype) + ", got " + dtype_name(v.dtype));
   }
 
-  // c = alpha op(a) op(b) + beta (addend, or c when null; the same layout as c).
+  // c = alpha op(a) op(b) + beta (addend, or c when null; the same layout as c); c_name names c in errors (gemm_add's
+  // result is its d).
   void product(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
-               const void* addend, const TensorView& c) {
+               const void* addend, const TensorView& c, const char* c_name) {
     const CudaDeviceGuard guard(device_.index);
     if (c.dtype != bf16 && c.dtype != f32)
-      throw InvalidArgument("c", std::string("must be bfloat16 or float32, got ") + dtype_name(c.dtype));
-    const Matrix cm = matrix(c, "c", c.dtype);
+      throw InvalidArgument(c_name, std::string("must be bfloat16 or float32, got ") + dtype_name(c.dtype));
+    const Matrix cm = matrix(c, c_name, c.dtype);
     const Index M = cm.rows, N = cm.cols;
     const Matrix am = trans_a ? matrix(a, "a", bf16, kAny, M) : matrix(a, "a", bf16, M, kAny);
     const Index K = trans_a ? am.rows : am.cols;
