@@ -13,8 +13,9 @@
 // Inference (prefill and decode) runs the same layer functions with an InferenceStep saying which cache slots
 // the sequences live in: prefill computes exactly the training forward and also writes each sequence's final
 // GDN state, conv history and keys/values into its slot; decode swaps the three operations that mix tokens
-// for their one-token forms over the slots (conv1d_silu_step, gdn recurrent_forward from the slot's state,
-// rope at the slot's position and cached_attention), everything else unchanged.
+// for their one-token forms over the slots (conv1d_silu_step, taken with the gates as gdn_inputs_step; gdn
+// recurrent_forward from the slot's state; rope at the slot's position, taken with the q/k norms and the cache
+// stores as attention_inputs_step, and cached_attention), everything else unchanged.
 //
 // On a GPU, decode's kernels (the layers and the logits' product: hundreds of launches, which at a small batch take
 // longer than the work) are recorded once per batch size into a CUDA graph and replayed; a step then uploads its
@@ -563,10 +564,12 @@ void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const Tens
   const Config& c = config;
   linear(a.in_proj, h, w.in_proj);
   const ColumnParts conv_out{a.q, a.k, a.v};
+  const GdnGates gates{a.g, a.beta, a.a, a.b, w.a_log, w.dt_bias};
   if (state && inference.decode) {
-    ops->conv1d_silu_step(conv_out, a.qkv, w.conv1d, state->conv_state, inference.slot_ids);
+    ops->gdn_inputs_step(conv_out, a.qkv, w.conv1d, state->conv_state, inference.slot_ids, gates);
   } else {
     ops->conv1d_silu_forward(conv_out, a.qkv, w.conv1d, sequences);
+    ops->gdn_gates_forward(gates.g, gates.beta, gates.a, gates.b, gates.a_log, gates.dt_bias);
   }
   if (state && !inference.decode) {
     // The prompt's last W - 1 inputs become the slot's conv history, zeros before a short prompt's start.
@@ -575,7 +578,6 @@ void Model::Impl::gdn_forward(const GdnWeights& w, GdnActivations& a, const Tens
     for (const std::int32_t slot : inference.short_slots) ops->fill_zero(row_slice(rows, slot * history, (slot + 1) * history));
     ops->copy_rows(rows, inference.conv_dst_ids, a.qkv, inference.conv_src_ids);
   }
-  ops->gdn_gates_forward(a.g, a.beta, a.a, a.b, w.a_log, w.dt_bias);
   gdn_core(a, state);
   ops->gated_rmsnorm_forward(a.normed, a.norm_rstd, a.core, a.z, w.norm, c.rms_norm_eps);
   linear(out, a.normed, w.out_proj);
@@ -649,7 +651,7 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
   const double scale = 1.0 / std::sqrt(double(hd));
   if (state && inference.decode) {
     // The new token's query and key normed and rotated at its position, its key and value into its slot's cache,
-    // and its query reads the whole cache.
+    // and its query reads the whole cache, the output gated as it is written.
     const AttentionInputs inputs{.qg = a.qg,
                                  .k_raw = a.k_raw,
                                  .v = a.v,
@@ -667,8 +669,9 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
                                  .eps = c.rms_norm_eps};
     ops->attention_inputs_step(inputs, inference.position_ids, state->k_cache, state->v_cache, inference.kv_dst_ids,
                                inference.kv_src_ids);
-    ops->cached_attention(a.o, a.q, state->k_cache, state->v_cache, Hq, Hkv, hd, scale, sequences,
-                          inference.slot_ids, inference.length_ids);
+    ops->gated_cached_attention(as_matrix(a.gated, T * Hq, hd), interleaved_half(a.qg, Hq, hd, 1), a.o, a.q,
+                                state->k_cache, state->v_cache, Hq, Hkv, hd, scale, sequences, inference.slot_ids,
+                                inference.length_ids);
   } else {
     ops->rmsnorm_forward(as_matrix(a.q, T * Hq, hd), a.q_rstd, interleaved_half(a.qg, Hq, hd, 0), w.q_norm,
                          c.rms_norm_eps, true);
@@ -678,9 +681,9 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
     ops->rope(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, sequences, false);
     ops->attention_forward(a.o, a.lse, a.q, a.k, a.v, Hq, Hkv, hd, scale, sequences);
     if (state) store_keys_values(a, *state);
+    ops->sigmoid_gate_forward(as_matrix(a.gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd),
+                              interleaved_half(a.qg, Hq, hd, 1));
   }
-  ops->sigmoid_gate_forward(as_matrix(a.gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd),
-                            interleaved_half(a.qg, Hq, hd, 1));
   linear(out, a.gated, w.o_proj);
 }
 

@@ -121,6 +121,13 @@ struct AttentionInputs {
   double theta = 0, eps = 0;
 };
 
+// Ops::gdn_gates_forward's arguments, for the operations that take them with others.
+struct GdnGates {
+  TensorView g, beta;       // written [T, HV]
+  TensorView a, b;          // the projections' [T, HV]
+  TensorView a_log, dt_bias;  // [HV]
+};
+
 // Attention's head counts: each positive, q_heads a multiple of kv_heads (GQA).
 void check_attention_heads(int q_heads, int kv_heads, int head_dim);
 CacheLayout check_attention_inputs_step(const AttentionInputs& x, const IndexArray& positions,
@@ -261,6 +268,11 @@ class Ops {
   virtual void conv1d_silu_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                                 const TensorView& state, const IndexArray& slots) = 0;
 
+  // Decode's GDN inputs: conv1d_silu_step and gdn_gates_forward(gates), which this default runs in turn; a GPU
+  // runs them as one kernel (a launch a layer fewer).
+  virtual void gdn_inputs_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
+                               const TensorView& state, const IndexArray& slots, const GdnGates& gates);
+
   // rope (forward) with each row's position given instead of derived from sequence starts: positions [T].
   virtual void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
                                  const IndexArray& positions) = 0;
@@ -281,6 +293,14 @@ class Ops {
                                 const TensorView& v_cache, int q_heads, int kv_heads, int head_dim, double scale,
                                 const IndexArray& cu_seqlens, const IndexArray& slots,
                                 const IndexArray& lengths) = 0;
+
+  // cached_attention, then gated = o * sigmoid(gate) as sigmoid_gate_forward computes it (gate and gated seen as
+  // [R * Hq, D], a head a row), which this default runs in turn; a GPU gates the output as it writes it (a launch
+  // a layer fewer, the same bits).
+  virtual void gated_cached_attention(const TensorView& gated, const TensorView& gate, const TensorView& o,
+                                      const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                      int q_heads, int kv_heads, int head_dim, double scale,
+                                      const IndexArray& cu_seqlens, const IndexArray& slots, const IndexArray& lengths);
 };
 
 // OpenMP threads (0: all available) over OpenBLAS for the products.

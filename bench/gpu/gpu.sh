@@ -37,7 +37,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUNDLE=.device-build/gpu
 GPU_BINARIES=${GPU_BINARIES:-test_train_mpi test_cuda_ops test_cuda_model test_gdn_cuda test_cuda_sampling test_memsaver \
-  rollout_benchmark model_step_benchmark gemm_candidates bench_gdn_cuda_host}
+  rollout_benchmark model_step_benchmark gemm_candidates bench_gdn_cuda_host state_bandwidth}
 ROOT=/tmp/deltatrain-gpu
 
 # A Python of the GPU machine's version with the module's build requirements (pyproject.toml: nanobind, and

@@ -58,6 +58,15 @@ __device__ __forceinline__ float silu_grad(float x) {
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float softplus_grad(float x) { return x > 20.f ? 1.f : sigmoid(x); }
 
+// Element `index` of the GDN gates' [rows, H] (kernels.h's GatesForward): g = -exp(A_log) softplus(a + dt_bias),
+// beta = sigmoid(b); the gates' kernel and the decode conv step's both compute them here.
+__device__ __forceinline__ void gates_forward_at(const GatesForward& p, Index index) {
+  const Index H = p.a.cols, t = index / H, j = index % H;
+  const float a = to_float(row_of<const bf16>(p.a, t)[j]) + to_float(static_cast<const bf16*>(p.dt_bias)[j]);
+  row_of<float>(p.g, t)[j] = -expf(to_float(static_cast<const bf16*>(p.a_log)[j])) * softplus(a);
+  row_of<float>(p.beta, t)[j] = sigmoid(to_float(row_of<const bf16>(p.b, t)[j]));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;

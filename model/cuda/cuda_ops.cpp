@@ -152,11 +152,7 @@ class CudaOps final : public Ops {
   void gdn_gates_forward(const TensorView& g, const TensorView& beta, const TensorView& a, const TensorView& b,
                          const TensorView& a_log, const TensorView& dt_bias) override {
     const CudaDeviceGuard guard(device_.index);
-    const Matrix am = matrix(a, "a", bf16);
-    const Index R = am.rows, H = am.cols;
-    cuda::gdn_gates_forward(matrix(g, "g", f32, R, H), matrix(beta, "beta", f32, R, H), am,
-                            matrix(b, "b", bf16, R, H), vector<const void>(a_log, "a_log", bf16, H),
-                            vector<const void>(dt_bias, "dt_bias", bf16, H), stream_);
+    cuda::gdn_gates_forward(gates_forward({g, beta, a, b, a_log, dt_bias}), stream_);
   }
 
   void gdn_gates_backward(const TensorView& da, const TensorView& db, const TensorView& da_log,
@@ -290,11 +286,12 @@ class CudaOps final : public Ops {
 
   void conv1d_silu_step(const ColumnParts& out, const TensorView& x, const TensorView& weight,
                         const TensorView& state, const IndexArray& slots) override {
-    const CudaDeviceGuard guard(device_.index);
-    const CacheLayout layout = check_conv1d_silu_step(out, x, weight, state, slots);
-    const Matrix xm = matrix(x, "x", bf16);
-    cuda::conv1d_silu_step(matrix_parts(out, "out", bf16, xm.rows, xm.cols), xm, matrix(weight, "weight", bf16),
-                           cache_rows(state, "state", bf16, layout), indices(slots, "slots", xm.rows), stream_);
+    conv_step(out, x, weight, state, slots, cuda::GatesForward{});
+  }
+
+  void gdn_inputs_step(const ColumnParts& out, const TensorView& x, const TensorView& weight, const TensorView& state,
+                       const IndexArray& slots, const GdnGates& gates) override {
+    conv_step(out, x, weight, state, slots, gates_forward(gates));
   }
 
   void rope_at_positions(const TensorView& x, int heads, int head_dim, int rotary_dim, double theta,
@@ -344,16 +341,16 @@ class CudaOps final : public Ops {
   void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                         int q_heads, int kv_heads, int head_dim, double scale, const IndexArray& cu_seqlens,
                         const IndexArray& slots, const IndexArray& lengths) override {
-    const CudaDeviceGuard guard(device_.index);
-    const CacheLayout layout =
-        check_cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, cu_seqlens, slots, lengths);
-    check_cached_head_dim(head_dim, "cached_attention");
-    const Matrix qm = matrix(q, "q", bf16);
-    const Index N = static_cast<Index>(slots.size());
-    cuda::cached_attention(matrix(o, "o", bf16), qm, cache_rows(k_cache, "k_cache", bf16, layout),
-                           cache_rows(v_cache, "v_cache", bf16, layout), layout.slot_rows, q_heads, kv_heads, head_dim,
-                           static_cast<float>(scale), sequences(cu_seqlens, qm.rows), indices(slots, "slots", N),
-                           indices(lengths, "lengths", N), stream_);
+    attend_cache(nullptr, nullptr, o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, scale, cu_seqlens, slots,
+                 lengths);
+  }
+
+  void gated_cached_attention(const TensorView& gated, const TensorView& gate, const TensorView& o, const TensorView& q,
+                              const TensorView& k_cache, const TensorView& v_cache, int q_heads, int kv_heads,
+                              int head_dim, double scale, const IndexArray& cu_seqlens, const IndexArray& slots,
+                              const IndexArray& lengths) override {
+    attend_cache(&gated, &gate, o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, scale, cu_seqlens, slots,
+                 lengths);
   }
 
   void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
@@ -526,6 +523,43 @@ class CudaOps final : public Ops {
     cuda_check(cudaMemcpy2DAsync(dst.data, dst.ld * size, src.data, src.ld * size, dst.cols * size, dst.rows,
                                  cudaMemcpyDeviceToDevice, stream_),
                "cudaMemcpy2DAsync");
+  }
+
+  // The gates' arguments validated (gdn_gates_forward's checks), for the launchers.
+  cuda::GatesForward gates_forward(const GdnGates& gates) const {
+    const Matrix am = matrix(gates.a, "a", bf16);
+    const Index R = am.rows, H = am.cols;
+    return {matrix(gates.g, "g", f32, R, H), matrix(gates.beta, "beta", f32, R, H), am,
+            matrix(gates.b, "b", bf16, R, H), vector<const void>(gates.a_log, "a_log", bf16, H),
+            vector<const void>(gates.dt_bias, "dt_bias", bf16, H)};
+  }
+
+  // conv1d_silu_step, with `gates` in the same launch unless empty.
+  void conv_step(const ColumnParts& out, const TensorView& x, const TensorView& weight, const TensorView& state,
+                 const IndexArray& slots, const cuda::GatesForward& gates) {
+    const CudaDeviceGuard guard(device_.index);
+    const CacheLayout layout = check_conv1d_silu_step(out, x, weight, state, slots);
+    const Matrix xm = matrix(x, "x", bf16);
+    cuda::conv1d_silu_step(matrix_parts(out, "out", bf16, xm.rows, xm.cols), xm, matrix(weight, "weight", bf16),
+                           cache_rows(state, "state", bf16, layout), indices(slots, "slots", xm.rows), gates, stream_);
+  }
+
+  // cached_attention, and gated_cached_attention's gate where gated is given.
+  void attend_cache(const TensorView* gated, const TensorView* gate, const TensorView& o, const TensorView& q,
+                    const TensorView& k_cache, const TensorView& v_cache, int q_heads, int kv_heads, int head_dim,
+                    double scale, const IndexArray& cu_seqlens, const IndexArray& slots, const IndexArray& lengths) {
+    const CudaDeviceGuard guard(device_.index);
+    const CacheLayout layout =
+        check_cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, cu_seqlens, slots, lengths);
+    check_cached_head_dim(head_dim, "cached_attention");
+    const Matrix qm = matrix(q, "q", bf16);
+    const Index N = static_cast<Index>(slots.size()), head_rows = qm.rows * q_heads;
+    const Matrix gm = gated ? matrix(*gate, "gate", bf16, head_rows, head_dim) : Matrix{};
+    const Matrix gatedm = gated ? matrix(*gated, "gated", bf16, head_rows, head_dim) : Matrix{};
+    cuda::cached_attention(matrix(o, "o", bf16), qm, cache_rows(k_cache, "k_cache", bf16, layout),
+                           cache_rows(v_cache, "v_cache", bf16, layout), layout.slot_rows, q_heads, kv_heads, head_dim,
+                           static_cast<float>(scale), sequences(cu_seqlens, qm.rows), indices(slots, "slots", N),
+                           indices(lengths, "lengths", N), gm, gatedm, stream_);
   }
 
   void zero(const Matrix& m, DType dtype) const {

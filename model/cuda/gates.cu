@@ -1,5 +1,5 @@
-// The GDN gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), per token and value head, and
-// their backward; dA_log and ddt_bias go through column_sums (deterministic).
+// The GDN gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), per token and value head (common.cuh's
+// gates_forward_at), and their backward; dA_log and ddt_bias go through column_sums (deterministic).
 #include "common.cuh"
 
 namespace deltatrain::model::cuda {
@@ -13,13 +13,10 @@ struct Gates {
   __device__ float dg_at(Index t, Index j) const { return row_of<const float>(dg, t)[j]; }
 };
 
-__global__ void gates_forward_kernel(Matrix g, Matrix beta, Matrix b, Gates gates) {
+__global__ void gates_forward_kernel(GatesForward gates) {
   start_after_previous_grid();
-  const Index H = b.cols, index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
-  if (index >= b.rows * H) return;
-  const Index t = index / H, j = index % H;
-  row_of<float>(g, t)[j] = -gates.decay(j) * softplus(gates.x(t, j));
-  row_of<float>(beta, t)[j] = sigmoid(to_float(row_of<const bf16>(b, t)[j]));
+  const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
+  if (index < gates.a.rows * gates.a.cols) gates_forward_at(gates, index);
 }
 
 __global__ void gates_backward_kernel(Matrix da, Matrix db, Matrix dbeta, Matrix b, Gates gates) {
@@ -47,12 +44,10 @@ struct DtBiasGrad {  // da before its rounding to bfloat16
 
 }  // namespace
 
-void gdn_gates_forward(Matrix g, Matrix beta, Matrix a, Matrix b, const void* a_log, const void* dt_bias,
-                       cudaStream_t stream) {
-  const Index n = a.rows * a.cols;
+void gdn_gates_forward(const GatesForward& gates, cudaStream_t stream) {
+  const Index n = gates.a.rows * gates.a.cols;
   if (n == 0) return;
-  const Gates gates{a, Matrix{}, static_cast<const bf16*>(a_log), static_cast<const bf16*>(dt_bias)};
-  launch_after_previous("gdn_gates_forward", gates_forward_kernel, grid_for(n, 256), 256, 0, stream, g, beta, b, gates);
+  launch_after_previous("gdn_gates_forward", gates_forward_kernel, grid_for(n, 256), 256, 0, stream, gates);
 }
 
 void gdn_gates_backward(Matrix da, Matrix db, float* da_log, float* ddt_bias, Matrix dg, Matrix dbeta, Matrix a,

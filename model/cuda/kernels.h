@@ -119,8 +119,16 @@ void rope(Matrix x, int heads, int head_dim, int rotary_dim, float theta, Sequen
 // `state`, the matrix of the cache's S * (W - 1) rows, slot slots[n] for row n of x.
 void rope_at_positions(Matrix x, int heads, int head_dim, int rotary_dim, float theta, const std::int32_t* positions,
                        cudaStream_t stream);
+// The GDN gates' forward over a, b [rows, H] (gates.cu says the formula): g, beta float32; a, b, a_log and dt_bias
+// [H] bfloat16. Empty (a.rows == 0) where a launch has none to compute.
+struct GatesForward {
+  Matrix g, beta, a, b;
+  const void* a_log = nullptr;
+  const void* dt_bias = nullptr;
+};
+// `gates` are computed by the same launch (ops.h's gdn_inputs_step) unless empty.
 void conv1d_silu_step(MatrixParts out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
-                      cudaStream_t stream);
+                      const GatesForward& gates, cudaStream_t stream);
 
 // ---- decode.cu: the rest of the inference ops ----
 // dst row dst_rows[i] = src row src_rows[i] for i < count, rows of dst.cols elements of `element_size` bytes
@@ -144,20 +152,20 @@ struct AttentionInputsStep {
 void attention_inputs_step(const AttentionInputsStep& p, Index rows, cudaStream_t stream);
 // Attention of q's rows (bfloat16 [R, Hq * D]) over the caches' rows (the matrices of their S * slot_rows rows of
 // Hkv * D), per ops.h's cached_attention; float32 scores and softmax, o bfloat16. head_dim <= kMaxCachedHeadDim.
+// With gated.data set, also ops.h's gated_cached_attention's gated [R * Hq, D] from gate [R * Hq, D].
 inline constexpr int kMaxCachedHeadDim = 512;
 // prepare_cached_attention: raises the kernel's shared-memory limit on the current device (once per Ops).
 void prepare_cached_attention();
 void cached_attention(Matrix o, Matrix q, Matrix k_cache, Matrix v_cache, Index slot_rows, int q_heads, int kv_heads,
                       int head_dim, float scale, Sequences sequences, const std::int32_t* slots,
-                      const std::int32_t* lengths, cudaStream_t stream);
+                      const std::int32_t* lengths, Matrix gate, Matrix gated, cudaStream_t stream);
 // Causal attention per packed sequence (ops.h's attention_forward, lse [Hq, R] float32) by cached_attention's
 // kernel over the batch's own keys: each row computed exactly as a decode step computes it (batch-invariant mode).
 void row_attention(Matrix o, Matrix lse, Matrix q, Matrix k, Matrix v, int q_heads, int kv_heads, int head_dim,
                    float scale, Sequences sequences, cudaStream_t stream);
 
 // ---- gates.cu: a, b, da, db, a_log, dt_bias bfloat16; g, beta, dg, dbeta float32; da_log, ddt_bias float32 (+=)
-void gdn_gates_forward(Matrix g, Matrix beta, Matrix a, Matrix b, const void* a_log, const void* dt_bias,
-                       cudaStream_t stream);
+void gdn_gates_forward(const GatesForward& gates, cudaStream_t stream);
 void gdn_gates_backward(Matrix da, Matrix db, float* da_log, float* ddt_bias, Matrix dg, Matrix dbeta, Matrix a,
                         Matrix b, const void* a_log, const void* dt_bias, Workspace& workspace,
                         cudaStream_t stream);

@@ -305,15 +305,20 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
 
 // One token per sequence (row n of x, slot slots[n]): a thread takes 8 channels of a row, reads its slot's W - 1
 // history rows and the new input as the window, and shifts the history by one row (no two threads touch one
-// element). The taps are summed oldest first, as conv_pre sums them over a whole sequence.
+// element). The taps are summed oldest first, as conv_pre sums them over a whole sequence. The threads past the
+// conv's compute the gates, one element each.
 template <int W, bool V>
 __global__ void conv1d_silu_step_kernel(MatrixParts out, Matrix x, Matrix weight, Matrix state,
-                                        const std::int32_t* slots) {
+                                        const std::int32_t* slots, GatesForward gates) {
   start_after_previous_grid();
   constexpr int N = kStepChannels;
   const Index C = x.cols, per_row = (C + N - 1) / N;
   const Index index = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x;
-  if (index >= x.rows * per_row) return;
+  if (index >= x.rows * per_row) {
+    const Index gate = index - x.rows * per_row;
+    if (gate < gates.a.rows * gates.a.cols) gates_forward_at(gates, gate);
+    return;
+  }
   const Index n = index / per_row, c0 = index % per_row * N, first = slots[n] * Index{W - 1};
   float taps[W][N], window[W][N];
   load_taps<W, N>(weight, c0, taps);
@@ -513,15 +518,17 @@ void rope_at_positions(Matrix x, int heads, int head_dim, int rotary_dim, float 
 }
 
 void conv1d_silu_step(MatrixParts out, Matrix x, Matrix weight, Matrix state, const std::int32_t* slots,
-                      cudaStream_t stream) {
+                      const GatesForward& gates, cudaStream_t stream) {
+  GatesForward pending = gates;  // to the first launch
   over_parts(out, kStepChannels, [&](const MatrixParts& parts, Index first, Index count) {
     const Matrix xs = columns(x, first, count, sizeof(bf16)), states = columns(state, first, count, sizeof(bf16));
-    const Index threads = xs.rows * ((count + kStepChannels - 1) / kStepChannels);
+    const Index threads = xs.rows * ((count + kStepChannels - 1) / kStepChannels) + pending.a.rows * pending.a.cols;
     if (threads == 0) return;
     const auto kernel = conv_kernel("conv1d_silu_step", weight.cols,
                                     vectorizable(parts) && vectorizable(xs) && vectorizable(states), kStepKernels);
     launch_after_previous("conv1d_silu_step", kernel, grid_for(threads, 256), 256, 0, stream, parts, xs,
-                          rows(weight, first, count, sizeof(bf16)), states, slots);
+                          rows(weight, first, count, sizeof(bf16)), states, slots, pending);
+    pending = GatesForward{};
   });
 }
 

@@ -32,6 +32,7 @@
 #include "cuda/stream_gemm_plan.h"
 #include "model_testing.h"
 #include "ops.h"
+#include "tensors.h"
 
 namespace deltatrain::model {
 namespace {
@@ -1174,6 +1175,70 @@ TEST_F(CudaOpsTest, Conv1dSiluInColumnParts) {
   }
 }
 
+// Decode's GDN inputs in one launch: the conv step (in q/k/v column parts, as the model's) and the gates, each
+// bit for bit what conv1d_silu_step and gdn_gates_forward give on the GPU, and within tolerance of the CPU's.
+// Parts that straddle the conv's channel groups take a launch each, the gates riding on the first.
+TEST_F(CudaOpsTest, GdnInputsStepIsTheConvStepAndTheGates) {
+  const Index W = 4, S = 9;
+  const std::vector<std::int32_t> slot_values{4, 8, 0, 6, 1};
+  const Index N = std::ssize(slot_values);
+  const Indices slots(slot_values);
+  for (const std::array<Index, 3> widths : {std::array<Index, 3>{64, 64, 128}, std::array<Index, 3>{13, 7, 21}}) {
+    for (const Index H : {Index{16}, Index{300}}) {  // gate threads fewer and more than a CTA's
+      SCOPED_TRACE("parts " + std::to_string(widths[0]) + ", " + std::to_string(widths[1]) + ", " +
+                   std::to_string(widths[2]) + ", heads " + std::to_string(H));
+      const Index C = widths[0] + widths[1] + widths[2];
+      const Both x = random(bf16, N, C, 0, -2, 2), w = random(bf16, C, W, 0);
+      const Values state0 = random(bf16, S * (W - 1), C, 0, -2, 2).expected();
+      const Both a = random(bf16, N, H, 8, -6, 24), b = random(bf16, N, H, 0, -6, 6);
+      const Both a_log = random_vec(bf16, H, -1, 1), dt_bias = random_vec(bf16, H, -1, 1);
+      struct Outputs {
+        std::vector<Both> out;
+        Both state, g, beta;
+      };
+      const auto outputs = [&] {
+        Outputs o{{}, Both(bf16, S * (W - 1), C), unset(f32, N, H), unset(f32, N, H)};
+        for (const Index width : widths) o.out.push_back(unset(bf16, N, width));
+        o.state.set(state0);
+        return o;
+      };
+      const Outputs fused = outputs(), apart = outputs();
+      const auto call = [&](Ops& ops, const Outputs& o, Side s, bool one_launch) {
+        const ColumnParts out{o.out[0].view(s), o.out[1].view(s), o.out[2].view(s)};
+        const GdnGates gates{o.g.view(s), o.beta.view(s), a.view(s), b.view(s), a_log.view(s), dt_bias.view(s)};
+        if (one_launch) ops.gdn_inputs_step(out, x.view(s), w.view(s), cache_view(o.state, s, S), slots.array(), gates);
+        else ops.Ops::gdn_inputs_step(out, x.view(s), w.view(s), cache_view(o.state, s, S), slots.array(), gates);
+      };
+      on_both([&](Ops& ops, Side s) { call(ops, fused, s, true); });
+      call(*gpu_, apart, Side::gpu, false);
+      for (int p = 0; p < 3; ++p) {
+        EXPECT_TRUE(fused.out[p].bytes() == apart.out[p].bytes()) << "part " << p << ": not the conv step's bits";
+        EXPECT_TRUE(matches("out part", fused.out[p], kBf16Tolerance));
+      }
+      EXPECT_TRUE(fused.state.bytes() == apart.state.bytes()) << "state";
+      EXPECT_TRUE(matches("state", fused.state, 0));
+      EXPECT_TRUE(fused.g.bytes() == apart.g.bytes()) << "g: not the gates' bits";
+      EXPECT_TRUE(fused.beta.bytes() == apart.beta.bytes()) << "beta: not the gates' bits";
+      EXPECT_TRUE(matches("g", fused.g, 1e-5));
+      EXPECT_TRUE(matches("beta", fused.beta, 1e-5));
+    }
+  }
+  // The gates' arguments are checked as gdn_gates_forward checks them, naming the tensor.
+  const Both x = random(bf16, N, 64, 0), w = random(bf16, 64, W, 0), out = unset(bf16, N, 64);
+  const Both state = random(bf16, S * (W - 1), 64, 0), a = random(bf16, N, 8, 0), b = random(bf16, N, 8, 0);
+  const Both a_log = random_vec(bf16, 8), dt_bias = random_vec(bf16, 8), g = unset(f32, N, 8);
+  const Both beta_bf16 = unset(bf16, N, 8);
+  try {
+    gpu_->gdn_inputs_step(out.view(Side::gpu), x.view(Side::gpu), w.view(Side::gpu), cache_view(state, Side::gpu, S),
+                          slots.array(),
+                          GdnGates{g.view(Side::gpu), beta_bf16.view(Side::gpu), a.view(Side::gpu), b.view(Side::gpu),
+                                   a_log.view(Side::gpu), dt_bias.view(Side::gpu)});
+    ADD_FAILURE() << "a bfloat16 beta was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "beta") << e.what();
+  }
+}
+
 TEST_F(CudaOpsTest, RopeAtPositionsMatchesCpu) {
   const Index T = 57;
   const int heads = 3, head_dim = 64;
@@ -1322,6 +1387,27 @@ TEST_F(CudaOpsTest, CachedAttentionMatchesCpu) {
     const std::vector<std::uint8_t> first = o.bytes();
     call(*gpu_, Side::gpu);
     EXPECT_TRUE(first == o.bytes()) << "a second identical call gave other bits";
+
+    // The output gated as it is written: the bits of cached_attention and sigmoid_gate_forward in turn, the gate
+    // read from its half of each head's [query | gate] pair as the model holds it.
+    const Index head_rows = cu.back() * c.q_heads;
+    const Both qg = random(bf16, cu.back(), 2 * q_cols, 0, -4, 4);
+    const Both o_fused = unset(bf16, cu.back(), q_cols), gated_fused = unset(bf16, head_rows, c.head_dim);
+    const Both o_apart = unset(bf16, cu.back(), q_cols), gated_apart = unset(bf16, head_rows, c.head_dim);
+    const auto gated_call = [&](Ops& ops, Side s, const Both& out, const Both& gated, bool one_launch) {
+      const TensorView gate = interleaved_half(qg.view(s), c.q_heads, c.head_dim, 1);
+      const auto call_with = [&](auto&& method) {
+        method(gated.view(s), gate, out.view(s), q.view(s), cache_view(k_cache, s, S), cache_view(v_cache, s, S),
+               c.q_heads, c.kv_heads, c.head_dim, scale, sequences.array(), slots.array(), lengths.array());
+      };
+      if (one_launch) call_with([&](auto&&... a) { ops.gated_cached_attention(a...); });
+      else call_with([&](auto&&... a) { ops.Ops::gated_cached_attention(a...); });
+    };
+    on_both([&](Ops& ops, Side s) { gated_call(ops, s, o_fused, gated_fused, true); });
+    gated_call(*gpu_, Side::gpu, o_apart, gated_apart, false);
+    EXPECT_TRUE(gated_fused.bytes() == gated_apart.bytes()) << "gated: not the attention's and the gate's bits";
+    EXPECT_TRUE(o_fused.bytes() == o_apart.bytes()) << "o";
+    EXPECT_TRUE(matches("gated", gated_fused, kBf16Tolerance));
   }
 }
 
