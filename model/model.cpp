@@ -651,7 +651,7 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
   const double scale = 1.0 / std::sqrt(double(hd));
   if (state && inference.decode) {
     // The new token's query and key normed and rotated at its position, its key and value into its slot's cache,
-    // and its query reads the whole cache, the output gated as it is written.
+    // and its query reads the whole cache.
     const AttentionInputs inputs{.qg = a.qg,
                                  .k_raw = a.k_raw,
                                  .v = a.v,
@@ -669,9 +669,8 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
                                  .eps = c.rms_norm_eps};
     ops->attention_inputs_step(inputs, inference.position_ids, state->k_cache, state->v_cache, inference.kv_dst_ids,
                                inference.kv_src_ids);
-    ops->gated_cached_attention(as_matrix(a.gated, T * Hq, hd), interleaved_half(a.qg, Hq, hd, 1), a.o, a.q,
-                                state->k_cache, state->v_cache, Hq, Hkv, hd, scale, sequences, inference.slot_ids,
-                                inference.length_ids);
+    ops->cached_attention(a.o, a.q, state->k_cache, state->v_cache, Hq, Hkv, hd, scale, sequences,
+                          inference.slot_ids, inference.length_ids);
   } else {
     ops->rmsnorm_forward(as_matrix(a.q, T * Hq, hd), a.q_rstd, interleaved_half(a.qg, Hq, hd, 0), w.q_norm,
                          c.rms_norm_eps, true);
@@ -681,9 +680,9 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
     ops->rope(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, sequences, false);
     ops->attention_forward(a.o, a.lse, a.q, a.k, a.v, Hq, Hkv, hd, scale, sequences);
     if (state) store_keys_values(a, *state);
-    ops->sigmoid_gate_forward(as_matrix(a.gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd),
-                              interleaved_half(a.qg, Hq, hd, 1));
   }
+  ops->sigmoid_gate_forward(as_matrix(a.gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd),
+                            interleaved_half(a.qg, Hq, hd, 1));
   linear(out, a.gated, w.o_proj);
 }
 

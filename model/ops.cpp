@@ -199,14 +199,6 @@ void Ops::gdn_inputs_step(const ColumnParts& out, const TensorView& x, const Ten
   gdn_gates_forward(gates.g, gates.beta, gates.a, gates.b, gates.a_log, gates.dt_bias);
 }
 
-void Ops::gated_cached_attention(const TensorView& gated, const TensorView& gate, const TensorView& o,
-                                 const TensorView& q, const TensorView& k_cache, const TensorView& v_cache, int q_heads,
-                                 int kv_heads, int head_dim, double scale, const IndexArray& cu_seqlens,
-                                 const IndexArray& slots, const IndexArray& lengths) {
-  cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, scale, cu_seqlens, slots, lengths);
-  sigmoid_gate_forward(gated, as_matrix(o, o.shape[0] * q_heads, head_dim), gate);
-}
-
 void check_attention_heads(int q_heads, int kv_heads, int head_dim) {
   check_positive(q_heads, "q_heads");
   check_positive(kv_heads, "kv_heads");

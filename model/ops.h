@@ -293,14 +293,6 @@ class Ops {
                                 const TensorView& v_cache, int q_heads, int kv_heads, int head_dim, double scale,
                                 const IndexArray& cu_seqlens, const IndexArray& slots,
                                 const IndexArray& lengths) = 0;
-
-  // cached_attention, then gated = o * sigmoid(gate) as sigmoid_gate_forward computes it (gate and gated seen as
-  // [R * Hq, D], a head a row), which this default runs in turn; a GPU gates the output as it writes it (a launch
-  // a layer fewer, the same bits).
-  virtual void gated_cached_attention(const TensorView& gated, const TensorView& gate, const TensorView& o,
-                                      const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                                      int q_heads, int kv_heads, int head_dim, double scale,
-                                      const IndexArray& cu_seqlens, const IndexArray& slots, const IndexArray& lengths);
 };
 
 // OpenMP threads (0: all available) over OpenBLAS for the products.

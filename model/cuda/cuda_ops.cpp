@@ -341,16 +341,16 @@ class CudaOps final : public Ops {
   void cached_attention(const TensorView& o, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                         int q_heads, int kv_heads, int head_dim, double scale, const IndexArray& cu_seqlens,
                         const IndexArray& slots, const IndexArray& lengths) override {
-    attend_cache(nullptr, nullptr, o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, scale, cu_seqlens, slots,
-                 lengths);
-  }
-
-  void gated_cached_attention(const TensorView& gated, const TensorView& gate, const TensorView& o, const TensorView& q,
-                              const TensorView& k_cache, const TensorView& v_cache, int q_heads, int kv_heads,
-                              int head_dim, double scale, const IndexArray& cu_seqlens, const IndexArray& slots,
-                              const IndexArray& lengths) override {
-    attend_cache(&gated, &gate, o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, scale, cu_seqlens, slots,
-                 lengths);
+    const CudaDeviceGuard guard(device_.index);
+    const CacheLayout layout =
+        check_cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, cu_seqlens, slots, lengths);
+    check_cached_head_dim(head_dim, "cached_attention");
+    const Matrix qm = matrix(q, "q", bf16);
+    const Index N = static_cast<Index>(slots.size());
+    cuda::cached_attention(matrix(o, "o", bf16), qm, cache_rows(k_cache, "k_cache", bf16, layout),
+                           cache_rows(v_cache, "v_cache", bf16, layout), layout.slot_rows, q_heads, kv_heads, head_dim,
+                           static_cast<float>(scale), sequences(cu_seqlens, qm.rows), indices(slots, "slots", N),
+                           indices(lengths, "lengths", N), stream_);
   }
 
   void cross_entropy(const TensorView& logits, const IndexArray& targets, const TensorView& weights,
@@ -542,24 +542,6 @@ class CudaOps final : public Ops {
     const Matrix xm = matrix(x, "x", bf16);
     cuda::conv1d_silu_step(matrix_parts(out, "out", bf16, xm.rows, xm.cols), xm, matrix(weight, "weight", bf16),
                            cache_rows(state, "state", bf16, layout), indices(slots, "slots", xm.rows), gates, stream_);
-  }
-
-  // cached_attention, and gated_cached_attention's gate where gated is given.
-  void attend_cache(const TensorView* gated, const TensorView* gate, const TensorView& o, const TensorView& q,
-                    const TensorView& k_cache, const TensorView& v_cache, int q_heads, int kv_heads, int head_dim,
-                    double scale, const IndexArray& cu_seqlens, const IndexArray& slots, const IndexArray& lengths) {
-    const CudaDeviceGuard guard(device_.index);
-    const CacheLayout layout =
-        check_cached_attention(o, q, k_cache, v_cache, q_heads, kv_heads, head_dim, cu_seqlens, slots, lengths);
-    check_cached_head_dim(head_dim, "cached_attention");
-    const Matrix qm = matrix(q, "q", bf16);
-    const Index N = static_cast<Index>(slots.size()), head_rows = qm.rows * q_heads;
-    const Matrix gm = gated ? matrix(*gate, "gate", bf16, head_rows, head_dim) : Matrix{};
-    const Matrix gatedm = gated ? matrix(*gated, "gated", bf16, head_rows, head_dim) : Matrix{};
-    cuda::cached_attention(matrix(o, "o", bf16), qm, cache_rows(k_cache, "k_cache", bf16, layout),
-                           cache_rows(v_cache, "v_cache", bf16, layout), layout.slot_rows, q_heads, kv_heads, head_dim,
-                           static_cast<float>(scale), sequences(cu_seqlens, qm.rows), indices(slots, "slots", N),
-                           indices(lengths, "lengths", N), gm, gatedm, stream_);
   }
 
   void zero(const Matrix& m, DType dtype) const {

@@ -123,10 +123,6 @@ struct CachedAttention {
   const std::int32_t* lengths;
   float* lse;  // null, or [Hq, R] with row stride lse_ld: each row's log-sum-exp of its scaled scores
   Index lse_ld;
-  // gated.data null, or gated = o * sigmoid(gate) (elementwise.cu's sigmoid gate of o's bfloat16 values) with
-  // gate and gated [R * q_heads, head_dim]: a head a row.
-  Matrix gate, gated;
-  int q_heads;
 };
 
 // A cached row's stride in shared memory: whole 16-byte vectors (zeros past head_dim).
@@ -213,12 +209,7 @@ __device__ void write_merged(const CachedAttention& a, Index t, int h0, int head
       total += sums[w][h] * weight;
       value += partial[(w * kMaxHeads + h) * ld + d] * weight;
     }
-    const bf16 out = to_bf16(value / total);
-    row_of<bf16>(a.o, t)[static_cast<Index>(h0 + h) * D + d] = out;
-    if (a.gated.data != nullptr) {
-      const Index head_row = t * a.q_heads + h0 + h;
-      row_of<bf16>(a.gated, head_row)[d] = to_bf16(to_float(out) * sigmoid(to_float(row_of<const bf16>(a.gate, head_row)[d])));
-    }
+    row_of<bf16>(a.o, t)[static_cast<Index>(h0 + h) * D + d] = to_bf16(value / total);
     if (a.lse != nullptr && d == 0) {
       a.lse[(h0 + h) * a.lse_ld + t] = Base2 ? (overall + log2f(total)) / kLog2e : overall + logf(total);
     }
@@ -618,16 +609,16 @@ void attention_inputs_step(const AttentionInputsStep& p, Index rows, cudaStream_
 
 void cached_attention(Matrix o, Matrix q, Matrix k_cache, Matrix v_cache, Index slot_rows, int q_heads, int kv_heads,
                       int head_dim, float scale, Sequences sequences, const std::int32_t* slots,
-                      const std::int32_t* lengths, Matrix gate, Matrix gated, cudaStream_t stream) {
+                      const std::int32_t* lengths, cudaStream_t stream) {
   launch_cached_attention({o, q, k_cache, v_cache, slot_rows, q_heads / kv_heads, head_dim, scale, sequences, slots,
-                           lengths, nullptr, 0, gate, gated, q_heads},
+                           lengths, nullptr, 0},
                           q_heads, stream);
 }
 
 void row_attention(Matrix o, Matrix lse, Matrix q, Matrix k, Matrix v, int q_heads, int kv_heads, int head_dim,
                    float scale, Sequences sequences, cudaStream_t stream) {
   launch_cached_attention({o, q, k, v, 0, q_heads / kv_heads, head_dim, scale, sequences, nullptr, nullptr,
-                           static_cast<float*>(lse.data), lse.ld, Matrix{}, Matrix{}, q_heads},
+                           static_cast<float*>(lse.data), lse.ld},
                           q_heads, stream);
 }
 

@@ -152,13 +152,12 @@ struct AttentionInputsStep {
 void attention_inputs_step(const AttentionInputsStep& p, Index rows, cudaStream_t stream);
 // Attention of q's rows (bfloat16 [R, Hq * D]) over the caches' rows (the matrices of their S * slot_rows rows of
 // Hkv * D), per ops.h's cached_attention; float32 scores and softmax, o bfloat16. head_dim <= kMaxCachedHeadDim.
-// With gated.data set, also ops.h's gated_cached_attention's gated [R * Hq, D] from gate [R * Hq, D].
 inline constexpr int kMaxCachedHeadDim = 512;
 // prepare_cached_attention: raises the kernel's shared-memory limit on the current device (once per Ops).
 void prepare_cached_attention();
 void cached_attention(Matrix o, Matrix q, Matrix k_cache, Matrix v_cache, Index slot_rows, int q_heads, int kv_heads,
                       int head_dim, float scale, Sequences sequences, const std::int32_t* slots,
-                      const std::int32_t* lengths, Matrix gate, Matrix gated, cudaStream_t stream);
+                      const std::int32_t* lengths, cudaStream_t stream);
 // Causal attention per packed sequence (ops.h's attention_forward, lse [Hq, R] float32) by cached_attention's
 // kernel over the batch's own keys: each row computed exactly as a decode step computes it (batch-invariant mode).
 void row_attention(Matrix o, Matrix lse, Matrix q, Matrix k, Matrix v, int q_heads, int kv_heads, int head_dim,
