@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batch_list, "comma-separated batch sizes");
   app.add_option("--prompt", prompt, "prompt tokens per sequence");
   app.add_option("--new-tokens", new_tokens, "tokens generated per sequence");
-  app.add_option("--decode-probe", probe_steps, "Model::decode steps timed alone per batch size");
+  app.add_option("--decode-probe", probe_steps, "Model::decode steps timed alone per batch size")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--bandwidth-tbs", bandwidth_tbs, "device memory bandwidth for the roofline (H200 copy: 4.3)");
   app.add_option("--cuda-graphs", cuda_graphs, "replay decode steps from CUDA graphs");
   app.add_option("--json", json_path);
@@ -100,6 +101,8 @@ int main(int argc, char** argv) {
     device.upload(host, stream);
     const model::ModelOptions options{.device = gpu, .dtype = DType::bf16, .stream = stream, .cuda_graphs = cuda_graphs};
     const std::int64_t max_length = prompt + new_tokens - 1;
+    // The probes decode 2 (probe + 2) and probe + 2 steps after the prompt, whatever --new-tokens is.
+    const std::int64_t probe_length = std::max<std::int64_t>(max_length, prompt + 2 * (probe_steps + 2));
 
     nlohmann::ordered_json rows = nlohmann::json::array();
     for (const std::int64_t B : batches) {
@@ -174,7 +177,7 @@ int main(int argc, char** argv) {
         model::Model m(config, options);
         m.bind(device.params());
         graphs_used = m.decode_uses_cuda_graphs();
-        model::InferenceState state(config, options, B, max_length);
+        model::InferenceState state(config, options, B, probe_length);
         void* device_logits = nullptr;
         cuda_check(cudaMalloc(&device_logits, B * V * sizeof(std::uint16_t)), "cudaMalloc");
         const TensorView logits = TensorView::contiguous(device_logits, DType::bf16, {B, V}, gpu);
@@ -226,7 +229,7 @@ int main(int argc, char** argv) {
         if (name == "model.embed_tokens.weight") v.shape[0] = kProbeVocab;
         return v;
       });
-      model::InferenceState small_state(small, options, B, max_length);
+      model::InferenceState small_state(small, options, B, probe_length);
       for (auto& t : tokens) t %= kProbeVocab;
       std::vector<double> small_logits(B * kProbeVocab);
       layers.prefill({tokens, cu}, slots, small_state, small_logits);
