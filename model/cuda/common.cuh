@@ -58,12 +58,20 @@ __device__ __forceinline__ float silu_grad(float x) {
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float softplus_grad(float x) { return x > 20.f ? 1.f : sigmoid(x); }
 
+// The GDN gates' pieces, forward and backward (gates.cu): softplus's input a + dt_bias at row t and head j (a
+// [T, HV], dt_bias [HV], bfloat16), and head j's decay rate exp(A_log).
+__device__ __forceinline__ float gate_input(const Matrix& a, const void* dt_bias, Index t, Index j) {
+  return to_float(row_of<const bf16>(a, t)[j]) + to_float(static_cast<const bf16*>(dt_bias)[j]);
+}
+__device__ __forceinline__ float gate_decay(const void* a_log, Index j) {
+  return expf(to_float(static_cast<const bf16*>(a_log)[j]));
+}
+
 // Element `index` of the GDN gates' [rows, H] (kernels.h's GatesForward): g = -exp(A_log) softplus(a + dt_bias),
 // beta = sigmoid(b); the gates' kernel and the decode conv step's both compute them here.
 __device__ __forceinline__ void gates_forward_at(const GatesForward& p, Index index) {
   const Index H = p.a.cols, t = index / H, j = index % H;
-  const float a = to_float(row_of<const bf16>(p.a, t)[j]) + to_float(static_cast<const bf16*>(p.dt_bias)[j]);
-  row_of<float>(p.g, t)[j] = -expf(to_float(static_cast<const bf16*>(p.a_log)[j])) * softplus(a);
+  row_of<float>(p.g, t)[j] = -gate_decay(p.a_log, j) * softplus(gate_input(p.a, p.dt_bias, t, j));
   row_of<float>(p.beta, t)[j] = sigmoid(to_float(row_of<const bf16>(p.b, t)[j]));
 }
 

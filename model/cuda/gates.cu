@@ -8,8 +8,8 @@ namespace {
 struct Gates {
   Matrix a, dg;  // [T, HV]: a bfloat16, dg float32
   const bf16 *a_log, *dt_bias;
-  __device__ float x(Index t, Index j) const { return to_float(row_of<const bf16>(a, t)[j]) + to_float(dt_bias[j]); }
-  __device__ float decay(Index j) const { return expf(to_float(a_log[j])); }
+  __device__ float x(Index t, Index j) const { return gate_input(a, dt_bias, t, j); }
+  __device__ float decay(Index j) const { return gate_decay(a_log, j); }
   __device__ float dg_at(Index t, Index j) const { return row_of<const float>(dg, t)[j]; }
 };
 
