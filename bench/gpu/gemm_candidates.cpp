@@ -9,7 +9,8 @@
 // exceed the L2 cache, as the layers of a decode step do (one weight timed alone would be served from L2 after its
 // first launch). One JSON object per (product, rows, kernel) on stdout, or an array in --json.
 //
-//   gemm_candidates [--config qwen3.5-0.8b] [--rows 1,16,64,256] [--candidates 16] [--reps 200] [--json FILE]
+//   gemm_candidates [--config qwen3.5-0.8b] [--rows 1,16,64,256] [--candidates 16] [--split-k 2,4,8]
+//                   [--reps 200] [--json FILE]
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -66,12 +67,17 @@ int main(int argc, char** argv) {
   CLI::App app{"cuBLASLt's candidates for a decode step's products, timed"};
   std::string config_name = "qwen3.5-0.8b", json_path;
   std::vector<std::int64_t> row_counts{1, 16, 64, 256};
+  std::vector<std::uint32_t> split_k;
   int candidates = 16, reps = 200;
   app.add_option("--config", config_name);
   app.add_option("--rows", row_counts, "row counts (a decode step's batch sizes), comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_option("--candidates", candidates, "heuristic results to time per product")->check(CLI::Range(1, 64));
+  app.add_option("--split-k", split_k,
+                 "also time each candidate with K split into these numbers of parts, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1u, 64u));
   app.add_option("--reps", reps, "timed launches per candidate")->check(CLI::Range(1, 100000));
   app.add_option("--json", json_path);
   CLI11_PARSE(app, argc, argv);
@@ -94,7 +100,8 @@ int main(int argc, char** argv) {
       for (const std::int64_t M : row_counts) {
         const Buffer x(static_cast<std::size_t>(M * K) * 2), y(static_cast<std::size_t>(M * N) * 2);
         const std::vector<model::cuda::Gemm::Candidate> found =
-            gemm.candidates(false, true, M, N, K, x.data, K, weights[0]->data, K, y.data, N, DType::bf16, candidates);
+            gemm.candidates(false, true, M, N, K, x.data, K, weights[0]->data, K, y.data, N, DType::bf16, candidates,
+                            split_k);
         // Mean time of one launch over `reps`, each launch on the next weight copy, replayed from a CUDA graph as a
         // decode step is (timing the launches themselves would time cuBLASLt's host work at these sizes).
         const auto time_us = [&](const auto& product) {
@@ -125,11 +132,11 @@ int main(int argc, char** argv) {
         record({{"kernel", "run"}}, time_us([&](const void* weight) {
                  gemm.run(false, true, M, N, K, 1.f, x.data, K, weight, K, 0.f, y.data, N, DType::bf16);
                }));
-        for (std::size_t rank = 0; rank < found.size(); ++rank) {
-          record({{"kernel", "cublaslt"}, {"heuristic_rank", rank}, {"tile", found[rank].tile},
-                  {"stages", found[rank].stages}, {"split_k", found[rank].split_k}},
+        for (const model::cuda::Gemm::Candidate& candidate : found) {
+          record({{"kernel", "cublaslt"}, {"heuristic_rank", candidate.heuristic_rank}, {"tile", candidate.tile},
+                  {"stages", candidate.stages}, {"split_k", candidate.split_k}, {"reduction", candidate.reduction}},
                  time_us([&](const void* weight) {
-                   gemm.run_with(found[rank].algo, false, true, M, N, K, 1.f, x.data, K, weight, K, 0.f, y.data, N,
+                   gemm.run_with(candidate.algo, false, true, M, N, K, 1.f, x.data, K, weight, K, 0.f, y.data, N,
                                  DType::bf16);
                  }));
         }

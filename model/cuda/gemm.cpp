@@ -159,15 +159,41 @@ void Gemm::run_with(const cublasLtMatmulAlgo_t& algo, bool trans_a, bool trans_b
 
 std::vector<Gemm::Candidate> Gemm::candidates(bool trans_a, bool trans_b, Index M, Index N, Index K, const void* a,
                                               Index lda, const void* b, Index ldb, void* c, Index ldc,
-                                              DType c_dtype, int count) {
+                                              DType c_dtype, int count, const std::vector<std::uint32_t>& split_k) {
+  const Key key = key_of(trans_a, trans_b, M, N, K, a, lda, b, ldb, c, ldc, c_dtype, false);
   std::vector<Candidate> out;
-  for (const cublasLtMatmulHeuristicResult_t& result :
-       heuristic(key_of(trans_a, trans_b, M, N, K, a, lda, b, ldb, c, ldc, c_dtype, false), M, count)) {
-    out.push_back({result.algo, config_attribute(result.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                   config_attribute(result.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-                   config_attribute(result.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)});
+  const auto add = [&](const cublasLtMatmulAlgo_t& algo, int rank) {
+    out.push_back({algo, config_attribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                   config_attribute(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                   config_attribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                   config_attribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), rank});
+  };
+  int rank = 0;
+  for (const cublasLtMatmulHeuristicResult_t& result : heuristic(key, M, count)) {
+    add(result.algo, rank);
+    for (const std::uint32_t parts : split_k)
+      if (const std::optional<cublasLtMatmulAlgo_t> variant = split(result.algo, key, M, parts)) add(*variant, rank);
+    ++rank;
   }
   return out;
+}
+
+std::optional<cublasLtMatmulAlgo_t> Gemm::split(const cublasLtMatmulAlgo_t& algo, const Key& key, std::int64_t M,
+                                                std::uint32_t parts) {
+  cublasLtMatmulAlgo_t variant = algo;
+  const std::uint32_t reduction = parts > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+  check(cublasLtMatmulAlgoConfigSetAttribute(&variant, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &parts, sizeof parts),
+        "cublasLtMatmulAlgoConfigSetAttribute");
+  check(cublasLtMatmulAlgoConfigSetAttribute(&variant, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                             sizeof reduction),
+        "cublasLtMatmulAlgoConfigSetAttribute");
+  Descriptors d;
+  describe(d, key, M);
+  cublasLtMatmulHeuristicResult_t checked{};
+  if (cublasLtMatmulAlgoCheck(handle_, d.op, d.a, d.b, d.c, d.c, &variant, &checked) != CUBLAS_STATUS_SUCCESS ||
+      checked.workspaceSize > kWorkspaceBytes)
+    return std::nullopt;
+  return variant;
 }
 
 std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristic(const Key& key, std::int64_t M, int count) {
@@ -207,21 +233,11 @@ const cublasLtMatmulAlgo_t& Gemm::algorithm(const Key& key) {
   for (const cublasLtMatmulHeuristicResult_t& result : results)
     if (config_attribute(result.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1)
       return algorithms_.emplace(key, result.algo).first->second;
-  cublasLtMatmulAlgo_t unsplit = results.front().algo;
-  const std::uint32_t one = 1, no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-  check(cublasLtMatmulAlgoConfigSetAttribute(&unsplit, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one),
-        "cublasLtMatmulAlgoConfigSetAttribute");
-  check(cublasLtMatmulAlgoConfigSetAttribute(&unsplit, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
-                                             sizeof no_reduction),
-        "cublasLtMatmulAlgoConfigSetAttribute");
-  Descriptors d;
-  describe(d, key, kInvariantRows);
-  cublasLtMatmulHeuristicResult_t checked{};
-  const cublasStatus_t status = cublasLtMatmulAlgoCheck(handle_, d.op, d.a, d.b, d.c, d.c, &unsplit, &checked);
-  if (status != CUBLAS_STATUS_SUCCESS)
+  const std::optional<cublasLtMatmulAlgo_t> unsplit = split(results.front().algo, key, kInvariantRows, 1);
+  if (!unsplit)
     throw Failure("cuBLASLt has no algorithm for the row-invariant product " + product_name(kInvariantRows, key) +
-                  " that does not split K (" + cublasLtGetStatusString(status) + ")");
-  return algorithms_.emplace(key, unsplit).first->second;
+                  " that does not split K");
+  return algorithms_.emplace(key, *unsplit).first->second;
 }
 
 }  // namespace deltatrain::model::cuda

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "deltatrain/core/tensor.h"
@@ -37,14 +38,17 @@ class Gemm {
            const void* addend = nullptr);
 
   // The heuristic's first `count` algorithms for run()'s product (not row-invariant), best first, with the
-  // configuration each names; run() takes the first where the weight-streaming kernel does not apply. For
-  // benchmarks that time them (bench/gpu/gemm_candidates.cpp), with run_with().
+  // configuration each names; run() takes the first where the weight-streaming kernel does not apply. After each,
+  // its variants that split K into each of `split_k` parts (summed in float32 in the workspace, in a fixed order)
+  // where cuBLASLt accepts them. For benchmarks that time them (bench/gpu/gemm_candidates.cpp), with run_with().
   struct Candidate {
     cublasLtMatmulAlgo_t algo;
-    std::uint32_t tile, stages, split_k;
+    std::uint32_t tile, stages, split_k, reduction;
+    int heuristic_rank;
   };
   std::vector<Candidate> candidates(bool trans_a, bool trans_b, Index M, Index N, Index K, const void* a, Index lda,
-                                    const void* b, Index ldb, void* c, Index ldc, DType c_dtype, int count);
+                                    const void* b, Index ldb, void* c, Index ldc, DType c_dtype, int count,
+                                    const std::vector<std::uint32_t>& split_k = {});
   void run_with(const cublasLtMatmulAlgo_t& algo, bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha,
                 const void* a, Index lda, const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype,
                 const void* addend = nullptr);
@@ -55,6 +59,9 @@ class Gemm {
   const cublasLtMatmulAlgo_t& algorithm(const Key& key);
   // The heuristic's first `count` results for `key` at M rows.
   std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Key& key, std::int64_t M, int count);
+  // `algo` with K split into `parts` (1: not split), if cuBLASLt runs it for `key` at M rows.
+  std::optional<cublasLtMatmulAlgo_t> split(const cublasLtMatmulAlgo_t& algo, const Key& key, std::int64_t M,
+                                            std::uint32_t parts);
 
   cudaStream_t stream_;
   int multiprocessors_ = 0;

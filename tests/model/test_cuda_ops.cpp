@@ -841,16 +841,19 @@ TEST_F(CudaOpsTest, StreamGemmIsDeterministicRowInvariantAndTakes64Rows) {
   EXPECT_LT(relative_error(all.actual(), expected), 1e-5);
 }
 
-// At 80 rows, past the weight-streaming kernel's, run() takes cuBLASLt's first candidate.
+// At 80 rows, past the weight-streaming kernel's, run() takes cuBLASLt's first candidate; every candidate, and
+// every variant splitting K that cuBLASLt accepts, computes the same product.
 TEST_F(CudaOpsTest, GemmCandidatesComputeTheProductRunTakesTheFirst) {
-  const Index M = 80, N = 520, K = 256;
+  const Index M = 80, N = 520, K = 1024;
   const Both x = random(bf16, M, K), w = random(bf16, N, K), by_run = unset(bf16, M, N);
   const auto data = [](const Both& t) { return t.view(Side::gpu).data; };
   cuda::Gemm gemm(nullptr);  // the legacy default stream, which Both's downloads wait for
   gemm.run(false, true, M, N, K, 1.f, data(x), K, data(w), K, 0.f, data(by_run), N, DType::bf16);
   const std::vector<cuda::Gemm::Candidate> candidates =
-      gemm.candidates(false, true, M, N, K, data(x), K, data(w), K, data(by_run), N, DType::bf16, 8);
+      gemm.candidates(false, true, M, N, K, data(x), K, data(w), K, data(by_run), N, DType::bf16, 8, {2, 4});
   ASSERT_FALSE(candidates.empty());
+  EXPECT_TRUE(std::any_of(candidates.begin(), candidates.end(), [](const auto& c) { return c.split_k == 4; }))
+      << "no candidate split K into 4 parts";
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     SCOPED_TRACE("candidate " + std::to_string(i) + ": tile " + std::to_string(candidates[i].tile) + ", split-K " +
                  std::to_string(candidates[i].split_k));
