@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -65,25 +66,42 @@ int main(int argc, char** argv) {
     cuda_check(cudaEventCreate(&start), "cudaEventCreate");
     cuda_check(cudaEventCreate(&middle), "cudaEventCreate");
     cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
-    std::vector<double> step_ms, forward_ms;
+    // GPU time by events; beside it the host's time inside forward() (which waits for the loss) and backward()
+    // (which only queues work): a backward whose host time nears its GPU time is bound by the host's launches.
+    std::vector<double> step_ms, forward_ms, host_forward_ms, host_backward_ms;
+    const auto since_ms = [](std::chrono::steady_clock::time_point t0) {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
     double loss = 0;
     for (int s = 0; s < warmup + steps; ++s) {
       device.zero_grads(stream);
       cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
+      const auto forward_start = std::chrono::steady_clock::now();
       loss = m.forward({tokens, cu});  // waits for the loss (one synchronisation per step)
+      const double host_forward = since_ms(forward_start);
       cuda_check(cudaEventRecord(middle, stream), "cudaEventRecord");
+      const auto backward_start = std::chrono::steady_clock::now();
       m.backward();
+      const double host_backward = since_ms(backward_start);
       cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
       cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
       float total_ms = 0, fwd_ms = 0;
       cudaEventElapsedTime(&total_ms, start, stop);
       cudaEventElapsedTime(&fwd_ms, start, middle);
-      if (s >= warmup) step_ms.push_back(total_ms), forward_ms.push_back(fwd_ms);
-      std::printf("step %d: loss %.4f, %.1f ms (forward %.1f)\n", s, loss, total_ms, fwd_ms);
+      if (s >= warmup) {
+        step_ms.push_back(total_ms);
+        forward_ms.push_back(fwd_ms);
+        host_forward_ms.push_back(host_forward);
+        host_backward_ms.push_back(host_backward);
+      }
+      std::printf("step %d: loss %.4f, %.1f ms (forward %.1f; host %.1f in forward, %.1f in backward)\n", s, loss,
+                  total_ms, fwd_ms, host_forward, host_backward);
     }
-    std::sort(step_ms.begin(), step_ms.end());
-    std::sort(forward_ms.begin(), forward_ms.end());
-    const double median = step_ms[step_ms.size() / 2], median_forward = forward_ms[forward_ms.size() / 2];
+    const auto median_of = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double median = median_of(step_ms), median_forward = median_of(forward_ms);
     std::size_t free_after = 0;
     cuda_check(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
     const double tokens_per_s = double(tokens.size()) / (median / 1e3);
@@ -98,6 +116,7 @@ int main(int argc, char** argv) {
         {"loss_chunk", loss_chunk > 0 ? loss_chunk : model::default_loss_chunk(gpu)},
         {"step_ms", median},          {"forward_ms", median_forward},
         {"backward_ms", median - median_forward},
+        {"host_forward_ms", median_of(host_forward_ms)}, {"host_backward_ms", median_of(host_backward_ms)},
         {"tokens_per_s", tokens_per_s}, {"training_gflop_per_token", flops.total() / 1e9},
         {"mfu", mfu},                 {"peak_tflops", peak_tflops},
         {"memory_used_gib", double(free_before - free_after) / (1ull << 30)},

@@ -9,15 +9,16 @@
 #include "deltatrain/core/error.h"
 
 #include "common.cuh"
+#include "norm_plan.h"
 
 namespace deltatrain::model::cuda {
 namespace {
 
 constexpr int kNormThreads = 256;
+static_assert(kNormVector == kVector, "norm_plan.h's step is a 16-byte access");
 
-// The lanes that share a row: 16 for rows of at most 128 columns (the GDN heads' gated norm: a whole warp per
-// row would leave half its lanes idle), else 32. Each lane takes 8 consecutive columns per step. A group past
-// the last row works on the last row without storing, so that every lane of a warp reaches the shuffles.
+// The lanes that share a row (norm_plan.h chooses 16 or 32), each taking 8 consecutive columns per step. A group
+// past the last row works on the last row without storing, so that every lane of a warp reaches the shuffles.
 // The forward kernels' block takes one row per group: row_in_block() of them.
 template <int Lanes>
 struct RowGroup {
@@ -59,21 +60,14 @@ __device__ float inverse_rms(const RowGroup<Lanes>& g, const bf16* x, Index cols
   return rms_scale(RowGroup<Lanes>::sum(ss), cols, eps);
 }
 
-// Rows of up to kHeldSteps steps (1024 columns at 32 lanes, 512 at 16) are read once, every load issued before the
-// first is used, and kept in registers: the forward is then one round trip to memory. The column loops (wider
-// rows) wait on their loads step after step and pass after pass: 4.5 us for 64 rows of 1024 on the H200, where
-// an element-wise kernel of that size takes ~2. Both forms sum and round in the same order: the same bits.
-constexpr int kHeldSteps = 4;
-
-template <int Lanes>
-__device__ bool fits_held(Index cols) {
-  return cols <= kHeldSteps * RowGroup<Lanes>::kStep;
-}
-
-template <int Lanes, bool V>
-__device__ void load_held(const RowGroup<Lanes>& g, const bf16* row, Index cols, float (&v)[kHeldSteps][kVector]) {
+// Rows of up to kNormMaxHeldSteps steps (norm_plan.h) are read once, every load issued before the first is used,
+// and kept in registers as Steps steps: the forward is then one round trip to memory. The column loops (wider rows)
+// wait on their loads step after step and pass after pass: 4.5 us for 64 rows of 1024 on the H200, where an
+// element-wise kernel of that size takes ~2. Both forms sum and round in the same order: the same bits.
+template <int Steps, int Lanes, bool V>
+__device__ void load_held(const RowGroup<Lanes>& g, const bf16* row, Index cols, float (&v)[Steps][kVector]) {
 #pragma unroll
-  for (int s = 0; s < kHeldSteps; ++s) {
+  for (int s = 0; s < Steps; ++s) {
     const Index c0 = g.column + s * g.kStep;
     if (c0 < cols) {
       load8<V>(row, c0, cols, v[s]);
@@ -84,50 +78,51 @@ __device__ void load_held(const RowGroup<Lanes>& g, const bf16* row, Index cols,
   }
 }
 
-template <int Lanes, bool V>
-__device__ void store_held(const RowGroup<Lanes>& g, bf16* row, Index cols, const float (&v)[kHeldSteps][kVector]) {
+template <int Steps, int Lanes, bool V>
+__device__ void store_held(const RowGroup<Lanes>& g, bf16* row, Index cols, const float (&v)[Steps][kVector]) {
 #pragma unroll
-  for (int s = 0; s < kHeldSteps; ++s) {
+  for (int s = 0; s < Steps; ++s) {
     const Index c0 = g.column + s * g.kStep;
     if (c0 < cols) store8<V>(row, c0, cols, v[s]);
   }
 }
 
 // inverse_rms of a held row (zeros past cols add nothing).
-template <int Lanes>
-__device__ float inverse_rms_held(const float (&v)[kHeldSteps][kVector], Index cols, float eps) {
+template <int Steps, int Lanes>
+__device__ float inverse_rms_held(const float (&v)[Steps][kVector], Index cols, float eps) {
   float ss = 0.f;
 #pragma unroll
-  for (int s = 0; s < kHeldSteps; ++s) ss = add_squares(ss, v[s]);
+  for (int s = 0; s < Steps; ++s) ss = add_squares(ss, v[s]);
   return rms_scale(RowGroup<Lanes>::sum(ss), cols, eps);
 }
 
-template <int Lanes, bool V, bool Residual>
+// Steps: the held steps of the launch's NormRowPlan (0: the column loops).
+template <int Lanes, int Steps, bool V, bool Residual>
 __global__ void rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, Matrix residual, const bf16* w, float eps,
                                        bool zero_centred) {
   start_after_previous_grid();
   const RowGroup<Lanes> g(x.rows, RowGroup<Lanes>::row_in_block());
-  if (fits_held<Lanes>(x.cols)) {
-    float v[kHeldSteps][kVector], gain[kHeldSteps][kVector];
-    load_held<Lanes, V>(g, row_of<const bf16>(x, g.row), x.cols, v);
-    load_held<Lanes, V>(g, w, x.cols, gain);
+  if constexpr (Steps > 0) {
+    float v[Steps][kVector], gain[Steps][kVector];
+    load_held<Steps, Lanes, V>(g, row_of<const bf16>(x, g.row), x.cols, v);
+    load_held<Steps, Lanes, V>(g, w, x.cols, gain);
     if constexpr (Residual) {
-      float r[kHeldSteps][kVector];
-      load_held<Lanes, V>(g, row_of<const bf16>(residual, g.row), x.cols, r);
+      float r[Steps][kVector];
+      load_held<Steps, Lanes, V>(g, row_of<const bf16>(residual, g.row), x.cols, r);
 #pragma unroll
-      for (int s = 0; s < kHeldSteps; ++s)
+      for (int s = 0; s < Steps; ++s)
 #pragma unroll
         for (int k = 0; k < kVector; ++k) v[s][k] = to_float(to_bf16(v[s][k] + r[s][k]));  // as stored
-      if (g.active) store_held<Lanes, V>(g, row_of<bf16>(x, g.row), x.cols, v);
+      if (g.active) store_held<Steps, Lanes, V>(g, row_of<bf16>(x, g.row), x.cols, v);
     }
-    const float s = inverse_rms_held<Lanes>(v, x.cols, eps);
+    const float s = inverse_rms_held<Steps, Lanes>(v, x.cols, eps);
     if (!g.active) return;
     if (threadIdx.x % Lanes == 0) rstd[g.row] = s;
 #pragma unroll
-    for (int i = 0; i < kHeldSteps; ++i)
+    for (int i = 0; i < Steps; ++i)
 #pragma unroll
       for (int k = 0; k < kVector; ++k) v[i][k] = normed(v[i][k], s, gain[i][k], zero_centred);
-    store_held<Lanes, V>(g, row_of<bf16>(out, g.row), x.cols, v);
+    store_held<Steps, Lanes, V>(g, row_of<bf16>(out, g.row), x.cols, v);
     return;
   }
   if constexpr (Residual) {
@@ -280,26 +275,26 @@ __global__ void __launch_bounds__(kNormThreads, 3)
   }
 }
 
-template <int Lanes, bool V>
+template <int Lanes, int Steps, bool V>
 __global__ void gated_rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, Matrix z, Index heads, const bf16* w,
                                              float eps) {
   start_after_previous_grid();
   const Index cols = x.cols / heads;
   const RowGroup<Lanes> g(x.rows * heads, RowGroup<Lanes>::row_in_block());
   const bf16 *xr = norm_row<const bf16>(x, g.row, heads, cols), *zr = norm_row<const bf16>(z, g.row, heads, cols);
-  if (fits_held<Lanes>(cols)) {
-    float v[kHeldSteps][kVector], zv[kHeldSteps][kVector], gain[kHeldSteps][kVector];
-    load_held<Lanes, V>(g, xr, cols, v);
-    load_held<Lanes, V>(g, zr, cols, zv);
-    load_held<Lanes, V>(g, w, cols, gain);
-    const float s = inverse_rms_held<Lanes>(v, cols, eps);
+  if constexpr (Steps > 0) {
+    float v[Steps][kVector], zv[Steps][kVector], gain[Steps][kVector];
+    load_held<Steps, Lanes, V>(g, xr, cols, v);
+    load_held<Steps, Lanes, V>(g, zr, cols, zv);
+    load_held<Steps, Lanes, V>(g, w, cols, gain);
+    const float s = inverse_rms_held<Steps, Lanes>(v, cols, eps);
     if (!g.active) return;
     if (threadIdx.x % Lanes == 0) rstd[g.row] = s;
 #pragma unroll
-    for (int i = 0; i < kHeldSteps; ++i)
+    for (int i = 0; i < Steps; ++i)
 #pragma unroll
       for (int k = 0; k < kVector; ++k) v[i][k] = gain[i][k] * (v[i][k] * s) * silu(zv[i][k]);  // HF's order
-    store_held<Lanes, V>(g, norm_row<bf16>(out, g.row, heads, cols), cols, v);
+    store_held<Steps, Lanes, V>(g, norm_row<bf16>(out, g.row, heads, cols), cols, v);
     return;
   }
   const float s = inverse_rms<Lanes, V>(g, xr, cols, eps);
@@ -319,21 +314,36 @@ __global__ void gated_rmsnorm_forward_kernel(Matrix out, float* rstd, Matrix x, 
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// Launches a row kernel as launch(vectorized, lanes), both std::integral_constant arguments.
+// Launches a row kernel as launch(vectorized, lanes, held_steps), each a std::integral_constant argument, from the
+// row's NormRowPlan.
 template <class Launch>
 void launch_rows(const char* name, Index rows, Index cols, bool vectorized, Launch launch) {
   if (rows == 0) return;
-  auto with_lanes = [&](auto vec) {
-    if (cols <= 16 * kVector) {
-      launch(vec, std::integral_constant<int, 16>{});
-    } else {
-      launch(vec, std::integral_constant<int, 32>{});
+  const NormRowPlan plan = plan_norm_row(cols);
+  auto with_shape = [&](auto vec) {
+    using std::integral_constant;
+    if (plan.lanes == 16) {
+      launch(vec, integral_constant<int, 16>{}, integral_constant<int, 1>{});  // 128 columns at most: one step
+      return;
+    }
+    switch (plan.held_steps) {
+      case 1:
+        launch(vec, integral_constant<int, 32>{}, integral_constant<int, 1>{});
+        return;
+      case 2:
+        launch(vec, integral_constant<int, 32>{}, integral_constant<int, 2>{});
+        return;
+      case 4:
+        launch(vec, integral_constant<int, 32>{}, integral_constant<int, 4>{});
+        return;
+      default:
+        launch(vec, integral_constant<int, 32>{}, integral_constant<int, 0>{});
     }
   };
   if (vectorized) {
-    with_lanes(std::true_type{});
+    with_shape(std::true_type{});
   } else {
-    with_lanes(std::false_type{});
+    with_shape(std::false_type{});
   }
   check_launch(name);
 }
@@ -350,7 +360,7 @@ void norm_backward(const char* name, Matrix dx, Matrix dz, float* dweight, Matri
                    bool vectorized, Workspace& workspace, cudaStream_t stream) {
   const Index rows = x.rows * heads, cols = x.cols / heads;
   if (rows == 0 || cols == 0) return;
-  launch_rows(name, rows, cols, vectorized, [&](auto vec, auto lanes) {
+  launch_rows(name, rows, cols, vectorized, [&](auto vec, auto lanes, auto) {
     constexpr auto kernel = rms_input_grad_kernel<lanes, vec>;
     const unsigned blocks = grid_for(rows, backward_block_rows<lanes>());
     const std::size_t shared = std::size_t{kNormThreads / lanes} * cols * sizeof(float);
@@ -375,9 +385,9 @@ void rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix residual, const v
   const auto* w = static_cast<const bf16*>(weight);
   const bool with_residual = residual.data != nullptr;
   const bool v = vectorizable(out) && vectorizable(x) && aligned16(w) && (!with_residual || vectorizable(residual));
-  launch_rows("rmsnorm_forward", x.rows, x.cols, v, [&](auto vec, auto lanes) {
-    const auto kernel =
-        with_residual ? rmsnorm_forward_kernel<lanes, vec, true> : rmsnorm_forward_kernel<lanes, vec, false>;
+  launch_rows("rmsnorm_forward", x.rows, x.cols, v, [&](auto vec, auto lanes, auto steps) {
+    const auto kernel = with_residual ? rmsnorm_forward_kernel<lanes, steps, vec, true>
+                                      : rmsnorm_forward_kernel<lanes, steps, vec, false>;
     launch_dependent(kernel, forward_blocks<lanes>(x.rows), kNormThreads, 0, stream, out, rstd, x, residual, w, eps,
                      zero_centred);  // launch_rows checks the launch
   });
@@ -396,8 +406,8 @@ void gated_rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix z, Index he
   const auto* w = static_cast<const bf16*>(weight);
   const Index width = x.cols / heads;
   const bool v = vectorizable(out) && vectorizable(x) && vectorizable(z) && width % kVector == 0 && aligned16(w);
-  launch_rows("gated_rmsnorm_forward", x.rows * heads, width, v, [&](auto vec, auto lanes) {
-    launch_dependent(gated_rmsnorm_forward_kernel<lanes, vec>, forward_blocks<lanes>(x.rows * heads), kNormThreads, 0,
+  launch_rows("gated_rmsnorm_forward", x.rows * heads, width, v, [&](auto vec, auto lanes, auto steps) {
+    launch_dependent(gated_rmsnorm_forward_kernel<lanes, steps, vec>, forward_blocks<lanes>(x.rows * heads), kNormThreads, 0,
                      stream, out, rstd, x, z, heads, w, eps);
   });
 }

@@ -29,6 +29,7 @@
 #include "cuda/attention_plan.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/norm_plan.h"
 #include "cuda/stream_gemm_plan.h"
 #include "model_testing.h"
 #include "ops.h"
@@ -289,14 +290,35 @@ class CudaOpsTest : public ::testing::Test {
 struct Layout {
   Index cols, pad;
 };
-// Rows of a warp's 32 lanes and of half a warp (at most 128 columns), 16-byte accesses or (37) element ones.
-const Layout kLayouts[] = {{256, 0}, {128, 8}, {64, 24}, {37, 3}};
+// Rows of a warp's 32 lanes and of half a warp (at most 128 columns), 16-byte accesses or (37) element ones; and
+// wider rows that the norms' forward holds in 2 and 4 steps (384, 1000) or walks by the column loops (1100).
+const Layout kLayouts[] = {{256, 0}, {128, 8}, {64, 24}, {37, 3}, {384, 8}, {1000, 0}, {1100, 4}};
 
 // ---------------------------------------------------------------------------------------------------------
 
 TEST(CudaOpsAvailability, UnavailableWithoutGpu) {
   if (gpu_unusable().empty()) GTEST_SKIP() << "a usable GPU is present; the other tests cover it";
   EXPECT_THROW(make_cuda_ops(kGpu, nullptr), Unavailable);
+}
+
+// The norms' row layout (norm_plan.h): pure, so it runs without a GPU. Over every width up to past the widest held
+// row: half a warp exactly up to 128 columns, and the fewest held steps that cover the row, none past 4.
+TEST(NormRowPlan, HalfAWarpForNarrowRowsAndTheFewestStepsThatHoldARow) {
+  for (Index cols = 1; cols <= 1300; ++cols) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    const cuda::NormRowPlan plan = cuda::plan_norm_row(cols);
+    EXPECT_EQ(plan.lanes, cols <= 128 ? 16 : 32);
+    const Index per_step = Index{plan.lanes} * cuda::kNormVector;
+    if (plan.held_steps == 0) {
+      EXPECT_GT(cols, cuda::kNormMaxHeldSteps * per_step) << "a row that fits is held";
+      continue;
+    }
+    EXPECT_TRUE(plan.held_steps == 1 || plan.held_steps == 2 || plan.held_steps == 4);
+    EXPECT_LE(cols, plan.held_steps * per_step) << "the steps hold the row";
+    if (plan.held_steps > 1) {
+      EXPECT_GT(cols, plan.held_steps / 2 * per_step) << "fewer steps would hold it";
+    }
+  }
 }
 
 // The attention kernels' choice (attention_plan.h): pure, so it runs without a GPU.
