@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <system_error>
@@ -118,6 +120,16 @@ inline Config random_config(std::mt19937_64& rng) {
   c.tie_word_embeddings = pick(0, 1) == 1;
   c.initializer_range = real(0.001, 0.1);
   return c;
+}
+
+// How far two float64 log-probabilities over V logits may differ when their normalising sums add the same V positive
+// terms in different orders (a GPU's tree, a CPU's loop): a sum of V positive terms in any order is within
+// (V - 1) u of the exact one, relatively (u = 2^-53), so its log within (V - 1) u absolutely; the rest of the formula
+// rounds at the log-probability's own magnitude. Twice that, as the two sides' errors add. (A flat 1e-12 failed on
+// one row in 25 runs of the GPU sampler's test at V = 248,320: 1.1e-12 apart at -27.7.)
+inline double log_softmax_tolerance(std::int64_t V, double logprob) {
+  const double u = std::numeric_limits<double>::epsilon() / 2;
+  return 2 * u * (static_cast<double>(V) + 4 * std::abs(logprob));
 }
 
 }  // namespace deltatrain::model::testing
