@@ -407,8 +407,8 @@ void gated_rmsnorm_forward(Matrix out, float* rstd, Matrix x, Matrix z, Index he
   const Index width = x.cols / heads;
   const bool v = vectorizable(out) && vectorizable(x) && vectorizable(z) && width % kVector == 0 && aligned16(w);
   launch_rows("gated_rmsnorm_forward", x.rows * heads, width, v, [&](auto vec, auto lanes, auto steps) {
-    launch_dependent(gated_rmsnorm_forward_kernel<lanes, steps, vec>, forward_blocks<lanes>(x.rows * heads), kNormThreads, 0,
-                     stream, out, rstd, x, z, heads, w, eps);
+    launch_dependent(gated_rmsnorm_forward_kernel<lanes, steps, vec>, forward_blocks<lanes>(x.rows * heads),
+                     kNormThreads, 0, stream, out, rstd, x, z, heads, w, eps);
   });
 }
 

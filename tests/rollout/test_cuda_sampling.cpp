@@ -1,9 +1,9 @@
 // BatchSampler on a GPU against BatchSampler on the CPU on the identical values: fresh random bfloat16 logits
 // (several batch sizes, vocabularies of 1, odd sizes and 248,320, planted ties at the top and inside the cuts,
 // signed zeros), every sampling mode per row; the tokens must be equal and the logprobs (sampled and
-// untempered) within what float64 sums over the vocabulary in two orders allow. Then the engine on the GPU against the same steps taken by hand: the GPU model's
-// logits brought to the host as doubles and sampled there with the same draws. Every test skips (not passes)
-// without a usable GPU.
+// untempered) within what float64 sums over the vocabulary in two orders allow. Then the engine on the GPU
+// against the same steps taken by hand: the GPU model's logits brought to the host as doubles and sampled there
+// with the same draws. Every test skips (not passes) without a usable GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
