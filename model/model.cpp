@@ -214,7 +214,7 @@ struct Model::Impl {
   double loss(bool want_grad);
 
   // y = x w^T;  the backward: dx (+)= dy w, dw += dy^T x.
-  void linear(const TensorView& y, const TensorView& x, const TensorView& w) { ops->gemm(false, true, 1, x, w, 0, y); }
+  void linear(const TensorView& y, const TensorView& x, const TensorView& w) { ops->linear(y, x, w, nullptr); }
   void linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& dy, const TensorView& x,
                        const TensorView& w, bool accumulate_dx) {
     ops->gemm(false, false, 1, dy, w, accumulate_dx ? 1 : 0, dx);
@@ -725,7 +725,7 @@ void Model::Impl::layer_forward(int layer) {
   linear(a.mlp_gate_up, a.post_normed, w.gate_up);
   ops->swiglu_forward(a.mlp_act, a.mlp_gate, a.mlp_up);
   const TensorView& out = layer_inputs[layer + 1];
-  ops->gemm_add(false, true, 1, a.mlp_act, w.down_proj, a.mid, out);  // out = down(act) + mid
+  ops->linear(out, a.mlp_act, w.down_proj, &a.mid);  // out = down(act) + mid
 }
 
 // dx holds d loss / d (layer output) and leaves holding d loss / d (layer input).

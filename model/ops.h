@@ -156,6 +156,14 @@ class Ops {
     gemm(trans_a, trans_b, alpha, a, b, 1, d);
   }
 
+  // y = x w^T, plus the residual where given (rounded once, as gemm_add), for a layer's weight w [out, in]: the
+  // model's forward products. The work queued just before on the device does not write w, so a GPU may start
+  // reading it while that work ends.
+  virtual void linear(const TensorView& y, const TensorView& x, const TensorView& w, const TensorView* residual) {
+    if (residual != nullptr) return gemm_add(false, true, 1, x, w, *residual, y);
+    gemm(false, true, 1, x, w, 0, y);
+  }
+
   // out [T, H] = table[tokens[t]]. dtable [V, H] += dout rows scattered by token (accumulates).
   virtual void embedding_forward(const TensorView& out, const IndexArray& tokens,
                                  const TensorView& table) = 0;

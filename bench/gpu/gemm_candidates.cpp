@@ -13,12 +13,15 @@
 // (one weight timed alone would be served from L2 after its first launch). One JSON object per (product, pass, rows,
 // kernel) on stdout, or an array in --json.
 //
-//   gemm_candidates [--config qwen3.5-0.8b] [--products decode|training] [--rows 1,16,64,256] [--candidates 16]
-//                   [--split-k 2,4,8] [--reps 200] [--json FILE]
+//   gemm_candidates [--config qwen3.5-0.8b] [--products decode|training] [--values constant|random]
+//                   [--rows 1,16,64,256] [--candidates 16] [--split-k 2,4,8] [--reps 200] [--json FILE]
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <random>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -83,13 +86,30 @@ std::vector<Pass> training_passes(const Product& p, std::int64_t rows) {
           {"weight_grad", {true, false, p.out_features, p.in_features, rows, DType::f32, 1.f}}};
 }
 
-// Device memory for one product's operands, filled with one small value: the ranking of kernels does not depend
-// on it, though random values draw more power under sustained load, so a step's own products may run a little slower.
+// Device memory for one product's operands: one small value everywhere (bf16 0x3c3c ~ 0.0115), or random bfloat16
+// values in [-1, 1] (a 1 MiB random block repeated). A product's speed depends on them: tensor cores switching random
+// bits draw more power than on constant ones, so under sustained load the clocks, and the products, may run slower
+// on random values, as a training step's do.
 struct Buffer {
   void* data = nullptr;
-  explicit Buffer(std::size_t bytes) {
+  Buffer(std::size_t bytes, bool random) {
     cuda_check(cudaMalloc(&data, bytes), "cudaMalloc");
-    cuda_check(cudaMemset(data, 0x3c, bytes), "cudaMemset");  // bf16 0x3c3c ~ 0.0115
+    if (!random) {
+      cuda_check(cudaMemset(data, 0x3c, bytes), "cudaMemset");
+      return;
+    }
+    static const std::vector<std::uint16_t> block = [] {
+      std::mt19937 rng(20261203);
+      std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+      std::vector<std::uint16_t> values(std::size_t{1} << 19);
+      for (std::uint16_t& v : values) v = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(uniform(rng)) >> 16);
+      return values;
+    }();
+    const std::size_t block_bytes = block.size() * sizeof(std::uint16_t);
+    for (std::size_t at = 0; at < bytes; at += block_bytes)
+      cuda_check(cudaMemcpy(static_cast<char*>(data) + at, block.data(), std::min(block_bytes, bytes - at),
+                            cudaMemcpyHostToDevice),
+                 "cudaMemcpy");
   }
   ~Buffer() { cudaFree(data); }
   Buffer(const Buffer&) = delete;
@@ -100,13 +120,15 @@ struct Buffer {
 
 int main(int argc, char** argv) {
   CLI::App app{"cuBLASLt's candidates for the model's products, timed"};
-  std::string config_name = "qwen3.5-0.8b", products = "decode", json_path;
+  std::string config_name = "qwen3.5-0.8b", products = "decode", values = "constant", json_path;
   std::vector<std::int64_t> row_counts{1, 16, 64, 256};
   std::vector<std::uint32_t> split_k;
   int candidates = 16, reps = 200;
   app.add_option("--config", config_name);
   app.add_option("--products", products, "decode: y = x W^T; training: also dx = dy W and dW += dy^T x")
       ->check(CLI::IsMember({"decode", "training"}));
+  app.add_option("--values", values, "the operands' values: constant (one small value) or random")
+      ->check(CLI::IsMember({"constant", "random"}));
   app.add_option("--rows", row_counts, "row counts (decode's batch sizes, training's tokens), comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
@@ -120,7 +142,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const bool training = products == "training";
+    const bool training = products == "training", random_values = values == "random";
     const model::Config config = model::load_config(config_name);
     cudaStream_t stream;
     cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
@@ -140,8 +162,8 @@ int main(int argc, char** argv) {
                             c_bytes = static_cast<std::size_t>(s.M * s.N) * dtype_size(s.c_dtype);
           std::vector<std::unique_ptr<Buffer>> bs;
           for (std::size_t held = 0; held < kBytesBeyondL2 || bs.empty(); held += b_bytes)
-            bs.push_back(std::make_unique<Buffer>(b_bytes));
-          const Buffer a(a_bytes), c(c_bytes);
+            bs.push_back(std::make_unique<Buffer>(b_bytes, random_values));
+          const Buffer a(a_bytes, random_values), c(c_bytes, random_values);
           const std::vector<model::cuda::Gemm::Candidate> found =
               gemm.candidates(s.trans_a, s.trans_b, s.M, s.N, s.K, a.data, s.lda(), bs[0]->data, s.ldb(), c.data, s.N,
                               s.c_dtype, candidates, split_k);
@@ -166,7 +188,7 @@ int main(int argc, char** argv) {
             return 1e3 * ms / reps;
           };
           const auto record = [&](nlohmann::json row, double us) {
-            row.update({{"product", p.name}, {"pass", pass.name}, {"rows", tokens}, {"M", s.M}, {"N", s.N},
+            row.update({{"product", p.name}, {"pass", pass.name}, {"values", values}, {"rows", tokens}, {"M", s.M}, {"N", s.N},
                         {"K", s.K}, {"us", us}, {"tflops", 2e-6 * static_cast<double>(s.M * s.N) * s.K / us},
                         {"weight_gb_per_s", static_cast<double>(p.out_features * p.in_features * 2) / (us * 1e3)}});
             std::printf("%s\n", row.dump().c_str());

@@ -50,19 +50,17 @@ class CudaOps final : public Ops {
 
   void gemm(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
             const TensorView& c) override {
-    product(trans_a, trans_b, alpha, a, b, beta, nullptr, c, "c");
+    product(trans_a, trans_b, alpha, a, b, beta, nullptr, c, "c", false);
   }
 
   void gemm_add(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b,
                 const TensorView& c, const TensorView& d) override {
-    check_device(c, "c");
-    if (c.dtype != d.dtype)
-      throw InvalidArgument("c", std::string("must have d's dtype ") + dtype_name(d.dtype) + ", got " + dtype_name(c.dtype));
-    const MatrixLayout dl = matrix_layout(d, "d");
-    const MatrixLayout cl = matrix_layout(c, "c", dl.rows, dl.cols);
-    // cuBLASLt's C and D share one layout here: a residual of another row stride is copied into d first.
-    if (cl.row_stride != dl.row_stride) return Ops::gemm_add(trans_a, trans_b, alpha, a, b, c, d);
-    product(trans_a, trans_b, alpha, a, b, 1, c.data, d, "d");
+    product_add(trans_a, trans_b, alpha, a, b, c, d, false);
+  }
+
+  void linear(const TensorView& y, const TensorView& x, const TensorView& w, const TensorView* residual) override {
+    if (residual != nullptr) return product_add(false, true, 1, x, w, *residual, y, true);
+    product(false, true, 1, x, w, 0, nullptr, y, "y", true);
   }
 
   void embedding_forward(const TensorView& out, const IndexArray& tokens, const TensorView& table) override {
@@ -385,9 +383,9 @@ class CudaOps final : public Ops {
   }
 
   // c = alpha op(a) op(b) + beta (addend, or c when null; the same layout as c); c_name names c in errors (gemm_add's
-  // result is its d).
+  // result is its d). b_is_weight: Gemm::run's.
   void product(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b, double beta,
-               const void* addend, const TensorView& c, const char* c_name) {
+               const void* addend, const TensorView& c, const char* c_name, bool b_is_weight) {
     const CudaDeviceGuard guard(device_.index);
     if (c.dtype != bf16 && c.dtype != f32)
       throw InvalidArgument(c_name, std::string("must be bfloat16 or float32, got ") + dtype_name(c.dtype));
@@ -409,7 +407,23 @@ class CudaOps final : public Ops {
     }
     // The rows of a product with a not transposed are tokens (ops.h): those must not depend on the batch.
     gemm_.run(trans_a, trans_b, M, N, K, static_cast<float>(alpha), am.data, am.ld, bm.data, bm.ld,
-              static_cast<float>(beta), cm.data, cm.ld, c.dtype, batch_invariant_ && !trans_a, addend);
+              static_cast<float>(beta), cm.data, cm.ld, c.dtype, batch_invariant_ && !trans_a, addend, b_is_weight);
+  }
+
+  // d = alpha op(a) op(b) + c in one product (gemm_add).
+  void product_add(bool trans_a, bool trans_b, double alpha, const TensorView& a, const TensorView& b,
+                   const TensorView& c, const TensorView& d, bool b_is_weight) {
+    check_device(c, "c");
+    if (c.dtype != d.dtype)
+      throw InvalidArgument("c", std::string("must have d's dtype ") + dtype_name(d.dtype) + ", got " + dtype_name(c.dtype));
+    const MatrixLayout dl = matrix_layout(d, "d");
+    const MatrixLayout cl = matrix_layout(c, "c", dl.rows, dl.cols);
+    // cuBLASLt's C and D share one layout here: a residual of another row stride is copied into d first.
+    if (cl.row_stride != dl.row_stride) {
+      if (c.data != d.data) copy(d, c);
+      return product(trans_a, trans_b, alpha, a, b, 1, nullptr, d, "d", b_is_weight);
+    }
+    product(trans_a, trans_b, alpha, a, b, 1, c.data, d, "d", b_is_weight);
   }
 
   Matrix matrix(const TensorView& v, const char* name, DType dtype, Index rows = kAny, Index cols = kAny) const {

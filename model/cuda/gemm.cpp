@@ -119,7 +119,7 @@ std::string product_name(std::int64_t M, const std::array<std::int64_t, 12>& key
 
 void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
                const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant,
-               const void* addend) {
+               const void* addend, bool b_is_weight) {
   if (addend == nullptr) addend = c;
   StreamGemmProblem problem;
   problem.trans_a = trans_a;
@@ -131,12 +131,13 @@ void Gemm::run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alph
   problem.ldb = ldb;
   problem.align_a = alignment(a);
   problem.align_b = alignment(b);
-  problem.beta_zero = beta == 0.f;  // an addend apart from c has beta 1
   problem.row_invariant = row_invariant;
   problem.device_ready = stream_gemm_ready_;
   problem.allowed = stream_gemm_allowed_;
   if (const std::optional<StreamGemmPlan> plan = plan_stream_gemm(problem, multiprocessors_)) {
-    stream_gemm(*plan, M, N, K, alpha, a, lda, b, ldb, c, ldc, c_dtype == DType::f32, stream_);
+    stream_gemm(*plan,
+                {M, N, K, alpha, a, lda, b, ldb, beta, addend, c, ldc, c_dtype == DType::f32, b_is_weight},
+                stream_);
     return;
   }
   // The algorithm must take both c and the addend: the key holds the lesser alignment of the two.

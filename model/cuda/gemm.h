@@ -33,9 +33,11 @@ class Gemm {
   // c [M, N] = alpha op(a) op(b) + beta c, row-major with row strides lda, ldb, ldc (op(x) = x^T when trans_x;
   // a and b bfloat16, c `c_dtype`: bfloat16 or float32). K > 0. row_invariant: see above (a not transposed).
   // addend: the matrix beta scales when it is not c (the same layout), as cuBLASLt's C apart from its D.
+  // b_is_weight: b is a layer's weight, which the kernel before this product on the stream does not write, so that
+  // the weight-streaming kernel may start loading it while that kernel ends (kernels.h's StreamGemmCall).
   void run(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const void* a, Index lda,
            const void* b, Index ldb, float beta, void* c, Index ldc, DType c_dtype, bool row_invariant = false,
-           const void* addend = nullptr);
+           const void* addend = nullptr, bool b_is_weight = false);
 
   // The heuristic's first `count` algorithms for run()'s product (not row-invariant), best first, with the
   // configuration each names; run() takes the first where the weight-streaming kernel does not apply. After each,

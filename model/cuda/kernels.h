@@ -213,11 +213,28 @@ void ragged_offsets(std::int32_t* offsets, std::int32_t* lengths, RaggedStrides 
 void lse_from_stats(Matrix lse, const float* stats, Sequences sequences, Index length, cudaStream_t stream);
 void stats_from_lse(float* stats, Matrix lse, Sequences sequences, Index length, cudaStream_t stream);
 
-// ---- stream_gemm.cu: decode's products, as plan_stream_gemm divides them. x, w bfloat16; y bfloat16 or float32
-// y [M, N] = alpha x [M, K] w [N, K]^T. prepare_stream_gemm: whether the kernel is built for the current device, and
-// if so its shared memory allowed there (once per device, before stream_gemm runs on it).
+// ---- stream_gemm.cu: decode's products, as plan_stream_gemm divides them.
+// y [M, N] = alpha x [M, K] w [N, K]^T + beta c, x and w bfloat16, y bfloat16 or float32; c is y's layout and dtype
+// (y itself where null; not read where beta is 0), the sum rounded once. weight_settled: the caller's promise that
+// the kernel before this one on the stream does not write w, so that the product may start loading it while that
+// kernel ends (a layer's weight in a forward; never an activation). prepare_stream_gemm: whether the kernel is
+// built for the current device, and if so its shared memory allowed there (once per device, before stream_gemm
+// runs on it).
+struct StreamGemmCall {
+  Index M, N, K;
+  float alpha;
+  const void* x;
+  Index ldx;
+  const void* w;
+  Index ldw;
+  float beta;
+  const void* c;
+  void* y;
+  Index ldy;
+  bool y_float;
+  bool weight_settled;
+};
 bool prepare_stream_gemm();
-void stream_gemm(const StreamGemmPlan& plan, Index M, Index N, Index K, float alpha, const void* x, Index ldx,
-                 const void* w, Index ldw, void* y, Index ldy, bool y_float, cudaStream_t stream);
+void stream_gemm(const StreamGemmPlan& plan, const StreamGemmCall& call, cudaStream_t stream);
 
 }  // namespace deltatrain::model::cuda

@@ -1,6 +1,6 @@
 // The weight-streaming product of decode (stream_gemm_plan.h says when it runs and how it divides the work):
-// y [M, N] = alpha x [M, K] W [N, K]^T for at most 64 rows of x, where the time is W's bytes over the memory
-// bandwidth. cuBLASLt's kernels read the narrow ones (out_proj, down) at 0.3-1 TB/s (bench/NOTES.md, Rollout).
+// y [M, N] = alpha x [M, K] W [N, K]^T (+ beta c) for at most 64 rows of x, where the time is W's bytes over the
+// memory bandwidth. cuBLASLt's kernels read the narrow ones (out_proj, down) at 0.3-1 TB/s (bench/NOTES.md, Rollout).
 //
 // Each CTA, one warpgroup, computes kStreamFeatures outputs (weight rows) for all 64 rows of the row tile over one
 // split's run of K chunks: warp w's 16 features come from shared memory as the A fragments of wgmma m64n64k16, x's
@@ -11,6 +11,11 @@
 // partial sums in its shared memory, then each CTA adds its share of the tile over the splits in split order
 // through distributed shared memory. So the result is the same run to run, and a row's result does not depend on
 // the other rows (every output element's sum runs in the same order whatever M is).
+//
+// It launches as a programmatic dependent (deltatrain/core/dependent_launch.h), like decode's other kernels. Most of
+// a narrow product's time at decode's batch sizes is the latency before its first chunks arrive; where the caller
+// says the kernel before does not write the weight (StreamGemmCall::weight_settled), the weight's share of the
+// first pipeline stages is requested before waiting for that kernel, so that latency passes while it ends.
 #include <cooperative_groups.h>
 
 #include "common.cuh"
@@ -37,20 +42,14 @@ constexpr int kPartialLd = kStreamFeatures + 4;
 static_assert(kStreamMaxRows * kPartialLd * 4 <= kStreamStages * kStageBytes, "partial sums reuse the pipeline");
 
 struct StreamGemmArgs {
-  const bf16* x;
-  Index ldx;
-  const bf16* w;
-  Index ldw;
-  void* y;
-  Index ldy;
-  bool y_float;
-  float alpha;
-  Index M, N, chunks;
+  StreamGemmCall call;
+  Index chunks;
   Index chunks_per_split;  // the last split may have fewer, or none
 };
 
-__global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmArgs a) {
+__global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmArgs args) {
 #ifdef DELTATRAIN_WGMMA  // sm_90a; prepare_stream_gemm() keeps other devices away
+  const StreamGemmCall& a = args.call;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const std::uint32_t raw = tiles::smem_address(smem_raw);
   unsigned char* const smem = smem_raw + ((raw + 1023) / 1024 * 1024 - raw);
@@ -62,33 +61,49 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = static_cast<int>(cluster.num_blocks()), split = static_cast<int>(cluster.block_rank());
   const Index n0 = static_cast<Index>(blockIdx.x / splits) * kStreamFeatures;
-  const Index first_chunk = split * a.chunks_per_split;
-  const int chunks = static_cast<int>(max(Index{0}, min(a.chunks_per_split, a.chunks - first_chunk)));
+  const Index first_chunk = split * args.chunks_per_split;
+  const int chunks = static_cast<int>(max(Index{0}, min(args.chunks_per_split, args.chunks - first_chunk)));
   const int warp = threadIdx.x / 32;
+  const bf16* const w = static_cast<const bf16*>(a.w);
+  const bf16* const x = static_cast<const bf16*>(a.x);
 
   // Weight rows past N are zero-filled (cp.async reads nothing for them) from a valid address; so are x's rows
   // past M (load_rows_async).
-  const auto load = [&](int stage, Index chunk) {
+  const auto load_weight = [&](int stage, Index chunk) {
     const Index k0 = chunk * kStreamChunk;
-    const WeightTile w = weight_tile(stage);
+    const WeightTile tile = weight_tile(stage);
     tiles::for_each_vector<kStreamThreads, WeightTile>(threadIdx.x, [&](int r, int c) {
       const bool valid = n0 + r < a.N;
-      tiles::cp_async_16(&w(r, c), a.w + (valid ? n0 + r : 0) * a.ldw + k0 + c, valid);
+      tiles::cp_async_16(&tile(r, c), w + (valid ? n0 + r : 0) * a.ldw + k0 + c, valid);
     });
-    tiles::load_rows_async<kStreamThreads>(row_tile(stage), a.x + k0, a.ldx, static_cast<int>(a.M), threadIdx.x);
+  };
+  const auto load_rows = [&](int stage, Index chunk) {
+    tiles::load_rows_async<kStreamThreads>(row_tile(stage), x + chunk * kStreamChunk, a.ldx, static_cast<int>(a.M),
+                                           threadIdx.x);
   };
 
-  float acc[kStreamMaxRows / 8][4] = {};
+  // The first stages' weight before the wait joins the first commit group, which the first chunk waits for: every
+  // later chunk's weight is then in its own group or an earlier one.
+  if (a.weight_settled)
+    for (int s = 0; s < kStreamStages - 1 && s < chunks; ++s) load_weight(s, first_chunk + s);
+  start_after_previous_grid();
 #pragma unroll
   for (int s = 0; s < kStreamStages - 1; ++s) {
-    if (s < chunks) load(s, first_chunk + s);
+    if (s < chunks) {
+      if (!a.weight_settled) load_weight(s, first_chunk + s);
+      load_rows(s, first_chunk + s);
+    }
     tiles::cp_async_commit();
   }
+  float acc[kStreamMaxRows / 8][4] = {};
   for (int i = 0; i < chunks; ++i) {
     tiles::cp_async_wait<kStreamStages - 2>();
     __syncthreads();  // chunk i has landed for every thread, and chunk i - 1's products are done with its stage
     const int ahead = i + kStreamStages - 1;
-    if (ahead < chunks) load(ahead % kStreamStages, first_chunk + ahead);
+    if (ahead < chunks) {
+      load_weight(ahead % kStreamStages, first_chunk + ahead);
+      load_rows(ahead % kStreamStages, first_chunk + ahead);
+    }
     tiles::cp_async_commit();
     const int stage = i % kStreamStages;
     std::uint32_t a_fragments[kStreamChunk / 16][4];
@@ -122,8 +137,11 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
     for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(partial, s)[r * kPartialLd + f];
     if (n0 + f < a.N) {
       const Index at = r * a.ldy + n0 + f;
-      if (a.y_float) static_cast<float*>(a.y)[at] = a.alpha * sum;
-      else static_cast<bf16*>(a.y)[at] = to_bf16(a.alpha * sum);
+      float out = a.alpha * sum;
+      if (a.beta != 0.f)
+        out += a.beta * (a.y_float ? static_cast<const float*>(a.c)[at] : to_float(static_cast<const bf16*>(a.c)[at]));
+      if (a.y_float) static_cast<float*>(a.y)[at] = out;
+      else static_cast<bf16*>(a.y)[at] = to_bf16(out);
     }
   }
   cluster.sync();  // the other CTAs have read this one's partial sums
@@ -141,23 +159,20 @@ bool prepare_stream_gemm() {
   return true;
 }
 
-void stream_gemm(const StreamGemmPlan& plan, Index M, Index N, Index K, float alpha, const void* x, Index ldx,
-                 const void* w, Index ldw, void* y, Index ldy, bool y_float, cudaStream_t stream) {
-  const Index chunks = K / kStreamChunk;
-  const StreamGemmArgs args{static_cast<const bf16*>(x), ldx, static_cast<const bf16*>(w), ldw, y, ldy, y_float,
-                            alpha, M, N, chunks, (chunks + plan.splits - 1) / plan.splits};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(plan.feature_tiles * plan.splits));
-  config.blockDim = dim3(kStreamThreads);
-  config.dynamicSmemBytes = kSharedBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(plan.splits);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+void stream_gemm(const StreamGemmPlan& plan, const StreamGemmCall& call, cudaStream_t stream) {
+  StreamGemmArgs args{call, call.K / kStreamChunk, 0};
+  args.chunks_per_split = (args.chunks + plan.splits - 1) / plan.splits;
+  if (args.call.c == nullptr) args.call.c = call.y;
+  cudaLaunchAttribute attributes[2];
+  cudaLaunchConfig_t config = dependent_launch_config(
+      dim3(static_cast<unsigned>(plan.feature_tiles * plan.splits)), dim3(kStreamThreads), kSharedBytes, stream,
+      attributes[0]);
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = static_cast<unsigned>(plan.splits);
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
+  config.attrs = attributes;
+  config.numAttrs = 2;
   cuda_check(cudaLaunchKernelEx(&config, stream_gemm_kernel, args), "stream_gemm launch");
 }
 

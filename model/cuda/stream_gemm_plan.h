@@ -7,9 +7,9 @@
 // bytes over the memory bandwidth and cuBLASLt's choices leave most SMs idle or split K into extra reductions: on
 // the H200 it takes 4.3 us where cuBLASLt takes 12.2 (out_proj at one row) and 5.8 where it takes 7.3 (down at 16
 // rows). Wider weights stream faster through cuBLASLt's tiles (the GDN input projections 2.6 TB/s, the lm_head 4.1),
-// and at 64 rows cuBLASLt's kernels match or beat this one (bench/NOTES.md, Rollout). The plan never comes from
-// timings (a rollout must be reproducible), and where it applies nothing in it depends on M, so a row's result does
-// not depend on how many rows the call has.
+// and at 64 rows cuBLASLt's kernels match this one, also with its weight requested while the kernel before it ends
+// (bench/NOTES.md, Rollout). The plan never comes from timings (a rollout must be reproducible), and where it
+// applies nothing in it depends on M, so a row's result does not depend on how many rows the call has.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,6 @@ struct StreamGemmProblem {
   bool trans_a = false, trans_b = true;
   std::int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0;
   std::uint32_t align_a = 0, align_b = 0;  // the largest powers of two (bytes) dividing a's and b's addresses
-  bool beta_zero = true;
   bool row_invariant = false;  // Gemm::run's row_invariant: cuBLASLt's fixed choice, at every M
   bool device_ready = false;   // the kernel is built for this device (sm_90a: wgmma and clusters)
   bool allowed = true;         // DELTATRAIN_STREAM_GEMM is not 0 (core/system.h's switch_setting)
@@ -44,9 +43,9 @@ struct StreamGemmPlan {
 
 // The plan for `p` on a GPU of `multiprocessors` SMs, or nothing where the kernel does not apply or does not pay:
 // a or b transposed other than as x [M, K] times W [N, K]^T, more than kStreamPlanRows rows, K not a multiple of
-// kStreamChunk, operands or row strides not 16-byte aligned, beta not zero, more feature tiles than fill one wave
-// of kStreamCtasPerSm per SM with kStreamMaxSplits splits each, row-invariant calls, devices it is not built for,
-// or switched off.
+// kStreamChunk, operands or row strides not 16-byte aligned, more feature tiles than fill one wave of
+// kStreamCtasPerSm per SM with kStreamMaxSplits splits each, row-invariant calls, devices it is not built for, or
+// switched off. Any beta: the kernel adds beta c in its epilogue.
 std::optional<StreamGemmPlan> plan_stream_gemm(const StreamGemmProblem& p, int multiprocessors);
 
 }  // namespace deltatrain::model::cuda

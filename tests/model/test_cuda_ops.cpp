@@ -415,7 +415,6 @@ TEST(StreamGemmPlan, TakesOnlyFewRowsTimesANarrowAlignedWeight) {
       {"b 8-byte aligned", [](auto& p) { p.align_b = 8; }},
       {"a's row stride odd", [](auto& p) { p.lda = 3585; }},
       {"b's row stride not 16 bytes", [](auto& p) { p.ldb = 3588; }},
-      {"beta not zero", [](auto& p) { p.beta_zero = false; }},
       {"more feature tiles than 8 splits of each fill in one wave", [](auto& p) { p.N = 64 * 33 + 1; }},
       {"row-invariant", [](auto& p) { p.row_invariant = true; }},
       {"not built for the device", [](auto& p) { p.device_ready = false; }},
@@ -810,7 +809,9 @@ TEST_F(CudaOpsTest, CopyAndFillZeroKeepTheirRows) {
 // Gemm's candidates (bench/gpu/gemm_candidates times them): the first is the algorithm run() takes, bit for bit,
 // and every one computes the product, within bfloat16 rounding of the first. 64 rows: a decode step's batch.
 // The weight-streaming kernel (decode's products, stream_gemm.cu) through Gemm::run, against the CPU's sgemm, on
-// the shapes its plan takes: tails of N, one to 16 rows, one split to eight, bfloat16 and float32 results.
+// the shapes its plan takes: tails of N, one to 16 rows, one split to eight, bfloat16 and float32 results, as a
+// plain product, accumulating (beta 1) and as the model's linear layer with a residual apart from y or in place
+// (the weight requested before the kernel before it ends).
 TEST_F(CudaOpsTest, StreamGemmMatchesCpu) {
   if (!cuda::prepare_stream_gemm()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
   struct Shape {
@@ -821,18 +822,48 @@ TEST_F(CudaOpsTest, StreamGemmMatchesCpu) {
     const auto [M, N, K] = shape;
     SCOPED_TRACE("M " + std::to_string(M) + ", N " + std::to_string(N) + ", K " + std::to_string(K));
     const Both x = random(bf16, M, K), w = random(bf16, N, K, 8);
-    const Both y = unset(bf16, M, N, 8), y_f32 = unset(f32, M, N);
+    const Both y = unset(bf16, M, N, 8), y_f32 = unset(f32, M, N), accumulated = random(f32, M, N, 0, -4, 4);
+    const Both residual = random(bf16, M, N, 0, -4, 4), with_residual = unset(bf16, M, N);
+    const Both in_place = random(f32, M, N, 0, -4, 4);
     on_both([&](Ops& ops, Side s) {
       ops.gemm(false, true, 0.5, x.view(s), w.view(s), 0, y.view(s));
       ops.gemm(false, true, 1, x.view(s), w.view(s), 0, y_f32.view(s));
+      ops.gemm(false, true, 1, x.view(s), w.view(s), 1, accumulated.view(s));
+      const TensorView r = residual.view(s), y_in_place = in_place.view(s);
+      ops.linear(with_residual.view(s), x.view(s), w.view(s), &r);
+      ops.linear(y_in_place, x.view(s), w.view(s), &y_in_place);
     });
     EXPECT_TRUE(matches("y (bfloat16)", y, kBf16Tolerance));
     EXPECT_TRUE(matches("y (float32)", y_f32, 1e-5));
+    EXPECT_TRUE(matches("y (float32, beta 1)", accumulated, 1e-5));
+    EXPECT_TRUE(matches("y (linear, residual apart)", with_residual, kBf16Tolerance));
+    EXPECT_TRUE(matches("y (linear, residual in place)", in_place, 1e-5));
+    EXPECT_TRUE(matches("residual (read only)", residual, 0));
+  }
+}
+
+// A linear layer's product requests its weight before the kernel before it ends, but must read the activation
+// that kernel writes only after: decode's SwiGLU then the down product with the residual, on fresh activations
+// each round, against the CPU.
+TEST_F(CudaOpsTest, LinearReadsTheActivationOfTheKernelBeforeIt) {
+  if (!cuda::prepare_stream_gemm()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
+  const Index M = cuda::kStreamPlanRows, I = 3584, H = 1024;
+  const Both w = random(bf16, H, I, 8);
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const Both gate = random(bf16, M, I, 0, -3, 3), up = random(bf16, M, I, 0, -3, 3), act = unset(bf16, M, I);
+    const Both residual = random(bf16, M, H, 0, -4, 4), out = unset(bf16, M, H);
+    on_both([&](Ops& ops, Side s) {
+      ops.swiglu_forward(act.view(s), gate.view(s), up.view(s));
+      const TensorView r = residual.view(s);
+      ops.linear(out.view(s), act.view(s), w.view(s), &r);
+    });
+    EXPECT_TRUE(matches("out", out, kBf16Tolerance));
   }
 }
 
 // Run to run the same bits, and a row's result the same whatever the other rows, as the rollout's reproducibility
-// and batch invariance need; up to the kernel's 64 rows (the plan gives it 16), called directly, against float64.
+// and batch invariance need; up to the kernel's 64 rows, called directly, against float64.
 TEST_F(CudaOpsTest, StreamGemmIsDeterministicRowInvariantAndTakes64Rows) {
   if (!cuda::prepare_stream_gemm()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
   const Index N = 1030, K = 3584;
@@ -843,7 +874,7 @@ TEST_F(CudaOpsTest, StreamGemmIsDeterministicRowInvariantAndTakes64Rows) {
   ASSERT_TRUE(plan.has_value());
   const auto product = [&](Index M) {
     Both y = unset(f32, M, N);
-    cuda::stream_gemm(*plan, M, N, K, 1.f, data(x), K, data(w), K, data(y), N, true, nullptr);
+    cuda::stream_gemm(*plan, {M, N, K, 1.f, data(x), K, data(w), K, 0.f, nullptr, data(y), N, true, true}, nullptr);
     return y;
   };
   const Both all = product(64);
