@@ -192,9 +192,12 @@ __host__ __device__ constexpr Index backward_block_rows() {
 // (1 + w) or w, or w silu(z) for the gated norm (z non-null), which also writes dz = dy w (x rstd) silu'(z).
 // dweight's terms dy (x rstd), times silu(z) for the gated norm, go to partials[block][c] (the group's sums in
 // shared memory, [groups][cols], each lane on its own columns). Sigmoid(z) is evaluated once per element a pass.
-// Three blocks an SM (80 registers; 96 unbounded left two, too few loads in flight for a memory-bound kernel).
-template <int Lanes, bool V>
-__global__ void __launch_bounds__(kNormThreads, 3)
+// Steps: the held steps of the rows' NormRowPlan (0: the column loops). A held row's dy and x are loaded once, every
+// load issued before the first is used, and kept in registers for both passes; the column loops read them twice and
+// wait on each step's loads in turn. Three blocks an SM (80 registers; 96 unbounded left two, too few loads in
+// flight for a memory-bound kernel), two where 2 or 4 held steps (32 or 64 floats of dy and x) need more registers.
+template <int Lanes, int Steps, bool V>
+__global__ void __launch_bounds__(kNormThreads, Steps >= 2 ? 2 : 3)
     rms_input_grad_kernel(Matrix dx, Matrix dz, Matrix dout, Matrix x, Matrix z, Index heads, const float* rstd,
                           const bf16* w, bool zero_centred, bool accumulate, float* partials) {
   extern __shared__ float group_sums[];
@@ -235,23 +238,11 @@ __global__ void __launch_bounds__(kNormThreads, 3)
         }
       }
     };
-    float dot = 0.f;
-    for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
-      float d[kVector], v[kVector], g[kVector], wv[kVector], gate[kVector], gate_grad[kVector];
-      load8<V>(dy, c0, cols, d);
-      load8<V>(xr, c0, cols, v);
+    // dx's and dz's columns [c0, c0 + 8) from that step's dy (d) and x (v), and their weight-gradient terms.
+    const auto write_step = [&](Index c0, const float (&d)[kVector], const float (&v)[kVector], float coef) {
+      float g[kVector], wv[kVector], gate[kVector], gate_grad[kVector], out[kVector];
       factor(c0, g, wv, gate, gate_grad);
-#pragma unroll
-      for (int k = 0; k < kVector; ++k) dot += d[k] * g[k] * v[k];
-    }
-    const float coef = RowGroup<Lanes>::sum(dot) * s * s / static_cast<float>(cols);
-    if (!group.active) continue;  // the group's lanes all skip: no shuffles follow
-    bf16* dxr = norm_row<bf16>(dx, r, heads, cols);
-    for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
-      float d[kVector], v[kVector], g[kVector], wv[kVector], gate[kVector], gate_grad[kVector], out[kVector];
-      load8<V>(dy, c0, cols, d);
-      load8<V>(xr, c0, cols, v);
-      factor(c0, g, wv, gate, gate_grad);
+      bf16* dxr = norm_row<bf16>(dx, r, heads, cols);
       if (accumulate) load8<V>(dxr, c0, cols, out);
 #pragma unroll
       for (int k = 0; k < kVector; ++k) {
@@ -264,6 +255,46 @@ __global__ void __launch_bounds__(kNormThreads, 3)
 #pragma unroll
         for (int k = 0; k < kVector; ++k) out[k] = d[k] * wv[k] * (v[k] * s) * gate_grad[k];
         store8<V>(norm_row<bf16>(dz, r, heads, cols), c0, cols, out);
+      }
+    };
+    const auto add_dot = [&](float dot, Index c0, const float (&d)[kVector], const float (&v)[kVector]) {
+      float g[kVector], wv[kVector], gate[kVector], gate_grad[kVector];
+      factor(c0, g, wv, gate, gate_grad);
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) dot += d[k] * g[k] * v[k];
+      return dot;
+    };
+    float dot = 0.f;
+    if constexpr (Steps > 0) {
+      float d[Steps][kVector], v[Steps][kVector];
+      load_held<Steps, Lanes, V>(group, dy, cols, d);
+      load_held<Steps, Lanes, V>(group, xr, cols, v);
+#pragma unroll
+      for (int step = 0; step < Steps; ++step) {
+        const Index c0 = group.column + step * group.kStep;
+        if (c0 < cols) dot = add_dot(dot, c0, d[step], v[step]);
+      }
+      const float coef = RowGroup<Lanes>::sum(dot) * s * s / static_cast<float>(cols);
+      if (!group.active) continue;  // the group's lanes all skip: no shuffles follow
+#pragma unroll
+      for (int step = 0; step < Steps; ++step) {
+        const Index c0 = group.column + step * group.kStep;
+        if (c0 < cols) write_step(c0, d[step], v[step], coef);
+      }
+    } else {
+      for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
+        float d[kVector], v[kVector];
+        load8<V>(dy, c0, cols, d);
+        load8<V>(xr, c0, cols, v);
+        dot = add_dot(dot, c0, d, v);
+      }
+      const float coef = RowGroup<Lanes>::sum(dot) * s * s / static_cast<float>(cols);
+      if (!group.active) continue;
+      for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
+        float d[kVector], v[kVector];
+        load8<V>(dy, c0, cols, d);
+        load8<V>(xr, c0, cols, v);
+        write_step(c0, d, v, coef);
       }
     }
   }
@@ -360,8 +391,8 @@ void norm_backward(const char* name, Matrix dx, Matrix dz, float* dweight, Matri
                    bool vectorized, Workspace& workspace, cudaStream_t stream) {
   const Index rows = x.rows * heads, cols = x.cols / heads;
   if (rows == 0 || cols == 0) return;
-  launch_rows(name, rows, cols, vectorized, [&](auto vec, auto lanes, auto) {
-    constexpr auto kernel = rms_input_grad_kernel<lanes, vec>;
+  launch_rows(name, rows, cols, vectorized, [&](auto vec, auto lanes, auto steps) {
+    constexpr auto kernel = rms_input_grad_kernel<lanes, steps, vec>;
     const unsigned blocks = grid_for(rows, backward_block_rows<lanes>());
     const std::size_t shared = std::size_t{kNormThreads / lanes} * cols * sizeof(float);
     // Up to 48 KiB (rows of up to 1536 columns) needs no opt-in; wider rows check and raise the kernel's limit.
