@@ -1,0 +1,47 @@
+"""The float64 prototypes of the cuda backend's planned kernels (bench/prototypes/) on fresh random problems, so
+that the designs they check stay checked: the segmented forward and the gate-free fused forward against the
+token recurrence, the fused backward against the recurrence's reverse, and that reverse against central
+differences."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "prototypes"))
+import fused_backward  # noqa: E402
+import gate_free_forward  # noqa: E402
+import segmented_state  # noqa: E402
+
+CASES = ("anchors", "strong decay", "beta at 0 and 1")
+
+
+def relative(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fused_backward_equals_the_recurrences_reverse(rng, case):
+    tokens = 64 * int(rng.integers(1, 5)) + int(rng.integers(0, 64))
+    q, k, v, g, beta, h0, scale = fused_backward.problem(rng, tokens, 16, case)
+    do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
+    expected = fused_backward.recurrence_backward(q, k, v, g, beta, h0, scale, do, dht)
+    got = fused_backward.fused_backward(q, k, v, g, beta, h0, scale, do, dht)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, expected):
+        assert relative(a, b) < 1e-10, name
+
+
+def test_the_reference_reverse_matches_central_differences(rng):
+    assert fused_backward.check_reference(rng) < 1e-6
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gate_free_and_segmented_forwards_equal_the_recurrence(rng, case):
+    tokens = 64 * int(rng.integers(2, 6)) + int(rng.integers(1, 64))
+    q, k, v, g, beta, h0, scale = fused_backward.problem(rng, tokens, 16, case)
+    o_ref, ht_ref = segmented_state.recurrence(q, k, v, g, beta, h0, scale)
+    o, ht, _ = gate_free_forward.gate_free_forward(q, k, v, g, beta, h0, scale)
+    assert relative(o, o_ref) < 1e-10 and relative(ht, ht_ref) < 1e-10
+    o, ht = segmented_state.segmented(q, k, v, g, beta, h0, scale, int(rng.integers(1, 4)))
+    assert relative(o, o_ref) < 1e-10 and relative(ht, ht_ref) < 1e-10
