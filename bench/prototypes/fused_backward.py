@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from gate_free_forward import between
-from segmented_state import C, recurrence
+from segmented_state import C, problem, recurrence
 
 
 def recurrence_backward(q, k, v, g, beta, h0, scale, do, dht):
@@ -126,27 +126,9 @@ def fused_backward(q, k, v, g, beta, h0, scale, do, dht):
     return dq, dk, dv, dg, dbeta, dS_next
 
 
-def problem(rng, tokens, dim, case):
-    q = rng.standard_normal((tokens, dim))
-    k = rng.standard_normal((tokens, dim))
-    k /= np.linalg.norm(k, axis=1, keepdims=True)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    v = rng.standard_normal((tokens, dim))
-    g = -np.log1p(np.exp(-rng.standard_normal(tokens))) / 16
-    beta = 1 / (1 + np.exp(-rng.standard_normal(tokens)))
-    cut = rng.choice(tokens, size=max(2, tokens // 20), replace=False)
-    if case == "strong decay":
-        g[cut] = -30.0
-    elif case == "beta at 0 and 1":
-        beta[cut[: len(cut) // 2]] = 0.0
-        beta[cut[len(cut) // 2:]] = 1.0
-    h0 = rng.standard_normal((dim, dim))
-    return q, k, v, g, beta, h0, dim ** -0.5
-
-
 def check_reference(rng):
     """recurrence_backward against central differences of L = sum(do .* o) + sum(dht .* ht) on a small case."""
-    q, k, v, g, beta, h0, scale = problem(rng, 7, 3, "anchors")
+    q, k, v, g, beta, h0, scale = problem(rng, 7, 3)
     do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
 
     def loss(q, k, v, g, beta, h0):
@@ -175,7 +157,8 @@ def main():
     worst = 0.0
     names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
     for case in ("anchors", "strong decay", "beta at 0 and 1"):
-        q, k, v, g, beta, h0, scale = problem(rng, 64 * 5 + 23, 32, case)  # a partial last chunk
+        # a partial last chunk
+        q, k, v, g, beta, h0, scale = problem(rng, 64 * 5 + 23, 32, case, strong_decay=-30.0)
         do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
         expected = recurrence_backward(q, k, v, g, beta, h0, scale, do, dht)
         got = fused_backward(q, k, v, g, beta, h0, scale, do, dht)

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from segmented_state import C, recurrence
+from segmented_state import C, problem, recurrence
 
 
 def between(g):
@@ -77,23 +77,7 @@ def main():
     tokens, dim = 64 * 9 + 23, 32  # a partial last chunk
     worst, largest_tu = 0.0, 0.0
     for case in ("anchors", "strong decay", "-inf gates", "beta at 0 and 1"):
-        q = rng.standard_normal((tokens, dim))
-        k = rng.standard_normal((tokens, dim))
-        k /= np.linalg.norm(k, axis=1, keepdims=True)
-        q /= np.linalg.norm(q, axis=1, keepdims=True)
-        v = rng.standard_normal((tokens, dim))
-        g = -np.log1p(np.exp(-rng.standard_normal(tokens))) / 16
-        beta = 1 / (1 + np.exp(-rng.standard_normal(tokens)))
-        cut = rng.choice(tokens, size=tokens // 20, replace=False)
-        if case == "strong decay":
-            g[cut] = -1e4
-        elif case == "-inf gates":
-            g[cut] = -np.inf
-        elif case == "beta at 0 and 1":
-            beta[cut[: len(cut) // 2]] = 0.0
-            beta[cut[len(cut) // 2:]] = 1.0
-        h0 = rng.standard_normal((dim, dim))
-        scale = dim ** -0.5
+        q, k, v, g, beta, h0, scale = problem(rng, tokens, dim, case)
         o_ref, ht_ref = recurrence(q, k, v, g, beta, h0, scale)
         o, ht, tu = gate_free_forward(q, k, v, g, beta, h0, scale)
         largest_tu = max(largest_tu, tu)

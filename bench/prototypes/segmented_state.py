@@ -84,18 +84,32 @@ def segmented(q, k, v, g, beta, h0, scale, segments):
     return o, starts[-1]
 
 
-def main():
-    rng = np.random.default_rng(0)
-    tokens, dim = 64 * 23 + 17, 32  # a partial last chunk
+def problem(rng, tokens, dim, case="anchors", strong_decay=-1e4):
+    """A random GDN problem: unit q and k rows, the anchors' gates (logsigmoid / 16), sigmoid betas, a random h0;
+    `case` changes a twentieth of the tokens: "strong decay" (gates of strong_decay), "-inf gates", or "beta at 0
+    and 1". Returns q, k, v, g, beta, h0, scale."""
     q = rng.standard_normal((tokens, dim))
     k = rng.standard_normal((tokens, dim))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     v = rng.standard_normal((tokens, dim))
-    g = -np.log1p(np.exp(-rng.standard_normal(tokens))) / 16  # logsigmoid / 16, as the anchors
+    g = -np.log1p(np.exp(-rng.standard_normal(tokens))) / 16
     beta = 1 / (1 + np.exp(-rng.standard_normal(tokens)))
+    cut = rng.choice(tokens, size=max(2, tokens // 20), replace=False)
+    if case == "strong decay":
+        g[cut] = strong_decay
+    elif case == "-inf gates":
+        g[cut] = -np.inf
+    elif case == "beta at 0 and 1":
+        beta[cut[: len(cut) // 2]] = 0.0
+        beta[cut[len(cut) // 2:]] = 1.0
     h0 = rng.standard_normal((dim, dim))
-    scale = dim ** -0.5
+    return q, k, v, g, beta, h0, dim ** -0.5
+
+
+def main():
+    rng = np.random.default_rng(0)
+    q, k, v, g, beta, h0, scale = problem(rng, 64 * 23 + 17, 32)  # a partial last chunk
     o_ref, ht_ref = recurrence(q, k, v, g, beta, h0, scale)
     worst = 0.0
     for segments in (1, 2, 5, 24):

@@ -418,12 +418,11 @@ class CudaOps final : public Ops {
       throw InvalidArgument("c", std::string("must have d's dtype ") + dtype_name(d.dtype) + ", got " + dtype_name(c.dtype));
     const MatrixLayout dl = matrix_layout(d, "d");
     const MatrixLayout cl = matrix_layout(c, "c", dl.rows, dl.cols);
-    // cuBLASLt's C and D share one layout here: a residual of another row stride is copied into d first.
-    if (cl.row_stride != dl.row_stride) {
-      if (c.data != d.data) copy(d, c);
-      return product(trans_a, trans_b, alpha, a, b, 1, nullptr, d, "d", b_is_weight);
-    }
-    product(trans_a, trans_b, alpha, a, b, 1, c.data, d, "d", b_is_weight);
+    // cuBLASLt's C and D share one layout here: a residual of another row stride is copied into d first, and the
+    // product then accumulates onto d.
+    const bool same_layout = cl.row_stride == dl.row_stride;
+    if (!same_layout && c.data != d.data) copy(d, c);
+    product(trans_a, trans_b, alpha, a, b, 1, same_layout ? c.data : nullptr, d, "d", b_is_weight);
   }
 
   Matrix matrix(const TensorView& v, const char* name, DType dtype, Index rows = kAny, Index cols = kAny) const {

@@ -24,7 +24,7 @@ def relative(a, b):
 @pytest.mark.parametrize("case", CASES)
 def test_fused_backward_equals_the_recurrences_reverse(rng, case):
     tokens = 64 * int(rng.integers(1, 5)) + int(rng.integers(0, 64))
-    q, k, v, g, beta, h0, scale = fused_backward.problem(rng, tokens, 16, case)
+    q, k, v, g, beta, h0, scale = segmented_state.problem(rng, tokens, 16, case, strong_decay=-30.0)
     do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
     expected = fused_backward.recurrence_backward(q, k, v, g, beta, h0, scale, do, dht)
     got = fused_backward.fused_backward(q, k, v, g, beta, h0, scale, do, dht)
@@ -39,7 +39,7 @@ def test_the_reference_reverse_matches_central_differences(rng):
 @pytest.mark.parametrize("case", CASES)
 def test_gate_free_and_segmented_forwards_equal_the_recurrence(rng, case):
     tokens = 64 * int(rng.integers(2, 6)) + int(rng.integers(1, 64))
-    q, k, v, g, beta, h0, scale = fused_backward.problem(rng, tokens, 16, case)
+    q, k, v, g, beta, h0, scale = segmented_state.problem(rng, tokens, 16, case, strong_decay=-30.0)
     o_ref, ht_ref = segmented_state.recurrence(q, k, v, g, beta, h0, scale)
     o, ht, _ = gate_free_forward.gate_free_forward(q, k, v, g, beta, h0, scale)
     assert relative(o, o_ref) < 1e-10 and relative(ht, ht_ref) < 1e-10
