@@ -307,8 +307,8 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
-  // T diag(beta e^gamma) and T diag(beta) into Q's dead region; T diag(beta) and (for the backward) T to
-  // global memory as they are formed. Each thread converts runs of four columns, writing the zeros above
+  // T diag(beta e^gamma) and, where this call forms U (the mma.sync passes), T diag(beta) into Q's dead region;
+  // T diag(beta) and (for the backward) T to global memory as they are formed. Each thread converts runs of four columns, writing the zeros above
   // T's diagonal blocks.
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     const float4 x = in_blocks ? *reinterpret_cast<const float4*>(&t_tile(r, c)) : float4{0.f, 0.f, 0.f, 0.f};
     const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
     store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
-    store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
+    if (p.u != nullptr) store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);  // only U reads it
     if (r < rows) {
       const std::int64_t at = chunk_row + r * chunk_stride + c;
       if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
