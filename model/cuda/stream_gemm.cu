@@ -6,11 +6,13 @@
 // split's run of K chunks: warp w's 16 features come from shared memory as the A fragments of wgmma m64n64k16, x's
 // chunk is its B operand (128-byte swizzled, rows past M zero-filled). At 64 rows the product is 64 flops a weight
 // byte, more than mma.sync sustains at the memory's pace; wgmma leaves the SM idle for most of a chunk. Weight
-// and activation chunks stream through a cp.async pipeline kStreamStages deep, so that 40 KB of each CTA's weight
-// is in flight, two CTAs per SM. The splits of one feature tile form a thread block cluster: each leaves its
-// partial sums in its shared memory, then each CTA adds its share of the tile over the splits in split order
-// through distributed shared memory. So the result is the same run to run, and a row's result does not depend on
-// the other rows (every output element's sum runs in the same order whatever M is).
+// and activation chunks stream through a cp.async pipeline kStreamStages deep, so that 32 KB of each CTA's weight
+// is in flight, two CTAs per SM. The splits of one feature tile form a thread block cluster, and its rows are shared
+// out among them by groups of 8: each CTA sends its partial sums of every row group, by one bulk copy, into the
+// receive buffer of the group's owner, where they land on the owner's mbarrier; the owner adds them in split order.
+// No cluster-wide barrier with release semantics (a GPU-scope fence: cooperative_groups' cluster.sync() took a
+// tenth of the kernel's samples) and no remote loads. So the result is the same run to run, and a row's result does
+// not depend on the other rows (every output element's sum runs in the same order whatever M is).
 //
 // It launches as a programmatic dependent (deltatrain/core/dependent_launch.h), like decode's other kernels. Most of
 // a narrow product's time at decode's batch sizes is the latency before its first chunks arrive; where the caller
@@ -34,18 +36,32 @@ using RowTile = tiles::SwizzledTile<bf16, kStreamMaxRows, kStreamChunk>;
 // A stage: x's chunk first (its swizzled block needs 1024-byte alignment), then the weight's.
 constexpr int kStageBytes = RowTile::kBytes + WeightTile::kBytes;
 static_assert(kStageBytes % 1024 == 0, "every stage's swizzled block starts 1024-byte aligned");
-// Dynamic shared memory is only 16-byte aligned: 1024 bytes of slack to align the first stage.
-constexpr int kSharedBytes = kStreamStages * kStageBytes + 1024;
 // Partial sums [rows][features] in float, rows padded so that a warp's stores of one accumulator register (4 rows
-// x 8 features) fall in distinct banks.
+// x 8 features) fall in distinct banks. A row group's slice (8 rows) is what one bulk copy sends.
 constexpr int kPartialLd = kStreamFeatures + 4;
-static_assert(kStreamMaxRows * kPartialLd * 4 <= kStreamStages * kStageBytes, "partial sums reuse the pipeline");
+constexpr int kRowGroups = kStreamMaxRows / 8;
+constexpr int kSliceBytes = 8 * kPartialLd * 4;
+static_assert(kStreamMaxRows * kPartialLd * 4 <= kStreamStages * kStageBytes, "outgoing slices reuse the pipeline");
+static_assert(kSliceBytes % 16 == 0 && (kPartialLd * 4) % 16 == 0, "bulk copies move multiples of 16 bytes");
+// The receive buffer, after the pipeline (other CTAs may write it while this one still streams): one slice for each
+// (row group this CTA owns, split), kRowGroups in all whatever the split count; then its mbarrier.
+constexpr int kReceiveAt = kStreamStages * kStageBytes;
+constexpr int kReceivedAt = kReceiveAt + kRowGroups * kSliceBytes;
+// Dynamic shared memory is only 16-byte aligned: 1024 bytes of slack to align the first stage.
+constexpr int kSharedBytes = kReceivedAt + 8 + 1024;
+static_assert(kStreamCtasPerSm * (kSharedBytes + 1024) <= 228 * 1024, "two CTAs per SM");
 
 struct StreamGemmArgs {
   StreamGemmCall call;
   Index chunks;
   Index chunks_per_split;  // the last split may have fewer, or none
 };
+
+// Cluster barriers without memory ordering: what they order here is ordered by the mbarrier.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 
 __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmArgs args) {
 #ifdef DELTATRAIN_WGMMA  // sm_90a; prepare_stream_gemm() keeps other devices away
@@ -57,6 +73,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
   const auto weight_tile = [&](int stage) {
     return WeightTile{reinterpret_cast<bf16*>(smem + stage * kStageBytes + RowTile::kBytes)};
   };
+  const std::uint32_t receive = tiles::smem_address(smem + kReceiveAt), received = receive + kReceivedAt - kReceiveAt;
 
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = static_cast<int>(cluster.num_blocks()), split = static_cast<int>(cluster.block_rank());
@@ -66,6 +83,19 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
   const int warp = threadIdx.x / 32;
   const bf16* const w = static_cast<const bf16*>(a.w);
   const bf16* const x = static_cast<const bf16*>(a.x);
+  // Row group j (rows 8 j .. 8 j + 7, those below M) belongs to CTA j % splits, where it is local group j / splits.
+  const auto group_rows = [&](int j) { return static_cast<int>(max(Index{0}, min(Index{8}, a.M - 8 * j))); };
+
+  // The mbarrier expects every split's slice of each row group this CTA owns; the relaxed arrive is waited for
+  // before the first slice is sent, so that no CTA writes into one that has not set up its mbarrier.
+  if (threadIdx.x == 0) {
+    int bytes = 0;
+    for (int j = split; j < kRowGroups; j += splits) bytes += splits * group_rows(j) * kPartialLd * 4;
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(received) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(received), "r"(bytes) : "memory");
+  }
+  cluster_arrive_relaxed();
 
   // Weight rows past N are zero-filled (cp.async reads nothing for them) from a valid address; so are x's rows
   // past M (load_rows_async).
@@ -95,7 +125,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
     }
     tiles::cp_async_commit();
   }
-  float acc[kStreamMaxRows / 8][4] = {};
+  float acc[kRowGroups][4] = {};
   for (int i = 0; i < chunks; ++i) {
     tiles::cp_async_wait<kStreamStages - 2>();
     __syncthreads();  // chunk i has landed for every thread, and chunk i - 1's products are done with its stage
@@ -118,33 +148,62 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
     tiles::hold(acc);
   }
   tiles::cp_async_wait<0>();
-  __syncthreads();  // the pipeline's memory becomes the partial sums
+  __syncthreads();  // the pipeline's memory becomes this CTA's outgoing slices [row][kPartialLd]
 
   // Accumulator (mma "C" layout): lane (g, t) holds features 16 warp + g (+ 8) of rows 8 j + 2 t (+ 1).
-  float* partial = reinterpret_cast<float*>(smem);
+  float* slices = reinterpret_cast<float*>(smem);
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int j = 0; j < kStreamMaxRows / 8; ++j)
+  for (int j = 0; j < kRowGroups; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      partial[(8 * j + 2 * t + (e & 1)) * kPartialLd + 16 * warp + g + (e >> 1) * 8] = acc[j][e];
-  cluster.sync();  // every split's partial sums are in its shared memory
+      slices[(8 * j + 2 * t + (e & 1)) * kPartialLd + 16 * warp + g + (e >> 1) * 8] = acc[j][e];
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the slices, visible to the bulk copies
+  __syncthreads();
+  cluster_wait();
+  if (const int j = threadIdx.x; j < kRowGroups && group_rows(j) > 0) {
+    const auto owner = static_cast<std::uint32_t>(j % splits);
+    const std::uint32_t slot = receive + ((j / splits) * splits + split) * kSliceBytes;
+    std::uint32_t to, to_barrier;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(to) : "r"(slot), "r"(owner));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(to_barrier) : "r"(received), "r"(owner));
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     to),
+                 "r"(tiles::smem_address(slices + 8 * j * kPartialLd)), "r"(group_rows(j) * kPartialLd * 4),
+                 "r"(to_barrier)
+                 : "memory");
+  }
+  asm volatile(
+      "{\n.reg .pred done;\nwait_for_slices:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+      "@!done bra wait_for_slices;\n}\n" ::"r"(received)
+      : "memory");
+  // Once every CTA has received its slices, every CTA's outgoing slices have been read: only then may one exit.
+  cluster_arrive_relaxed();
 
-  // This CTA's share of the tile's outputs, each the splits' sum in split order.
-  for (Index i = split * kStreamThreads + threadIdx.x; i < a.M * kStreamFeatures; i += splits * kStreamThreads) {
-    const int r = static_cast<int>(i / kStreamFeatures), f = static_cast<int>(i % kStreamFeatures);
-    float sum = 0.f;
-    for (int s = 0; s < splits; ++s) sum += cluster.map_shared_rank(partial, s)[r * kPartialLd + f];
-    if (n0 + f < a.N) {
-      const Index at = r * a.ldy + n0 + f;
-      float out = a.alpha * sum;
+  // This CTA's row groups, each output the splits' sum in split order; a thread takes 4 features of a row.
+  const float* const sums_in = reinterpret_cast<const float*>(smem + kReceiveAt);
+  const int r = threadIdx.x / 16, f = threadIdx.x % 16 * 4;
+  for (int local = 0; local * splits + split < kRowGroups; ++local) {
+    const int group = local * splits + split;
+    if (r >= group_rows(group)) break;
+    float4 sum{0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < splits; ++s) {
+      const float4 v = *reinterpret_cast<const float4*>(&sums_in[((local * splits + s) * 8 + r) * kPartialLd + f]);
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const float sums[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (n0 + f + e >= a.N) break;
+      const Index at = (8 * group + r) * a.ldy + n0 + f + e;
+      float out = a.alpha * sums[e];
       if (a.beta != 0.f)
         out += a.beta * (a.y_float ? static_cast<const float*>(a.c)[at] : to_float(static_cast<const bf16*>(a.c)[at]));
       if (a.y_float) static_cast<float*>(a.y)[at] = out;
       else static_cast<bf16*>(a.y)[at] = to_bf16(out);
     }
   }
-  cluster.sync();  // the other CTAs have read this one's partial sums
+  cluster_wait();
 #endif
 }
 
@@ -165,15 +224,16 @@ void stream_gemm(const StreamGemmPlan& plan, const StreamGemmCall& call, cudaStr
   if (args.call.c == nullptr) args.call.c = call.y;
   cudaLaunchAttribute attributes[2];
   cudaLaunchConfig_t config = dependent_launch_config(
-      dim3(static_cast<unsigned>(plan.feature_tiles * plan.splits)), dim3(kStreamThreads), kSharedBytes, stream,
-      attributes[0]);
+      dim3(static_cast<unsigned>(plan.feature_tiles * plan.splits)), dim3(kStreamThreads),
+      kSharedBytes, stream, attributes[0]);
   attributes[1].id = cudaLaunchAttributeClusterDimension;
   attributes[1].val.clusterDim.x = static_cast<unsigned>(plan.splits);
   attributes[1].val.clusterDim.y = 1;
   attributes[1].val.clusterDim.z = 1;
   config.attrs = attributes;
   config.numAttrs = 2;
-  cuda_check(cudaLaunchKernelEx(&config, stream_gemm_kernel, args), "stream_gemm launch");
+  cuda_check(cudaLaunchKernelEx(&config, stream_gemm_kernel, args),
+             "stream_gemm launch");
 }
 
 }  // namespace deltatrain::model::cuda

@@ -6,7 +6,7 @@ std::optional<StreamGemmPlan> plan_stream_gemm(const StreamGemmProblem& p, int m
   const std::int64_t one_wave = std::int64_t{kStreamCtasPerSm} * multiprocessors;
   const std::int64_t feature_tiles = (p.N + kStreamFeatures - 1) / kStreamFeatures;
   const bool applies = p.allowed && p.device_ready && !p.row_invariant && !p.trans_a && p.trans_b &&
-                       p.M >= 1 && p.M <= kStreamPlanRows && p.N >= 1 && feature_tiles * kStreamMaxSplits <= one_wave &&
+                       p.M >= 1 && p.M <= kStreamMaxRows && p.N >= 1 && feature_tiles * kStreamMaxSplits <= one_wave &&
                        p.K >= kStreamChunk && p.K % kStreamChunk == 0 && p.align_a % 16 == 0 &&
                        p.align_b % 16 == 0 && p.lda % 8 == 0 && p.ldb % 8 == 0;
   if (!applies) return std::nullopt;

@@ -2,14 +2,15 @@
 // made here from the product's shape and the GPU's SM count, so that Gemm::run only dispatches on it. Plain C++
 // (no CUDA types), so it is tested on machines without a GPU.
 //
-// The kernel is for decode's narrow layer products: up to 16 activation rows (a decode step's batch) against a
-// weight of at most ~2k output features (out_proj, o_proj, the MLP's down, k and v), where the time is the weight's
-// bytes over the memory bandwidth and cuBLASLt's choices leave most SMs idle or split K into extra reductions: on
-// the H200 it takes 4.3 us where cuBLASLt takes 12.2 (out_proj at one row) and 5.8 where it takes 7.3 (down at 16
-// rows). Wider weights stream faster through cuBLASLt's tiles (the GDN input projections 2.6 TB/s, the lm_head 4.1),
-// and at 64 rows cuBLASLt's kernels match this one, also with its weight requested while the kernel before it ends
-// (bench/NOTES.md, Rollout). The plan never comes from timings (a rollout must be reproducible), and where it
-// applies nothing in it depends on M, so a row's result does not depend on how many rows the call has.
+// The kernel is for decode's narrow layer products: up to 64 activation rows (a decode step's batch) against a weight
+// of at most ~2k output features (out_proj, o_proj, the MLP's down, k and v), where the time is the weight's bytes
+// over the memory bandwidth and cuBLASLt's choices leave most SMs idle or split K into extra reductions: on the H200
+// it takes 3.8 us where cuBLASLt takes 12.2 (out_proj at one row), 5.4 where it takes 5.35 (out_proj at 64 rows)
+// and 3.3 where it takes 4.0 (k_proj at 64 rows), and inside decode's graph it requests its weight while the kernel
+// before it ends, which cuBLASLt cannot. Wider weights stream faster through cuBLASLt's tiles (the GDN input
+// projections 2.6 TB/s, the lm_head 4.1; bench/NOTES.md, Rollout). The plan never comes from timings (a rollout
+// must be reproducible), and where it applies nothing in it depends on M, so a row's result does not depend on how
+// many rows the call has.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,7 @@ namespace deltatrain::model::cuda {
 constexpr int kStreamFeatures = 64;  // weight rows (output features) a CTA computes: one wgmma's M
 constexpr int kStreamChunk = 64;     // K elements a pipeline stage holds
 constexpr int kStreamMaxRows = 64;   // activation rows the kernel takes: one wgmma's N
-constexpr int kStreamPlanRows = 16;  // activation rows the plan gives it (see above)
-constexpr int kStreamStages = 6;     // pipeline depth: 6 x 17 KB, so that two CTAs share an SM
+constexpr int kStreamStages = 5;     // pipeline depth: 5 x 16 KB and a 17 KB receive buffer, two CTAs an SM
 constexpr int kStreamMaxSplits = 8;  // CTAs of a cluster over one tile's K (the portable cluster size)
 constexpr int kStreamCtasPerSm = 2;
 
@@ -42,7 +42,7 @@ struct StreamGemmPlan {
 };
 
 // The plan for `p` on a GPU of `multiprocessors` SMs, or nothing where the kernel does not apply or does not pay:
-// a or b transposed other than as x [M, K] times W [N, K]^T, more than kStreamPlanRows rows, K not a multiple of
+// a or b transposed other than as x [M, K] times W [N, K]^T, more than kStreamMaxRows rows, K not a multiple of
 // kStreamChunk, operands or row strides not 16-byte aligned, more feature tiles than fill one wave of
 // kStreamCtasPerSm per SM with kStreamMaxSplits splits each, row-invariant calls, devices it is not built for, or
 // switched off. Any beta: the kernel adds beta c in its epilogue.

@@ -408,7 +408,7 @@ TEST(StreamGemmPlan, TakesOnlyFewRowsTimesANarrowAlignedWeight) {
   const std::pair<const char*, void (*)(cuda::StreamGemmProblem&)> refusals[] = {
       {"a transposed", [](auto& p) { p.trans_a = true; }},
       {"b not transposed", [](auto& p) { p.trans_b = false; }},
-      {"17 rows", [](auto& p) { p.M = 17; }},
+      {"65 rows", [](auto& p) { p.M = 65; }},
       {"no rows", [](auto& p) { p.M = 0; }},
       {"K not a multiple of the chunk", [](auto& p) { p.K = 3584 + 32; }},
       {"a 8-byte aligned", [](auto& p) { p.align_a = 8; }},
@@ -430,7 +430,7 @@ TEST(StreamGemmPlan, TakesOnlyFewRowsTimesANarrowAlignedWeight) {
 
 TEST(StreamGemmPlan, RulesOverRandomShapesAndDevices) {
   std::mt19937 rng(test_seed());
-  std::uniform_int_distribution<Index> rows(1, cuda::kStreamPlanRows), chunks(1, 128);
+  std::uniform_int_distribution<Index> rows(1, cuda::kStreamMaxRows), chunks(1, 128);
   // From the smallest device on which a narrow product fills a wave with eight splits.
   std::uniform_int_distribution<int> sms(cuda::kStreamMaxSplits / cuda::kStreamCtasPerSm, 200);
   for (int trial = 0; trial < 2000; ++trial) {
@@ -456,7 +456,7 @@ TEST(StreamGemmPlan, RulesOverRandomShapesAndDevices) {
     EXPECT_TRUE(plan->splits == cuda::kStreamMaxSplits || plan->feature_tiles * plan->splits * 2 > one_wave ||
                 K / cuda::kStreamChunk < 4 * plan->splits);
     // Nothing depends on M: a row's result is computed the same way at every batch size.
-    for (const Index other : {Index{1}, Index{cuda::kStreamPlanRows}}) {
+    for (const Index other : {Index{1}, Index{cuda::kStreamMaxRows}}) {
       EXPECT_EQ(cuda::plan_stream_gemm(decode_product(other, N, K), multiprocessors), plan);
     }
   }
@@ -468,9 +468,10 @@ TEST(StreamGemmPlan, TheDecodeProductsOfQwen35On132Sms) {
   EXPECT_EQ(plan(1024, 2048)->splits, 8);  // out_proj and o_proj
   EXPECT_EQ(plan(512, 1024)->splits, 8);   // k or v: 8 tiles of 16 chunks, two a split
   // cuBLASLt's: the stacked GDN input projections (129 tiles), the MLP's gate and up (112), attention's q and gate
-  // (64), the lm_head (3880); and every product at 64 rows.
+  // (64), the lm_head (3880); and every product past 64 rows.
   for (const Index N : {8224, 7168, 4096, 248320}) EXPECT_FALSE(plan(N, 1024).has_value()) << N;
-  EXPECT_FALSE(cuda::plan_stream_gemm(decode_product(64, 1024, 3584), 132).has_value());
+  EXPECT_EQ(cuda::plan_stream_gemm(decode_product(64, 1024, 3584), 132), plan(1024, 3584));
+  EXPECT_FALSE(cuda::plan_stream_gemm(decode_product(65, 1024, 3584), 132).has_value());
 }
 
 TEST_F(CudaOpsTest, GemmMatchesCpuForEveryTranspositionAndOutputType) {
@@ -818,7 +819,7 @@ TEST_F(CudaOpsTest, StreamGemmMatchesCpu) {
     Index M, N, K;
   };
   for (const Shape& shape : {Shape{1, 1024, 3584}, Shape{7, 1024, 2048}, Shape{16, 520, 256}, Shape{16, 2112, 1024},
-                             Shape{3, 100, 128}, Shape{12, 1030, 2048}}) {
+                             Shape{3, 100, 128}, Shape{12, 1030, 2048}, Shape{41, 1030, 2048}, Shape{64, 520, 3584}}) {
     const auto [M, N, K] = shape;
     SCOPED_TRACE("M " + std::to_string(M) + ", N " + std::to_string(N) + ", K " + std::to_string(K));
     const Both x = random(bf16, M, K), w = random(bf16, N, K, 8);
@@ -847,7 +848,7 @@ TEST_F(CudaOpsTest, StreamGemmMatchesCpu) {
 // each round, against the CPU.
 TEST_F(CudaOpsTest, LinearReadsTheActivationOfTheKernelBeforeIt) {
   if (!cuda::prepare_stream_gemm()) GTEST_SKIP() << "the weight-streaming kernel is built for sm_90a only";
-  const Index M = cuda::kStreamPlanRows, I = 3584, H = 1024;
+  const Index M = cuda::kStreamMaxRows, I = 3584, H = 1024;
   const Both w = random(bf16, H, I, 8);
   for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
