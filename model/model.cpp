@@ -177,7 +177,9 @@ struct Model::Impl {
 
   void load_batch(const Batch& batch, bool for_loss);
   IndexArray index_array(const std::vector<std::int32_t>& host);
+  // Inference: the batch's tokens and offsets and the step's index arrays in one device allocation, by one copy.
   void upload_inference();
+  std::vector<std::int32_t> index_staging;  // upload_inference's host image of that allocation
   void check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows) const;
   void check_logits(const TensorView& logits, std::int64_t rows) const;
   TensorView stage_logits(std::int64_t rows, std::span<const double> out);
@@ -425,14 +427,14 @@ void Model::Impl::load_batch(const Batch& batch, bool for_loss) {
   cu_seqlens.assign(batch.cu_seqlens.begin(), batch.cu_seqlens.end());
   T = static_cast<std::int64_t>(tokens.size());
   memory.reset();
-  token_ids = index_array(tokens);
-  sequences = index_array(cu_seqlens);
-  if (!for_loss) {
+  if (!for_loss) {  // an inference step: upload_inference uploads the tokens and offsets with its own arrays
     objective = nullptr;
     target_ids = {};
     weight_values = logprob_values = {};
     return;
   }
+  token_ids = index_array(tokens);
+  sequences = index_array(cu_seqlens);
   targets = batch.targets.empty() ? next_token_targets(batch.tokens, batch.cu_seqlens)
                                   : std::vector<std::int32_t>(batch.targets.begin(), batch.targets.end());
   if (batch.weights.empty()) {
@@ -915,19 +917,34 @@ TensorView Model::Impl::stage_logits(std::int64_t rows, std::span<const double> 
   return staged_logits.allocate(act_dtype, {rows, config.vocab_size});
 }
 
+// A decode step's host time between the previous step's tokens and this step's graph is all exposed (the GPU waits
+// for it), and eleven small copies were most of its API calls; each array starts 64-byte aligned.
 void Model::Impl::upload_inference() {
   InferenceStep& s = inference;
   s.sequence_index.resize(s.slots.size());
   std::iota(s.sequence_index.begin(), s.sequence_index.end(), 0);
-  s.slot_ids = index_array(s.slots);
-  s.sequence_ids = index_array(s.sequence_index);
-  s.kv_dst_ids = index_array(s.kv_dst);
-  s.kv_src_ids = index_array(s.kv_src);
-  s.conv_dst_ids = index_array(s.conv_dst);
-  s.conv_src_ids = index_array(s.conv_src);
-  s.last_row_ids = index_array(s.last_rows);
-  s.position_ids = index_array(s.positions);
-  s.length_ids = index_array(s.lengths);
+  const std::pair<IndexArray*, const std::vector<std::int32_t>*> arrays[] = {
+      {&token_ids, &tokens},          {&sequences, &cu_seqlens},        {&s.slot_ids, &s.slots},
+      {&s.sequence_ids, &s.sequence_index}, {&s.kv_dst_ids, &s.kv_dst}, {&s.kv_src_ids, &s.kv_src},
+      {&s.conv_dst_ids, &s.conv_dst}, {&s.conv_src_ids, &s.conv_src},   {&s.last_row_ids, &s.last_rows},
+      {&s.position_ids, &s.positions}, {&s.length_ids, &s.lengths}};
+  if (options.device.type == DeviceType::cpu) {
+    for (const auto& [array, host] : arrays) *array = IndexArray(*host);
+    return;
+  }
+  constexpr std::size_t kAlign = 16;  // int32s: 64 bytes
+  std::size_t total = 0;
+  for (const auto& [array, host] : arrays) total += (host->size() + kAlign - 1) / kAlign * kAlign;
+  index_staging.assign(total, 0);
+  const TensorView block = memory.allocate(DType::i32, {static_cast<std::int64_t>(std::max<std::size_t>(total, 1))});
+  std::size_t offset = 0;
+  for (const auto& [array, host] : arrays) {
+    std::copy(host->begin(), host->end(), index_staging.begin() + static_cast<std::ptrdiff_t>(offset));
+    *array = IndexArray(*host, block.ptr<std::int32_t>() + offset);
+    offset += (host->size() + kAlign - 1) / kAlign * kAlign;
+  }
+  // From pageable memory the driver stages the bytes before returning, so index_staging may change after.
+  copy_to_device(block.data, index_staging.data(), total * sizeof(std::int32_t), options.device, options.stream);
 }
 
 // The device logits as float64 on the host.

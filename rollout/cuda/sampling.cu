@@ -151,15 +151,32 @@ class RowKernel {
   __device__ double tempered(unsigned key) const { return __dmul_rn(value_of(key), inv_t_) - max_t_; }
   __device__ double weight(unsigned key) const { return exp(tempered(key)); }
 
-  // One pass: the largest key with its lowest id, and the counts of the upper half's keys.
+  // One pass: the largest key with its lowest id, and the counts of the upper half's keys. The row is read in
+  // 16-byte vectors of 8 values where its address allows (a row of an odd vocabulary may start anywhere), the values
+  // before and after them one by one; the maximum and the counts do not depend on the order.
   __device__ void find_max_and_count_half(bool count) {
     if (count) clear_histogram();
     unsigned long long best = 0;  // key in the high word, the complement of the id in the low one
-    for (long long i = threadIdx.x; i < V_; i += kThreads) {
-      const unsigned k = key(i);
+    const auto visit = [&](unsigned bits, long long i) {
+      const unsigned k = key_of(bits);
       best = max(best, (static_cast<unsigned long long>(k) << 32) | (0xFFFFFFFFull - static_cast<unsigned long long>(i)));
       if (count && k >= kHalfKeys) atomicAdd(&histogram_[k - kHalfKeys], 1u);
+    };
+    const auto address = reinterpret_cast<std::uintptr_t>(row_);
+    const long long head = min(V_, static_cast<long long>((16 - address % 16) % 16 / 2)), vectors = (V_ - head) / 8;
+    for (long long i = threadIdx.x; i < head; i += kThreads) visit(row_[i], i);
+    const uint4* body = reinterpret_cast<const uint4*>(row_ + head);
+#pragma unroll 4
+    for (long long v = threadIdx.x; v < vectors; v += kThreads) {
+      const uint4 q = body[v];
+      const unsigned words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {  // little-endian: the lower address in the low half
+        visit(words[e] & 0xFFFFu, head + 8 * v + 2 * e);
+        visit(words[e] >> 16, head + 8 * v + 2 * e + 1);
+      }
     }
+    for (long long i = head + 8 * vectors + threadIdx.x; i < V_; i += kThreads) visit(row_[i], i);
     best = cub::BlockReduce<unsigned long long, kThreads>(s_.cub.max_u64).Reduce(best, Larger());
     if (threadIdx.x == 0) {
       s_.max_key = static_cast<unsigned>(best >> 32);
