@@ -176,10 +176,14 @@ struct Model::Impl {
   TensorView temp_stat(std::initializer_list<std::int64_t> shape) { return scratch.allocate(stat_dtype, shape); }
 
   void load_batch(const Batch& batch, bool for_loss);
-  IndexArray index_array(const std::vector<std::int32_t>& host);
-  // Inference: the batch's tokens and offsets and the step's index arrays in one device allocation, by one copy.
+  // Each array's values as the kernels take them: the host vector itself on the CPU, plus (on a GPU) a device copy in
+  // `memory` (rewound by load_batch), all the arrays' in one allocation filled by one copy. The vectors must stay
+  // unchanged until the step ends.
+  using IndexUpload = std::pair<IndexArray*, const std::vector<std::int32_t>*>;
+  void upload_index_arrays(std::span<const IndexUpload> arrays);
+  std::vector<std::int32_t> index_staging;  // upload_index_arrays' host image of that allocation
+  // Inference: the batch's tokens and offsets with the step's index arrays.
   void upload_inference();
-  std::vector<std::int32_t> index_staging;  // upload_inference's host image of that allocation
   void check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows) const;
   void check_logits(const TensorView& logits, std::int64_t rows) const;
   TensorView stage_logits(std::int64_t rows, std::span<const double> out);
@@ -410,13 +414,26 @@ void validate_batch(const Batch& batch, std::int64_t vocab_size) {
   }
 }
 
-// Host values as the kernels take them: the host vector itself on the CPU, plus a device copy (in `memory`,
-// rewound by load_batch) on a GPU. The vector must stay unchanged until the step ends.
-IndexArray Model::Impl::index_array(const std::vector<std::int32_t>& host) {
-  if (options.device.type == DeviceType::cpu) return IndexArray(host);
-  const TensorView v = memory.allocate(DType::i32, {static_cast<std::int64_t>(host.size())});
-  copy_to_device(v.data, host.data(), host.size() * sizeof(std::int32_t), options.device, options.stream);
-  return IndexArray(host, v.ptr<std::int32_t>());
+// A decode step's host time between the previous step's tokens and this step's graph is all exposed (the GPU waits
+// for it), and its eleven small copies were most of its API calls; each array starts 64-byte aligned.
+void Model::Impl::upload_index_arrays(std::span<const IndexUpload> arrays) {
+  if (options.device.type == DeviceType::cpu) {
+    for (const auto& [array, host] : arrays) *array = IndexArray(*host);
+    return;
+  }
+  const auto padded = [](std::size_t n) { return (n + 15) / 16 * 16; };  // int32s: 64 bytes
+  std::size_t total = 0;
+  for (const auto& [array, host] : arrays) total += padded(host->size());
+  index_staging.assign(total, 0);
+  const TensorView block = memory.allocate(DType::i32, {static_cast<std::int64_t>(std::max<std::size_t>(total, 1))});
+  std::size_t offset = 0;
+  for (const auto& [array, host] : arrays) {
+    std::copy(host->begin(), host->end(), index_staging.begin() + static_cast<std::ptrdiff_t>(offset));
+    *array = IndexArray(*host, block.ptr<std::int32_t>() + offset);
+    offset += padded(host->size());
+  }
+  // From pageable memory the driver stages the bytes before returning, so index_staging may change after.
+  copy_to_device(block.data, index_staging.data(), total * sizeof(std::int32_t), options.device, options.stream);
 }
 
 // The batch on the host (validation, CPU kernels, the GDN operator's schedule) and, on a GPU, on the device; with
@@ -433,8 +450,6 @@ void Model::Impl::load_batch(const Batch& batch, bool for_loss) {
     weight_values = logprob_values = {};
     return;
   }
-  token_ids = index_array(tokens);
-  sequences = index_array(cu_seqlens);
   targets = batch.targets.empty() ? next_token_targets(batch.tokens, batch.cu_seqlens)
                                   : std::vector<std::int32_t>(batch.targets.begin(), batch.targets.end());
   if (batch.weights.empty()) {
@@ -445,7 +460,8 @@ void Model::Impl::load_batch(const Batch& batch, bool for_loss) {
   }
   logprobs.assign(targets.size(), 0.0);
   objective = batch.objective;
-  target_ids = index_array(targets);
+  const IndexUpload arrays[] = {{&token_ids, &tokens}, {&sequences, &cu_seqlens}, {&target_ids, &targets}};
+  upload_index_arrays(arrays);
   const Device device = options.device;
   if (device.type == DeviceType::cpu) {
     weight_values = TensorView::contiguous(weights.data(), DType::f64, {T});
@@ -917,34 +933,16 @@ TensorView Model::Impl::stage_logits(std::int64_t rows, std::span<const double> 
   return staged_logits.allocate(act_dtype, {rows, config.vocab_size});
 }
 
-// A decode step's host time between the previous step's tokens and this step's graph is all exposed (the GPU waits
-// for it), and eleven small copies were most of its API calls; each array starts 64-byte aligned.
 void Model::Impl::upload_inference() {
   InferenceStep& s = inference;
   s.sequence_index.resize(s.slots.size());
   std::iota(s.sequence_index.begin(), s.sequence_index.end(), 0);
-  const std::pair<IndexArray*, const std::vector<std::int32_t>*> arrays[] = {
+  const IndexUpload arrays[] = {
       {&token_ids, &tokens},          {&sequences, &cu_seqlens},        {&s.slot_ids, &s.slots},
       {&s.sequence_ids, &s.sequence_index}, {&s.kv_dst_ids, &s.kv_dst}, {&s.kv_src_ids, &s.kv_src},
       {&s.conv_dst_ids, &s.conv_dst}, {&s.conv_src_ids, &s.conv_src},   {&s.last_row_ids, &s.last_rows},
       {&s.position_ids, &s.positions}, {&s.length_ids, &s.lengths}};
-  if (options.device.type == DeviceType::cpu) {
-    for (const auto& [array, host] : arrays) *array = IndexArray(*host);
-    return;
-  }
-  constexpr std::size_t kAlign = 16;  // int32s: 64 bytes
-  std::size_t total = 0;
-  for (const auto& [array, host] : arrays) total += (host->size() + kAlign - 1) / kAlign * kAlign;
-  index_staging.assign(total, 0);
-  const TensorView block = memory.allocate(DType::i32, {static_cast<std::int64_t>(std::max<std::size_t>(total, 1))});
-  std::size_t offset = 0;
-  for (const auto& [array, host] : arrays) {
-    std::copy(host->begin(), host->end(), index_staging.begin() + static_cast<std::ptrdiff_t>(offset));
-    *array = IndexArray(*host, block.ptr<std::int32_t>() + offset);
-    offset += (host->size() + kAlign - 1) / kAlign * kAlign;
-  }
-  // From pageable memory the driver stages the bytes before returning, so index_staging may change after.
-  copy_to_device(block.data, index_staging.data(), total * sizeof(std::int32_t), options.device, options.stream);
+  upload_index_arrays(arrays);
 }
 
 // The device logits as float64 on the host.

@@ -264,6 +264,8 @@ __global__ void __launch_bounds__(kNormThreads, Steps >= 2 ? 2 : 3)
       for (int k = 0; k < kVector; ++k) dot += d[k] * g[k] * v[k];
       return dot;
     };
+    // x's coefficient in dx: the row's sum of dy g x over its lanes, times rstd^2 / cols.
+    const auto coefficient = [&](float dot) { return RowGroup<Lanes>::sum(dot) * s * s / static_cast<float>(cols); };
     float dot = 0.f;
     if constexpr (Steps > 0) {
       float d[Steps][kVector], v[Steps][kVector];
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(kNormThreads, Steps >= 2 ? 2 : 3)
         const Index c0 = group.column + step * group.kStep;
         if (c0 < cols) dot = add_dot(dot, c0, d[step], v[step]);
       }
-      const float coef = RowGroup<Lanes>::sum(dot) * s * s / static_cast<float>(cols);
+      const float coef = coefficient(dot);
       if (!group.active) continue;  // the group's lanes all skip: no shuffles follow
 #pragma unroll
       for (int step = 0; step < Steps; ++step) {
@@ -288,7 +290,7 @@ __global__ void __launch_bounds__(kNormThreads, Steps >= 2 ? 2 : 3)
         load8<V>(xr, c0, cols, v);
         dot = add_dot(dot, c0, d, v);
       }
-      const float coef = RowGroup<Lanes>::sum(dot) * s * s / static_cast<float>(cols);
+      const float coef = coefficient(dot);
       if (!group.active) continue;
       for (Index c0 = group.column; c0 < cols; c0 += group.kStep) {
         float d[kVector], v[kVector];

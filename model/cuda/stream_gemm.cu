@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
   const auto weight_tile = [&](int stage) {
     return WeightTile{reinterpret_cast<bf16*>(smem + stage * kStageBytes + RowTile::kBytes)};
   };
-  const std::uint32_t receive = tiles::smem_address(smem + kReceiveAt), received = receive + kReceivedAt - kReceiveAt;
+  const std::uint32_t receive = tiles::smem_address(smem + kReceiveAt), received = tiles::smem_address(smem + kReceivedAt);
 
   const cg::cluster_group cluster = cg::this_cluster();
   const int splits = static_cast<int>(cluster.num_blocks()), split = static_cast<int>(cluster.block_rank());
@@ -224,16 +224,15 @@ void stream_gemm(const StreamGemmPlan& plan, const StreamGemmCall& call, cudaStr
   if (args.call.c == nullptr) args.call.c = call.y;
   cudaLaunchAttribute attributes[2];
   cudaLaunchConfig_t config = dependent_launch_config(
-      dim3(static_cast<unsigned>(plan.feature_tiles * plan.splits)), dim3(kStreamThreads),
-      kSharedBytes, stream, attributes[0]);
+      dim3(static_cast<unsigned>(plan.feature_tiles * plan.splits)), dim3(kStreamThreads), kSharedBytes, stream,
+      attributes[0]);
   attributes[1].id = cudaLaunchAttributeClusterDimension;
   attributes[1].val.clusterDim.x = static_cast<unsigned>(plan.splits);
   attributes[1].val.clusterDim.y = 1;
   attributes[1].val.clusterDim.z = 1;
   config.attrs = attributes;
   config.numAttrs = 2;
-  cuda_check(cudaLaunchKernelEx(&config, stream_gemm_kernel, args),
-             "stream_gemm launch");
+  cuda_check(cudaLaunchKernelEx(&config, stream_gemm_kernel, args), "stream_gemm launch");
 }
 
 }  // namespace deltatrain::model::cuda
