@@ -2,6 +2,7 @@
 // why there are none.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 
@@ -22,5 +23,12 @@ class DeviceSampler {
 
 // Unavailable naming the device when this build has no CUDA.
 std::unique_ptr<DeviceSampler> make_cuda_sampler(Device device);
+
+// A batch whose rows are all greedy without the untempered log-probability needs only each row's largest value with
+// its lowest id, which does not depend on the order the values are visited in, so the GPU spreads a row over
+// several blocks: this many, so that the batch's blocks fill the GPU twice over, none with fewer than
+// kGreedyMinValues values (one block a row leaves most SMs idle at decode's batch sizes: bench/NOTES.md, Rollout).
+constexpr std::int64_t kGreedyMinValues = 4096;
+int greedy_parts(std::int64_t rows, std::int64_t vocab, int multiprocessors);
 
 }  // namespace deltatrain::rollout

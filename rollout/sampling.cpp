@@ -43,6 +43,12 @@ class CompensatedSum {
 
 }  // namespace
 
+int greedy_parts(std::int64_t rows, std::int64_t vocab, int multiprocessors) {
+  const std::int64_t fill = (2 * std::int64_t{multiprocessors} + rows - 1) / std::max<std::int64_t>(rows, 1);
+  const std::int64_t most = std::max<std::int64_t>(1, vocab / kGreedyMinValues);
+  return static_cast<int>(std::clamp<std::int64_t>(fill, 1, most));
+}
+
 void validate(const SamplingParams& params, const std::string& where) {
   if (!(params.temperature >= 0) || !std::isfinite(params.temperature)) {
     throw InvalidArgument(where + ".temperature",

@@ -12,11 +12,14 @@
 // many of the tokens at it are kept (the lowest ids). The draw is the inverse CDF over the kept tokens in id
 // order: a block-wide prefix sum over the row, tile by tile, until the cumulative mass passes u * total.
 // The untempered log-probability of the token is the model's own float64 log-softmax (log_softmax.cuh), the
-// number its loss gives the same token in batch-invariant mode.
+// number its loss gives the same token in batch-invariant mode. A batch of greedy rows that want no untempered
+// log-probability needs only each row's largest value with its lowest id: greedy_rows spreads each row over
+// greedy_parts blocks (device_sampler.h), which fold their best into the row's by atomicMax (exact in any order).
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <vector>
@@ -72,6 +75,35 @@ struct Smaller {
   template <class T>
   __device__ T operator()(const T& a, const T& b) const { return a < b ? a : b; }
 };
+
+// visit(bits, id) for the values [begin, end) of a row, spread over `threads` threads: in 16-byte vectors of 8 values
+// where the address allows (a row of an odd vocabulary may start anywhere), the values before and after them one
+// by one.
+template <class Visit>
+__device__ __forceinline__ void for_each_value(const std::uint16_t* row, long long begin, long long end, int thread,
+                                               int threads, Visit&& visit) {
+  const auto address = reinterpret_cast<std::uintptr_t>(row + begin);
+  const long long head = min(end - begin, static_cast<long long>((16 - address % 16) % 16 / 2));
+  const long long first = begin + head, vectors = (end - first) / 8;
+  for (long long i = begin + thread; i < first; i += threads) visit(row[i], i);
+  const uint4* body = reinterpret_cast<const uint4*>(row + first);
+#pragma unroll 4
+  for (long long v = thread; v < vectors; v += threads) {
+    const uint4 q = body[v];
+    const unsigned words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // little-endian: the lower address in the low half
+      visit(words[e] & 0xFFFFu, first + 8 * v + 2 * e);
+      visit(words[e] >> 16, first + 8 * v + 2 * e + 1);
+    }
+  }
+  for (long long i = first + 8 * vectors + thread; i < end; i += threads) visit(row[i], i);
+}
+
+// A value's key with the complement of its id below: the larger of two is the larger value, the lower id among equals.
+__device__ __forceinline__ unsigned long long ranked(unsigned bits, long long id) {
+  return (static_cast<unsigned long long>(key_of(bits)) << 32) | (0xFFFFFFFFull - static_cast<unsigned long long>(id));
+}
 
 template <class T>
 __device__ __forceinline__ T warp_sum(T x) {
@@ -151,32 +183,16 @@ class RowKernel {
   __device__ double tempered(unsigned key) const { return __dmul_rn(value_of(key), inv_t_) - max_t_; }
   __device__ double weight(unsigned key) const { return exp(tempered(key)); }
 
-  // One pass: the largest key with its lowest id, and the counts of the upper half's keys. The row is read in
-  // 16-byte vectors of 8 values where its address allows (a row of an odd vocabulary may start anywhere), the values
-  // before and after them one by one; the maximum and the counts do not depend on the order.
+  // One pass: the largest key with its lowest id, and the counts of the upper half's keys (neither depends on the
+  // order of the visits).
   __device__ void find_max_and_count_half(bool count) {
     if (count) clear_histogram();
-    unsigned long long best = 0;  // key in the high word, the complement of the id in the low one
-    const auto visit = [&](unsigned bits, long long i) {
+    unsigned long long best = 0;
+    for_each_value(row_, 0, V_, threadIdx.x, kThreads, [&](unsigned bits, long long i) {
+      best = max(best, ranked(bits, i));
       const unsigned k = key_of(bits);
-      best = max(best, (static_cast<unsigned long long>(k) << 32) | (0xFFFFFFFFull - static_cast<unsigned long long>(i)));
       if (count && k >= kHalfKeys) atomicAdd(&histogram_[k - kHalfKeys], 1u);
-    };
-    const auto address = reinterpret_cast<std::uintptr_t>(row_);
-    const long long head = min(V_, static_cast<long long>((16 - address % 16) % 16 / 2)), vectors = (V_ - head) / 8;
-    for (long long i = threadIdx.x; i < head; i += kThreads) visit(row_[i], i);
-    const uint4* body = reinterpret_cast<const uint4*>(row_ + head);
-#pragma unroll 4
-    for (long long v = threadIdx.x; v < vectors; v += kThreads) {
-      const uint4 q = body[v];
-      const unsigned words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {  // little-endian: the lower address in the low half
-        visit(words[e] & 0xFFFFu, head + 8 * v + 2 * e);
-        visit(words[e] >> 16, head + 8 * v + 2 * e + 1);
-      }
-    }
-    for (long long i = head + 8 * vectors + threadIdx.x; i < V_; i += kThreads) visit(row_[i], i);
+    });
     best = cub::BlockReduce<unsigned long long, kThreads>(s_.cub.max_u64).Reduce(best, Larger());
     if (threadIdx.x == 0) {
       s_.max_key = static_cast<unsigned>(best >> 32);
@@ -423,6 +439,23 @@ __global__ void __launch_bounds__(kThreads) sample_rows(const std::uint16_t* __r
   kernel.run(results[blockIdx.x]);
 }
 
+// A greedy batch (greedy_parts): block b takes part b % parts of row b / parts and folds its best into the row's
+// ranked value, which starts at 0 (below every value's).
+constexpr int kGreedyThreads = 256;
+
+__global__ void __launch_bounds__(kGreedyThreads) greedy_rows(const std::uint16_t* __restrict__ logits, long long V,
+                                                              int parts, unsigned long long* __restrict__ best) {
+  using Reduce = cub::BlockReduce<unsigned long long, kGreedyThreads>;
+  __shared__ typename Reduce::TempStorage storage;
+  const long long row = blockIdx.x / parts, part = blockIdx.x % parts;
+  const long long per_part = (V + parts - 1) / parts, begin = min(V, part * per_part), end = min(V, begin + per_part);
+  unsigned long long mine = 0;
+  for_each_value(logits + row * V, begin, end, threadIdx.x, kGreedyThreads,
+                 [&](unsigned bits, long long i) { mine = max(mine, ranked(bits, i)); });
+  mine = Reduce(storage).Reduce(mine, Larger());
+  if (threadIdx.x == 0) atomicMax(&best[row], mine);
+}
+
 // The per-row requests go up and the results come back through pinned host buffers and a device workspace,
 // both grown (never shrunk) to the largest batch seen, so that a call allocates nothing once it has run at its
 // size.
@@ -430,6 +463,8 @@ class CudaSampler final : public DeviceSampler {
  public:
   explicit CudaSampler(Device device) : device_(device) {
     const CudaDeviceGuard guard(device_.index);
+    cuda_check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device_.index),
+               "cudaDeviceGetAttribute");
     cuda_check(cudaFuncSetAttribute(sample_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(kHistogramBytes)),
                "cudaFuncSetAttribute");
@@ -445,6 +480,19 @@ class CudaSampler final : public DeviceSampler {
     const std::int64_t N = logits.shape[0], V = logits.shape[1];
     if (V > INT_MAX) throw InvalidArgument("logits", "a GPU samples rows of at most 2^31 - 1 tokens, got " + std::to_string(V));
     reserve(N);
+    if (std::all_of(rows.begin(), rows.end(), [](const RowSampling& r) { return r.params.temperature == 0 && !r.want_untempered; })) {
+      const int parts = greedy_parts(N, V, multiprocessors_);
+      cuda_check(cudaMemsetAsync(device_best_, 0, N * sizeof(unsigned long long), stream), "cudaMemsetAsync");
+      greedy_rows<<<static_cast<unsigned>(N * parts), kGreedyThreads, 0, stream>>>(
+          static_cast<const std::uint16_t*>(logits.data), V, parts, device_best_);
+      cuda_check(cudaGetLastError(), "greedy_rows");
+      cuda_check(cudaMemcpyAsync(host_best_, device_best_, N * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync");
+      cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      for (std::int64_t n = 0; n < N; ++n)
+        out[n] = {static_cast<std::int32_t>(0xFFFFFFFFull - (host_best_[n] & 0xFFFFFFFFull)), 0.0, 0.0};
+      return;
+    }
     for (std::int64_t n = 0; n < N; ++n) {
       const SamplingParams& p = rows[n].params;
       host_requests_[n] = {p.temperature, p.top_p, rows[n].u, p.top_k, rows[n].want_untempered ? 1 : 0};
@@ -469,6 +517,8 @@ class CudaSampler final : public DeviceSampler {
     cuda_check(cudaMalloc(&device_results_, rows * sizeof(RowResult)), "cudaMalloc");
     cuda_check(cudaMallocHost(&host_requests_, rows * sizeof(RowRequest)), "cudaMallocHost");
     cuda_check(cudaMallocHost(&host_results_, rows * sizeof(RowResult)), "cudaMallocHost");
+    cuda_check(cudaMalloc(&device_best_, rows * sizeof(unsigned long long)), "cudaMalloc");
+    cuda_check(cudaMallocHost(&host_best_, rows * sizeof(unsigned long long)), "cudaMallocHost");
     capacity_ = rows;
   }
   void release() {
@@ -476,6 +526,10 @@ class CudaSampler final : public DeviceSampler {
     cudaFree(device_results_);
     cudaFreeHost(host_requests_);
     cudaFreeHost(host_results_);
+    cudaFree(device_best_);
+    cudaFreeHost(host_best_);
+    device_best_ = nullptr;
+    host_best_ = nullptr;
     device_requests_ = nullptr;
     device_results_ = nullptr;
     host_requests_ = nullptr;
@@ -489,6 +543,9 @@ class CudaSampler final : public DeviceSampler {
   RowResult* device_results_ = nullptr;
   RowRequest* host_requests_ = nullptr;
   RowResult* host_results_ = nullptr;
+  unsigned long long* device_best_ = nullptr;  // a greedy batch's ranked values (greedy_rows)
+  unsigned long long* host_best_ = nullptr;
+  int multiprocessors_ = 0;
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "deltatrain/core/error.h"
 #include "deltatrain/rollout/sampling.h"
+#include "device_sampler.h"
 #include "model_testing.h"
 
 namespace deltatrain::rollout {
@@ -49,6 +50,30 @@ std::vector<double> random_logits(std::mt19937_64& rng, int V) {
   std::vector<double> l(V);
   for (auto& x : l) x = n(rng);
   return l;
+}
+
+// How many blocks a greedy row is spread over on the GPU: the batch fills the GPU twice over where the vocabulary
+// allows, no part below kGreedyMinValues values, at least one.
+TEST_F(SamplingTest, GreedyPartsFillTheGpuWithoutPartsTooSmall) {
+  for (int trial = 0; trial < 5000; ++trial) {
+    const std::int64_t rows = std::uniform_int_distribution<std::int64_t>(1, 1024)(rng_);
+    const std::int64_t vocab = std::uniform_int_distribution<std::int64_t>(1, 300000)(rng_);
+    const int sms = std::uniform_int_distribution<int>(1, 200)(rng_);
+    const int parts = greedy_parts(rows, vocab, sms);
+    SCOPED_TRACE(std::to_string(rows) + " rows, vocabulary " + std::to_string(vocab) + ", " + std::to_string(sms) +
+                 " SMs: " + std::to_string(parts) + " parts");
+    ASSERT_GE(parts, 1);
+    EXPECT_TRUE(rows * parts >= 2 * sms || parts == std::max<std::int64_t>(1, vocab / kGreedyMinValues));
+    if (parts > 1) {
+      EXPECT_GE(vocab / parts, kGreedyMinValues);
+      EXPECT_LT(rows * (parts - 1), 2 * sms) << "no more parts than filling the GPU twice needs";
+    }
+  }
+  EXPECT_EQ(greedy_parts(1, 248320, 132), 60);  // the Qwen vocabulary at batch 1 on an H200: 4,139 values a part
+  EXPECT_EQ(greedy_parts(64, 248320, 132), 5);
+  EXPECT_EQ(greedy_parts(256, 248320, 132), 2);
+  EXPECT_EQ(greedy_parts(512, 248320, 132), 1);
+  EXPECT_EQ(greedy_parts(1, 4000, 132), 1);
 }
 
 TEST(Sampling, GreedyIsTheArgmaxWithLowestIdOnTies) {
