@@ -123,13 +123,17 @@ std::vector<Request> random_requests(std::mt19937_64& rng, std::int64_t vocab, s
   return requests;
 }
 
-void expect_gpu_equals_cpu(std::mt19937_64& rng, std::int64_t N, std::int64_t V) {
+// Every mode by row (mode(n + N)), every other row wanting the untempered log-probability; or, `greedy`, every row
+// greedy without it (the GPU's greedy_rows path).
+void expect_gpu_equals_cpu(std::mt19937_64& rng, std::int64_t N, std::int64_t V, bool greedy = false) {
   const std::vector<std::uint16_t> bits = random_bf16_logits(rng, N, V);
   std::vector<double> widened(bits.size());
   std::transform(bits.begin(), bits.end(), widened.begin(), [](std::uint16_t b) { return double(bf16_to_float(b)); });
   std::vector<RowSampling> rows(N);
   const std::uint64_t seed = rng();
-  for (std::int64_t n = 0; n < N; ++n) rows[n] = {mode(n + N, V), uniform(seed, n, 0), n % 2 == 1};
+  for (std::int64_t n = 0; n < N; ++n)
+    rows[n] = greedy ? RowSampling{{.temperature = 0}, uniform(seed, n, 0), false}
+                     : RowSampling{mode(n + N, V), uniform(seed, n, 0), n % 2 == 1};
 
   DeviceBuffer logits(bits.size() * sizeof(std::uint16_t));
   cuda_check(cudaMemcpy(logits.data(), bits.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice),
@@ -170,29 +174,13 @@ TEST_F(CudaSamplingTest, EqualsTheCpuSamplerOnOddAndTinyVocabularies) {
 }
 
 // Batches of greedy rows that want no untempered log-probability take greedy_rows, each row spread over several
-// blocks: the same tokens as the CPU's argmax (the lowest id among the planted ties of the maximum), a log-probability
-// of 0, over vocabularies whose rows start at every alignment and parts of every size.
+// blocks: the CPU's argmax (the lowest id among the planted ties of the maximum) over rows that start at every
+// alignment and parts of every size.
 TEST_F(CudaSamplingTest, GreedyBatchesSpreadOverBlocksEqualTheCpuArgmax) {
   SKIP_WITHOUT_GPU();
   for (const auto& [N, V] : {std::pair<std::int64_t, std::int64_t>{1, 248320}, {64, 248320}, {3, 100003},
-                             {300, 4099}, {5, 1}, {7, 8195}}) {
-    const std::vector<std::uint16_t> bits = random_bf16_logits(rng_, N, V);
-    std::vector<double> widened(bits.size());
-    std::transform(bits.begin(), bits.end(), widened.begin(), [](std::uint16_t b) { return double(bf16_to_float(b)); });
-    const std::vector<RowSampling> rows(N, RowSampling{{.temperature = 0}, 0.5, false});
-    DeviceBuffer logits(bits.size() * sizeof(std::uint16_t));
-    cuda_check(cudaMemcpy(logits.data(), bits.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice),
-               "cudaMemcpy");
-    BatchSampler gpu, cpu;
-    const std::vector<Sample> on_gpu = gpu.sample(TensorView::contiguous(logits.data(), DType::bf16, {N, V}, kGpu), rows);
-    const std::vector<Sample> on_cpu = cpu.sample(TensorView::contiguous(widened.data(), DType::f64, {N, V}), rows);
-    for (std::int64_t n = 0; n < N; ++n) {
-      const std::string where = "N " + std::to_string(N) + " V " + std::to_string(V) + " row " + std::to_string(n);
-      EXPECT_EQ(on_gpu[n].token, on_cpu[n].token) << where;
-      EXPECT_EQ(on_gpu[n].logprob, 0.0) << where;
-      EXPECT_EQ(on_gpu[n].untempered_logprob, 0.0) << where;
-    }
-  }
+                             {300, 4099}, {5, 1}, {7, 8195}})
+    expect_gpu_equals_cpu(rng_, N, V, true);
 }
 
 // A row of one value: every cut falls inside the tie, on the lowest ids.
