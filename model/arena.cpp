@@ -210,6 +210,21 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Dev
 #endif
 }
 
+void copy_on_device(void* dst, const void* src, std::size_t bytes, Device device, void* stream) {
+  if (bytes == 0) return;
+  if (device.type == DeviceType::cpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef DELTATRAIN_WITH_CUDA
+  const CudaDeviceGuard guard(device.index);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+             "cudaMemcpyAsync (device to device)");
+#else
+  throw Unavailable("copy on " + device_name(device), "this build has no CUDA");
+#endif
+}
+
 void synchronize(Device device, void* stream) {
   if (device.type == DeviceType::cpu) return;
 #ifdef DELTATRAIN_WITH_CUDA

@@ -94,6 +94,7 @@ void device_memset_zero(void* data, std::size_t bytes, Device device, void* stre
 // `device` current for the call, so a thread of any current device may use them (a checkpoint's writer does).
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream);
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Device device, void* stream);
+void copy_on_device(void* dst, const void* src, std::size_t bytes, Device device, void* stream);
 void synchronize(Device device, void* stream);  // waits for the stream's work (nothing on the CPU)
 
 }  // namespace deltatrain::model

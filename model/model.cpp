@@ -184,6 +184,9 @@ struct Model::Impl {
   std::vector<std::int32_t> index_staging;  // upload_index_arrays' host image of that allocation
   // Inference: the batch's tokens and offsets with the step's index arrays.
   void upload_inference();
+  // Model::decode's work; device_tokens (not null): the tokens on the device, which replace `tokens` there.
+  void decode(std::span<const std::int32_t> tokens, const std::int32_t* device_tokens,
+              std::span<const std::int32_t> slots, InferenceState& state, const TensorView& logits);
   void check_state(const InferenceState& state, std::span<const std::int32_t> slots, std::int64_t rows) const;
   void check_logits(const TensorView& logits, std::int64_t rows) const;
   TensorView stage_logits(std::int64_t rows, std::span<const double> out);
@@ -1032,9 +1035,25 @@ void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::in
   m.logits_to_host(device_logits, logits);
 }
 
+void Model::decode(const std::int32_t* device_tokens, std::span<const std::int32_t> slots, InferenceState& state,
+                   const TensorView& logits) {
+  if (impl_->options.device.type == DeviceType::cpu) {
+    throw InvalidArgument("device_tokens", "are for a model on a GPU; this one is on the CPU");
+  }
+  if (device_tokens == nullptr) throw InvalidArgument("device_tokens", "must not be null");
+  // Token 0 in the host's copy (checked, uploaded), replaced on the device before the step's kernels read it.
+  const std::vector<std::int32_t> placeholder(slots.size(), 0);
+  impl_->decode(placeholder, device_tokens, slots, state, logits);
+}
+
 void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::int32_t> slots, InferenceState& state,
                    const TensorView& logits) {
-  Impl& m = *impl_;
+  impl_->decode(tokens, nullptr, slots, state, logits);
+}
+
+void Model::Impl::decode(std::span<const std::int32_t> tokens, const std::int32_t* device_tokens,
+                         std::span<const std::int32_t> slots, InferenceState& state, const TensorView& logits) {
+  Impl& m = *this;
   const auto N = std::ssize(tokens);
   std::vector<std::int32_t> cu(N + 1);
   std::iota(cu.begin(), cu.end(), 0);
@@ -1062,6 +1081,10 @@ void Model::decode(std::span<const std::int32_t> tokens, std::span<const std::in
     s.kv_src.push_back(static_cast<std::int32_t>(n));
   }
   m.upload_inference();
+  if (device_tokens != nullptr) {
+    copy_on_device(const_cast<std::int32_t*>(m.token_ids.device), device_tokens, N * sizeof(std::int32_t),
+                   m.options.device, m.options.stream);
+  }
   s.state = &state;
   const InferenceScope scope{s};
   m.allocate(false);

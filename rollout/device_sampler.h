@@ -15,10 +15,15 @@ class DeviceSampler {
  public:
   virtual ~DeviceSampler() = default;
   virtual Device device() const = 0;
-  // logits [N, V] contiguous bfloat16 on device(), rows [N] and out [N], all checked by BatchSampler. Runs on
-  // `stream` (a cudaStream_t); returns once the N samples are in `out`.
-  virtual void sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream,
-                      std::span<Sample> out) = 0;
+  // Queues the sampling of logits [N, V] (contiguous bfloat16 on device()) with rows [N], both checked by
+  // BatchSampler, on `stream` (a cudaStream_t) after the work queued there; the N token ids also go to `tokens`
+  // (int32 on the device) when it is not null. Two batches may be in flight; InvalidArgument naming "launch" for a
+  // third.
+  virtual void launch(const TensorView& logits, std::span<const RowSampling> rows, void* stream,
+                      std::int32_t* tokens) = 0;
+  // The oldest batch in flight: waits for its samples, writes them to out (room for its rows), returns its row count.
+  // InvalidArgument naming "collect" when none is in flight.
+  virtual std::int64_t collect(std::span<Sample> out) = 0;
 };
 
 // Unavailable naming the device when this build has no CUDA.

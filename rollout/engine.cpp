@@ -56,6 +56,8 @@ Engine::Engine(const model::Config& config, const model::ModelOptions& model_opt
   state_ = std::make_unique<model::InferenceState>(config, engine_options, options.max_batch, options.max_length);
   logits_memory_ = std::make_unique<model::Arena>(engine_options.device, engine_options.memory);
   logits_ = logits_memory_->allocate(engine_options.dtype, {options.max_batch, config.vocab_size});
+  overlap_ = engine_options.device.type != DeviceType::cpu;
+  if (overlap_) next_tokens_ = logits_memory_->allocate(DType::i32, {options.max_batch});
   slots_.resize(options.max_batch);
 }
 
@@ -112,23 +114,28 @@ TensorView Engine::logit_rows(std::int64_t rows) const {
   return TensorView::contiguous(logits_.data, logits_.dtype, {rows, config_.vocab_size}, logits_.device);
 }
 
-void Engine::sample_and_accept(std::span<const std::int32_t> slots) {
-  const auto N = std::ssize(slots);
-  std::vector<RowSampling> rows(N);
-  for (std::int64_t n = 0; n < N; ++n) {
+std::vector<RowSampling> Engine::sampling_rows(std::span<const std::int32_t> slots, int ahead) const {
+  std::vector<RowSampling> rows(slots.size());
+  for (std::size_t n = 0; n < slots.size(); ++n) {
     const Running& r = *slots_[slots[n]];
     const SamplingParams& p = r.request.sampling;
-    const auto index = static_cast<std::uint64_t>(r.completion.tokens.size());
+    const auto index = static_cast<std::uint64_t>(r.completion.tokens.size()) + static_cast<std::uint64_t>(ahead);
     rows[n] = {p, uniform(p.seed, r.request.id, index), r.request.untempered_logprobs};
   }
-  const std::vector<Sample> samples = sampler_.sample(logit_rows(N), rows, model_->options().stream);
-  for (std::int64_t n = 0; n < N; ++n) {
+  return rows;
+}
+
+std::int64_t Engine::accept(std::span<const std::int32_t> slots, const std::vector<Sample>& samples) {
+  std::int64_t accepted = 0;
+  for (std::size_t n = 0; n < slots.size(); ++n) {
     Running& r = *slots_[slots[n]];
+    if (r.finished) continue;
     Completion& c = r.completion;
     const Sample& s = samples[n];
     c.tokens.push_back(s.token);
     c.logprobs.push_back(s.logprob);
     if (r.request.untempered_logprobs) c.untempered_logprobs.push_back(s.untempered_logprob);
+    ++accepted;
     const auto& stops = r.request.stop_tokens;
     if (std::find(stops.begin(), stops.end(), s.token) != stops.end()) {
       c.finish = FinishReason::stop;
@@ -138,9 +145,40 @@ void Engine::sample_and_accept(std::span<const std::int32_t> slots) {
       r.finished = true;
     }
   }
+  return accepted;
+}
+
+// The batch stays the same: nothing waiting could take a free slot, and every sequence of the in-flight step is
+// still running and wants a token after the one in flight (a sequence at its max_new_tokens must not take another
+// position; one that stops on a token is found only when its sample is read, and then runs one step more).
+bool Engine::continues_on_device() const {
+  if (in_flight_.empty()) return false;
+  const bool slot_free = std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return !s.has_value(); });
+  if (!waiting_.empty() && slot_free) return false;
+  return std::all_of(in_flight_.begin(), in_flight_.end(), [&](std::int32_t slot) {
+    const Running& r = *slots_[slot];
+    return !r.finished && std::ssize(r.completion.tokens) + 1 < r.request.max_new_tokens;
+  });
 }
 
 std::int64_t Engine::step() {
+  void* const stream = model_->options().stream;
+  std::int32_t* const device_tokens = overlap_ ? next_tokens_.ptr<std::int32_t>() : nullptr;
+  if (continues_on_device()) {
+    // Queue the next step from the in-flight step's tokens (the decode copies them into its input before the
+    // sampling below overwrites them: one stream), then read the in-flight step's samples while the GPU works.
+    const std::vector<std::int32_t> slots = in_flight_;
+    const TensorView logits = logit_rows(std::ssize(slots));
+    model_->decode(device_tokens, slots, *state_, logits);
+    sampler_.launch(logits, sampling_rows(slots, 1), stream, device_tokens);
+    return accept(slots, sampler_.collect());
+  }
+  std::int64_t generated = 0;
+  if (!in_flight_.empty()) {
+    generated += accept(in_flight_, sampler_.collect());
+    in_flight_.clear();
+  }
+
   std::vector<SlotPhase> phases(slots_.size(), SlotPhase::free);
   for (std::size_t s = 0; s < slots_.size(); ++s) {
     if (slots_[s]) phases[s] = slots_[s]->finished ? SlotPhase::finished : SlotPhase::running;
@@ -162,7 +200,6 @@ std::int64_t Engine::step() {
       decode_tokens.push_back(slots_[s]->completion.tokens.back());
     }
   }
-  std::int64_t generated = 0;
   if (!plan.admit.empty()) {
     std::vector<std::int32_t> tokens, cu{0}, slots;
     for (const Admission& a : plan.admit) {
@@ -179,14 +216,18 @@ std::int64_t Engine::step() {
       started.id = r.id;
       slots_[plan.admit[i].slot] = Running{r, std::move(started), false};
     }
-    sample_and_accept(slots);
+    generated += accept(slots, sampler_.sample(logit_rows(std::ssize(slots)), sampling_rows(slots, 0), stream));
     waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(plan.admit.size()));
-    generated += std::ssize(plan.admit);
   }
   if (!decode_slots.empty()) {
-    model_->decode(decode_tokens, decode_slots, *state_, logit_rows(std::ssize(decode_slots)));
-    sample_and_accept(decode_slots);
-    generated += std::ssize(decode_slots);
+    const TensorView logits = logit_rows(std::ssize(decode_slots));
+    model_->decode(decode_tokens, decode_slots, *state_, logits);
+    if (overlap_) {
+      sampler_.launch(logits, sampling_rows(decode_slots, 0), stream, device_tokens);
+      in_flight_ = std::move(decode_slots);
+    } else {
+      generated += accept(decode_slots, sampler_.sample(logits, sampling_rows(decode_slots, 0), stream));
+    }
   }
   return generated;
 }

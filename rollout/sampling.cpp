@@ -131,6 +131,12 @@ BatchSampler::BatchSampler() = default;
 BatchSampler::~BatchSampler() = default;
 
 std::vector<Sample> BatchSampler::sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream) {
+  launch(logits, rows, stream);
+  return collect();
+}
+
+void BatchSampler::launch(const TensorView& logits, std::span<const RowSampling> rows, void* stream,
+                          std::int32_t* device_tokens) {
   const bool on_cpu = logits.device.type == DeviceType::cpu;
   const bool dtype_ok = on_cpu ? logits.dtype == DType::f32 || logits.dtype == DType::f64 : logits.dtype == DType::bf16;
   if (logits.ndim != 2 || logits.shape[1] < 1 || !logits.is_contiguous() || !dtype_ok) {
@@ -138,6 +144,9 @@ std::vector<Sample> BatchSampler::sample(const TensorView& logits, std::span<con
                                         (on_cpu ? "float32 or float64 on the CPU" : "bfloat16 on a GPU") + ", got " +
                                         logits.shape_string() + " " + dtype_name(logits.dtype) + " on " +
                                         device_name(logits.device));
+  }
+  if (on_cpu && device_tokens != nullptr) {
+    throw InvalidArgument("device_tokens", "takes the token ids of logits on a GPU; these are on the CPU");
   }
   const std::int64_t N = logits.shape[0], V = logits.shape[1];
   if (std::ssize(rows) != N) {
@@ -150,20 +159,34 @@ std::vector<Sample> BatchSampler::sample(const TensorView& logits, std::span<con
       throw InvalidArgument("rows[" + std::to_string(n) + "].u", "must be in [0, 1), got " + std::to_string(rows[n].u));
     }
   }
-  std::vector<Sample> out(N);
-  if (N == 0) return out;
-  if (!on_cpu) {
-    if (!device_ || !(device_->device() == logits.device)) device_ = make_cuda_sampler(logits.device);
-    device_->sample(logits, rows, stream, out);
-    return out;
+  Launched batch{std::vector<Sample>(N), false};
+  if (N > 0 && !on_cpu) {
+    if (!device_ || !(device_->device() == logits.device)) {
+      if (std::any_of(launched_.begin(), launched_.end(), [](const Launched& b) { return b.on_device; })) {
+        throw InvalidArgument("logits", "are on " + device_name(logits.device) +
+                                            ", while a batch on another device is still to be collected");
+      }
+      device_ = make_cuda_sampler(logits.device);
+    }
+    device_->launch(logits, rows, stream, device_tokens);
+    batch.on_device = true;
+  } else if (N > 0) {
+    row_.resize(V);
+    for (std::int64_t n = 0; n < N; ++n) {
+      if (logits.dtype == DType::f64) std::copy_n(logits.ptr<double>() + n * V, V, row_.begin());
+      else std::copy_n(logits.ptr<float>() + n * V, V, row_.begin());
+      batch.samples[n] = sample_token(row_, rows[n].params, rows[n].u, rows[n].want_untempered, scratch_);
+    }
   }
-  row_.resize(V);
-  for (std::int64_t n = 0; n < N; ++n) {
-    if (logits.dtype == DType::f64) std::copy_n(logits.ptr<double>() + n * V, V, row_.begin());
-    else std::copy_n(logits.ptr<float>() + n * V, V, row_.begin());
-    out[n] = sample_token(row_, rows[n].params, rows[n].u, rows[n].want_untempered, scratch_);
-  }
-  return out;
+  launched_.push_back(std::move(batch));
+}
+
+std::vector<Sample> BatchSampler::collect() {
+  if (launched_.empty()) throw InvalidArgument("collect", "no batch was launched that is still to be collected");
+  Launched batch = std::move(launched_.front());
+  launched_.pop_front();
+  if (batch.on_device) device_->collect(batch.samples);
+  return std::move(batch.samples);
 }
 
 }  // namespace deltatrain::rollout

@@ -430,13 +430,15 @@ class RowKernel {
   double max_value_ = 0, max_t_ = 0;
 };
 
+// Row blockIdx.x's sample into results, and its token into tokens when that is not null.
 __global__ void __launch_bounds__(kThreads) sample_rows(const std::uint16_t* __restrict__ logits, long long V,
                                                         const RowRequest* __restrict__ requests,
-                                                        RowResult* __restrict__ results) {
+                                                        RowResult* __restrict__ results, std::int32_t* tokens) {
   extern __shared__ unsigned histogram[];
   __shared__ SharedState shared;
   RowKernel kernel(logits + static_cast<long long>(blockIdx.x) * V, V, requests[blockIdx.x], histogram, shared);
   kernel.run(results[blockIdx.x]);
+  if (tokens != nullptr && threadIdx.x == 0) tokens[blockIdx.x] = results[blockIdx.x].token;
 }
 
 // A greedy batch (greedy_parts): block b takes part b % parts of row b / parts and folds its best into the row's
@@ -456,9 +458,19 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_rows(const std::uint16_
   if (threadIdx.x == 0) atomicMax(&best[row], mine);
 }
 
-// The per-row requests go up and the results come back through pinned host buffers and a device workspace,
-// both grown (never shrunk) to the largest batch seen, so that a call allocates nothing once it has run at its
-// size.
+// A greedy batch's samples from the rows' ranked values: the token, log-probability 0 (probability 1).
+__global__ void greedy_results(const unsigned long long* __restrict__ best, long long rows, RowResult* __restrict__ results,
+                               std::int32_t* tokens) {
+  const long long n = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  if (n >= rows) return;
+  const auto token = static_cast<std::int32_t>(0xFFFFFFFFull - (best[n] & 0xFFFFFFFFull));
+  results[n] = {0.0, 0.0, token};
+  if (tokens != nullptr) tokens[n] = token;
+}
+
+// The per-row requests go up and the results come back through pinned host buffers and device workspaces, one set
+// for each batch that may be in flight (two: a caller samples step n + 1 before collecting step n), each grown
+// (never shrunk) to the largest batch it has held, so that a call allocates nothing once it has run at its size.
 class CudaSampler final : public DeviceSampler {
  public:
   explicit CudaSampler(Device device) : device_(device) {
@@ -468,84 +480,113 @@ class CudaSampler final : public DeviceSampler {
     cuda_check(cudaFuncSetAttribute(sample_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(kHistogramBytes)),
                "cudaFuncSetAttribute");
+    for (Batch& b : batches_) cuda_check(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming), "cudaEventCreate");
   }
-  ~CudaSampler() override { release(); }
+  ~CudaSampler() override {
+    const CudaDeviceGuard guard(device_.index);
+    for (Batch& b : batches_) {
+      if (b.in_flight) cudaEventSynchronize(b.done);  // its copies still write the pinned buffers
+      b.release();
+      cudaEventDestroy(b.done);
+    }
+  }
 
   Device device() const override { return device_; }
 
-  void sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream_handle,
-              std::span<Sample> out) override {
+  void launch(const TensorView& logits, std::span<const RowSampling> rows, void* stream_handle,
+              std::int32_t* tokens) override {
     const CudaDeviceGuard guard(device_.index);
     const auto stream = static_cast<cudaStream_t>(stream_handle);
     const std::int64_t N = logits.shape[0], V = logits.shape[1];
     if (V > INT_MAX) throw InvalidArgument("logits", "a GPU samples rows of at most 2^31 - 1 tokens, got " + std::to_string(V));
-    reserve(N);
+    Batch& b = batches_[(first_ + in_flight_) % kBatches];
+    if (in_flight_ == kBatches) {
+      throw InvalidArgument("launch", "two batches are already in flight on this sampler: collect one first");
+    }
+    b.reserve(N);
+    const auto* values = static_cast<const std::uint16_t*>(logits.data);
     if (std::all_of(rows.begin(), rows.end(), [](const RowSampling& r) { return r.params.temperature == 0 && !r.want_untempered; })) {
       const int parts = greedy_parts(N, V, multiprocessors_);
-      cuda_check(cudaMemsetAsync(device_best_, 0, N * sizeof(unsigned long long), stream), "cudaMemsetAsync");
-      greedy_rows<<<static_cast<unsigned>(N * parts), kGreedyThreads, 0, stream>>>(
-          static_cast<const std::uint16_t*>(logits.data), V, parts, device_best_);
+      cuda_check(cudaMemsetAsync(b.device_best, 0, N * sizeof(unsigned long long), stream), "cudaMemsetAsync");
+      greedy_rows<<<static_cast<unsigned>(N * parts), kGreedyThreads, 0, stream>>>(values, V, parts, b.device_best);
       cuda_check(cudaGetLastError(), "greedy_rows");
-      cuda_check(cudaMemcpyAsync(host_best_, device_best_, N * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
+      greedy_results<<<static_cast<unsigned>((N + 127) / 128), 128, 0, stream>>>(b.device_best, N, b.device_results,
+                                                                               tokens);
+      cuda_check(cudaGetLastError(), "greedy_results");
+    } else {
+      for (std::int64_t n = 0; n < N; ++n) {
+        const SamplingParams& p = rows[n].params;
+        b.host_requests[n] = {p.temperature, p.top_p, rows[n].u, p.top_k, rows[n].want_untempered ? 1 : 0};
+      }
+      cuda_check(cudaMemcpyAsync(b.device_requests, b.host_requests, N * sizeof(RowRequest), cudaMemcpyHostToDevice,
+                                 stream),
                  "cudaMemcpyAsync");
-      cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      for (std::int64_t n = 0; n < N; ++n)
-        out[n] = {static_cast<std::int32_t>(0xFFFFFFFFull - (host_best_[n] & 0xFFFFFFFFull)), 0.0, 0.0};
-      return;
+      sample_rows<<<static_cast<unsigned>(N), kThreads, kHistogramBytes, stream>>>(values, V, b.device_requests,
+                                                                                  b.device_results, tokens);
+      cuda_check(cudaGetLastError(), "sample_rows");
     }
-    for (std::int64_t n = 0; n < N; ++n) {
-      const SamplingParams& p = rows[n].params;
-      host_requests_[n] = {p.temperature, p.top_p, rows[n].u, p.top_k, rows[n].want_untempered ? 1 : 0};
-    }
-    cuda_check(cudaMemcpyAsync(device_requests_, host_requests_, N * sizeof(RowRequest), cudaMemcpyHostToDevice, stream),
+    cuda_check(cudaMemcpyAsync(b.host_results, b.device_results, N * sizeof(RowResult), cudaMemcpyDeviceToHost, stream),
                "cudaMemcpyAsync");
-    sample_rows<<<static_cast<unsigned>(N), kThreads, kHistogramBytes, stream>>>(
-        static_cast<const std::uint16_t*>(logits.data), V, device_requests_, device_results_);
-    cuda_check(cudaGetLastError(), "sample_rows");
-    cuda_check(cudaMemcpyAsync(host_results_, device_results_, N * sizeof(RowResult), cudaMemcpyDeviceToHost, stream),
-               "cudaMemcpyAsync");
-    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    for (std::int64_t n = 0; n < N; ++n)
-      out[n] = {host_results_[n].token, host_results_[n].logprob, host_results_[n].untempered_logprob};
+    cuda_check(cudaEventRecord(b.done, stream), "cudaEventRecord");
+    b.rows = N;
+    b.in_flight = true;
+    ++in_flight_;
+  }
+
+  std::int64_t collect(std::span<Sample> out) override {
+    if (in_flight_ == 0) throw InvalidArgument("collect", "no batch is in flight on this sampler");
+    const CudaDeviceGuard guard(device_.index);
+    Batch& b = batches_[first_];
+    cuda_check(cudaEventSynchronize(b.done), "cudaEventSynchronize");
+    for (std::int64_t n = 0; n < b.rows; ++n)
+      out[n] = {b.host_results[n].token, b.host_results[n].logprob, b.host_results[n].untempered_logprob};
+    b.in_flight = false;
+    first_ = (first_ + 1) % kBatches;
+    --in_flight_;
+    return b.rows;
   }
 
  private:
-  void reserve(std::int64_t rows) {
-    if (rows <= capacity_) return;
-    release();
-    cuda_check(cudaMalloc(&device_requests_, rows * sizeof(RowRequest)), "cudaMalloc");
-    cuda_check(cudaMalloc(&device_results_, rows * sizeof(RowResult)), "cudaMalloc");
-    cuda_check(cudaMallocHost(&host_requests_, rows * sizeof(RowRequest)), "cudaMallocHost");
-    cuda_check(cudaMallocHost(&host_results_, rows * sizeof(RowResult)), "cudaMallocHost");
-    cuda_check(cudaMalloc(&device_best_, rows * sizeof(unsigned long long)), "cudaMalloc");
-    cuda_check(cudaMallocHost(&host_best_, rows * sizeof(unsigned long long)), "cudaMallocHost");
-    capacity_ = rows;
-  }
-  void release() {
-    cudaFree(device_requests_);
-    cudaFree(device_results_);
-    cudaFreeHost(host_requests_);
-    cudaFreeHost(host_results_);
-    cudaFree(device_best_);
-    cudaFreeHost(host_best_);
-    device_best_ = nullptr;
-    host_best_ = nullptr;
-    device_requests_ = nullptr;
-    device_results_ = nullptr;
-    host_requests_ = nullptr;
-    host_results_ = nullptr;
-    capacity_ = 0;
-  }
+  struct Batch {
+    std::int64_t capacity = 0, rows = 0;
+    bool in_flight = false;
+    cudaEvent_t done = nullptr;  // its results are on the host
+    RowRequest* device_requests = nullptr;
+    RowResult* device_results = nullptr;
+    unsigned long long* device_best = nullptr;  // a greedy batch's ranked values (greedy_rows)
+    RowRequest* host_requests = nullptr;
+    RowResult* host_results = nullptr;
+
+    void reserve(std::int64_t n) {
+      if (n <= capacity) return;
+      release();
+      cuda_check(cudaMalloc(&device_requests, n * sizeof(RowRequest)), "cudaMalloc");
+      cuda_check(cudaMalloc(&device_results, n * sizeof(RowResult)), "cudaMalloc");
+      cuda_check(cudaMalloc(&device_best, n * sizeof(unsigned long long)), "cudaMalloc");
+      cuda_check(cudaMallocHost(&host_requests, n * sizeof(RowRequest)), "cudaMallocHost");
+      cuda_check(cudaMallocHost(&host_results, n * sizeof(RowResult)), "cudaMallocHost");
+      capacity = n;
+    }
+    void release() {
+      cudaFree(device_requests);
+      cudaFree(device_results);
+      cudaFree(device_best);
+      cudaFreeHost(host_requests);
+      cudaFreeHost(host_results);
+      device_requests = nullptr;
+      device_results = nullptr;
+      device_best = nullptr;
+      host_requests = nullptr;
+      host_results = nullptr;
+      capacity = 0;
+    }
+  };
+  static constexpr int kBatches = 2;
 
   Device device_;
-  std::int64_t capacity_ = 0;
-  RowRequest* device_requests_ = nullptr;
-  RowResult* device_results_ = nullptr;
-  RowRequest* host_requests_ = nullptr;
-  RowResult* host_results_ = nullptr;
-  unsigned long long* device_best_ = nullptr;  // a greedy batch's ranked values (greedy_rows)
-  unsigned long long* host_best_ = nullptr;
   int multiprocessors_ = 0;
+  Batch batches_[kBatches];
+  int first_ = 0, in_flight_ = 0;  // the oldest uncollected batch, and how many are in flight
 };
 
 }  // namespace

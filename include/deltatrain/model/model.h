@@ -137,6 +137,11 @@ class Model {
               const TensorView& logits);
   void decode(std::span<const std::int32_t> tokens, std::span<const std::int32_t> slots, InferenceState& state,
               std::span<double> logits);
+  // decode with the tokens already on the model's GPU (int32 [slots.size()], in the vocabulary, written by work
+  // queued earlier on the model's stream: a sampler's device tokens), so that the step is queued before the host
+  // has them. InvalidArgument naming "device_tokens" on the CPU or for null.
+  void decode(const std::int32_t* device_tokens, std::span<const std::int32_t> slots, InferenceState& state,
+              const TensorView& logits);
   // Whether decode replays CUDA graphs: options.cuda_graphs on a GPU with a stream other than the legacy default.
   // A step whose batch size comes with new buffers (logits, state, grown activation memory) runs its kernels one by
   // one, the next such step records the graph, and later ones replay it; bind() drops the graphs.

@@ -94,7 +94,10 @@ class Engine {
 
   // Queues a request. InvalidArgument (naming the field, e.g. "request 7: prompt") leaves the engine unchanged.
   void submit(const Request& request);
-  // One scheduler step (retire, admit + prefill, decode). Returns the number of tokens generated.
+  // One scheduler step (retire, admit + prefill, decode). Returns the number of tokens generated and accepted into
+  // completions. On a GPU a decode step's samples are accepted by the next call: while the batch stays the same, that
+  // call queues the following decode step from the sampled tokens on the device before it reads them, so the GPU does
+  // not wait for the host between steps (a sequence that stopped runs one step more, whose token is dropped).
   std::int64_t step();
   bool idle() const;  // nothing waiting, nothing in a slot
   std::vector<Completion> take_finished();  // in the order they finished
@@ -113,9 +116,13 @@ class Engine {
     bool finished = false;
   };
   void validate_request(const Request& request) const;
-  // Draws the next token of each sequence in `slots` from row n of the logits (the first slots.size() rows of
-  // logits_), then records it.
-  void sample_and_accept(std::span<const std::int32_t> slots);
+  // How each sequence in `slots` draws its next token, `ahead` draws after those already accepted.
+  std::vector<RowSampling> sampling_rows(std::span<const std::int32_t> slots, int ahead) const;
+  // Records sample n as the next token of the sequence in slots[n], unless that sequence has finished (a sample of
+  // the step past its stop); returns how many it recorded.
+  std::int64_t accept(std::span<const std::int32_t> slots, const std::vector<Sample>& samples);
+  // Whether the next decode step may be queued from the in-flight step's tokens on the device (see step()).
+  bool continues_on_device() const;
   TensorView logit_rows(std::int64_t rows) const;  // the first `rows` rows of logits_
 
   model::Config config_;
@@ -130,6 +137,9 @@ class Engine {
   std::unique_ptr<model::Arena> logits_memory_;
   TensorView logits_;  // [max_batch, vocab] in the model's dtype on its device
   BatchSampler sampler_;
+  bool overlap_ = false;  // on a GPU: decode steps' samples are launched here and accepted by the next step()
+  TensorView next_tokens_;              // int32 [max_batch] on the GPU: the in-flight step's sampled tokens
+  std::vector<std::int32_t> in_flight_;  // the slots of the decode step whose samples are in flight (empty: none)
 };
 
 }  // namespace deltatrain::rollout

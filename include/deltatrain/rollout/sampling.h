@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -78,10 +79,24 @@ class BatchSampler {
   // build without CUDA.
   std::vector<Sample> sample(const TensorView& logits, std::span<const RowSampling> rows, void* stream = nullptr);
 
+  // sample() in two halves, so that a caller may queue more GPU work before it waits for the samples: launch checks
+  // and queues a batch (on the CPU: samples it), collect returns the oldest batch launched and not yet collected
+  // (InvalidArgument naming "collect" when there is none). Two GPU batches may be in flight at once (InvalidArgument
+  // naming "launch" for a third). device_tokens: int32 [N] on the logits' GPU that also receives the token ids, for
+  // work queued after the launch on the same stream (InvalidArgument for logits on the CPU).
+  void launch(const TensorView& logits, std::span<const RowSampling> rows, void* stream = nullptr,
+              std::int32_t* device_tokens = nullptr);
+  std::vector<Sample> collect();
+
  private:
+  struct Launched {
+    std::vector<Sample> samples;  // sampled already (the CPU), or the room the device's fill
+    bool on_device = false;
+  };
   std::vector<double> row_;
   std::vector<std::int32_t> scratch_;
   std::unique_ptr<DeviceSampler> device_;  // made at the first GPU call
+  std::deque<Launched> launched_;          // not yet collected, oldest first
 };
 
 }  // namespace deltatrain::rollout
