@@ -180,37 +180,11 @@ DeviceStream::~DeviceStream() {
 #endif
 }
 
-void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream) {
-  if (bytes == 0) return;
-  if (device.type == DeviceType::cpu) {
-    std::memcpy(device_dst, host_src, bytes);
-    return;
-  }
-#ifdef DELTATRAIN_WITH_CUDA
-  const CudaDeviceGuard guard(device.index);
-  cuda_check(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
-             "cudaMemcpyAsync (host to device)");
-#else
-  throw Unavailable("copy to " + device_name(device), "this build has no CUDA");
-#endif
-}
+namespace {
 
-void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Device device, void* stream) {
-  if (bytes == 0) return;
-  if (device.type == DeviceType::cpu) {
-    std::memcpy(host_dst, device_src, bytes);
-    return;
-  }
-#ifdef DELTATRAIN_WITH_CUDA
-  const CudaDeviceGuard guard(device.index);
-  cuda_check(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
-             "cudaMemcpyAsync (device to host)");
-#else
-  throw Unavailable("copy from " + device_name(device), "this build has no CUDA");
-#endif
-}
-
-void copy_on_device(void* dst, const void* src, std::size_t bytes, Device device, void* stream) {
+// The three copies below: memcpy on the CPU; on a GPU queued on `stream`, the direction taken from the addresses
+// (unified addressing), so host memory may be pageable or pinned.
+void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device, void* stream, const char* call) {
   if (bytes == 0) return;
   if (device.type == DeviceType::cpu) {
     std::memcpy(dst, src, bytes);
@@ -218,11 +192,24 @@ void copy_on_device(void* dst, const void* src, std::size_t bytes, Device device
   }
 #ifdef DELTATRAIN_WITH_CUDA
   const CudaDeviceGuard guard(device.index);
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
-             "cudaMemcpyAsync (device to device)");
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), call);
 #else
-  throw Unavailable("copy on " + device_name(device), "this build has no CUDA");
+  throw Unavailable(std::string(call) + " on " + device_name(device), "this build has no CUDA");
 #endif
+}
+
+}  // namespace
+
+void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream) {
+  copy_bytes(device_dst, host_src, bytes, device, stream, "cudaMemcpyAsync (host to device)");
+}
+
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Device device, void* stream) {
+  copy_bytes(host_dst, device_src, bytes, device, stream, "cudaMemcpyAsync (device to host)");
+}
+
+void copy_on_device(void* dst, const void* src, std::size_t bytes, Device device, void* stream) {
+  copy_bytes(dst, src, bytes, device, stream, "cudaMemcpyAsync (device to device)");
 }
 
 void synchronize(Device device, void* stream) {
