@@ -56,7 +56,7 @@ Engine::Engine(const model::Config& config, const model::ModelOptions& model_opt
   state_ = std::make_unique<model::InferenceState>(config, engine_options, options.max_batch, options.max_length);
   logits_memory_ = std::make_unique<model::Arena>(engine_options.device, engine_options.memory);
   logits_ = logits_memory_->allocate(engine_options.dtype, {options.max_batch, config.vocab_size});
-  overlap_ = engine_options.device.type != DeviceType::cpu;
+  overlap_ = options.overlap_steps && engine_options.device.type != DeviceType::cpu;
   if (overlap_) next_tokens_ = logits_memory_->allocate(DType::i32, {options.max_batch});
   slots_.resize(options.max_batch);
 }

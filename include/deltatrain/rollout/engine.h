@@ -45,6 +45,9 @@ struct EngineOptions {
   std::int64_t max_length = 1024;     // positions a slot holds: prompt + max_new_tokens - 1 must fit
   std::int64_t cache_budget = 0;      // bytes the slots' states may take on the device (0: no limit)
   std::int64_t max_prefill_tokens = 4096;  // prompt tokens packed into one prefill (a longer prompt runs alone)
+  // On a GPU, queue each decode step before reading the previous step's samples (step()); the same completions
+  // either way, bit for bit.
+  bool overlap_steps = true;
 };
 
 struct Request {
