@@ -3,7 +3,9 @@
 // out_proj, attention's q/k/v and o_proj, the MLP's stacked gate/up and down) and its lm_head, at each row count:
 // the heuristic's first --candidates algorithms (model/cuda/gemm.h's Gemm::candidates), each timed with CUDA events
 // over a graph of --reps launches after a warm-up, with its tile, stages and split-K; beside them Gemm::run itself
-// ("kernel": "run": the weight-streaming kernel where its plan takes the product, else the first candidate).
+// ("kernel": "run": the weight-streaming kernel where its plan takes the product, else the first candidate), and
+// with --stream-splits the weight-streaming kernel itself at each of those split counts wherever its pipeline can
+// take the product (what its plan chooses from; "kernel": "stream").
 //
 // --products decode: y = x W^T at decode's few rows, where a product reads its weight once, so the weight's bytes
 // over the time are the bandwidth it gets. --products training: the three products of a linear layer's training
@@ -14,7 +16,8 @@
 // kernel) on stdout, or an array in --json.
 //
 //   gemm_candidates [--config qwen3.5-0.8b] [--products decode|training] [--values constant|random]
-//                   [--rows 1,16,64,256] [--candidates 16] [--split-k 2,4,8] [--reps 200] [--json FILE]
+//                   [--rows 1,16,64,256] [--candidates 16] [--split-k 2,4,8] [--stream-splits 1,2,4,8]
+//                   [--reps 200] [--json FILE]
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +33,8 @@
 #include <vector>
 
 #include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "cuda/stream_gemm_plan.h"
 #include "deltatrain/core/cuda_check.h"
 #include "deltatrain/model/config.h"
 #include "deltatrain/model/model.h"
@@ -123,6 +128,7 @@ int main(int argc, char** argv) {
   std::string config_name = "qwen3.5-0.8b", products = "decode", values = "constant", json_path;
   std::vector<std::int64_t> row_counts{1, 16, 64, 256};
   std::vector<std::uint32_t> split_k;
+  std::vector<int> stream_splits;
   int candidates = 16, reps = 200;
   app.add_option("--config", config_name);
   app.add_option("--products", products, "decode: y = x W^T; training: also dx = dy W and dW += dy^T x")
@@ -137,6 +143,10 @@ int main(int argc, char** argv) {
                  "also time each candidate with K split into these numbers of parts, comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(1u, 64u));
+  app.add_option("--stream-splits", stream_splits,
+                 "also time the weight-streaming kernel over these numbers of K splits (decode's forward products)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--reps", reps, "timed launches per candidate")->check(CLI::Range(1, 100000));
   app.add_option("--json", json_path);
   CLI11_PARSE(app, argc, argv);
@@ -199,6 +209,22 @@ int main(int argc, char** argv) {
                    gemm.run(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.f, a.data, s.lda(), b, s.ldb(), s.beta, c.data,
                             s.N, s.c_dtype);
                  }));
+          // The kernel's own limits (rows, a whole number of chunks per split, a cluster per tile), not the plan's
+          // choice of where it pays.
+          const bool streamable = !s.trans_a && s.trans_b && s.M <= model::cuda::kStreamMaxRows &&
+                                  s.K % model::cuda::kStreamChunk == 0 && model::cuda::prepare_stream_gemm();
+          for (const int splits : streamable ? stream_splits : std::vector<int>{}) {
+            const model::cuda::StreamGemmPlan plan{(s.N + model::cuda::kStreamFeatures - 1) / model::cuda::kStreamFeatures,
+                                                   splits};
+            if (s.K / model::cuda::kStreamChunk < splits) continue;
+            record({{"kernel", "stream"}, {"splits", splits}, {"ctas", plan.feature_tiles * splits}},
+                   time_us([&](const void* b) {
+                     model::cuda::stream_gemm(plan,
+                                              {s.M, s.N, s.K, 1.f, a.data, s.lda(), b, s.ldb(), s.beta, c.data,
+                                               c.data, s.N, s.c_dtype == DType::f32, true},
+                                              stream);
+                   }));
+          }
           for (const model::cuda::Gemm::Candidate& candidate : found) {
             record({{"kernel", "cublaslt"}, {"heuristic_rank", candidate.heuristic_rank}, {"tile", candidate.tile},
                     {"stages", candidate.stages}, {"split_k", candidate.split_k}, {"reduction", candidate.reduction}},
