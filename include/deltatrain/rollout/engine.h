@@ -17,7 +17,9 @@
 // it. On a GPU with model_options.cuda_graphs (the default), a decode step replays a CUDA graph recorded for its
 // batch size (Model::decode): the same tokens, a fraction of the launches. Graphs need a stream other than the
 // legacy default: the caller's (model_options.stream), or else one the engine makes (model::DeviceStream, ordered
-// with the legacy stream's work both ways, so weights a trainer updates there are read after the update).
+// with the legacy stream's work both ways, so weights a trainer updates there are read after the update). With
+// EngineOptions::overlap_steps (the default) a GPU step also queues the next decode from its sampled tokens on the
+// device before the host reads them, so the GPU does not wait for the host between steps (step() says how).
 #pragma once
 
 #include <cstdint>
