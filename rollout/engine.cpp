@@ -167,7 +167,7 @@ std::int64_t Engine::step() {
   if (continues_on_device()) {
     // Queue the next step from the in-flight step's tokens (the decode copies them into its input before the
     // sampling below overwrites them: one stream), then read the in-flight step's samples while the GPU works.
-    const std::vector<std::int32_t> slots = in_flight_;
+    const std::span<const std::int32_t> slots = in_flight_;  // the same slots stay in flight
     const TensorView logits = logit_rows(std::ssize(slots));
     model_->decode(device_tokens, slots, *state_, logits);
     sampler_.launch(logits, sampling_rows(slots, 1), stream, device_tokens);

@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
     model::cuda::Gemm gemm(stream);
+    const bool stream_kernel_built = !stream_splits.empty() && model::cuda::prepare_stream_gemm();
     cudaEvent_t start, stop;
     cuda_check(cudaEventCreate(&start), "cudaEventCreate");
     cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
@@ -211,8 +212,8 @@ int main(int argc, char** argv) {
                  }));
           // The kernel's own limits (rows, a whole number of chunks per split, a cluster per tile), not the plan's
           // choice of where it pays.
-          const bool streamable = !s.trans_a && s.trans_b && s.M <= model::cuda::kStreamMaxRows &&
-                                  s.K % model::cuda::kStreamChunk == 0 && model::cuda::prepare_stream_gemm();
+          const bool streamable = stream_kernel_built && !s.trans_a && s.trans_b &&
+                                  s.M <= model::cuda::kStreamMaxRows && s.K % model::cuda::kStreamChunk == 0;
           for (const int splits : streamable ? stream_splits : std::vector<int>{}) {
             const model::cuda::StreamGemmPlan plan{(s.N + model::cuda::kStreamFeatures - 1) / model::cuda::kStreamFeatures,
                                                    splits};

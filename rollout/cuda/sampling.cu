@@ -104,6 +104,9 @@ __device__ __forceinline__ void for_each_value(const std::uint16_t* row, long lo
 __device__ __forceinline__ unsigned long long ranked(unsigned bits, long long id) {
   return (static_cast<unsigned long long>(key_of(bits)) << 32) | (0xFFFFFFFFull - static_cast<unsigned long long>(id));
 }
+__device__ __forceinline__ std::int32_t id_of_ranked(unsigned long long r) {
+  return static_cast<std::int32_t>(0xFFFFFFFFull - (r & 0xFFFFFFFFull));
+}
 
 template <class T>
 __device__ __forceinline__ T warp_sum(T x) {
@@ -196,7 +199,7 @@ class RowKernel {
     best = cub::BlockReduce<unsigned long long, kThreads>(s_.cub.max_u64).Reduce(best, Larger());
     if (threadIdx.x == 0) {
       s_.max_key = static_cast<unsigned>(best >> 32);
-      s_.argmax = static_cast<int>(0xFFFFFFFFull - (best & 0xFFFFFFFFull));
+      s_.argmax = id_of_ranked(best);
     }
     __syncthreads();
   }
@@ -463,7 +466,7 @@ __global__ void greedy_results(const unsigned long long* __restrict__ best, long
                                std::int32_t* tokens) {
   const long long n = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
   if (n >= rows) return;
-  const auto token = static_cast<std::int32_t>(0xFFFFFFFFull - (best[n] & 0xFFFFFFFFull));
+  const std::int32_t token = id_of_ranked(best[n]);
   results[n] = {0.0, 0.0, token};
   if (tokens != nullptr) tokens[n] = token;
 }
