@@ -8,7 +8,9 @@
 #                                        (OpenBLAS, libgomp, Open MPI from make_ompi_bundle.sh) into
 #                                        .device-build/gpu/binaries.tar.xz, and the Python module for $GPU_PYTHON
 #                                        (default python3.12, the GPU machine's; nanobind is installed into a venv
-#                                        under .device-build when it lacks it) into .device-build/gpu/module.tar.xz
+#                                        under .device-build when it lacks it) into .device-build/gpu/module.tar.xz.
+#                                        GPU_BASELINE=DIR adds each executable in DIR as bin/NAME_base, for an A/B
+#                                        of a change in one lease (copy the binaries there before the change)
 #
 # There (the device tool, carrying the archives a verb needs; OUT receives the logs):
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
@@ -64,6 +66,11 @@ pack() {
   stage=$(mktemp -d)
   mkdir -p "$stage/binaries/bin" "$stage/binaries/lib" "$stage/module/lib" "$BUNDLE"
   for binary in deltatrain $GPU_BINARIES; do cp "$build/bin/$binary" "$stage/binaries/bin/"; done
+  if [ -n "${GPU_BASELINE:-}" ]; then
+    for binary in "$GPU_BASELINE"/*; do
+      if [ -f "$binary" ] && [ -x "$binary" ]; then cp "$binary" "$stage/binaries/bin/$(basename "$binary")_base"; fi
+    done
+  fi
   ldd "$build/bin/deltatrain" | awk '/openblas|gfortran|quadmath|gomp|libcrypto/ {print $3}' |
     xargs -r cp -L -t "$stage/binaries/lib"
   bench/gpu/make_ompi_bundle.sh "$stage/binaries/ompi" >/dev/null || return 1
