@@ -8,14 +8,15 @@
 // attention mixer:  [q | gate] = q_proj h per head;  q = rope(q_norm q);  k = rope(k_norm(k_proj h));  v = v_proj h
 //                   o_proj(attention(q, k, v) * sigmoid(gate))
 // Then the final norm, and the loss over chunks of tokens: logits = h lm_head^T, cross-entropy.
-// Projections of one input (in_proj_qkv/z/b/a, gate_proj/up_proj) run as one GEMM over their stacked weights.
+// Projections of one input (in_proj_qkv/z/b/a, gate_proj/up_proj; in decode also q/k/v_proj) run as one GEMM over
+// their stacked weights.
 //
 // Inference (prefill and decode) runs the same layer functions with an InferenceStep saying which cache slots
 // the sequences live in: prefill computes exactly the training forward and also writes each sequence's final
 // GDN state, conv history and keys/values into its slot; decode swaps the three operations that mix tokens
 // for their one-token forms over the slots (conv1d_silu_step, taken with the gates as gdn_inputs_step; gdn
 // recurrent_forward from the slot's state; rope at the slot's position, taken with the q/k norms and the cache
-// stores as attention_inputs_step, and cached_attention), everything else unchanged.
+// stores as attention_inputs_step, and cached_attention), everything else unchanged but the q/k/v product's layout.
 //
 // On a GPU, decode's kernels (the layers and the logits' product: hundreds of launches, which at a small batch take
 // longer than the work) are recorded once per batch size into a CUDA graph and replayed; a step then uploads its
@@ -70,6 +71,7 @@ struct GdnWeights {
 };
 struct AttentionWeights {
   TensorView q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+  Projections qkv;  // q_proj, k_proj, v_proj: decode's one product
 };
 struct LayerWeights {
   LayerKind kind = LayerKind::linear_attention;
@@ -282,8 +284,9 @@ Weights resolve_weights(const Config& config, const TensorLookup& lookup) {
       l.gdn.conv1d = as_matrix(l.gdn.conv1d, config.linear_conv_dim(), config.linear_conv_kernel_dim);
     } else {
       const std::string a = p + "self_attn.";
-      l.attention = {lookup(a + "q_proj.weight"), lookup(a + "k_proj.weight"), lookup(a + "v_proj.weight"),
-                     lookup(a + "o_proj.weight"), lookup(a + "q_norm.weight"), lookup(a + "k_norm.weight")};
+      const TensorView q = lookup(a + "q_proj.weight"), k = lookup(a + "k_proj.weight"), v = lookup(a + "v_proj.weight");
+      l.attention = {q, k, v, lookup(a + "o_proj.weight"), lookup(a + "q_norm.weight"), lookup(a + "k_norm.weight"),
+                     {q, k, v}};
     }
     w.layers.push_back(l);
   }
@@ -666,20 +669,38 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
                                     const TensorView& out, const LayerState* state) {
   const Config& c = config;
   const int Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, hd = c.head_dim;
-  linear(a.qg, h, w.q_proj);
-  linear(a.k_raw, h, w.k_proj);
-  linear(a.v, h, w.v_proj);
   const double scale = 1.0 / std::sqrt(double(hd));
-  if (state && inference.decode) {
+  const bool decode = state && inference.decode;
+  // Decode takes q (with its gate), k and v from one product, a launch where decode's few rows make each product
+  // about one: its column blocks, which the inputs step takes as they lie, in the arena recomputed for each layer.
+  // Not in batch-invariant mode, whose decode computes them as the training forward does (three products: a
+  // product's summation order may follow its width), nor outside decode, whose norms see heads as rows.
+  TensorView qg = a.qg, k_raw = a.k_raw, v = a.v;
+  if (decode && !options.batch_invariant) {
+    const std::int64_t qg_cols = std::int64_t{Hq} * 2 * hd, kv_cols = std::int64_t{Hkv} * hd;
+    const TensorView qkv = recomputed.allocate(act_dtype, {T, qg_cols + 2 * kv_cols});
+    linear(qkv, h, w.qkv);
+    qg = col_slice(qkv, 0, qg_cols);
+    k_raw = col_slice(qkv, qg_cols, qg_cols + kv_cols);
+    v = col_slice(qkv, qg_cols + kv_cols, qg_cols + 2 * kv_cols);
+  } else {
+    linear(qg, h, w.q_proj);
+    linear(k_raw, h, w.k_proj);
+    linear(v, h, w.v_proj);
+  }
+  TensorView gate;  // the attention output's gate, as [T * Hq, hd] rows
+  if (decode) {
     // The new token's query and key normed and rotated at its position, its key and value into its slot's cache,
-    // and its query reads the whole cache.
-    const AttentionInputs inputs{.qg = a.qg,
-                                 .k_raw = a.k_raw,
-                                 .v = a.v,
+    // the gates copied out, and its query reads the whole cache.
+    gate = recomputed.allocate(act_dtype, {T, std::int64_t{Hq} * hd});
+    const AttentionInputs inputs{.qg = qg,
+                                 .k_raw = k_raw,
+                                 .v = v,
                                  .q_norm = w.q_norm,
                                  .k_norm = w.k_norm,
                                  .q = a.q,
                                  .k = a.k,
+                                 .gate = gate,
                                  .q_rstd = a.q_rstd,
                                  .k_rstd = a.k_rstd,
                                  .q_heads = Hq,
@@ -692,6 +713,7 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
                                inference.kv_src_ids);
     ops->cached_attention(a.o, a.q, state->k_cache, state->v_cache, Hq, Hkv, hd, scale, sequences,
                           inference.slot_ids, inference.length_ids);
+    gate = as_matrix(gate, T * Hq, hd);
   } else {
     ops->rmsnorm_forward(as_matrix(a.q, T * Hq, hd), a.q_rstd, interleaved_half(a.qg, Hq, hd, 0), w.q_norm,
                          c.rms_norm_eps, true);
@@ -701,9 +723,9 @@ void Model::Impl::attention_forward(const AttentionWeights& w, AttentionActivati
     ops->rope(a.k, Hkv, hd, c.rotary_dim(), c.rope_theta, sequences, false);
     ops->attention_forward(a.o, a.lse, a.q, a.k, a.v, Hq, Hkv, hd, scale, sequences);
     if (state) store_keys_values(a, *state);
+    gate = interleaved_half(a.qg, Hq, hd, 1);
   }
-  ops->sigmoid_gate_forward(as_matrix(a.gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd),
-                            interleaved_half(a.qg, Hq, hd, 1));
+  ops->sigmoid_gate_forward(as_matrix(a.gated, T * Hq, hd), as_matrix(a.o, T * Hq, hd), gate);
   linear(out, a.gated, w.o_proj);
 }
 

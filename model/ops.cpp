@@ -150,10 +150,11 @@ CacheLayout check_attention_inputs_step(const AttentionInputs& x, const IndexArr
   check_attention_heads(x.q_heads, x.kv_heads, x.head_dim);
   const std::int64_t D = x.head_dim, q_cols = x.q_heads * D, kv_cols = x.kv_heads * D;
   const std::int64_t T = matrix_layout(x.qg, "qg", kAnyExtent, 2 * q_cols).rows;
+  matrix_layout(x.k_raw, "k_raw", T, kv_cols);
   matrix_layout(x.v, "v", T, kv_cols);
-  // The norms see each head as a row of D: the matrices holding heads must have contiguous rows.
-  for (const auto& [m, cols, name] : {std::tuple{&x.qg, 2 * q_cols, "qg"}, std::tuple{&x.k_raw, kv_cols, "k_raw"},
-                                      std::tuple{&x.q, q_cols, "q"}, std::tuple{&x.k, kv_cols, "k"}}) {
+  // The norms see each head of their outputs as a row of D: those matrices must have contiguous rows.
+  for (const auto& [m, cols, name] : {std::tuple{&x.q, q_cols, "q"}, std::tuple{&x.k, kv_cols, "k"},
+                                      std::tuple{&x.gate, q_cols, "gate"}}) {
     if (matrix_layout(*m, name, T, cols).row_stride != cols && T > 1)
       throw InvalidArgument(name, "must have contiguous rows (row stride " + std::to_string(cols) + "), got " +
                                       std::to_string(m->strides[0]));
@@ -183,10 +184,16 @@ void Ops::attention_inputs_step(const AttentionInputs& x, const IndexArray& posi
                                 const TensorView& v_cache, const IndexArray& cache_rows, const IndexArray& batch_rows) {
   const CacheLayout cache = check_attention_inputs_step(x, positions, k_cache, v_cache, cache_rows, batch_rows);
   const std::int64_t T = x.qg.shape[0], D = x.head_dim;
-  rmsnorm_forward(as_matrix(x.q, T * x.q_heads, D), x.q_rstd, interleaved_half(x.qg, x.q_heads, D, 0), x.q_norm,
-                  x.eps, true);
-  rmsnorm_forward(as_matrix(x.k, T * x.kv_heads, D), x.k_rstd, as_matrix(x.k_raw, T * x.kv_heads, D), x.k_norm,
-                  x.eps, true);
+  // qg and k_raw may be column blocks of a wider matrix, whose heads are not rows of one view: each head's query
+  // and gate are copied into q and gate, k_raw into k, and the norms run there in place.
+  for (std::int64_t h = 0; h < x.q_heads; ++h) {
+    copy(col_slice(x.q, h * D, (h + 1) * D), col_slice(x.qg, 2 * h * D, (2 * h + 1) * D));
+    copy(col_slice(x.gate, h * D, (h + 1) * D), col_slice(x.qg, (2 * h + 1) * D, (2 * h + 2) * D));
+  }
+  copy(x.k, x.k_raw);
+  const TensorView q_rows = as_matrix(x.q, T * x.q_heads, D), k_rows = as_matrix(x.k, T * x.kv_heads, D);
+  rmsnorm_forward(q_rows, x.q_rstd, q_rows, x.q_norm, x.eps, true);
+  rmsnorm_forward(k_rows, x.k_rstd, k_rows, x.k_norm, x.eps, true);
   rope_at_positions(x.q, x.q_heads, x.head_dim, x.rotary_dim, x.theta, positions);
   rope_at_positions(x.k, x.kv_heads, x.head_dim, x.rotary_dim, x.theta, positions);
   copy_rows(as_matrix(k_cache, cache.rows(), cache.cols), cache_rows, x.k, batch_rows);

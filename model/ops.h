@@ -116,6 +116,7 @@ struct AttentionInputs {
   TensorView k_raw, v;      // k_proj's and v_proj's outputs [T, Hkv * D]
   TensorView q_norm, k_norm;  // [D], zero-centred
   TensorView q, k;          // written: normed and rotated [T, Hq * D], [T, Hkv * D]
+  TensorView gate;          // written: qg's gate halves [T, Hq * D], for sigmoid_gate_forward
   TensorView q_rstd, k_rstd;  // written: the norms' rstd [T * Hq], [T * Hkv] (token-major)
   int q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
   double theta = 0, eps = 0;
@@ -171,7 +172,7 @@ class Ops {
                                   const TensorView& dout) = 0;
 
   // RMSNorm over each row of x [R, C]: out = x * rstd * (1 + w) when zero_centred (Qwen's RMSNorm, w zeros at
-  // init), else x * rstd * w; rstd [R] = 1 / sqrt(mean(x^2) + eps) is saved for the backward.
+  // init), else x * rstd * w; rstd [R] = 1 / sqrt(mean(x^2) + eps) is saved for the backward. out may be x itself.
   // Backward: dx (overwritten, or += when accumulate_dx) and dweight (+=) from dout.
   virtual void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
                                const TensorView& weight, double eps, bool zero_centred) = 0;
@@ -287,8 +288,10 @@ class Ops {
 
   // Decode's attention inputs: q = rope(q_norm(query)) and k = rope(k_norm(k_raw)) per head at the rows' positions
   // [T], then row batch_rows[i] of k and of v into row cache_rows[i] of k_cache and v_cache [S, L, Hkv * D] seen as
-  // [S * L] rows (batch_rows: each of the T rows once). Results equal rmsnorm_forward (zero-centred), rope_at_positions
-  // and copy_rows in turn, which this default runs; a GPU runs them as one kernel (six launches a layer fewer).
+  // [S * L] rows (batch_rows: each of the T rows once), and qg's gates into `gate`. qg, k_raw and v may have any row
+  // stride (decode's q, k and v are one product's column blocks). Results equal copies of the heads, rmsnorm_forward
+  // (zero-centred, in place), rope_at_positions and copy_rows in turn, which this default runs; a GPU runs them as one
+  // kernel (a launch a layer, not eight).
   virtual void attention_inputs_step(const AttentionInputs& x, const IndexArray& positions, const TensorView& k_cache,
                                      const TensorView& v_cache, const IndexArray& cache_rows,
                                      const IndexArray& batch_rows);

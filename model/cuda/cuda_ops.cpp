@@ -313,13 +313,14 @@ class CudaOps final : public Ops {
     p.v = matrix(x.v, "v", bf16);
     p.q = matrix(x.q, "q", bf16);
     p.k = matrix(x.k, "k", bf16);
+    p.gate = matrix(x.gate, "gate", bf16);
     p.k_cache = this->cache_rows(k_cache, "k_cache", bf16, layout);
     p.v_cache = this->cache_rows(v_cache, "v_cache", bf16, layout);
     p.q_rstd = vector<float>(x.q_rstd, "q_rstd", f32, T * x.q_heads);
     p.k_rstd = vector<float>(x.k_rstd, "k_rstd", f32, T * x.kv_heads);
     p.q_norm = vector<const void>(x.q_norm, "q_norm", bf16, D);
     p.k_norm = vector<const void>(x.k_norm, "k_norm", bf16, D);
-    const bool aligned = rows_aligned({p.qg, p.k_raw, p.v, p.q, p.k, p.k_cache, p.v_cache,
+    const bool aligned = rows_aligned({p.qg, p.k_raw, p.v, p.q, p.k, p.gate, p.k_cache, p.v_cache,
                                        Matrix{const_cast<void*>(p.q_norm), 1, D, D},
                                        Matrix{const_cast<void*>(p.k_norm), 1, D, D}});
     if (!cuda::fuse_attention_inputs(x.q_heads, x.kv_heads, x.head_dim, x.rotary_dim, aligned))

@@ -138,7 +138,7 @@ void copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, const std::
 // ops.h's attention_inputs_step as one kernel, where attention_plan.h's fuse_attention_inputs takes it: the matrices
 // bfloat16 (the caches as the matrices of their rows), rstd float32, the norms' weights bfloat16 [head_dim].
 struct AttentionInputsStep {
-  Matrix qg, k_raw, v, q, k, k_cache, v_cache;
+  Matrix qg, k_raw, v, q, k, gate, k_cache, v_cache;
   float* q_rstd = nullptr;
   float* k_rstd = nullptr;
   const void* q_norm = nullptr;

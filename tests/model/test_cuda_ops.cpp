@@ -33,6 +33,7 @@
 #include "cuda/stream_gemm_plan.h"
 #include "model_testing.h"
 #include "ops.h"
+#include "tensors.h"
 
 namespace deltatrain::model {
 namespace {
@@ -1313,7 +1314,8 @@ TEST_F(CudaOpsTest, RopeAtPositionsMatchesCpu) {
 
 // Decode's attention inputs: the one-kernel form gives the bits of the operations it replaces (Ops' default, run
 // on the GPU's own kernels) in every output, and both match the CPU. Rows come in shuffled batch order and go to
-// scattered cache rows; shapes outside the kernel's plan take the default and must agree all the same.
+// scattered cache rows; q, k and v come as column blocks of one matrix (decode's one product) or apart, strided;
+// shapes outside the kernel's plan take the default and must agree all the same.
 TEST_F(CudaOpsTest, AttentionInputsStepIsTheNormsRopeAndCacheStores) {
   struct Case {
     int q_heads, kv_heads, head_dim, rotary_dim;
@@ -1338,29 +1340,37 @@ TEST_F(CudaOpsTest, AttentionInputsStepIsTheNormsRopeAndCacheStores) {
     std::iota(batch_values.begin(), batch_values.end(), 0);
     std::shuffle(batch_values.begin(), batch_values.end(), rng_);
     const Indices positions(random_ints(T, 0, 40000)), cache_rows(cache_values), batch_rows(batch_values);
-    const Both qg = random(bf16, T, 2 * q_cols, 0, -3, 3), k_raw = random(bf16, T, kv_cols, 0, -3, 3);
+    // Decode's layout: the three as column blocks of one [T, 2 q_cols + 2 kv_cols] matrix; the others apart, v padded.
+    const bool stacked = c.pad == 0;
+    const Both qkv = random(bf16, T, 2 * q_cols + 2 * kv_cols, 0, -3, 3);
+    const Both qg = random(bf16, T, 2 * q_cols, c.pad, -3, 3), k_raw = random(bf16, T, kv_cols, c.pad, -3, 3);
     const Both v = random(bf16, T, kv_cols, c.pad), q_norm = random_vec(bf16, D), k_norm = random_vec(bf16, D);
+    const auto input = [&](const Both& apart, Side s, Index first, Index cols) {
+      return stacked ? col_slice(qkv.view(s), first, first + cols) : apart.view(s);
+    };
     const Values k_cache0 = random(bf16, S * L, kv_cols).expected(), v_cache0 = random(bf16, S * L, kv_cols).expected();
     // Two sets of outputs: the Ops' call, and (on the GPU) the default's operations one by one.
     struct Outputs {
-      Both q, k, q_rstd, k_rstd, k_cache, v_cache;
+      Both q, k, gate, q_rstd, k_rstd, k_cache, v_cache;
     };
     const auto outputs = [&] {
-      Outputs o{unset(bf16, T, q_cols), unset(bf16, T, kv_cols), unset_vec(f32, T * c.q_heads),
-                unset_vec(f32, T * c.kv_heads),  Both(bf16, S * L, kv_cols),    Both(bf16, S * L, kv_cols)};
+      Outputs o{unset(bf16, T, q_cols),         unset(bf16, T, kv_cols),   unset(bf16, T, q_cols),
+                unset_vec(f32, T * c.q_heads),  unset_vec(f32, T * c.kv_heads),
+                Both(bf16, S * L, kv_cols),     Both(bf16, S * L, kv_cols)};
       o.k_cache.set(k_cache0);
       o.v_cache.set(v_cache0);
       return o;
     };
     const Outputs fused = outputs(), apart = outputs();
     const auto inputs = [&](const Outputs& o, Side s) {
-      return AttentionInputs{.qg = qg.view(s),
-                             .k_raw = k_raw.view(s),
-                             .v = v.view(s),
+      return AttentionInputs{.qg = input(qg, s, 0, 2 * q_cols),
+                             .k_raw = input(k_raw, s, 2 * q_cols, kv_cols),
+                             .v = input(v, s, 2 * q_cols + kv_cols, kv_cols),
                              .q_norm = q_norm.view(s),
                              .k_norm = k_norm.view(s),
                              .q = o.q.view(s),
                              .k = o.k.view(s),
+                             .gate = o.gate.view(s),
                              .q_rstd = o.q_rstd.view(s),
                              .k_rstd = o.k_rstd.view(s),
                              .q_heads = c.q_heads,
@@ -1377,8 +1387,9 @@ TEST_F(CudaOpsTest, AttentionInputsStepIsTheNormsRopeAndCacheStores) {
     gpu_->Ops::attention_inputs_step(inputs(apart, Side::gpu), positions.array(), cache_view(apart.k_cache, Side::gpu, S),
                                      cache_view(apart.v_cache, Side::gpu, S), cache_rows.array(), batch_rows.array());
     const std::pair<const char*, const Both Outputs::*> fields[] = {
-        {"q", &Outputs::q},           {"k", &Outputs::k},           {"q_rstd", &Outputs::q_rstd},
-        {"k_rstd", &Outputs::k_rstd}, {"k_cache", &Outputs::k_cache}, {"v_cache", &Outputs::v_cache}};
+        {"q", &Outputs::q},           {"k", &Outputs::k},           {"gate", &Outputs::gate},
+        {"q_rstd", &Outputs::q_rstd}, {"k_rstd", &Outputs::k_rstd}, {"k_cache", &Outputs::k_cache},
+        {"v_cache", &Outputs::v_cache}};
     for (const auto& [name, field] : fields) {
       EXPECT_TRUE((fused.*field).bytes() == (apart.*field).bytes()) << name << ": not the operations' bits";
       EXPECT_TRUE(matches(name, fused.*field, std::string(name).ends_with("rstd") ? kF32Tolerance : kBf16Tolerance));
