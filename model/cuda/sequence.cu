@@ -8,6 +8,7 @@
 
 #include "common.cuh"
 #include "deltatrain/core/error.h"
+#include "gdn/cuda/mma.cuh"
 
 namespace deltatrain::model::cuda {
 namespace {
@@ -120,6 +121,79 @@ struct RowQueue {
   }
 };
 
+// The backward's two matrices (dout and x, rows [first, end)) row by row from registers: RowQueue for each.
+template <int N, bool V>
+struct QueuedRowPair {
+  RowQueue<N, V> dout, x;
+  Index u, end;
+  __device__ QueuedRowPair(PartColumns d, Matrix xm, Index c0, Index first, Index last)
+      : dout(d.m, d.c0, first, last), x(xm, c0, first, last), u(first), end(last) {}
+  __device__ void pop(float (&d)[N], float (&row)[N]) {
+    const Index next = u + kPrefetchRows < end ? u + kPrefetchRows : x.m.rows;
+    dout.pop(d, next);
+    x.pop(row, next);
+    ++u;
+  }
+};
+
+// The same rows staged in shared memory by cp.async, where a thread's channels are one aligned 4-byte word: each
+// thread copies its own column of a ring of kStageSlots chunks of kStageRows rows, kStageSlots - 1 chunks ahead of
+// the row it walks, so ~2 x 16 rows of both matrices travel per thread without holding registers (a register queue
+// 8 rows deep cost more warps than it hid: bench/NOTES.md, Model). A thread reads back only the words it copied, so
+// no barrier is needed; rows at or past the matrix's end read as zeros, as RowQueue's do.
+namespace tiles = gdn::cuda;  // cp.async
+constexpr int kStageRows = 16, kStageSlots = 3;
+constexpr int kStageWords = 2 * kStageSlots * kStageRows * kConvThreads;  // 48 KiB: both matrices' rings
+
+struct StagedRowPair {
+  static_assert(kBackwardChannels * sizeof(bf16) == sizeof(std::uint32_t), "a thread's channels are one word");
+  static constexpr int kRing = kStageSlots * kStageRows;
+  std::uint32_t* ring;  // [2][kRing][kConvThreads]: dout's rows, then x's
+  const bf16 *dout, *x;
+  Index dout_ld, x_ld, first, valid_end;
+  int read = 0;
+
+  __device__ StagedRowPair(std::uint32_t* shared, PartColumns d, Matrix xm, Index c0, Index first_row, Index last)
+      : ring(shared + threadIdx.x),
+        dout(static_cast<const bf16*>(d.m.data) + d.c0),
+        x(static_cast<const bf16*>(xm.data) + c0),
+        dout_ld(d.m.ld),
+        x_ld(xm.ld),
+        first(first_row),
+        valid_end(min(last, xm.rows)) {
+#pragma unroll
+    for (int chunk = 0; chunk + 1 < kStageSlots; ++chunk) issue(chunk);
+  }
+  // The chunks issued past the walk's end must land before the block's shared memory can go to another block.
+  __device__ ~StagedRowPair() { tiles::cp_async_wait<0>(); }
+  // Copies chunk `chunk`'s rows into its slot (one commit group, empty past the rows).
+  __device__ void issue(int chunk) {
+    const int slot_row = chunk % kStageSlots * kStageRows;
+#pragma unroll
+    for (int i = 0; i < kStageRows; ++i) {
+      const Index u = first + Index{chunk} * kStageRows + i;
+      const bool valid = u < valid_end;
+      const Index r = valid ? u : 0;
+      tiles::cp_async_4(ring + (slot_row + i) * kConvThreads, dout + r * dout_ld, valid);
+      tiles::cp_async_4(ring + (kRing + slot_row + i) * kConvThreads, x + r * x_ld, valid);
+    }
+    tiles::cp_async_commit();
+  }
+  __device__ void pop(float (&d)[2], float (&row)[2]) {
+    if (read % kStageRows == 0) {
+      tiles::cp_async_wait<kStageSlots - 2>();  // this chunk has landed; the next stays in flight
+      issue(read / kStageRows + kStageSlots - 1);  // into the slot of the chunk just walked
+    }
+    const int slot_row = read % kRing;
+    RawBf16<2> raw;
+    *reinterpret_cast<std::uint32_t*>(&raw) = ring[slot_row * kConvThreads];
+    unpack(raw, d);
+    *reinterpret_cast<std::uint32_t*>(&raw) = ring[(kRing + slot_row) * kConvThreads];
+    unpack(raw, row);
+    ++read;
+  }
+};
+
 // The unroll of the row loops: the window's W and the queue's kPrefetchRows shifts both become renames.
 template <int W>
 constexpr int kRowUnroll = std::lcm(W, kPrefetchRows);
@@ -217,8 +291,8 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_forward_kernel(Matri
 // dweight[c, j] = sum_t dpre[t] x[t - (W - 1) + j] over the taps inside t's sequence.
 // A strip of rows [t0, t1) and the W - 1 rows after it; OneSequence: rows t0 - (W - 1) .. t1 + W - 2 lie in one
 // sequence (so every row is inside the matrix and every tap counts).
-template <int W, bool V, bool OneSequence>
-__device__ void conv_backward_strip(Matrix dx, PartColumns dout, Matrix x, const float (&taps)[W][kBackwardChannels],
+template <int W, bool V, bool OneSequence, class Rows>
+__device__ void conv_backward_strip(Matrix dx, Rows& rows, Matrix x, const float (&taps)[W][kBackwardChannels],
                                     Sequences seq, Index c0, Index t0, Index t1,
                                     float (&dweight)[W][kBackwardChannels]) {
   constexpr int N = kBackwardChannels;
@@ -233,16 +307,13 @@ __device__ void conv_backward_strip(Matrix dx, PartColumns dout, Matrix x, const
     for (int k = 0; k < N; ++k) dpre[j][k] = 0.f;
   }
   const Index last = t1 + (W - 1);
-  RowQueue<N, V> x_rows(x, c0, t0, last), dout_rows(dout.m, dout.c0, t0, last);
   SequenceCursor sequence(seq, t0);
 #pragma unroll kRowUnroll<W>
   for (Index u = t0; u < last; ++u) {
     const bool inside = OneSequence || u < T;
     if (!OneSequence && inside) sequence.advance_to(u);
-    const Index next = u + kPrefetchRows < last ? u + kPrefetchRows : T;
     float d[N], row[N];
-    dout_rows.pop(d, next);
-    x_rows.pop(row, next);
+    rows.pop(d, row);
     shift_in<W, N>(window, row);
 #pragma unroll
     for (int j = 0; j + 1 < W; ++j) {
@@ -291,10 +362,21 @@ __global__ void __launch_bounds__(kConvThreads) conv1d_silu_backward_kernel(Matr
   float taps[W][N], dweight[W][N] = {};
   load_taps<W, N>(weight, c0, taps);
   const PartColumns d = locate(dout, c0);
-  if (in_one_sequence(seq, t0 - (W - 1), t1 + (W - 1))) {
-    conv_backward_strip<W, V, true>(dx, d, x, taps, seq, c0, t0, t1, dweight);
+  const bool one_sequence = in_one_sequence(seq, t0 - (W - 1), t1 + (W - 1));
+  const auto walk = [&](auto& rows) {
+    if (one_sequence) {
+      conv_backward_strip<W, V, true>(dx, rows, x, taps, seq, c0, t0, t1, dweight);
+    } else {
+      conv_backward_strip<W, V, false>(dx, rows, x, taps, seq, c0, t0, t1, dweight);
+    }
+  };
+  if constexpr (V) {  // a thread's two channels are one aligned word of each matrix
+    __shared__ std::uint32_t ring[kStageWords];
+    StagedRowPair rows(ring, d, x, c0, t0, t1 + (W - 1));
+    walk(rows);
   } else {
-    conv_backward_strip<W, V, false>(dx, d, x, taps, seq, c0, t0, t1, dweight);
+    QueuedRowPair<N, V> rows(d, x, c0, t0, t1 + (W - 1));
+    walk(rows);
   }
 #pragma unroll
   for (int k = 0; k < N; ++k)
