@@ -18,8 +18,8 @@ namespace {
 // read from memory once per strip and no row searches for its sequence (a cursor follows the strip's rows).
 // The strips are latency-bound (ncu: ~8 cycles between a warp's instructions, half of them waiting on loads), so
 // occupancy rules: the forward takes 4 channels a thread, the backward, which also keeps W rows of dpre and W
-// weight-gradient sums per channel, 2 (4 took 142 registers: 12 warps a SM). The decode step, one row a thread,
-// takes 8.
+// weight-gradient sums per channel, 2 (4 took 142 registers: 12 warps a SM), and fetches its rows ahead through
+// shared memory (StagedRowPair) rather than registers. The decode step, one row a thread, takes 8.
 constexpr int kConvThreads = 128;
 constexpr int kForwardChannels = 4, kBackwardChannels = 2, kStepChannels = 8;
 
