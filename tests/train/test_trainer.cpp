@@ -195,9 +195,19 @@ TEST_F(Trainer, FourRanksMatchOneRankOnTheSameGlobalBatch) {
     const std::vector<float> a = saved_params(dir_.path() / "four" / "step-00000005", o.config);
     const std::vector<float> b = saved_params(dir_.path() / "one" / "step-00000005", o.config);
     ASSERT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-    EXPECT_LT(worst, 1e-4) << "parameters after 5 steps differ beyond reduction-order rounding";
+    // The gradients differ by the reduction order's rounding only; AdamW divides each element's by its own running
+    // scale, so the few elements whose gradient is mostly rounding move differently by up to ~lr a step (seen: one
+    // element in 23k at 1.2e-4 after 5 steps, the root mean square at ~1e-6 or less over seeds). A lost or doubled
+    // shard would move every element by ~lr.
+    double worst = 0, squares = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+      worst = std::max(worst, d);
+      squares += d * d;
+    }
+    EXPECT_LT(std::sqrt(squares / static_cast<double>(a.size())), 1e-5)
+        << "parameters after 5 steps differ beyond reduction-order rounding";
+    EXPECT_LT(worst, 1e-3) << "an element moved by more than rounding amplified by AdamW explains";
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
