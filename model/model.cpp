@@ -284,7 +284,8 @@ Weights resolve_weights(const Config& config, const TensorLookup& lookup) {
       l.gdn.conv1d = as_matrix(l.gdn.conv1d, config.linear_conv_dim(), config.linear_conv_kernel_dim);
     } else {
       const std::string a = p + "self_attn.";
-      const TensorView q = lookup(a + "q_proj.weight"), k = lookup(a + "k_proj.weight"), v = lookup(a + "v_proj.weight");
+      const TensorView q = lookup(a + "q_proj.weight"), k = lookup(a + "k_proj.weight");
+      const TensorView v = lookup(a + "v_proj.weight");
       l.attention = {q, k, v, lookup(a + "o_proj.weight"), lookup(a + "q_norm.weight"), lookup(a + "k_norm.weight"),
                      {q, k, v}};
     }

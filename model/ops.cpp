@@ -152,7 +152,7 @@ CacheLayout check_attention_inputs_step(const AttentionInputs& x, const IndexArr
   const std::int64_t T = matrix_layout(x.qg, "qg", kAnyExtent, 2 * q_cols).rows;
   matrix_layout(x.k_raw, "k_raw", T, kv_cols);
   matrix_layout(x.v, "v", T, kv_cols);
-  // The norms see each head of their outputs as a row of D: those matrices must have contiguous rows.
+  // q and k are normed as rows of one head each, and gate is read so by sigmoid_gate_forward: contiguous rows.
   for (const auto& [m, cols, name] : {std::tuple{&x.q, q_cols, "q"}, std::tuple{&x.k, kv_cols, "k"},
                                       std::tuple{&x.gate, q_cols, "gate"}}) {
     if (matrix_layout(*m, name, T, cols).row_stride != cols && T > 1)

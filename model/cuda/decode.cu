@@ -41,9 +41,10 @@ void launch_copy_rows(Matrix dst, const std::int32_t* dst_rows, Matrix src, cons
 
 // ---------------------------------------------------------------------------------------------------------
 // attention_inputs_step: one CTA per batch row, one warp per head (the queries', whose warps also move the gates,
-// then the keys', whose warps also move the values), lane l holding the head's elements [8 l, 8 l + 8). The norm and the rotation are common.cuh's,
-// as rmsnorm_forward's and rope's kernels compute them, and a warp's sum of squares is theirs: a 16-lane row's sum
-// (head dims up to 128) is the same with lanes 16-31 adding zeros first. So the results are those kernels' bits.
+// then the keys', whose warps also move the values), lane l holding the head's elements [8 l, 8 l + 8). The norm
+// and the rotation are common.cuh's, as rmsnorm_forward's and rope's kernels compute them, and a warp's sum of
+// squares is theirs: a 16-lane row's sum (head dims up to 128) is the same with lanes 16-31 adding zeros first. So
+// the results are those kernels' bits.
 // The row's rotations are computed once, a pair a thread, into shared memory: a lane working out its 8 pairs itself
 // (powf, cosf, sinf in a chain) made the kernel 7.2 us for 64 rows on the H200.
 
