@@ -60,6 +60,41 @@ __device__ __forceinline__ float chunk_decay(float2 gamma_i, float2 gamma_j) {
   return __expf((gamma_i.x - gamma_j.x) + (gamma_i.y - gamma_j.y));
 }
 
+// An element of a warp's mma accumulator tiles (mma.cuh's fragment layout): at(acc) is acc's value there.
+struct FragmentIndex {
+  int mi, ni, e;
+  template <int MT, int NT>
+  __device__ __forceinline__ float& operator()(float (&acc)[MT][NT][4]) const {
+    return acc[mi][ni][e];
+  }
+};
+
+// Calls f(r, c, decay, at) for every element `at` of a warp's MT x NT accumulator tiles at rows m0.., columns
+// n0.. (gamma in shared memory, 16-byte aligned), with decay = chunk_decay(gamma[r], gamma[c]) formed for every
+// element. Each lane reads its rows' gamma and, per 8-column block, its two columns' gamma once, before any
+// arithmetic, so no lane branches around a load or an exponential: the masked form
+// `r >= c ? chunk_decay(gamma[r], gamma[c]) : 0` put each element's two loads and exponential behind a branch
+// of its own, serialised (prepare's gating was 11.8% of its ncu samples). Above the diagonal the decay may
+// overflow to inf: f masks with a select (r >= c ? x : 0), which drops it.
+template <int MT, int NT, class F>
+__device__ __forceinline__ void for_each_decay(const float2* gamma, int m0, int n0, F&& f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+    const float2 row_gamma[2] = {gamma[m0 + 16 * mi + g], gamma[m0 + 16 * mi + g + 8]};
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+      const float4 columns = *reinterpret_cast<const float4*>(&gamma[n0 + 8 * ni + 2 * t]);  // gamma of c, c + 1
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 column_gamma = e & 1 ? float2{columns.z, columns.w} : float2{columns.x, columns.y};
+        f(m0 + 16 * mi + g + 8 * (e >> 1), n0 + 8 * ni + 2 * t + (e & 1), chunk_decay(row_gamma[e >> 1], column_gamma),
+          FragmentIndex{mi, ni, e});
+      }
+    }
+  }
+}
+
 // Starts copying the chunk's in-chunk cumulative decays gamma[0..63] of value head hv into `gamma`;
 // rows past the chunk's end repeat the last one (their g is zero). Threads 0..63 call it.
 __device__ __forceinline__ void load_gamma_async(const Params& p, float2* gamma, int hv, const ChunkInfo& chunk,

@@ -34,6 +34,7 @@ struct ChunkGradSmem {
   static constexpr int ddelta = delta + Square::kBytes;
   static constexpr int gamma = ddelta + Square::kBytes;
   static constexpr int gate_in = gamma + kChunk * 8;  // e^gamma, then e^(gamma_last - gamma); gamma is hi + lo
+  static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
   static constexpr int q_dots = gate_in + 2 * kChunk * 4;  // [2 column halves][64 rows]
   static constexpr int k_dots = q_dots + 2 * kChunk * 4;
   static constexpr int g_parts = k_dots + 2 * kChunk * 4;  // store_row_column_sums of G
@@ -135,8 +136,9 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
       if (n0 > m0) {  // the warp's quadrant lies above the diagonal, where M is zero
         for_each(second, m0, n0, [&](int r, int c, float&) { m_tile(r, c) = from_float<E>(0.f); });
       } else {
-        for_each(second, m0, n0, [&](int r, int c, float& x) {
-          m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * chunk_decay(gamma[r], gamma[c]) : 0.f);
+        for_each_decay<2, 4>(gamma, m0, n0, [&](int r, int c, float decay, FragmentIndex at) {
+          const float m = at(second) * p.scale * decay;
+          m_tile(r, c) = from_float<E>(r >= c ? m : 0.f);
         });
       }
       if (slice == 0) {

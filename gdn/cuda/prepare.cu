@@ -116,6 +116,7 @@ struct PrepareSmem {
   static constexpr int beta = gamma + kChunk * 8;  // gamma is hi + lo (chunk.cuh)
   static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
   static constexpr int bytes = beta_decay + kChunk * 4;
+  static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
   // CTAs per SM that shared memory admits on sm_90 (228 KiB, 1 KiB reserved per CTA), at most four: the
   // register budget the kernel is compiled for. The kernel is a chain of short steps between barriers, so
   // more CTAs per SM hide more of it (K = 128 fits four in 54 KB).
@@ -293,14 +294,16 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     float kk[1][4][4], qk[1][4][4];
     zero(kk);
     zero(qk);
-    warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
-    warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
-    // Both are gated by e^(gamma_r - gamma_c): A below the diagonal, P on and below it.
-    for_each(kk, qk, m0, n_half, [&](int r, int c, float& a, float& q) {
-      const float decay = r >= c ? chunk_decay(gamma[r], gamma[c]) : 0.f;
-      a = r > c ? beta[r] * a * decay : 0.f;
-      q = p.scale * q * decay;
-    });
+    if (n_half < m0 + 16) {  // the two warps whose tile lies wholly above the diagonal keep their zeros
+      warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
+      warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
+      // A = strict_tril(diag(beta) (K K^T) * Gamma), P = scale tril(Q K^T) * Gamma.
+      for_each_decay<1, 4>(gamma, m0, n_half, [&](int r, int c, float decay, FragmentIndex at) {
+        const float a = beta[r] * at(kk) * decay, q = p.scale * at(qk) * decay;
+        at(kk) = r > c ? a : 0.f;
+        at(qk) = r >= c ? q : 0.f;
+      });
+    }
     store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
     store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
   }

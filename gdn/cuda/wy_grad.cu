@@ -34,6 +34,7 @@ struct WyGradSmem {
   static constexpr int v_next = d_next + Square::kBytes;
   static constexpr int gamma = v_next + Square::kBytes;
   static constexpr int beta = gamma + kChunk * 8;  // gamma is hi + lo (chunk.cuh)
+  static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
   static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
   static constexpr int dgamma = beta_decay + kChunk * 4;
   static constexpr int k_dots = dgamma + kChunk * 4;  // [2 column halves][64 rows]
@@ -159,8 +160,9 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
       warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
       if (hv == h * p.group) warp_mma(keys_gram, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
       for_each(kk, keys_gram, m0, n0, [](int, int, float& x, float& gram) { x = gram; });
-      for_each(da, kk, m0, n0, [&](int r, int c, float& x, float& kdot) {
-        const float decay = r > c ? chunk_decay(gamma[r], gamma[c]) : 0.f;
+      for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
+        const float decay = r > c ? any_decay : 0.f;
+        float &x = at(da), &kdot = at(kk);
         f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
         x = -x * kdot * decay;  // E
         kdot = beta[r] * x;     // beta E
