@@ -20,7 +20,9 @@ context parallelism). It compiles each kernel on first use, 10-40 s apiece, cach
 (default ~/.tilelang/cache; carry it to the next run): the warm-up calls before each timing take the compiles
 (their seconds are printed) and count against --limit-s, so a cold cache gets fewer cells through.
 
-Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out (gdn_report.py). With --merge, earlier runs' JSON
+Writes gdn-h200.json, gdn-h200.md and gdn-h200.png into --out (gdn_report.py); each row also holds each
+implementation's time per kernel ({name}_kernels_ms). --ours-only times deltatrain alone and writes its rows to
+gdn-h200-ours.json instead, the input of an A/B (bench/gdn_ab.py, `bench/gpu/gpu.sh ab`). With --merge, earlier runs' JSON
 files fill the cells this run does not measure (each row keeps its run's date and commit), and --missing-only
 runs only the cells none of them has: a grid can be completed over several GPU sessions.
 Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--only I ...] [--limit-s SECONDS]
@@ -263,7 +265,7 @@ def main():
     parser.add_argument("--only", type=int, nargs="*", help="indices into GRID (0-17) to run, in this order")
     parser.add_argument("--limit-s", type=float, default=240.0, help="stop starting new cells after this long")
     parser.add_argument("--ours-only", action="store_true",
-                        help="time deltatrain alone (a quick look while iterating; writes no report)")
+                        help="time deltatrain alone (a quick look, an A/B): gdn-h200-ours.json, no report")
     parser.add_argument("--l2norm-in-kernel", action="store_true",
                         help="with --ours-only: use_qk_l2norm_in_kernel=True (the anchors have it off)")
     parser.add_argument("--no-flashqla", action="store_true", help="leave FlashQLA out (its fields null)")
@@ -276,7 +278,7 @@ def main():
     if args.missing_only and not args.merge:
         parser.error("--missing-only: needs --merge (the runs whose cells to skip)")
     if args.merge and args.ours_only:
-        parser.error("--merge: not with --ours-only (which writes no report)")
+        parser.error("--merge: not with --ours-only (which writes no report to merge into)")
     earlier = []
     for path in args.merge:
         with open(path) as f:
@@ -341,13 +343,22 @@ def main():
             row[f"{name}_kernel_ms"] = round(kernel, 4)
             row[f"{name}_host_ms"] = round(host, 4)
             row[f"{name}_rel_err"] = max(rel_err(a, e) for a, e in zip(out, expected))
+            row[f"{name}_kernels_ms"] = {k: round(v, 4) for k, v in by_name.items()}
             del impl, out
         torch.cuda.empty_cache()
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
-        if not args.ours_only:
-            write(report(earlier, result), args.out)
-    if not args.ours_only:
+        save(args, earlier, result)
+    save(args, earlier, result)
+
+
+def save(args, earlier, result):
+    """After every cell, so that a run stopped early keeps what it measured."""
+    if args.ours_only:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gdn-h200-ours.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    else:
         write(report(earlier, result), args.out)
 
 

@@ -10,7 +10,9 @@
 #                                        (default python3.12, the GPU machine's; nanobind is installed into a venv
 #                                        under .device-build when it lacks it) into .device-build/gpu/module.tar.xz.
 #                                        GPU_BASELINE=DIR adds each executable in DIR as bin/NAME_base, for an A/B
-#                                        of a change in one lease (copy the binaries there before the change)
+#                                        of a change in one lease (copy the binaries there before the change);
+#                                        GPU_BASELINE_MODULE=FILE adds a module.tar.xz packed before the change as
+#                                        module_base.tar.xz, for `ab` (without it a stale one is removed)
 #
 # There (the device tool, carrying the archives a verb needs; OUT receives the logs):
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
@@ -25,6 +27,12 @@
 #                                        an ncu that would lock the GPU's clocks).
 #                                        FlashQLA's kernel cache is restored from .device-build/tilelang-cache.tar.xz
 #                                        when carried and saved to OUT/tilelang-cache.tar.xz
+#   bench/gpu/gpu.sh ab OUT ROUNDS ARGS...
+#                                        module and module_base (and the anchors, for fla's import): the GDN
+#                                        grid's cells (bench/gdn_h200.py --ours-only ARGS, e.g. --only 8 15) with
+#                                        the baseline module and the change's in turn, ROUNDS times each, then
+#                                        bench/gdn_ab.py's comparison: OUT/gdn-ab.md and OUT/gdn-ab.json (every
+#                                        run's rows with it); each run's log in OUT/runs.log
 #   bench/gpu/gpu.sh train OUT ARGS...   binaries: `deltatrain train --device cuda ARGS...`, log OUT/train.jsonl
 #   bench/gpu/gpu.sh rl OUT ARGS...      binaries: `deltatrain rl --device cuda ARGS...`, log OUT/rl.jsonl
 #   bench/gpu/gpu.sh exec OUT BINARY ARGS...
@@ -75,6 +83,11 @@ pack() {
     xargs -r cp -L -t "$stage/binaries/lib"
   bench/gpu/make_ompi_bundle.sh "$stage/binaries/ompi" >/dev/null || return 1
   cp "$build"/lib/_deltatrain*.so "$stage/module/"
+  if [ -n "${GPU_BASELINE_MODULE:-}" ]; then
+    cp "$GPU_BASELINE_MODULE" "$BUNDLE/module_base.tar.xz" || return 1
+  else
+    rm -f "$BUNDLE/module_base.tar.xz"
+  fi
   # The GPU machine's image has no libgomp of its own (torch's is renamed).
   ldd "$build"/lib/_deltatrain*.so | awk '/gomp/ {print $3}' | xargs -r cp -L -t "$stage/module/lib"
   tar -cJf "$BUNDLE/binaries.tar.xz" -C "$stage/binaries" .
@@ -158,17 +171,19 @@ sanitize() {
   done
 }
 
+# MODULE (default the bundle's module.tar.xz) is the Python module archive the script imports.
 python_script() {
-  local out=$1 site=/tmp/deltatrain-site status
+  local out=$1 site=/tmp/deltatrain-site module=${MODULE:-$BUNDLE/module.tar.xz} status
   shift
+  rm -rf "$site/deltatrain"
   mkdir -p "$out" "$site/deltatrain"
-  [ -f "$BUNDLE/module.tar.xz" ] || [ -f "$BUNDLE/binaries.tar.xz" ] ||
-    { echo "gpu.sh: carry $BUNDLE/module.tar.xz and/or binaries.tar.xz (make gpu-bundle)" >&2; return 1; }
+  [ -f "$module" ] || [ -f "$BUNDLE/binaries.tar.xz" ] ||
+    { echo "gpu.sh: carry $module and/or $BUNDLE/binaries.tar.xz (make gpu-bundle)" >&2; return 1; }
   # With the binaries carried, a script can run them (bench/model_h200.py --ours $ROOT/bin/model_step_benchmark);
   # the module only for scripts that import deltatrain (leaving it out makes room for the anchors).
   if [ -f "$BUNDLE/binaries.tar.xz" ]; then setup "$out" >/dev/null || return 1; fi
-  if [ -f "$BUNDLE/module.tar.xz" ]; then
-    tar -xJf "$BUNDLE/module.tar.xz" -C "$site/deltatrain" || return 1
+  if [ -f "$module" ]; then
+    tar -xJf "$module" -C "$site/deltatrain" || return 1
     cp python/deltatrain/*.py "$site/deltatrain/"
   fi
   if [ -f .device-build/anchors.tar.xz ]; then tar -xJf .device-build/anchors.tar.xz -C "$site" || return 1; fi
@@ -217,15 +232,42 @@ disk() {
   rm -f "$dir/disk-probe"
 }
 
+# The baseline module and the change's in turn (base first), each run in a scratch folder of its own; only the
+# comparison, which holds every run's rows, and the runs' log come back in OUT (a device call returns 8 files).
+ab() {
+  local out=$1 rounds=$2 scratch=/tmp/deltatrain-ab round side
+  shift 2
+  [ -f "$BUNDLE/module_base.tar.xz" ] && [ -f "$BUNDLE/module.tar.xz" ] ||
+    { echo "gpu.sh: ab needs $BUNDLE/module.tar.xz and module_base.tar.xz (GPU_BASELINE_MODULE=FILE make gpu-bundle)" >&2
+      return 1; }
+  [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: ab ROUNDS must be a positive integer, got '$rounds'" >&2; return 2; }
+  mkdir -p "$out"
+  rm -rf "$scratch"
+  for ((round = 1; round <= rounds; ++round)); do
+    for side in base new; do
+      local archive=$BUNDLE/module.tar.xz
+      [ "$side" = base ] && archive=$BUNDLE/module_base.tar.xz
+      echo "== $side, round $round" >>"$out/runs.log"
+      MODULE=$archive python_script "$scratch/$side-$round" bench/gdn_h200.py --out "$scratch/$side-$round" \
+        --commit "$side" --ours-only "$@" >>"$out/runs.log" 2>&1 ||
+        { echo "gpu.sh: the $side run of round $round failed (OUT/runs.log)" >&2; return 1; }
+    done
+  done
+  python3 bench/gdn_ab.py --base "$scratch"/base-*/gdn-h200-ours.json --new "$scratch"/new-*/gdn-h200-ours.json \
+    --out "$out"
+}
+
 case ${1:-} in
   pack) shift; pack "$@" ;;
   tests) shift; tests "$@" ;;
   sanitize) shift; sanitize "$@" ;;
   python) shift; python_script "$@" ;;
+  ab) shift; ab "$@" ;;
   rl | train) cli "$@" ;;
   exec) shift; run_binary "$@" ;;
   disk) shift; disk "$@" ;;
-  *) echo "usage: $0 pack [BUILD] | tests OUT | sanitize OUT | python OUT SCRIPT ARGS... | train OUT ARGS... |" \
+  *) echo "usage: $0 pack [BUILD] | tests OUT | sanitize OUT | python OUT SCRIPT ARGS... | ab OUT ROUNDS ARGS... |" \
+          "train OUT ARGS... |" \
           "rl OUT ARGS... | exec OUT BINARY ARGS... | disk OUT DIR" >&2
      exit 2 ;;
 esac
