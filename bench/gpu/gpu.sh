@@ -30,7 +30,8 @@
 #   bench/gpu/gpu.sh ab OUT ROUNDS ARGS...
 #                                        module and module_base (and the anchors, for fla's import): the GDN
 #                                        grid's cells (bench/gdn_h200.py --ours-only ARGS, e.g. --only 8 15) with
-#                                        the baseline module and the change's in turn, ROUNDS times each, then
+#                                        the baseline module (or the same module with AB_BASE_ENV=NAME=VALUE set,
+#                                        for a change a switch turns off) and the change's in turn, ROUNDS times each, then
 #                                        bench/gdn_ab.py's comparison: OUT/gdn-ab.md and OUT/gdn-ab.json (every
 #                                        run's rows with it); each run's log in OUT/runs.log
 #   bench/gpu/gpu.sh train OUT ARGS...   binaries: `deltatrain train --device cuda ARGS...`, log OUT/train.jsonl
@@ -232,24 +233,31 @@ disk() {
   rm -f "$dir/disk-probe"
 }
 
-# The baseline module and the change's in turn (base first), each run in a scratch folder of its own; only the
+# The baseline and the change in turn (base first), each run in a scratch folder of its own; only the
 # comparison, which holds every run's rows, and the runs' log come back in OUT (a device call returns 8 files).
+# The baseline is module_base.tar.xz where packed, else the same module with AB_BASE_ENV (NAME=VALUE ...) set,
+# for a change that a switch turns off (e.g. AB_BASE_ENV=DELTATRAIN_CUDA_OUTPUT_WARPGROUP=0).
 ab() {
-  local out=$1 rounds=$2 scratch=/tmp/deltatrain-ab round side
+  local out=$1 rounds=$2 scratch=/tmp/deltatrain-ab base_env=${AB_BASE_ENV:-} round side
   shift 2
-  [ -f "$BUNDLE/module_base.tar.xz" ] && [ -f "$BUNDLE/module.tar.xz" ] ||
-    { echo "gpu.sh: ab needs $BUNDLE/module.tar.xz and module_base.tar.xz (GPU_BASELINE_MODULE=FILE make gpu-bundle)" >&2
+  [ -f "$BUNDLE/module.tar.xz" ] && { [ -f "$BUNDLE/module_base.tar.xz" ] || [ -n "$base_env" ]; } ||
+    { echo "gpu.sh: ab needs $BUNDLE/module.tar.xz and a baseline: module_base.tar.xz (GPU_BASELINE_MODULE=FILE" \
+           "make gpu-bundle) or AB_BASE_ENV=NAME=VALUE" >&2
       return 1; }
   [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: ab ROUNDS must be a positive integer, got '$rounds'" >&2; return 2; }
   mkdir -p "$out"
   rm -rf "$scratch"
   for ((round = 1; round <= rounds; ++round)); do
     for side in base new; do
-      local archive=$BUNDLE/module.tar.xz
-      [ "$side" = base ] && archive=$BUNDLE/module_base.tar.xz
-      echo "== $side, round $round" >>"$out/runs.log"
-      MODULE=$archive python_script "$scratch/$side-$round" bench/gdn_h200.py --out "$scratch/$side-$round" \
-        --commit "$side" --ours-only "$@" >>"$out/runs.log" 2>&1 ||
+      local archive=$BUNDLE/module.tar.xz settings=()
+      if [ "$side" = base ]; then
+        [ -f "$BUNDLE/module_base.tar.xz" ] && archive=$BUNDLE/module_base.tar.xz
+        read -r -a settings <<<"$base_env"
+      fi
+      echo "== $side, round $round ${settings[*]}" >>"$out/runs.log"
+      ( [ ${#settings[@]} -eq 0 ] || export "${settings[@]}"
+        MODULE=$archive python_script "$scratch/$side-$round" bench/gdn_h200.py --out "$scratch/$side-$round" \
+          --commit "$side" --ours-only "$@" ) >>"$out/runs.log" 2>&1 ||
         { echo "gpu.sh: the $side run of round $round failed (OUT/runs.log)" >&2; return 1; }
     done
   done
