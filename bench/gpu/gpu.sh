@@ -12,7 +12,8 @@
 #                                        GPU_BASELINE=DIR adds each executable in DIR as bin/NAME_base, for an A/B
 #                                        of a change in one lease (copy the binaries there before the change);
 #                                        GPU_BASELINE_MODULE=FILE adds a module.tar.xz packed before the change as
-#                                        module_base.tar.xz, for `ab` (without it a stale one is removed)
+#                                        module_base.tar.xz, for `ab` (FILE may be the bundle's own module.tar.xz:
+#                                        it is copied before the build; without it a stale one is removed)
 #
 # There (the device tool, carrying the archives a verb needs; OUT receives the logs):
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
@@ -66,6 +67,14 @@ module_python() {
 
 pack() {
   local build=${1:-build-gpu-bundle} python stage
+  # The baseline module is taken before anything is rebuilt, so that it may be this bundle's own module.tar.xz
+  # from before the change.
+  mkdir -p "$BUNDLE"
+  if [ -n "${GPU_BASELINE_MODULE:-}" ]; then
+    cp "$GPU_BASELINE_MODULE" "$BUNDLE/module_base.tar.xz" || return 1
+  else
+    rm -f "$BUNDLE/module_base.tar.xz"
+  fi
   python=$(module_python) || return 1
   cmake -S . -B "$build" -G Ninja -DDELTATRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DDELTATRAIN_CPU_ARCH="${CPU_ARCH:-x86-64-v3}" -DCMAKE_BUILD_TYPE=Release -DDELTATRAIN_TESTS=ON \
@@ -84,11 +93,6 @@ pack() {
     xargs -r cp -L -t "$stage/binaries/lib"
   bench/gpu/make_ompi_bundle.sh "$stage/binaries/ompi" >/dev/null || return 1
   cp "$build"/lib/_deltatrain*.so "$stage/module/"
-  if [ -n "${GPU_BASELINE_MODULE:-}" ]; then
-    cp "$GPU_BASELINE_MODULE" "$BUNDLE/module_base.tar.xz" || return 1
-  else
-    rm -f "$BUNDLE/module_base.tar.xz"
-  fi
   # The GPU machine's image has no libgomp of its own (torch's is renamed).
   ldd "$build"/lib/_deltatrain*.so | awk '/gomp/ {print $3}' | xargs -r cp -L -t "$stage/module/lib"
   tar -cJf "$BUNDLE/binaries.tar.xz" -C "$stage/binaries" .
