@@ -138,6 +138,8 @@ check_wrap() {
 run_test() {
   local out=$1 log=$2 status
   shift 2
+  # A bundle packed with a few GPU_BINARIES lacks the others: say so rather than fail on a missing file.
+  if [ ! -x "$1" ]; then echo "$log skipped: $(basename "$1") is not in this bundle"; return 0; fi
   timeout 300 "$@" >"$out/$log.log" 2>&1
   status=$?
   echo "$log exit $status: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$log.log" | tr '\n' ' ')"
