@@ -177,6 +177,7 @@ struct Call {
     k.segments = plan.segments;
     k.warpgroups = plan.warpgroups;
     k.paired = plan.paired;
+    k.late_prepare = plan.late_prepare;
     k.warp_pairs = plan.warp_pairs;
     k.scale = static_cast<float>(p.scale);
     k.l2norm = p.l2norm;

@@ -37,11 +37,13 @@ bool once_per_device(DeviceMemo& memo, F&& compute) {
   return answer;
 }
 
-// Appends kKernel<<<grid, block, smem>>>(Params) to `kernels`; a kernel over 48 KiB of shared memory gets
-// its limit raised the first time it is recorded on a device.
+// Appends kKernel<<<grid, block, smem>>>(Params) to `kernels` after kernel `after` (KernelSequence::add) and
+// returns its index, or records nothing for an empty grid and returns -1; a kernel over 48 KiB of shared
+// memory gets its limit raised the first time it is recorded on a device.
 template <auto kKernel>
-void launch(const char* name, dim3 grid, dim3 block, int smem, KernelSequence& kernels) {
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+int launch(const char* name, dim3 grid, dim3 block, int smem, KernelSequence& kernels,
+           int after = KernelSequence::kPrevious) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return -1;
   if (smem > 48 * 1024) {
     static DeviceMemo raised{};  // for this kernel
     once_per_device(raised, [&] {
@@ -53,7 +55,7 @@ void launch(const char* name, dim3 grid, dim3 block, int smem, KernelSequence& k
       return true;
     });
   }
-  kernels.add(reinterpret_cast<const void*>(kKernel), name, grid, block, smem);
+  return kernels.add(reinterpret_cast<const void*>(kKernel), name, grid, block, smem, after);
 }
 
 // Calls f.template operator()<E, K>() for the io dtype and head dim of the call.

@@ -39,6 +39,10 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     return plan;
   }
   plan.segments = segments >= 2 ? static_cast<int>(segments) : 1;
+  // The segment ends pass reads the chunks of every segment but the last, and its CTAs (at most one an SM)
+  // leave SMs idle: the last segment's chunks are prepared there meanwhile (the backward's passes start
+  // from the last segment, so it keeps one prepare).
+  plan.late_prepare = in.op == Operation::chunk_forward && plan.segments > 1;
   return plan;
 }
 

@@ -32,6 +32,7 @@ struct ExecutionPlan {
   int segments = 1;     // wgmma: runs of chunks each sequence's passes split into (1: none)
   int warpgroups = 1;   // wgmma: warpgroups per CTA, each on its own 64 columns of V
   bool paired = false;  // wgmma, backward: the recompute and the reverse pass side by side in one launch
+  bool late_prepare = false;  // wgmma, forward with segments: prepare the last segment's chunks beside the ends pass
   int warp_pairs = 2;   // mma.sync: warp pairs per CTA, each on 16 columns of V
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };

@@ -9,6 +9,7 @@
 #include "chunk.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
+#include "sequential.cuh"
 
 namespace deltatrain::gdn::cuda {
 namespace {
@@ -228,7 +229,19 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   }
 }
 
-template <class E, int K>
+// Whether chunk c of the chunk table is one the launch covers.
+template <PrepareChunks kChunks>
+__device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
+  if constexpr (kChunks == PrepareChunks::all) {
+    return true;
+  } else {
+    const int first = p.sequence_chunks[chunk.sequence], count = p.sequence_chunks[chunk.sequence + 1] - first;
+    const bool last = SequenceChunks::segment_of(c - first, count, p.segments) == p.segments - 1;
+    return last == (kChunks == PrepareChunks::last_segment);
+  }
+}
+
+template <class E, int K, PrepareChunks kChunks>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
@@ -243,6 +256,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   const int hv = blockIdx.y, h = hv / p.group, tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n_half = 32 * (warp / 4);
   const ChunkInfo chunk = p.chunk_table[blockIdx.x];
+  if (!covers<kChunks>(p, blockIdx.x, chunk)) return;  // the whole CTA, before any barrier
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
@@ -356,11 +370,32 @@ void launch_start(const Params& p, DType io, KernelSequence& kernels) {
   });
 }
 
-void launch_prepare(const Params& p, DType io, KernelSequence& kernels) {
+// One launch over the whole chunk table: a CTA whose chunk it does not cover returns at once.
+template <PrepareChunks kChunks>
+int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, int after) {
+  int index = -1;
   dispatch(io, p.K, [&]<class E, int K>() {
-    launch<prepare_kernel<E, K>>("gdn prepare_kernel", dim3(p.chunks, p.HV), dim3(kPrepareThreads),
-           PrepareSmem<E, K>::bytes, kernels);
+    const dim3 grid(p.chunks, p.HV), block(kPrepareThreads);
+    constexpr int kBytes = PrepareSmem<E, K>::bytes;
+    if constexpr (kChunks == PrepareChunks::all) {
+      index = launch<prepare_kernel<E, K, kChunks>>("gdn prepare_kernel", grid, block, kBytes, kernels, after);
+    } else if constexpr (sizeof(E) == 2 && K <= 128) {  // segments belong to the wgmma passes only
+      index = launch<prepare_kernel<E, K, kChunks>>("gdn prepare_kernel (segments)", grid, block, kBytes, kernels, after);
+    }
   });
+  return index;
+}
+
+void launch_prepare(const Params& p, DType io, KernelSequence& kernels) {
+  if (p.late_prepare) {
+    launch_prepare_chunks<PrepareChunks::before_last_segment>(p, io, kernels, KernelSequence::kPrevious);
+  } else {
+    launch_prepare_chunks<PrepareChunks::all>(p, io, kernels, KernelSequence::kPrevious);
+  }
+}
+
+int launch_late_prepare(const Params& p, DType io, KernelSequence& kernels, int after) {
+  return launch_prepare_chunks<PrepareChunks::last_segment>(p, io, kernels, after);
 }
 
 }  // namespace deltatrain::gdn::cuda

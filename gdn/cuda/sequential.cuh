@@ -24,13 +24,16 @@ struct SequenceChunks {
   }
   // Segment s of `segments` near-equal runs of chunks (the last ones may be short or empty).
   __device__ SequenceChunks segment(int s, int segments) const {
-    const int per = (count + segments - 1) / segments, skip = min(count, s * per);
+    const int per = segment_chunks(count, segments), skip = min(count, s * per);
     SequenceChunks part = *this;
     part.begin += static_cast<std::int64_t>(skip) * kChunk;
     part.first += skip;
     part.count = min(per, count - skip);
     return part;
   }
+  // Chunks per segment (all but the last ones) of a sequence of `count` chunks, and the segment of its chunk j.
+  __host__ __device__ static int segment_chunks(int count, int segments) { return (count + segments - 1) / segments; }
+  __host__ __device__ static int segment_of(int j, int count, int segments) { return j / segment_chunks(count, segments); }
 };
 
 // Walks the chunks of a sequence (in order, or last to first) with `stages` chunks in flight:

@@ -470,19 +470,22 @@ __global__ void __launch_bounds__(kWarpgroup) segment_starts_kernel(Params p) {
 // Records one run of kernels: the forward or (kReverse) backward kernel of pass kPass over `runs` runs of
 // each sequence and `row_blocks` blocks of 64 rows, kGroups blocks per CTA.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
-void launch_run(const Params& p, const char* name, int runs, int row_blocks, KernelSequence& kernels) {
+int launch_run(const Params& p, const char* name, int runs, int row_blocks, KernelSequence& kernels) {
   const dim3 grid(p.sequences * runs, p.HV, row_blocks / kGroups), block(kWarpgroup * kGroups);
   constexpr int kBytes = HopperPass<E, K, kPass, kReverse, kGroups>::L::bytes;
   if constexpr (kReverse) {
-    launch<state_backward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels);
+    return launch<state_backward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels);
   } else {
-    launch<state_forward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels);
+    return launch<state_forward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels);
   }
 }
 
-// A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments.
+// A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments. Where
+// p.late_prepare (the forward), the kernel recorded before is prepare without the last segment's chunks:
+// those are prepared beside steps 1 and 2, and the pass proper waits for both.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
-void launch_grouped_pass(const Params& p, const char* name, const char* ends_name, KernelSequence& kernels) {
+void launch_grouped_pass(const Params& p, DType io, const char* name, const char* ends_name, KernelSequence& kernels) {
+  const int prepared = kernels.last();
   if (p.segments > 1) {
     launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(p, ends_name, p.segments - 1, (p.V + K) / kColumns,
                                                             kernels);
@@ -491,16 +494,20 @@ void launch_grouped_pass(const Params& p, const char* name, const char* ends_nam
                                           dim3(kWarpgroup), SegmentStartsSmem<E, K>::bytes, kernels);
     }
   }
-  launch_run<E, K, kPass, kReverse, kGroups>(p, name, p.segments, p.V / kColumns, kernels);
+  const int starts_ready = kernels.last();
+  const bool late_prepare = kPass == Pass::forward && p.late_prepare;
+  if (late_prepare) launch_late_prepare(p, io, kernels, prepared);
+  const int pass = launch_run<E, K, kPass, kReverse, kGroups>(p, name, p.segments, p.V / kColumns, kernels);
+  if (late_prepare) kernels.join(pass, starts_ready);
 }
 
 // launch_grouped_pass with the warpgroups per CTA that the plan chose.
 template <class E, int K, Pass kPass, bool kReverse>
-void launch_pass(const Params& p, const char* name, const char* ends_name, KernelSequence& kernels) {
+void launch_pass(const Params& p, DType io, const char* name, const char* ends_name, KernelSequence& kernels) {
   if constexpr (K == 128) {
-    if (p.warpgroups == 2) return launch_grouped_pass<E, K, kPass, kReverse, 2>(p, name, ends_name, kernels);
+    if (p.warpgroups == 2) return launch_grouped_pass<E, K, kPass, kReverse, 2>(p, io, name, ends_name, kernels);
   }
-  launch_grouped_pass<E, K, kPass, kReverse, 1>(p, name, ends_name, kernels);
+  launch_grouped_pass<E, K, kPass, kReverse, 1>(p, io, name, ends_name, kernels);
 }
 
 }  // namespace
@@ -521,9 +528,9 @@ bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, Kern
     if constexpr (sizeof(E) == 2 && K <= 128) {
       constexpr const char* kEnds = "gdn state_forward_hopper_kernel (segment ends)";
       if (recompute) {
-        launch_pass<E, K, Pass::recompute, false>(p, "gdn state_forward_hopper_kernel (recompute)", kEnds, kernels);
+        launch_pass<E, K, Pass::recompute, false>(p, io, "gdn state_forward_hopper_kernel (recompute)", kEnds, kernels);
       } else {
-        launch_pass<E, K, Pass::forward, false>(p, "gdn state_forward_hopper_kernel", kEnds, kernels);
+        launch_pass<E, K, Pass::forward, false>(p, io, "gdn state_forward_hopper_kernel", kEnds, kernels);
       }
     }
   });
@@ -548,7 +555,7 @@ bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& ker
   if (!p.wgmma) return false;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
-      launch_pass<E, K, Pass::backward, true>(p, "gdn state_backward_hopper_kernel",
+      launch_pass<E, K, Pass::backward, true>(p, io, "gdn state_backward_hopper_kernel",
                                               "gdn state_backward_hopper_kernel (segment ends)", kernels);
     }
   });

@@ -64,6 +64,8 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     EXPECT_EQ(plan.wgmma, in.wgmma_device && in.wgmma_allowed && wgmma_fits);
     EXPECT_GE(plan.segments, 1);
     EXPECT_LE(plan.segments, 16);
+    EXPECT_EQ(plan.late_prepare, plan.wgmma && in.op == Operation::chunk_forward && plan.segments > 1)
+        << "the last segment is prepared late exactly where a forward has a segment ends pass to run beside";
     if (!plan.wgmma) {
       // The mma.sync passes: unsplit, 2 or 4 warp pairs, 2 for float32 and wherever 2 fit in one wave.
       EXPECT_EQ(plan.segments, 1);
@@ -114,11 +116,14 @@ PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences
 
 TEST(CudaPlanAnchors, H200Choices) {
   // 32 heads x 2 column blocks = 64 units of one sequence: two segments (132 / 64) in the forward ...
-  EXPECT_EQ(plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768)).segments, 2);
+  const ExecutionPlan long_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768));
+  EXPECT_EQ(long_forward.segments, 2);
+  EXPECT_TRUE(long_forward.late_prepare);
   // ... and the backward's two passes side by side instead (128 units fit 132 SMs).
   const ExecutionPlan backward = plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192));
   EXPECT_TRUE(backward.paired);
   EXPECT_EQ(backward.segments, 1);
+  EXPECT_FALSE(backward.late_prepare);
   // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments.
   const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
   EXPECT_EQ(filled.warpgroups, 2);
