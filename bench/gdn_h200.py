@@ -4,7 +4,9 @@ in one run.
 For each cell (pass, h_qk/h_v, sequences): the same bf16 inputs (FlashQLA's recipe: q, k L2-normalised,
 g = logsigmoid(randn)/16, beta = sigmoid(randn), h0 = randn, do = randn, dht = randn/8, packed B = 1 with
 cu_seqlens, output_final_state) through deltatrain.torch, fla and FlashQLA, all through torch autograd:
-  kernel time    the device time of every kernel of one call, summed (torch profiler), mean of a few calls;
+  kernel time    the device time of one call (torch profiler): the union of its kernels' intervals, which is their
+                 sum where they run one after another and counts kernels running side by side once; mean of a
+                 few calls (each kernel's own time in {name}_kernels_ms);
   host-inclusive the median wall time of one call among back-to-back calls (CUDA events);
   rel err        relative Frobenius error against an fp64 evaluation of the same inputs (max over the
                  outputs o, final_state, or the gradients dq, dk, dv, dg, dbeta, dh0).
@@ -44,7 +46,7 @@ os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gdn_report import cell_of, merge, write  # noqa: E402
+from gdn_report import busy_time, cell_of, merge, write  # noqa: E402
 
 CHUNK = 64
 
@@ -160,7 +162,7 @@ class Impl:
 
 
 def kernel_ms(call, iterations=3):
-    """Device time of one call's kernels, summed: (total ms, {kernel name: ms})."""
+    """Device time of one call, the union of its kernels' intervals, and each kernel's own: (ms, {kernel name: ms})."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -168,13 +170,14 @@ def kernel_ms(call, iterations=3):
         for _ in range(iterations):
             call()
         torch.cuda.synchronize()
-    by_name = {}
+    by_name, intervals = {}, []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernel = re.search(r"(\w+_kernel\w*)", e.name)
             name = kernel.group(1) if kernel else e.name[:48]
             by_name[name] = by_name.get(name, 0.0) + e.time_range.elapsed_us() / iterations / 1e3
-    return sum(by_name.values()), by_name
+            intervals.append((e.time_range.start, e.time_range.end))
+    return busy_time(intervals) / iterations / 1e3, by_name
 
 
 def host_ms(call, iterations=10):

@@ -10,6 +10,7 @@ JSON [JSON ...] OUT_DIR
 """
 
 import json
+import math
 import os
 import sys
 from typing import NamedTuple
@@ -25,6 +26,17 @@ class Other(NamedTuple):
 OTHERS = {"fla": Other("fla", "fla", 1.5),  # issue 3
           "flashqla": Other("FlashQLA", "flash_qla", 1.25)}
 NOT_MEASURED = "-"  # a table cell's value where the row's field is null or missing
+
+
+def busy_time(intervals):
+    """The length of the union of (start, end) intervals: the time during which at least one of them runs, so
+    that kernels running side by side count once."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def cell_of(row):

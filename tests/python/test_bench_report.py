@@ -63,3 +63,14 @@ def test_one_run_has_no_runs_line_and_nothing_to_merge_is_an_error(rng, tmp_path
     assert "Rows from" not in (tmp_path / "gdn-h200.md").read_text()
     with pytest.raises(ValueError):
         gdn_report.merge([])
+
+
+def test_busy_time_is_the_union_of_the_intervals(rng):
+    # Against a count of the unit steps some interval covers, on random integer intervals that overlap, nest,
+    # touch and repeat.
+    for _ in range(200):
+        starts = rng.integers(0, 100, size=int(rng.integers(1, 12)))
+        intervals = [(int(s), int(s + rng.integers(0, 30))) for s in starts]
+        covered = {t for start, end in intervals for t in range(start, end)}
+        assert gdn_report.busy_time(intervals) == len(covered)
+    assert gdn_report.busy_time([]) == 0
