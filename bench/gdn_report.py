@@ -134,7 +134,9 @@ def write(result, out):
     columns = _columns()
     lines = [f"# deltatrain cuda backend vs fla and FlashQLA on {result['gpu']}", "",
              f"{result['date']}, commit {result['commit']}, {versions}", "",
-             "Kernel time: summed device time of one call's kernels (torch profiler). Host: median wall time of "
+             "Kernel time: device time of one call (torch profiler), the union of its kernels' intervals (their "
+             "sum where they run one after another; rows measured before 2026-12-03T21:00 took the sum, the same "
+             "for kernels that did not overlap). Host: median wall time of "
              "one call among back-to-back calls (CUDA events). Speedup = their time / ours (above 1: ours faster). "
              "Errors: relative Frobenius error vs fp64 on the same inputs, max over o and final_state (fwd) or "
              f"dq, dk, dv, dg, dbeta, dh0 (bwd). '{NOT_MEASURED}': not measured (left out of the run, refused by that "
