@@ -19,6 +19,7 @@
 #include "deltatrain/core/system.h"
 #include "deltatrain/gdn/backend.h"
 #include "deltatrain/gdn/registry.h"
+#include "cuda/kernel_sequence.h"
 #include "device_tensors.h"
 
 namespace deltatrain::gdn::testing {
@@ -366,6 +367,29 @@ TEST(CudaAvailability, ReasonWithoutGpu) {
   const Availability verdict = cuda_backend().available();
   EXPECT_FALSE(verdict.ok);
   EXPECT_EQ(verdict.reason, cuda_info().unavailable_reason);
+}
+
+// A kernel sequence's order and dependencies, kept on the host (no GPU needed; this runs in CI): a kernel
+// follows the one recorded before it or a named earlier one, joins only earlier ones, and the sequence refuses
+// more kernels than its graph holds.
+void recorded_kernel() {}
+
+TEST(KernelSequence, KernelsWaitOnlyForEarlierOnes) {
+  cuda::KernelSequence kernels;
+  const void* function = reinterpret_cast<const void*>(&recorded_kernel);
+  EXPECT_EQ(kernels.last(), -1);
+  EXPECT_EQ(kernels.add(function, "first", dim3(1), dim3(32), 0), 0);
+  EXPECT_EQ(kernels.add(function, "second", dim3(1), dim3(32), 0), 1);
+  EXPECT_EQ(kernels.add(function, "beside the second", dim3(1), dim3(32), 0, 0), 2);
+  EXPECT_THROW(kernels.add(function, "after a kernel not yet recorded", dim3(1), dim3(32), 0, 3), Failure);
+  EXPECT_THROW(kernels.add(function, "after a negative index", dim3(1), dim3(32), 0, -2), Failure);
+  kernels.join(2, 1);
+  EXPECT_THROW(kernels.join(2, 2), Failure) << "a kernel cannot wait for itself";
+  EXPECT_THROW(kernels.join(1, 2), Failure) << "nor for one recorded after it";
+  EXPECT_THROW(kernels.join(3, 0), Failure) << "nor may an unrecorded kernel join";
+  EXPECT_EQ(kernels.last(), 2);
+  while (kernels.last() + 1 < cuda::KernelSequence::kMaxKernels) kernels.add(function, "more", dim3(1), dim3(32), 0);
+  EXPECT_THROW(kernels.add(function, "one too many", dim3(1), dim3(32), 0), Failure);
 }
 
 TEST(CudaAvailability, ReasonsOnGpu) {
