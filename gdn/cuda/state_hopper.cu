@@ -419,51 +419,85 @@ __global__ void __launch_bounds__(kWarpgroup, 1) state_passes_paired_hopper_kern
 #endif
 }
 
-// Step 2 of the segmented pass, per (sequence, value head, 64 columns of V): the true state entering every
-// segment from the third, start_(s+1) = start_s M_s + R_s with start_1 = R_0 (segment 0 started from h0);
-// the sum is float32, the product's operands are rounded to E like those of every chunk step. The next M
-// arrives by cp.async while the current product runs.
+// Step 2 of the segmented pass: the true state entering every segment from the third, start_(s+1) =
+// start_s M_s + R_s with start_1 = R_0 (segment 0 started from h0); the sum is float32, the product's
+// operands are rounded to E like those of every chunk step. It is a chain of segments - 2 dependent
+// products per (sequence, value head) over only a few such heads (the calls that segment have few units),
+// so its time is the chain's: a CTA takes 16 rows of start^T (one mma row block) and its K / 16 warps 16
+// columns each, so that a warp's step is K / 16 mma per n-tile (not the whole 16 x K x K row block), and
+// one barrier a step publishes the new rows (two buffers) and the next step's M and R. Those are copied by
+// cp.async three steps ahead: every CTA reads a whole M (32 KB at K = 128) a step, which at one SM's share of
+// the L2 bandwidth takes about as long as the step's products, so a copy issued one step ahead made each
+// step wait for its latency and its transfer. Each n-tile accumulates over k in order,
+// as warp_mma does.
 template <class E, int K>
 struct SegmentStartsSmem {
-  using StartTile = Tile<E, kColumns, K>;
+  static constexpr int kRows = 16;       // of start^T per CTA
+  static constexpr int kWarps = K / 16;  // each on 16 of its K columns
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kSlots = 4;       // the step's M and R, and three steps' in flight
+  using RowsTile = Tile<E, kRows, K>;    // start_s rounded to E: the A operand
   using MapTile = Tile<E, K, K>;
-  static constexpr int map_at = StartTile::kBytes;
-  static constexpr int bytes = map_at + 2 * MapTile::kBytes;
+  using EndTile = Tile<float, kRows, K>;  // the CTA's rows of R_s
+  static constexpr int slots_at = 2 * RowsTile::kBytes;
+  static constexpr int slot_bytes = MapTile::kBytes + EndTile::kBytes;
+  static constexpr int bytes = slots_at + kSlots * slot_bytes;
+  static_assert(bytes <= kSmemLimit);
 };
 
 template <class E, int K>
-__global__ void __launch_bounds__(kWarpgroup) segment_starts_kernel(Params p) {
+__global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_starts_kernel(Params p) {
   using L = SegmentStartsSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
-  const typename L::StartTile start_tile{smem_at<E>(smem, 0)};
-  auto map_tile = [&](int s) { return typename L::MapTile{smem_at<E>(smem, L::map_at + s % 2 * L::MapTile::kBytes)}; };
-  const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * kColumns;
-  const int tid = threadIdx.x, m0 = 16 * (tid / 32);
+  auto rows_tile = [&](int s) { return typename L::RowsTile{smem_at<E>(smem, s % 2 * L::RowsTile::kBytes)}; };
+  auto slot = [&](int s) { return L::slots_at + s % L::kSlots * L::slot_bytes; };
+  auto map_tile = [&](int s) { return typename L::MapTile{smem_at<E>(smem, slot(s))}; };
+  auto end_tile = [&](int s) { return typename L::EndTile{smem_at<float>(smem, slot(s) + L::MapTile::kBytes)}; };
+  const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * L::kRows;
+  const int tid = threadIdx.x, n0 = 16 * (tid / 32);
   const int ends = p.segments - 1;
-  auto end_rows = [&](int s) { return segment_rows<float>(p.segment_ends, p, n, s, ends, hv, p.V) + (v0 + m0) * K; };
-  auto start_rows = [&](int s) {
-    return segment_rows<float>(p.segment_starts, p, n, s, p.segments, hv, p.V) + (v0 + m0) * K;
-  };
-  auto load_map = [&](int s) {
+  auto end_rows = [&](int s) { return segment_rows<float>(p.segment_ends, p, n, s, ends, hv, p.V) + v0 * K; };
+  auto load_step = [&](int s) {  // M_s and the CTA's rows of R_s
     if (s < ends) {
-      load_rows_async<kWarpgroup>(map_tile(s), segment_rows<const E>(p.segment_maps, p, n, s, ends, hv, K), K, K, tid);
+      load_rows_async<L::kThreads>(map_tile(s), segment_rows<const E>(p.segment_maps, p, n, s, ends, hv, K), K, K, tid);
+      load_rows_async<L::kThreads>(end_tile(s), end_rows(s), K, L::kRows, tid);
     }
     cp_async_commit();
   };
 
-  float start[1][K / 8][4];  // start_1 = R_0, which the pass reads where step 1 left it
-  load_pairs(start, end_rows(0), K, 16);
-  load_map(1);
+  for (int s = 1; s < L::kSlots; ++s) load_step(s);
+  {
+    float start[1][2][4];  // start_1 = R_0, which the pass reads where step 1 left it
+    load_pairs(start, end_rows(0) + n0, K, L::kRows);
+    store(start, rows_tile(1), 0, n0);
+  }
+  cp_async_wait<L::kSlots - 2>();
+  __syncthreads();
 #pragma unroll 1
   for (int s = 1; s < ends; ++s) {
-    load_map(s + 1);
-    store(start, start_tile, m0, 0);
-    load_pairs(start, end_rows(s), K, 16);
-    cp_async_wait<1>();
-    __syncthreads();
-    warp_mma(start, plain(start_tile), m0, plain(map_tile(s)), 0, 0, K);
-    store_pairs(start, start_rows(s + 1), K);
-    __syncthreads();  // the tiles are free for the next segment
+    std::uint32_t a[K / 16][4], b[K / 16][4];
+#pragma unroll
+    for (int kb = 0; kb < K / 16; ++kb) {
+      load_b16(b[kb], plain(map_tile(s)), 16 * kb, n0);
+      load_a16(a[kb], plain(rows_tile(s)), 0, 16 * kb);
+    }
+    float start[1][2][4];
+    const auto ends_s = end_tile(s);
+    for_each_pair(start, 0, n0, [&](int r, int c, float& lo, float& hi) {
+      const float2 x = *reinterpret_cast<const float2*>(&ends_s(r, c));
+      lo = x.x;
+      hi = x.y;
+    });
+#pragma unroll
+    for (int kb = 0; kb < K / 16; ++kb) {
+      mma_16816<E>(start[0][0], a[kb], b[kb][0], b[kb][1]);
+      mma_16816<E>(start[0][1], a[kb], b[kb][2], b[kb][3]);
+    }
+    load_step(s + L::kSlots - 1);  // into the slot step s - 1 read, which every warp left at the last barrier
+    store_pairs(start, segment_rows<float>(p.segment_starts, p, n, s + 1, p.segments, hv, p.V) + v0 * K + n0, K);
+    store(start, rows_tile(s + 1), 0, n0);
+    cp_async_wait<L::kSlots - 2>();  // this thread's copies of M_(s+1) and R_(s+1)
+    __syncthreads();                 // everyone's, and the new rows
   }
 }
 
@@ -490,8 +524,9 @@ void launch_grouped_pass(const Params& p, DType io, const char* name, const char
     launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(p, ends_name, p.segments - 1, (p.V + K) / kColumns,
                                                             kernels);
     if (p.segments > 2) {
-      launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / kColumns),
-                                          dim3(kWarpgroup), SegmentStartsSmem<E, K>::bytes, kernels);
+      using Starts = SegmentStartsSmem<E, K>;
+      launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / Starts::kRows),
+                                          dim3(Starts::kThreads), Starts::bytes, kernels);
     }
   }
   const int starts_ready = kernels.last();
