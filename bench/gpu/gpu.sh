@@ -18,7 +18,8 @@
 # There (the device tool, carrying the archives a verb needs; OUT receives the logs):
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
 #                                        then the GDN tests again on the mma.sync passes (DELTATRAIN_CUDA_WGMMA=0)
-#   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck and racecheck on small GDN cases
+#   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck and racecheck on small GDN cases and a
+#                                        segmented one
 #   bench/gpu/gpu.sh python OUT SCRIPT ARGS...
 #                                        module and/or binaries (and .device-build/anchors.tar.xz, fla and FlashQLA from
 #                                        ../shared/tools/anchor_site.sh, when carried): a Python script with
@@ -169,7 +170,8 @@ tests() {
 sanitize() {
   local out=$1 tool status
   setup "$out" >/dev/null || return 1
-  local small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads'
+  # The small cases, and one long enough for fifteen segments (segment_starts_kernel's copies and barriers).
+  local small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads:Grid/CudaVsReference.*/bf16_long_few_heads'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" --gtest_filter="$small" \
       >"$out/sanitize-$tool.log" 2>&1
