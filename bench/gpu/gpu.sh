@@ -21,14 +21,17 @@
 #   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck and racecheck on small GDN cases and a
 #                                        segmented one
 #   bench/gpu/gpu.sh python OUT SCRIPT ARGS...
-#                                        module and/or binaries (and .device-build/anchors.tar.xz, fla and FlashQLA from
-#                                        ../shared/tools/anchor_site.sh, when carried): a Python script with
+#                                        module and/or binaries (and $ANCHORS, default .device-build/anchors.tar.xz, fla
+#                                        and FlashQLA from ../shared/tools/anchor_site.sh, when carried): a Python script with
 #                                        deltatrain importable, e.g. bench/gdn_h200.py --out OUT --commit HASH
 #                                        (with the binaries carried too, those are under /tmp/deltatrain-gpu/bin);
 #                                        WRAP prefixes the command (WRAP="ncu --clock-control none ...": gpu.sh refuses
 #                                        an ncu that would lock the GPU's clocks).
-#                                        FlashQLA's kernel cache is restored from .device-build/tilelang-cache.tar.xz
-#                                        when carried and saved to OUT/tilelang-cache.tar.xz
+#                                        The just-in-time compilers' caches (FlashQLA's TileLang kernels, fla's Triton
+#                                        ones; their first compiles take minutes) are restored from
+#                                        .device-build/{tilelang,triton}-cache.tar.xz when carried and saved to
+#                                        OUT/{tilelang,triton}-cache.tar.xz; PYTHON_TIMEOUT_S=N interrupts the script
+#                                        after N s so that they are saved within the device tool's limit
 #   bench/gpu/gpu.sh ab OUT ROUNDS ARGS...
 #                                        module and module_base (and the anchors, for fla's import): the GDN
 #                                        grid's cells (bench/gdn_h200.py --ours-only ARGS, e.g. --only 8 15) with
@@ -52,6 +55,7 @@ BUNDLE=.device-build/gpu
 GPU_BINARIES=${GPU_BINARIES:-test_train_mpi test_cuda_ops test_cuda_model test_gdn_cuda test_cuda_sampling test_memsaver \
   rollout_benchmark model_step_benchmark gemm_candidates bench_gdn_cuda_host state_bandwidth}
 ROOT=/tmp/deltatrain-gpu
+ANCHORS=${ANCHORS:-.device-build/anchors.tar.xz}
 
 # A Python of the GPU machine's version with the module's build requirements (pyproject.toml: nanobind, and
 # apache-tvm-ffi for its DLPack header), for building the module: GPU_PYTHON itself, or a venv of it.
@@ -195,19 +199,23 @@ python_script() {
     tar -xJf "$module" -C "$site/deltatrain" || return 1
     cp python/deltatrain/*.py "$site/deltatrain/"
   fi
-  if [ -f .device-build/anchors.tar.xz ]; then tar -xJf .device-build/anchors.tar.xz -C "$site" || return 1; fi
-  export TILELANG_CACHE_DIR=/tmp/tilelang-cache
-  mkdir -p "$TILELANG_CACHE_DIR"
-  if [ -f .device-build/tilelang-cache.tar.xz ]; then tar -xJf .device-build/tilelang-cache.tar.xz -C "$TILELANG_CACHE_DIR"; fi
+  if [ -f "$ANCHORS" ]; then tar -xJf "$ANCHORS" -C "$site" || return 1; fi
+  export TILELANG_CACHE_DIR=/tmp/tilelang-cache TRITON_CACHE_DIR=/tmp/triton-cache
+  for cache in tilelang-cache triton-cache; do
+    mkdir -p "/tmp/$cache"
+    if [ -f ".device-build/$cache.tar.xz" ]; then tar -xJf ".device-build/$cache.tar.xz" -C "/tmp/$cache"; fi
+  done
   export PYTHONPATH=$site:${PYTHONPATH:-} LD_LIBRARY_PATH=$site/deltatrain/lib:$(wheel_lib 'libcudart.so.*'):${LD_LIBRARY_PATH:-}
   # fla's own dispatch to FlashQLA off unless the caller sets it (FlashQLA is then measured as itself).
   export FLA_DISABLE_BACKEND_DISPATCH=${FLA_DISABLE_BACKEND_DISPATCH-1} PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
   check_wrap || return 2
   # shellcheck disable=SC2086
-  ${WRAP:-} python3 "$@"
+  # PYTHON_TIMEOUT_S ends the script (SIGINT) before the device tool's own limit would kill this shell, so that
+  # the caches below are still saved (a script that writes its results as it goes keeps them too); 0: none.
+  ${WRAP:-} timeout --signal=INT "${PYTHON_TIMEOUT_S:-0}" python3 "$@"
   status=$?
-  tar -cJf "$out/tilelang-cache.tar.xz" -C "$TILELANG_CACHE_DIR" .
+  for cache in tilelang-cache triton-cache; do tar -cJf "$out/$cache.tar.xz" -C "/tmp/$cache" .; done
   return $status
 }
 
