@@ -13,11 +13,16 @@
 
 namespace deltatrain {
 
-bool switch_setting(const char* variable, const char* value) {
+std::optional<bool> optional_switch_setting(const char* variable, const char* value) {
   const std::string text = value == nullptr ? "" : value;
-  if (text.empty() || text == "1") return true;
+  if (text.empty()) return std::nullopt;
+  if (text == "1") return true;
   if (text == "0") return false;
   throw InvalidArgument(variable, "must be 0 or 1 (or unset), got \"" + text + "\"");
+}
+
+bool switch_setting(const char* variable, const char* value) {
+  return optional_switch_setting(variable, value).value_or(true);
 }
 
 const CpuInfo& cpu_info() {

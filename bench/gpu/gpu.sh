@@ -18,6 +18,7 @@
 # There (the device tool, carrying the archives a verb needs; OUT receives the logs):
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
 #                                        then the GDN tests again on the mma.sync passes (DELTATRAIN_CUDA_WGMMA=0)
+#                                        and the backward ones with the fused backward (DELTATRAIN_CUDA_FUSED_BACKWARD=1)
 #   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck and racecheck on small GDN cases and a
 #                                        segmented one
 #   bench/gpu/gpu.sh python OUT SCRIPT ARGS...
@@ -165,6 +166,9 @@ tests() {
   # The mma.sync passes that GPUs other than sm_90 take, on this one (as tests/gdn_cuda/CMakeLists.txt registers them).
   DELTATRAIN_CUDA_WGMMA=0 run_test "$out" test_gdn_cuda-mma-sync "$ROOT/bin/test_gdn_cuda" \
     --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*-*K256*:*float32*:*f32_*' || failed=1
+  # The fused backward wherever it applies, not only where the plan takes it (as tests/gdn_cuda/CMakeLists.txt).
+  DELTATRAIN_CUDA_FUSED_BACKWARD=1 run_test "$out" test_gdn_cuda-fused-backward "$ROOT/bin/test_gdn_cuda" \
+    --gtest_filter='Grid/CudaVsReference.Backward/*:CudaBackend.*' || failed=1
   # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
   DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
     --gtest_filter='*Attention*' || failed=1
@@ -174,13 +178,19 @@ tests() {
 sanitize() {
   local out=$1 tool status
   setup "$out" >/dev/null || return 1
-  # The small cases, and one long enough for fifteen segments (segment_starts_kernel's copies and barriers).
+  # The small cases, and one long enough for fifteen segments (segment_starts_kernel's copies and barriers);
+  # then the backward of two of them through the fused backward (a partial chunk, many CTAs).
   local small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads:Grid/CudaVsReference.*/bf16_long_few_heads'
+  local fused='Grid/CudaVsReference.Backward/bfloat16_K128_unaligned:Grid/CudaVsReference.Backward/bf16_many_heads'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" --gtest_filter="$small" \
       >"$out/sanitize-$tool.log" 2>&1
     status=$?
     echo "compute-sanitizer $tool exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
+    DELTATRAIN_CUDA_FUSED_BACKWARD=1 compute-sanitizer --tool "$tool" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" \
+      --gtest_filter="$fused" >"$out/sanitize-$tool-fused.log" 2>&1
+    status=$?
+    echo "compute-sanitizer $tool (fused backward) exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool-fused.log" | tail -1)"
   done
 }
 

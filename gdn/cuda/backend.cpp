@@ -88,6 +88,7 @@ int current_multiprocessors() {
 cuda::ExecutionPlan execution_plan(const Problem& kernel, std::int64_t chunks) {
   if (kernel.op == Operation::recurrent) return {};
   static const char* const wgmma_setting = std::getenv("DELTATRAIN_CUDA_WGMMA");  // read once
+  static const char* const fused_setting = std::getenv("DELTATRAIN_CUDA_FUSED_BACKWARD");
   cuda::PlanInputs in;
   in.op = kernel.op;
   in.io = kernel.io_dtype;
@@ -99,6 +100,7 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, std::int64_t chunks) {
   in.multiprocessors = current_multiprocessors();
   in.wgmma_allowed = switch_setting("DELTATRAIN_CUDA_WGMMA", wgmma_setting);
   in.wgmma_device = in.wgmma_allowed && cuda::wgmma_device_ready();
+  in.fused_backward_setting = optional_switch_setting("DELTATRAIN_CUDA_FUSED_BACKWARD", fused_setting);
   return cuda::plan_execution(in);
 }
 
@@ -179,6 +181,7 @@ struct Call {
     k.paired = plan.paired;
     k.late_prepare = plan.late_prepare;
     k.warp_pairs = plan.warp_pairs;
+    k.fused_backward = plan.fused_backward;
     k.scale = static_cast<float>(p.scale);
     k.l2norm = p.l2norm;
     if (upload) {
@@ -350,10 +353,15 @@ class CudaBackend final : public Backend {
     if (grads_out.dh0) k.dh0 = static_cast<float*>(call.output(grads_out.dh0->data, copy.dh0));
     cuda::KernelSequence kernels;
     call.prepare(p.io_dtype, kernels);
-    cuda::launch_backward_state_passes(k, p.io_dtype, kernels);
-    cuda::launch_chunk_grad(k, p.io_dtype, kernels);
-    cuda::launch_wy_grad(k, p.io_dtype, kernels);
-    cuda::launch_q_grad(k, p.io_dtype, kernels);
+    if (k.fused_backward) {
+      cuda::launch_state_forward(k, p.io_dtype, true, kernels);
+      cuda::launch_fused_backward(k, p.io_dtype, kernels);
+    } else {
+      cuda::launch_backward_state_passes(k, p.io_dtype, kernels);
+      cuda::launch_chunk_grad(k, p.io_dtype, kernels);
+      cuda::launch_wy_grad(k, p.io_dtype, kernels);
+    }
+    cuda::launch_input_grads(k, p.io_dtype, kernels);
     kernels.run(k, call.stream);
     call.crop(k.dq, Call::rows(kp, p.H, kp.K), grads_out.dq.data, Call::rows(p, p.H, p.K), io);
     call.crop(k.dk, Call::rows(kp, p.H, kp.K), grads_out.dk.data, Call::rows(p, p.H, p.K), io);

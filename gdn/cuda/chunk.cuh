@@ -201,14 +201,12 @@ __device__ __forceinline__ void store_row_pair(const float (&rows)[2], float* su
 // 8 warps as 16 x 32 accumulators (warp w: rows m0 = 16 (w % 4), columns n0 = 32 (w / 4)); each warp writes
 // its partial sums to `parts` (6 x 64 floats: row sums per column half, then column sums per row block),
 // and decay_balance adds them up in a fixed order once the block has synchronised.
-__device__ __forceinline__ void store_row_column_sums(const float (&x)[1][4][4], int m0, int n0, float* parts) {
+// The sums over the 16 rows of a warp's 16 x 8 NT accumulator, per column: columns[n0 + c] = sum_r x(r, c).
+template <int NT>
+__device__ __forceinline__ void store_column_sums(const float (&x)[1][NT][4], float* columns, int n0) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float rows[2];
-  row_sums(x, rows);
-  store_row_pair(rows, parts, m0, n0);
-  float* columns = parts + 2 * kChunk + m0 * 4;  // m0 / 16 * kChunk
 #pragma unroll
-  for (int ni = 0; ni < 4; ++ni) {
+  for (int ni = 0; ni < NT; ++ni) {
     float lo = x[0][ni][0] + x[0][ni][2], hi = x[0][ni][1] + x[0][ni][3];
 #pragma unroll
     for (int offset = 4; offset < 32; offset <<= 1) {
@@ -220,6 +218,12 @@ __device__ __forceinline__ void store_row_column_sums(const float (&x)[1][4][4],
       columns[n0 + 8 * ni + 2 * t + 1] = hi;
     }
   }
+}
+__device__ __forceinline__ void store_row_column_sums(const float (&x)[1][4][4], int m0, int n0, float* parts) {
+  float rows[2];
+  row_sums(x, rows);
+  store_row_pair(rows, parts, m0, n0);
+  store_column_sums(x, parts + 2 * kChunk + m0 * 4, n0);  // m0 / 16 * kChunk
 }
 __device__ __forceinline__ float decay_balance(const float* parts, int r) {
   return parts[r] + parts[kChunk + r] -

@@ -68,8 +68,12 @@ bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence
 void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: the WY/UT-transform backward, then dg (reverse cumsum), dbeta and dk.
 void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels);
-// dq through the L2-norm backward (with the in-kernel L2 norm; without it nothing is launched).
-void launch_q_grad(const Params& p, DType io, KernelSequence& kernels);
+// After the reverse pass (fused_backward_kernel, where p.fused_backward): per sequence and value head, the
+// chunks in reverse with the state gradient held: dv, dg, dbeta, dh0, and dq and dk per value head.
+void launch_fused_backward(const Params& p, DType io, KernelSequence& kernels);
+// dq and dk from dq_head and dk_head: the GVA group summed (fused backward) and through the L2-norm backward;
+// without the fused backward only dq with the L2 norm (wy_grad writes dk, chunk_grad dq otherwise).
+void launch_input_grads(const Params& p, DType io, KernelSequence& kernels);
 // The token-by-token recurrence (rollout step).
 void launch_recurrent(const Params& p, DType io, KernelSequence& kernels);
 

@@ -328,6 +328,24 @@ struct WarpOperand {
       frag[ni / 2][2 * (ni & 1) + 1] = pack2<E>(s.x * acc[0][ni][2], s.y * acc[0][ni][3]);
     }
   }
+
+  // this(r, c) *= factor * columns[c] (columns in shared memory), rounded to E again: frag[kb][2 h + i] holds
+  // row g + 8 i at columns 16 kb + 8 h + 2 t and the one after.
+  __device__ __forceinline__ void scale_columns(const float* columns, float factor) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int kb = 0; kb < COLS / 16; ++kb) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 c = *reinterpret_cast<const float2*>(&columns[16 * kb + 8 * h + 2 * t]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float2 x = unpack2<E>(frag[kb][2 * h + i]);
+          frag[kb][2 * h + i] = pack2<E>(factor * c.x * x.x, factor * c.y * x.y);
+        }
+      }
+    }
+  }
 };
 template <int COLS>
 struct WarpOperand<float, COLS> {

@@ -38,6 +38,7 @@ struct Params {
   bool paired = false;  // the backward's two wgmma passes in one launch
   bool late_prepare = false;  // prepare's launch skips the last segment's chunks; a second one beside the ends pass
   int warp_pairs = 2;   // per CTA of the mma.sync passes (state.cu)
+  bool fused_backward = false;  // the backward after the recompute pass is fused_backward_kernel
   float scale = 1.f;
   bool l2norm = false;
 
@@ -91,8 +92,10 @@ struct Params {
   void* dstates = nullptr;               // io [chunks, HV, V, K]: gradient of the state after each chunk
   void* ddelta = nullptr;                // io [tokens, HV, V]: gradient of delta
   void* dw = nullptr;                    // io [tokens, HV, K]
-  float* dq_head = nullptr;              // [tokens, H, K]: dq before the L2 norm (only with it)
-  float* dk_head = nullptr;              // [tokens, H, K]: chunk_grad's part of dk, summed over the GVA group
+  // dq and dk before the GVA group sum (fused backward: [tokens, HV, K], one row per value head) or after it
+  // ([tokens, H, K]: dq before the L2 norm, only with it; chunk_grad's part of dk)
+  float* dq_head = nullptr;
+  float* dk_head = nullptr;
   float* dgamma_part = nullptr;          // [K / kKeySlice slices, tokens, HV]
   float* segment_ends = nullptr;         // [N, segments - 1, HV, V, K]: R_s (S^T rows)
   void* segment_maps = nullptr;          // io [N, segments - 1, HV, K, K]: M_s

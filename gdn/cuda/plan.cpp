@@ -11,7 +11,24 @@ bool wgmma_applies(const PlanInputs& in) {
   return in.wgmma_device && in.wgmma_allowed && in.io != DType::f32 && in.K <= 128 && in.V % kWgmmaColumns == 0;
 }
 
+// The fused backward (built for K = V = 128) runs on request only: its first form, one CTA of mma.sync warps
+// per (sequence, value head), measured ~21 us a chunk on the H200, which made it 9% slower than the unfused
+// kernels even where the sequences' heads fill the GPU (bwd 16/32 8x4096) and far slower where they do not
+// (it walks each sequence whole); bench/NOTES.md, "The fused backward".
+bool fused_backward_applies(const PlanInputs& in) {
+  if (in.op != Operation::chunk_backward || in.K != 128 || in.V != 128) return false;
+  return in.fused_backward_setting.value_or(false);
+}
+
 ExecutionPlan plan_wgmma(const PlanInputs& in) {
+  if (fused_backward_applies(in)) {
+    PlanInputs recompute = in;  // its one state pass is planned as the forward's, less the late prepare
+    recompute.op = Operation::chunk_forward;
+    ExecutionPlan plan = plan_wgmma(recompute);
+    plan.late_prepare = false;
+    plan.fused_backward = true;
+    return plan;
+  }
   ExecutionPlan plan;
   plan.wgmma = true;
   const std::int64_t units = std::max<std::int64_t>(1, in.sequences * in.value_heads * (in.V / kWgmmaColumns));

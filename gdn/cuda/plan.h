@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "deltatrain/core/tensor.h"
 #include "deltatrain/gdn/backend.h"
@@ -25,6 +26,9 @@ struct PlanInputs {
   int multiprocessors = 1;        // of the device
   bool wgmma_device = false;      // the device is sm_90 and this build carries the sm_90a kernels
   bool wgmma_allowed = true;      // DELTATRAIN_CUDA_WGMMA is not 0 (core/system.h's switch_setting)
+  // DELTATRAIN_CUDA_FUSED_BACKWARD (optional_switch_setting): true, the fused backward wherever it applies;
+  // unset, the plan's rule (today: never, until it is faster); false, never.
+  std::optional<bool> fused_backward_setting;
 };
 
 struct ExecutionPlan {
@@ -34,6 +38,10 @@ struct ExecutionPlan {
   bool paired = false;  // wgmma, backward: the recompute and the reverse pass side by side in one launch
   bool late_prepare = false;  // wgmma, forward with segments: prepare the last segment's chunks beside the ends pass
   int warp_pairs = 2;   // mma.sync: warp pairs per CTA, each on 16 columns of V
+  // wgmma, backward, K = V = 128: the recompute pass (planned as a forward's state pass) then one kernel per
+  // (sequence, value head) for everything else (fused_backward.cu), instead of the reverse pass, chunk_grad
+  // and wy_grad
+  bool fused_backward = false;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };
 

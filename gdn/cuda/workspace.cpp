@@ -72,10 +72,15 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
     if (S > 2) take(layout.segment_starts, N * S * HV * V * K * f32);  // the second segment starts at R_0
   }
   if (problem.op != Operation::chunk_backward) return layout;
-  const auto slices = static_cast<std::size_t>(problem.K / kKeySlice);
   take(layout.t, tokens * HV * C * io);
   take(layout.states, n_chunks * HV * V * K * io);
   take(layout.delta, tokens * HV * V * io);
+  if (plan.fused_backward) {
+    take(layout.dq_head, tokens * HV * K * f32);
+    take(layout.dk_head, tokens * HV * K * f32);
+    return layout;
+  }
+  const auto slices = static_cast<std::size_t>(problem.K / kKeySlice);
   take(layout.dstates, n_chunks * HV * V * K * io);
   take(layout.ddelta, tokens * HV * V * io);
   take(layout.dw, tokens * HV * K * io);

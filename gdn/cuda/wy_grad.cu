@@ -1,7 +1,8 @@
 // Per (chunk, q/k head), the value heads of its GVA group in turn (in head order, each adding its part to
 // the group's dK): the backward of the WY/UT transform (docs/gdn-algorithm.md section 4) and the final
-// per-token gradients of g and beta, and dk (through the L2 norm where there is one); then, with the L2 norm,
-// per (token, q/k head), dq taken through it.
+// per-token gradients of g and beta, and dk (through the L2 norm where there is one); and input_grad_kernel,
+// per (token, q/k head): dq through the L2 norm where there is one, and dq and dk after the fused backward
+// (fused_backward.cu), which leaves them per value head.
 // With D = dDelta, the gradient of U = T diag(beta) V:
 //   dV  = diag(beta) T^T D,  dbeta += rowsum((T^T D) * V)
 //   dT  = (dW K^T diag(e^gamma) + D V^T) diag(beta)    dKb = T^T dW
@@ -221,33 +222,52 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
   store_pairs(dk, static_cast<E*>(p.dk) + ((t0 + m0) * p.H + h) * K + k0, key_stride, rows - m0);
 }
 
-constexpr int kQGradThreads = 256;
+constexpr int kInputGradThreads = 256;
 
-// One warp per (token, q/k head): the L2-norm backward dq = rstd (dq_hat - q_hat (q_hat . dq_hat)) of the
-// group-summed dq, and its cast to the inputs' dtype (chunk_grad's key slices each hold part of a row, so the
-// row's dot is taken here).
-template <class E, int K>
-__global__ void __launch_bounds__(kQGradThreads) q_grad_kernel(Params p) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kQGradThreads / 32) + threadIdx.x / 32;
+// One warp per (token, q/k head): dq or dk (kKeys) from its rows in dq_head or dk_head, the GVA group's value
+// heads summed in head order where the fused backward left one row each, through the L2 norm's backward
+// dx = rstd (dx_hat - x_hat (x_hat . dx_hat)) where there is one, cast to the inputs' dtype. (chunk_grad's key
+// slices each hold part of a row, so the row's dot is taken here.)
+template <class E, int K, bool kKeys>
+__global__ void __launch_bounds__(kInputGradThreads) input_grad_kernel(Params p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kInputGradThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<std::int64_t>(p.tokens) * p.H) return;
   constexpr int kPerLane = K / 32;
-  const float* grad_hat = p.dq_head + row * K;
-  const E* q = static_cast<const E*>(p.q) + row * K;
-  const float rstd = p.q_rstd[row];
+  const int parts = p.fused_backward ? p.group : 1;
+  const float* grad_hat = (kKeys ? p.dk_head : p.dq_head) + row * parts * K;
   float grad[kPerLane];
-  float dot = 0.f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     grad[i] = grad_hat[lane + 32 * i];
-    dot += to_float(q[lane + 32 * i]) * rstd * grad[i];
+    for (int part = 1; part < parts; ++part) grad[i] += grad_hat[part * K + lane + 32 * i];
   }
+  E* out = static_cast<E*>(kKeys ? p.dk : p.dq) + row * K;
+  if (!p.l2norm) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) out[lane + 32 * i] = from_float<E>(grad[i]);
+    return;
+  }
+  const E* raw = static_cast<const E*>(kKeys ? p.k : p.q) + row * K;
+  const float rstd = (kKeys ? p.k_rstd : p.q_rstd)[row];
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) dot += to_float(raw[lane + 32 * i]) * rstd * grad[i];
   dot = warp_sum(dot);
-  E* dq = static_cast<E*>(p.dq) + row * K;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    dq[lane + 32 * i] = from_float<E>(rstd * (grad[i] - to_float(q[lane + 32 * i]) * rstd * dot));
+    out[lane + 32 * i] = from_float<E>(rstd * (grad[i] - to_float(raw[lane + 32 * i]) * rstd * dot));
   }
+}
+
+template <bool kKeys>
+void launch_input_grad(const Params& p, DType io, KernelSequence& kernels) {
+  dispatch(io, p.K, [&]<class E, int K>() {
+    const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
+    launch<input_grad_kernel<E, K, kKeys>>(kKeys ? "gdn input_grad_kernel (dk)" : "gdn input_grad_kernel (dq)",
+                                           dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(kInputGradThreads), 0,
+                                           kernels);
+  });
 }
 
 }  // namespace
@@ -259,13 +279,9 @@ void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels) {
   });
 }
 
-void launch_q_grad(const Params& p, DType io, KernelSequence& kernels) {
-  if (!p.l2norm) return;  // chunk_grad wrote dq
-  dispatch(io, p.K, [&]<class E, int K>() {
-    const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
-    launch<q_grad_kernel<E, K>>("gdn q_grad_kernel", dim3(static_cast<unsigned>((rows + 7) / 8)),
-                                dim3(kQGradThreads), 0, kernels);
-  });
+void launch_input_grads(const Params& p, DType io, KernelSequence& kernels) {
+  if (p.fused_backward || p.l2norm) launch_input_grad<false>(p, io, kernels);  // else chunk_grad wrote dq
+  if (p.fused_backward) launch_input_grad<true>(p, io, kernels);              // else wy_grad wrote dk
 }
 
 }  // namespace deltatrain::gdn::cuda

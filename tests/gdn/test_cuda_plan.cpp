@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -39,6 +40,8 @@ class CudaPlan : public SeededTest {
     in.multiprocessors = static_cast<int>(pick(1, 200));
     in.wgmma_device = pick(0, 1) == 1;
     in.wgmma_allowed = pick(0, 3) != 0;
+    const std::int64_t fused = pick(0, 2);  // DELTATRAIN_CUDA_FUSED_BACKWARD unset, 1 or 0
+    if (fused != 0) in.fused_backward_setting = fused == 1;
     return in;
   }
 };
@@ -48,7 +51,8 @@ std::string describe(const PlanInputs& in) {
          ", V " + std::to_string(in.V) + ", " + std::to_string(in.sequences) + " sequences, " +
          std::to_string(in.value_heads) + " value heads, " + std::to_string(in.chunks) + " chunks, " +
          std::to_string(in.multiprocessors) + " SMs, wgmma device " + std::to_string(in.wgmma_device) +
-         ", allowed " + std::to_string(in.wgmma_allowed);
+         ", allowed " + std::to_string(in.wgmma_allowed) + ", fused backward setting " +
+         (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset"));
 }
 
 TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
@@ -73,6 +77,19 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       EXPECT_FALSE(plan.paired);
       const std::int64_t narrow_ctas = in.sequences * in.value_heads * (in.V / 32);
       EXPECT_EQ(plan.warp_pairs, in.io == DType::f32 || narrow_ctas <= in.multiprocessors ? 2 : 4);
+      continue;
+    }
+    const bool fused_fits = in.op == Operation::chunk_backward && in.K == 128 && in.V == 128;
+    EXPECT_EQ(plan.fused_backward, fused_fits && in.fused_backward_setting.value_or(false))
+        << "fused where the setting asks and the kernel's dims fit, nowhere unasked (it is slower today)";
+    if (plan.fused_backward) {
+      // Its recompute pass is planned as the forward's state pass, and nothing pairs or prepares late.
+      PlanInputs forward = in;
+      forward.op = Operation::chunk_forward;
+      const ExecutionPlan forward_plan = plan_execution(forward);
+      EXPECT_EQ(plan.segments, forward_plan.segments);
+      EXPECT_EQ(plan.warpgroups, forward_plan.warpgroups);
+      EXPECT_FALSE(plan.paired);
       continue;
     }
     const std::int64_t units = in.sequences * in.value_heads * (in.V / kWgmmaColumns);
@@ -128,6 +145,22 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
   EXPECT_EQ(filled.warpgroups, 2);
   EXPECT_EQ(filled.segments, 1);
+  // The fused backward on request: eight sequences of 32 heads, whose recompute takes two warpgroups per CTA
+  // as the forward would, ...
+  PlanInputs asked = anchor(Operation::chunk_backward, 32, 8, 4096);
+  EXPECT_FALSE(plan_execution(asked).fused_backward) << "not unasked: it is slower today";
+  asked.fused_backward_setting = true;
+  const ExecutionPlan fused = plan_execution(asked);
+  EXPECT_TRUE(fused.fused_backward);
+  EXPECT_EQ(fused.warpgroups, 2);
+  EXPECT_FALSE(fused.paired);
+  // ... and one sequence, whose recompute segments.
+  PlanInputs forced_fused = anchor(Operation::chunk_backward, 32, 1, 8192);
+  forced_fused.fused_backward_setting = true;
+  const ExecutionPlan forced_plan = plan_execution(forced_fused);
+  EXPECT_TRUE(forced_plan.fused_backward);
+  EXPECT_EQ(forced_plan.segments, 2) << "the recompute segments as the forward does";
+  EXPECT_FALSE(forced_plan.late_prepare);
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
   EXPECT_EQ(few.segments, 16);

@@ -43,5 +43,8 @@ const CudaInfo& cuda_info();
 // getenv(variable)'s result; unset (null), empty or "1" is on, "0" off, anything else an InvalidArgument naming
 // the variable.
 bool switch_setting(const char* variable, const char* value);
+// The same switch where unset is a third state, "let the program choose" (DELTATRAIN_CUDA_FUSED_BACKWARD: unset,
+// the plan's rule; "1" wherever the choice applies; "0" never): nullopt for unset or empty.
+std::optional<bool> optional_switch_setting(const char* variable, const char* value);
 
 }  // namespace deltatrain

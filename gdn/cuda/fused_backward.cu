@@ -1,0 +1,309 @@
+// The backward after the recompute pass in one kernel (bench/NOTES.md, GDN next steps 9 and 11; its math is
+// bench/prototypes/fused_backward.py's, checked there in float64 against the recurrence). A CTA per (sequence,
+// value head) walks the sequence's chunks in reverse holding dS'^T, the gradient of the state leaving the chunk,
+// in float32 registers: warp w owns value rows 16 w .. 16 w + 15 with all K keys, so the dependent chain from
+// one chunk to the next is each warp's own products, with no barrier in it. Per chunk, from Q, K, V, dO, the
+// gates, beta, T and P (prepare's), and S, the state entering the chunk, and Delta (the recompute pass's):
+//   the chain, per warp:   KdS^T = dS'^T K^T,  dDelta^T = dO^T P + KdS^T diag(D),  tdd^T = dDelta^T T,
+//                          dcorr^T = tdd^T diag(beta),  dS^T = E_n dS'^T + scale dO^T diag(E) Q - dcorr^T diag(E) K
+//   beside it, per warp:   corr^T = V^T - (S^T K^T) diag(E), and dbeta's rowsum(corr * tdd) over its rows
+//   over V, all warps:     dP = dO Delta^T,  dT = dDelta (diag(beta) corr)^T,  K K^T,
+//                          dA = -T^T dT T^T (strictly lower),  M = scale dP * Gamma (lower),
+//                          F = dA * beta Gamma,  E_ = dA * K K^T * Gamma (strictly lower)
+//                          dQ = scale diag(E) dO S^T + M K
+//                          dK = -diag(E) dcorr S^T + diag(D) Delta dS'^T + M^T Q + F K + F^T K
+//                          dV = dcorr;  dbeta = rowsum(corr * tdd) + rowsum(E_);  dgamma, reverse-summed into dg
+// with E = e^gamma, D = e^(gamma_last - gamma) and E_n the chunk's whole decay. dQ and dK leave per value head
+// in float32 (input_grad_kernel sums the GVA group in head order, takes them through the L2 norm where there is
+// one and casts them); dV, dg, dbeta and dh0 are final here. No atomics: every sum runs in a fixed order.
+#include "dispatch.cuh"
+#include "launch.h"
+#include "sequential.cuh"
+
+namespace deltatrain::gdn::cuda {
+namespace {
+
+constexpr int kFusedThreads = 256;  // 8 warps: 16 value rows each in the chain, 16 x 32 or 16 x 64 blocks over V
+constexpr int kFusedWarps = kFusedThreads / 32;
+
+template <class E>
+struct FusedBackwardSmem {
+  static constexpr int K = 128, V = 128;  // the kernel's head dims (plan_execution's fused_backward_applies)
+  static_assert(V == 16 * kFusedWarps, "each warp owns 16 value rows of the state");
+  using Rows = Tile<E, kChunk, 128>;  // a chunk's rows: q, k, v, dO, Delta, and dDelta, dcorr, beta corr
+  using State = Tile<E, V, K>;        // S^T, dS'^T
+  using Square = Tile<E, kChunk, kChunk>;
+  static constexpr int q = 0;
+  static constexpr int k = q + Rows::kBytes;
+  // Each warp reads only its own columns of V and later writes dcorr to the same columns, so they share a tile.
+  static constexpr int v_then_dcorr = k + Rows::kBytes;
+  static constexpr int d_o = v_then_dcorr + Rows::kBytes;
+  static constexpr int delta = d_o + Rows::kBytes;
+  static constexpr int ddelta_then_m = delta + Rows::kBytes;         // M once dT is formed
+  static constexpr int bcorr_then_dt_f = ddelta_then_m + Rows::kBytes;  // dT, then F once X is formed
+  static constexpr int s = bcorr_then_dt_f + Rows::kBytes;
+  static constexpr int ds = s + State::kBytes;
+  static constexpr int p_then_x = ds + State::kBytes;  // X = T^T dT once G is summed
+  static constexpr int t = p_then_x + Square::kBytes;
+  static constexpr int gamma = t + Square::kBytes;  // hi + lo (chunk.cuh)
+  static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
+  static constexpr int gate_in = gamma + kChunk * 8;  // E
+  static constexpr int gate_out = gate_in + kChunk * 4;  // D
+  static constexpr int beta = gate_out + kChunk * 4;
+  static constexpr int beta_parts = beta + kChunk * 4;              // [warp][64]: rowsum(corr * tdd) per warp
+  static constexpr int g_parts = beta_parts + kFusedWarps * kChunk * 4;  // store_row_column_sums of G
+  static constexpr int e_parts = g_parts + 6 * kChunk * 4;          // the same of beta E_
+  static constexpr int e_sums = e_parts + 6 * kChunk * 4;           // [2 column halves][64]: rowsum(E_)
+  static constexpr int q_dots = e_sums + 2 * kChunk * 4;            // rowdot(scale E dO S^T, Q)
+  static constexpr int corr_dots = q_dots + 2 * kChunk * 4;         // rowdot(dcorr S^T, K)
+  static constexpr int delta_dots = corr_dots + 2 * kChunk * 4;     // rowdot(Delta dS'^T, K)
+  static constexpr int dgamma = delta_dots + 2 * kChunk * 4;
+  static constexpr int scratch = dgamma + kChunk * 4;
+  static constexpr int bytes = scratch + kFusedWarps * 4;
+  static_assert(bytes <= kSmemLimit);
+};
+
+template <class E>
+__global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params p) {
+  using L = FusedBackwardSmem<E>;
+  constexpr int K = L::K, V = L::V;
+  using Rows = typename L::Rows;
+  using Square = typename L::Square;
+  extern __shared__ __align__(16) char smem[];
+  const Rows q_tile{smem_at<E>(smem, L::q)}, k_tile{smem_at<E>(smem, L::k)};
+  const Rows v_tile{smem_at<E>(smem, L::v_then_dcorr)}, dcorr_tile = v_tile;
+  const Rows do_tile{smem_at<E>(smem, L::d_o)}, delta_tile{smem_at<E>(smem, L::delta)};
+  const Rows ddelta_tile{smem_at<E>(smem, L::ddelta_then_m)}, bcorr_tile{smem_at<E>(smem, L::bcorr_then_dt_f)};
+  const Square m_tile{ddelta_tile.ptr}, dt_tile{bcorr_tile.ptr}, f_tile{bcorr_tile.ptr};
+  const typename L::State s_tile{smem_at<E>(smem, L::s)}, ds_tile{smem_at<E>(smem, L::ds)};
+  const Square p_tile{smem_at<E>(smem, L::p_then_x)}, x_tile = p_tile, t_tile{smem_at<E>(smem, L::t)};
+  float2* gamma = smem_at<float2>(smem, L::gamma);
+  float* gate_in = smem_at<float>(smem, L::gate_in);
+  float* gate_out = smem_at<float>(smem, L::gate_out);
+  float* beta = smem_at<float>(smem, L::beta);
+  float* beta_parts = smem_at<float>(smem, L::beta_parts);
+  float* g_parts = smem_at<float>(smem, L::g_parts);
+  float* e_parts = smem_at<float>(smem, L::e_parts);
+  float* e_sums = smem_at<float>(smem, L::e_sums);
+  float* q_dots = smem_at<float>(smem, L::q_dots);
+  float* corr_dots = smem_at<float>(smem, L::corr_dots);
+  float* delta_dots = smem_at<float>(smem, L::delta_dots);
+  float* dgamma = smem_at<float>(smem, L::dgamma);
+
+  const int n = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int vr0 = 16 * warp;  // the warp's value rows of the state (the chain)
+  // Blocks of the products over V: 16 x 32 of a 64 x 64 result, 16 x 64 of a 64 x 128 one.
+  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), n0_keys = 64 * (warp / 4);
+  const std::int64_t state_origin = (static_cast<std::int64_t>(n) * p.HV + hv) * K * V;  // of dht and dh0 [K][V]
+
+  const SequenceChunks chunks(p, n);
+  auto load_chunk = [&](int j) {
+    const ChunkInfo chunk = chunks[j];
+    const int c = chunks.first + j;
+    load_chunk_rows<kFusedThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(v_tile, p.v, p.HV, hv, V, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(do_tile, p.d_o, p.HV, hv, V, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(delta_tile, p.delta, p.HV, hv, V, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
+    load_rows_async<kFusedThreads>(s_tile, static_cast<const E*>(p.states) + (static_cast<std::int64_t>(c) * p.HV + hv) * V * K,
+                                   K, V, tid);
+    load_gamma_async(p, gamma, hv, chunk, tid);
+    load_gates_async(p, gate_in, gate_out, hv, chunk, tid);
+    cp_async_commit();
+  };
+
+  // dS'^T of the last chunk: the final state's gradient, [K][V] in memory.
+  float ds[1][K / 8][4];
+  for_each(ds, vr0, 0, [&](int r, int c, float& x) { x = p.dht != nullptr ? p.dht[state_origin + c * V + r] : 0.f; });
+
+  if (chunks.count > 0) load_chunk(chunks.count - 1);
+#pragma unroll 1
+  for (int j = chunks.count - 1; j >= 0; --j) {
+    const ChunkInfo chunk = chunks[j];
+    const std::int64_t t0 = chunk.start;
+    const int rows = chunk.length;
+    cp_async_wait<0>();
+    if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
+    __syncthreads();  // the chunk's tiles and vectors
+
+    // ---- the chain and the warp's value rows ----
+    float kds[1][kChunk / 8][4];  // KdS^T
+    {
+      WarpOperand<E, K> ds_operand(nullptr);
+      ds_operand.set(ds, 1.f);
+      zero(kds);
+      warp_mma(kds, ds_operand, transposed(k_tile), 0);
+    }
+    WarpOperand<E, kChunk> do_operand(nullptr);  // dO^T, the warp's rows
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(do_operand.frag[kb], transposed(do_tile), vr0, 16 * kb);
+    float tdd[1][kChunk / 8][4];  // dDelta^T, then (T^T dDelta)^T, then dcorr^T
+    zero(tdd);
+    warp_mma(tdd, do_operand, plain(p_tile), 0);
+    for_each(tdd, kds, vr0, 0, [&](int r, int c, float& x, float& kd) {
+      x += gate_out[c] * kd;
+      ddelta_tile(c, r) = from_float<E>(x);
+    });
+    {
+      WarpOperand<E, kChunk> ddelta_operand(nullptr);
+      ddelta_operand.set(tdd, 1.f);
+      zero(tdd);
+      warp_mma(tdd, ddelta_operand, plain(t_tile), 0);
+    }
+    {  // corr^T beside the chain: its beta-scaled copy for dT, and dbeta's part from it
+      float corr[1][kChunk / 8][4];
+      zero(corr);
+      warp_mma(corr, plain(s_tile), vr0, transposed(k_tile), 0, 0, K);  // (K S)^T
+      for_each(corr, tdd, vr0, 0, [&](int r, int c, float& x, float& td) {
+        x = to_float(v_tile(c, r)) - gate_in[c] * x;
+        bcorr_tile(c, r) = from_float<E>(beta[c] * x);
+        x *= td;
+      });
+      store_column_sums(corr, beta_parts + warp * kChunk, 0);
+    }
+    __syncwarp();  // the warp's lanes have read their columns of V, which dcorr now overwrites
+    for_each(tdd, vr0, 0, [&](int r, int c, float& x) {
+      x *= beta[c];
+      dcorr_tile(c, r) = from_float<E>(x);
+    });
+    float state_dot = 0.f;  // this thread's part of sum(S * dS'), for dgamma at the chunk's last row
+    for_each(ds, vr0, 0, [&](int r, int c, float& x) {
+      state_dot += x * to_float(s_tile(r, c));
+      ds_tile(r, c) = from_float<E>(x);
+      x *= gate_in[kChunk - 1];  // E_n
+    });
+    do_operand.scale_columns(gate_in, p.scale);
+    warp_mma(ds, do_operand, plain(q_tile), 0);
+    {
+      WarpOperand<E, kChunk> dcorr_operand(nullptr);
+      dcorr_operand.set(tdd, -1.f, gate_in);
+      warp_mma(ds, dcorr_operand, plain(k_tile), 0);
+    }
+    __syncthreads();  // dDelta, dcorr, beta corr and dS' are in shared memory
+
+    // ---- the products over V ----
+    store_rows<kFusedThreads>(dcorr_tile, static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V,
+                              static_cast<std::int64_t>(p.HV) * V, rows, tid);  // dV = dcorr
+    float dp[1][4][4], kk[1][4][4];
+    {
+      float dt[1][4][4];
+      zero(dp);
+      zero(dt);
+      zero(kk);
+      warp_mma(dp, plain(do_tile), m0, transposed(delta_tile), n0, 0, V);
+      warp_mma(dt, plain(ddelta_tile), m0, transposed(bcorr_tile), n0, 0, V);
+      warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
+      __syncthreads();  // dDelta and beta corr are read; M and dT take their place
+      store(dt, dt_tile, m0, n0);
+    }
+    // M, and G = dP * P below the diagonal (its diagonal cancels exactly in dgamma, so it is left out rather
+    // than added and subtracted: under strong decay that rounding would swamp the true dgamma).
+    for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float decay, FragmentIndex at) {
+      float& x = at(dp);
+      m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * decay : 0.f);
+      x = r > c ? x * to_float(p_tile(r, c)) : 0.f;
+    });
+    store_row_column_sums(dp, m0, n0, g_parts);
+    __syncthreads();  // dT and M complete, P read
+    {
+      float x[1][4][4];  // X = T^T dT; T^T is upper triangular, so rows m0.. need k >= m0
+      zero(x);
+      warp_mma(x, transposed(t_tile), m0, plain(dt_tile), n0, m0, kChunk);
+      store(x, x_tile, m0, n0);
+    }
+    __syncthreads();  // X complete, dT read
+    {
+      float da[1][4][4];  // -dA, then E_
+      zero(da);
+      warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
+      for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
+        const float decay = r > c ? any_decay : 0.f;
+        float &a = at(da), &kdot = at(kk);
+        f_tile(r, c) = from_float<E>(-a * beta[r] * decay);
+        a = -a * kdot * decay;  // E_
+        kdot = beta[r] * a;     // beta E_
+      });
+      float sums[2];
+      row_sums(da, sums);
+      store_row_pair(sums, e_sums, m0, n0);
+      store_row_column_sums(kk, m0, n0, e_parts);
+    }
+    __syncthreads();  // F complete
+
+    const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
+    const std::int64_t key_origin = ((t0 + m0) * p.HV + hv) * K + n0_keys;
+    float sums[2];
+    {  // dQ
+      float dq[1][8][4];
+      zero(dq);
+      warp_mma(dq, plain(do_tile), m0, plain(s_tile), n0_keys, 0, V);
+      for_each(dq, m0, n0_keys, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
+      row_dots(dq, q_tile, m0, n0_keys, sums);
+      store_row_pair(sums, q_dots, m0, n0);
+      warp_mma(dq, plain(m_tile), m0, plain(k_tile), n0_keys, 0, m0 + 16);  // M is lower triangular
+      store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
+    }
+    {  // dK
+      float dk[1][8][4], from_state[1][8][4];
+      zero(dk);
+      zero(from_state);
+      warp_mma(dk, plain(dcorr_tile), m0, plain(s_tile), n0_keys, 0, V);
+      row_dots(dk, k_tile, m0, n0_keys, sums);
+      store_row_pair(sums, corr_dots, m0, n0);
+      warp_mma(from_state, plain(delta_tile), m0, plain(ds_tile), n0_keys, 0, V);
+      row_dots(from_state, k_tile, m0, n0_keys, sums);
+      store_row_pair(sums, delta_dots, m0, n0);
+      for_each(dk, from_state, m0, n0_keys,
+               [&](int r, int, float& x, float& y) { x = gate_out[r] * y - gate_in[r] * x; });
+      warp_mma(dk, transposed(m_tile), m0, plain(q_tile), n0_keys, m0, kChunk);  // M^T: rows m0.. need k >= m0
+      warp_mma(dk, plain(f_tile), m0, plain(k_tile), n0_keys, 0, m0 + 16);       // F is strictly lower
+      warp_mma(dk, transposed(f_tile), m0, plain(k_tile), n0_keys, m0, kChunk);
+      store_pairs(dk, p.dk_head + key_origin, key_stride, rows - m0);
+    }
+    const float total_state_dot = block_sum<kFusedThreads>(state_dot, smem_at<float>(smem, L::scratch));
+
+    // ---- per token: dgamma and dbeta ----
+    if (tid < kChunk) {
+      const int r = tid, last_row = rows - 1;
+      auto halves = [](const float* table, int row) { return table[row] + table[kChunk + row]; };
+      float dg = halves(q_dots, r) - gate_in[r] * halves(corr_dots, r) + decay_balance(g_parts, r) +
+                 decay_balance(e_parts, r);
+      if (r == last_row) {
+        // The state path's own decay: every row's D term lands here (D = e^(gamma_last - gamma)), less this
+        // row's, whose D is 1 and cancels exactly; and E_n sum(S * dS').
+        for (int other = 0; other < last_row; ++other) dg += gate_out[other] * halves(delta_dots, other);
+        dg += gate_in[kChunk - 1] * total_state_dot;
+      } else {
+        dg -= gate_out[r] * halves(delta_dots, r);
+      }
+      dgamma[r] = r < rows ? dg : 0.f;
+      float db = e_sums[r] + e_sums[kChunk + r];
+      for (int w = 0; w < kFusedWarps; ++w) db += beta_parts[w * kChunk + r];
+      if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
+    }
+    __syncthreads();  // every tile and vector of the chunk is read but dgamma
+    if (j > 0) load_chunk(j - 1);
+    if (tid < rows) {
+      float dg = 0.f;
+      for (int other = rows - 1; other >= tid; --other) dg += dgamma[other];
+      store_gate<E>(p.dg, (t0 + tid) * p.HV + hv, p.g_float, dg);
+    }
+  }
+  if (p.dh0 != nullptr) for_each(ds, vr0, 0, [&](int r, int c, float& x) { p.dh0[state_origin + c * V + r] = x; });
+}
+
+}  // namespace
+
+void launch_fused_backward(const Params& p, DType io, KernelSequence& kernels) {
+  dispatch(io, p.K, [&]<class E, int K>() {
+    if constexpr (sizeof(E) == 2 && K == 128) {  // where plan_execution fuses
+      launch<fused_backward_kernel<E>>("gdn fused_backward_kernel", dim3(p.sequences, p.HV), dim3(kFusedThreads),
+                                       FusedBackwardSmem<E>::bytes, kernels);
+    }
+  });
+}
+
+}  // namespace deltatrain::gdn::cuda
