@@ -215,22 +215,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       store(x, x_tile, m0, n0);
     }
     __syncthreads();  // X complete, dT read
-    {
-      float da[1][4][4];  // -dA, then E_
-      zero(da);
-      warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
-      for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
-        const float decay = r > c ? any_decay : 0.f;
-        float &a = at(da), &kdot = at(kk);
-        f_tile(r, c) = from_float<E>(-a * beta[r] * decay);
-        a = -a * kdot * decay;  // E_
-        kdot = beta[r] * a;     // beta E_
-      });
-      float sums[2];
-      row_sums(da, sums);
-      store_row_pair(sums, e_sums, m0, n0);
-      store_row_column_sums(kk, m0, n0, e_parts);
-    }
+    inverse_backward(x_tile, t_tile, f_tile, gamma, beta, kk, m0, n0, e_sums, e_parts);
     __syncthreads();  // F complete
 
     const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;

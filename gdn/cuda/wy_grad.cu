@@ -156,22 +156,10 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
     __syncthreads();
 
     {  // dA = -X T^T (strictly lower), with K K^T: F, E and beta E's sums
-      float da[1][4][4], kk[1][4][4];
-      zero(da);
-      warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
       if (hv == h * p.group) warp_mma(keys_gram, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
+      float kk[1][4][4];
       for_each(kk, keys_gram, m0, n0, [](int, int, float& x, float& gram) { x = gram; });
-      for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
-        const float decay = r > c ? any_decay : 0.f;
-        float &x = at(da), &kdot = at(kk);
-        f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
-        x = -x * kdot * decay;  // E
-        kdot = beta[r] * x;     // beta E
-      });
-      float sums[2];
-      row_sums(da, sums);
-      store_row_pair(sums, e_sums, m0, n0);
-      store_row_column_sums(kk, m0, n0, e_parts);
+      inverse_backward(x_tile, t_tile, f_tile, gamma, beta, kk, m0, n0, e_sums, e_parts);
     }
     __syncthreads();
 

@@ -145,22 +145,19 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
   EXPECT_EQ(filled.warpgroups, 2);
   EXPECT_EQ(filled.segments, 1);
-  // The fused backward on request: eight sequences of 32 heads, whose recompute takes two warpgroups per CTA
-  // as the forward would, ...
-  PlanInputs asked = anchor(Operation::chunk_backward, 32, 8, 4096);
-  EXPECT_FALSE(plan_execution(asked).fused_backward) << "not unasked: it is slower today";
-  asked.fused_backward_setting = true;
-  const ExecutionPlan fused = plan_execution(asked);
-  EXPECT_TRUE(fused.fused_backward);
-  EXPECT_EQ(fused.warpgroups, 2);
-  EXPECT_FALSE(fused.paired);
-  // ... and one sequence, whose recompute segments.
-  PlanInputs forced_fused = anchor(Operation::chunk_backward, 32, 1, 8192);
-  forced_fused.fused_backward_setting = true;
-  const ExecutionPlan forced_plan = plan_execution(forced_fused);
-  EXPECT_TRUE(forced_plan.fused_backward);
-  EXPECT_EQ(forced_plan.segments, 2) << "the recompute segments as the forward does";
-  EXPECT_FALSE(forced_plan.late_prepare);
+  // The fused backward only on request (it is slower today): for eight sequences of 32 heads, whose recompute
+  // takes two warpgroups per CTA as the forward would, and for one, whose recompute segments.
+  auto asked_for = [](PlanInputs in) {
+    in.fused_backward_setting = true;
+    return plan_execution(in);
+  };
+  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 8, 4096)).fused_backward);
+  const ExecutionPlan eight = asked_for(anchor(Operation::chunk_backward, 32, 8, 4096));
+  const ExecutionPlan one = asked_for(anchor(Operation::chunk_backward, 32, 1, 8192));
+  EXPECT_TRUE(eight.fused_backward && one.fused_backward);
+  EXPECT_EQ(eight.warpgroups, 2);
+  EXPECT_EQ(one.segments, 2);
+  EXPECT_FALSE(eight.paired || one.paired || one.late_prepare);
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
   EXPECT_EQ(few.segments, 16);
