@@ -230,27 +230,24 @@ __device__ __forceinline__ float decay_balance(const float* parts, int r) {
          (parts[2 * kChunk + r] + parts[3 * kChunk + r] + parts[4 * kChunk + r] + parts[5 * kChunk + r]);
 }
 
-// The WY inverse's backward past X = T^T dT, by 8 warps holding 16 x 32 blocks (rows m0, columns n0) of the
-// chunk's 64 x 64 matrices: -dA = X T^T (strictly lower); F = dA * diag(beta) Gamma into f_tile (dK gets F K +
-// F^T K); E = dA * (K K^T) * Gamma, whose row sums (dbeta) go to e_sums and beta E's row and column sums (dgamma:
-// beta E = dA * A) to e_parts. kk holds the warp's block of K K^T and is consumed.
+// The WY inverse's backward from -dA = X T^T (X = T^T dT), by 8 warps holding 16 x 32 blocks (rows m0, columns
+// n0) of the chunk's 64 x 64 matrices: F = dA * diag(beta) Gamma (strictly lower) into f_tile (dK gets F K + F^T K);
+// E = dA * (K K^T) * Gamma, whose row sums (dbeta) go to e_sums and beta E's row and column sums (dgamma: beta E =
+// dA * A) to e_parts. minus_da and kk (the warp's blocks of -dA and K K^T) are consumed.
 template <class SquareT>
-__device__ __forceinline__ void inverse_backward(SquareT x_tile, SquareT t_tile, SquareT f_tile, const float2* gamma,
-                                                 const float* beta, float (&kk)[1][4][4], int m0, int n0,
+__device__ __forceinline__ void inverse_backward(float (&minus_da)[1][4][4], float (&kk)[1][4][4], SquareT f_tile,
+                                                 const float2* gamma, const float* beta, int m0, int n0,
                                                  float* e_sums, float* e_parts) {
   using E = typename SquareT::Element;
-  float da[1][4][4];
-  zero(da);
-  warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
   for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
     const float decay = r > c ? any_decay : 0.f;
-    float &x = at(da), &kdot = at(kk);
+    float &x = at(minus_da), &kdot = at(kk);
     f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
     x = -x * kdot * decay;  // E
     kdot = beta[r] * x;     // beta E
   });
   float sums[2];
-  row_sums(da, sums);
+  row_sums(minus_da, sums);
   store_row_pair(sums, e_sums, m0, n0);
   store_row_column_sums(kk, m0, n0, e_parts);
 }

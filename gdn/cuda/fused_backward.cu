@@ -215,7 +215,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       store(x, x_tile, m0, n0);
     }
     __syncthreads();  // X complete, dT read
-    inverse_backward(x_tile, t_tile, f_tile, gamma, beta, kk, m0, n0, e_sums, e_parts);
+    {
+      float da[1][4][4];  // -dA
+      zero(da);
+      warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
+      inverse_backward(da, kk, f_tile, gamma, beta, m0, n0, e_sums, e_parts);
+    }
     __syncthreads();  // F complete
 
     const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;

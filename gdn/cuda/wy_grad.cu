@@ -156,10 +156,12 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
     __syncthreads();
 
     {  // dA = -X T^T (strictly lower), with K K^T: F, E and beta E's sums
+      float da[1][4][4], kk[1][4][4];
+      zero(da);
+      warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
       if (hv == h * p.group) warp_mma(keys_gram, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
-      float kk[1][4][4];
       for_each(kk, keys_gram, m0, n0, [](int, int, float& x, float& gram) { x = gram; });
-      inverse_backward(x_tile, t_tile, f_tile, gamma, beta, kk, m0, n0, e_sums, e_parts);
+      inverse_backward(da, kk, f_tile, gamma, beta, m0, n0, e_sums, e_parts);
     }
     __syncthreads();
 
