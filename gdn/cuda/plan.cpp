@@ -14,7 +14,7 @@ bool wgmma_applies(const PlanInputs& in) {
 // The fused backward (built for K = V = 128) runs on request only: its first form, one CTA of mma.sync warps
 // per (sequence, value head), measured ~21 us a chunk on the H200, which made it 9% slower than the unfused
 // kernels even where the sequences' heads fill the GPU (bwd 16/32 8x4096) and far slower where they do not
-// (it walks each sequence whole); bench/NOTES.md, "The fused backward".
+// (it walks each sequence whole); bench/NOTES.md, "The fused backward, first form".
 bool fused_backward_applies(const PlanInputs& in) {
   if (in.op != Operation::chunk_backward || in.K != 128 || in.V != 128) return false;
   return in.fused_backward_setting.value_or(false);

@@ -481,12 +481,7 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
       load_a16(a[kb], plain(rows_tile(s)), 0, 16 * kb);
     }
     float start[1][2][4];
-    const auto ends_s = end_tile(s);
-    for_each_pair(start, 0, n0, [&](int r, int c, float& lo, float& hi) {
-      const float2 x = *reinterpret_cast<const float2*>(&ends_s(r, c));
-      lo = x.x;
-      hi = x.y;
-    });
+    load_pairs(start, &end_tile(s)(0, n0), L::EndTile::kLd, L::kRows);
 #pragma unroll
     for (int kb = 0; kb < K / 16; ++kb) {
       mma_16816<E>(start[0][0], a[kb], b[kb][0], b[kb][1]);
