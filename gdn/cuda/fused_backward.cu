@@ -2,9 +2,10 @@
 // bench/prototypes/fused_backward.py's, checked there in float64 against the recurrence). A CTA per (sequence,
 // value head) walks the sequence's chunks in reverse holding dS'^T, the gradient of the state leaving the chunk,
 // in float32 registers: warp w owns value rows 16 w .. 16 w + 15 with all K keys, so the dependent chain from
-// one chunk to the next is each warp's own products, with no barrier in it. Per chunk, from Q, K, V, dO, the
+// one chunk to the next is each warpgroup's own wgmma products (its 64 rows; B operands from 128-byte-swizzled
+// tiles of K, Q, P and T), with no barrier in it. Per chunk, from Q, K, V, dO, the
 // gates, beta, T and P (prepare's), and S, the state entering the chunk, and Delta (the recompute pass's):
-//   the chain, per warp:   KdS^T = dS'^T K^T,  dDelta^T = dO^T P + KdS^T diag(D),  tdd^T = dDelta^T T,
+//   the chain (wgmma):     KdS^T = dS'^T K^T,  dDelta^T = dO^T P + KdS^T diag(D),  tdd^T = dDelta^T T,
 //                          dcorr^T = tdd^T diag(beta),  dS^T = E_n dS'^T + scale dO^T diag(E) Q - dcorr^T diag(E) K
 //   beside it, per warp:   corr^T = V^T - (S^T K^T) diag(E), and dbeta's rowsum(corr * tdd) over its rows
 //   over V, all warps:     dP = dO Delta^T,  dT = dDelta (diag(beta) corr)^T,  K K^T,
@@ -19,33 +20,37 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "sequential.cuh"
+#include "wgmma.cuh"
 
 namespace deltatrain::gdn::cuda {
 namespace {
 
-constexpr int kFusedThreads = 256;  // 8 warps: 16 value rows each in the chain, 16 x 32 or 16 x 64 blocks over V
+constexpr int kFusedThreads = 256;  // 2 warpgroups of 64 value rows in the chain; 16 x 32 or 16 x 64 blocks over V
 constexpr int kFusedWarps = kFusedThreads / 32;
 
 template <class E>
 struct FusedBackwardSmem {
   static constexpr int K = 128, V = 128;  // the kernel's head dims (plan_execution's fused_backward_applies)
   static_assert(V == 16 * kFusedWarps, "each warp owns 16 value rows of the state");
-  using Rows = Tile<E, kChunk, 128>;  // a chunk's rows: q, k, v, dO, Delta, and dDelta, dcorr, beta corr
+  // The chain's B operands (wgmma, 128-byte swizzled): a chunk's rows of k and q, and P and T.
+  using KeyTile = AddressableSwizzledTile<E, kChunk, K>;
+  using ChunkTile = AddressableSwizzledTile<E, kChunk, kChunk>;
+  using Rows = Tile<E, kChunk, 128>;  // a chunk's rows: v, dO, Delta, and dDelta, dcorr, beta corr
   using State = Tile<E, V, K>;        // S^T, dS'^T
   using Square = Tile<E, kChunk, kChunk>;
-  static constexpr int q = 0;
-  static constexpr int k = q + Rows::kBytes;
+  static constexpr int k = 0;  // the swizzled tiles first: their blocks start 1024-byte aligned
+  static constexpr int q = k + KeyTile::kBytes;
+  static constexpr int p_then_x = q + KeyTile::kBytes;  // X = T^T dT once G is summed
+  static constexpr int t = p_then_x + ChunkTile::kBytes;
   // Each warp reads only its own columns of V and later writes dcorr to the same columns, so they share a tile.
-  static constexpr int v_then_dcorr = k + Rows::kBytes;
+  static constexpr int v_then_dcorr = t + ChunkTile::kBytes;
   static constexpr int d_o = v_then_dcorr + Rows::kBytes;
   static constexpr int delta = d_o + Rows::kBytes;
   static constexpr int ddelta_then_m = delta + Rows::kBytes;         // M once dT is formed
   static constexpr int bcorr_then_dt_f = ddelta_then_m + Rows::kBytes;  // dT, then F once X is formed
   static constexpr int s = bcorr_then_dt_f + Rows::kBytes;
   static constexpr int ds = s + State::kBytes;
-  static constexpr int p_then_x = ds + State::kBytes;  // X = T^T dT once G is summed
-  static constexpr int t = p_then_x + Square::kBytes;
-  static constexpr int gamma = t + Square::kBytes;  // hi + lo (chunk.cuh)
+  static constexpr int gamma = ds + State::kBytes;  // hi + lo (chunk.cuh)
   static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
   static constexpr int gate_in = gamma + kChunk * 8;  // E
   static constexpr int gate_out = gate_in + kChunk * 4;  // D
@@ -59,24 +64,29 @@ struct FusedBackwardSmem {
   static constexpr int delta_dots = corr_dots + 2 * kChunk * 4;     // rowdot(Delta dS'^T, K)
   static constexpr int dgamma = delta_dots + 2 * kChunk * 4;
   static constexpr int scratch = dgamma + kChunk * 4;
-  static constexpr int bytes = scratch + kFusedWarps * 4;
+  // Dynamic shared memory is not promised 1024-byte alignment: the kernel rounds its start up.
+  static constexpr int bytes = scratch + kFusedWarps * 4 + 1024;
   static_assert(bytes <= kSmemLimit);
 };
 
 template <class E>
 __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params p) {
+#ifdef DELTATRAIN_WGMMA
   using L = FusedBackwardSmem<E>;
   constexpr int K = L::K, V = L::V;
   using Rows = typename L::Rows;
   using Square = typename L::Square;
-  extern __shared__ __align__(16) char smem[];
-  const Rows q_tile{smem_at<E>(smem, L::q)}, k_tile{smem_at<E>(smem, L::k)};
+  extern __shared__ __align__(16) char smem_raw[];
+  const std::uint32_t raw = smem_address(smem_raw);
+  char* const smem = smem_raw + ((raw + 1023) / 1024 * 1024 - raw);
+  const auto k_tile = swizzled_tile<E, kChunk, K>(smem + L::k), q_tile = swizzled_tile<E, kChunk, K>(smem + L::q);
+  const auto p_tile = swizzled_tile<E, kChunk, kChunk>(smem + L::p_then_x), x_tile = p_tile;
+  const auto t_tile = swizzled_tile<E, kChunk, kChunk>(smem + L::t);
   const Rows v_tile{smem_at<E>(smem, L::v_then_dcorr)}, dcorr_tile = v_tile;
   const Rows do_tile{smem_at<E>(smem, L::d_o)}, delta_tile{smem_at<E>(smem, L::delta)};
   const Rows ddelta_tile{smem_at<E>(smem, L::ddelta_then_m)}, bcorr_tile{smem_at<E>(smem, L::bcorr_then_dt_f)};
   const Square m_tile{ddelta_tile.ptr}, dt_tile{bcorr_tile.ptr}, f_tile{bcorr_tile.ptr};
   const typename L::State s_tile{smem_at<E>(smem, L::s)}, ds_tile{smem_at<E>(smem, L::ds)};
-  const Square p_tile{smem_at<E>(smem, L::p_then_x)}, x_tile = p_tile, t_tile{smem_at<E>(smem, L::t)};
   float2* gamma = smem_at<float2>(smem, L::gamma);
   float* gate_in = smem_at<float>(smem, L::gate_in);
   float* gate_out = smem_at<float>(smem, L::gate_out);
@@ -129,31 +139,50 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
     __syncthreads();  // the chunk's tiles and vectors
 
-    // ---- the chain and the warp's value rows ----
-    float kds[1][kChunk / 8][4];  // KdS^T
-    {
-      WarpOperand<E, K> ds_operand(nullptr);
-      ds_operand.set(ds, 1.f);
-      zero(kds);
-      warp_mma(kds, ds_operand, transposed(k_tile), 0);
-    }
+    // ---- the chain, each warpgroup on its 64 value rows by wgmma, and the warp's value rows beside it ----
+    float tdd[1][kChunk / 8][4];  // dO^T P, then dDelta^T, then (T^T dDelta)^T, then dcorr^T
     WarpOperand<E, kChunk> do_operand(nullptr);  // dO^T, the warp's rows
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(do_operand.frag[kb], transposed(do_tile), vr0, 16 * kb);
-    float tdd[1][kChunk / 8][4];  // dDelta^T, then (T^T dDelta)^T, then dcorr^T
-    zero(tdd);
-    warp_mma(tdd, do_operand, plain(p_tile), 0);
-    for_each(tdd, kds, vr0, 0, [&](int r, int c, float& x, float& kd) {
-      x += gate_out[c] * kd;
-      ddelta_tile(c, r) = from_float<E>(x);
-    });
     {
-      WarpOperand<E, kChunk> ddelta_operand(nullptr);
-      ddelta_operand.set(tdd, 1.f);
-      zero(tdd);
-      warp_mma(tdd, ddelta_operand, plain(t_tile), 0);
+      WarpOperand<E, K> ds_operand(nullptr);
+      ds_operand.set(ds, 1.f);
+      float kds[1][kChunk / 8][4];  // KdS^T
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < K / 16; ++kb) {
+        wgmma_64x64x16<E, false>(kds[0], ds_operand.frag[kb], k_major(k_tile, 16 * kb), kb > 0);
+      }
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+        wgmma_64x64x16<E, true>(tdd[0], do_operand.frag[kb], mn_major(p_tile, 16 * kb, 0), kb > 0);
+      }
+      wgmma_commit_and_wait();
+      hold(kds[0]);
+      hold(tdd[0]);
+      for_each(tdd, kds, vr0, 0, [&](int r, int c, float& x, float& kd) {
+        x += gate_out[c] * kd;
+        ddelta_tile(c, r) = from_float<E>(x);
+      });
     }
-    {  // corr^T beside the chain: its beta-scaled copy for dT, and dbeta's part from it
+    WarpOperand<E, kChunk> ddelta_operand(nullptr);
+    ddelta_operand.set(tdd, 1.f);
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) {
+      wgmma_64x64x16<E, true>(tdd[0], ddelta_operand.frag[kb], mn_major(t_tile, 16 * kb, 0), kb > 0);
+    }
+    wgmma_commit();
+    // Beside the product: dS' into shared memory for dK, its dot with S for dgamma, and E_n dS'.
+    float state_dot = 0.f;  // this thread's part of sum(S * dS'), for dgamma at the chunk's last row
+    for_each(ds, vr0, 0, [&](int r, int c, float& x) {
+      state_dot += x * to_float(s_tile(r, c));
+      ds_tile(r, c) = from_float<E>(x);
+      x *= gate_in[kChunk - 1];  // E_n
+    });
+    wgmma_wait();
+    hold(tdd[0]);
+    {  // corr^T (mma.sync): its beta-scaled copy for dT, and dbeta's part from it
       float corr[1][kChunk / 8][4];
       zero(corr);
       warp_mma(corr, plain(s_tile), vr0, transposed(k_tile), 0, 0, K);  // (K S)^T
@@ -169,18 +198,22 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       x *= beta[c];
       dcorr_tile(c, r) = from_float<E>(x);
     });
-    float state_dot = 0.f;  // this thread's part of sum(S * dS'), for dgamma at the chunk's last row
-    for_each(ds, vr0, 0, [&](int r, int c, float& x) {
-      state_dot += x * to_float(s_tile(r, c));
-      ds_tile(r, c) = from_float<E>(x);
-      x *= gate_in[kChunk - 1];  // E_n
-    });
     do_operand.scale_columns(gate_in, p.scale);
-    warp_mma(ds, do_operand, plain(q_tile), 0);
     {
       WarpOperand<E, kChunk> dcorr_operand(nullptr);
       dcorr_operand.set(tdd, -1.f, gate_in);
-      warp_mma(ds, dcorr_operand, plain(k_tile), 0);
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+#pragma unroll
+        for (int nb = 0; nb < K / 64; ++nb) {
+          float(&half)[8][4] = *reinterpret_cast<float(*)[8][4]>(&ds[0][8 * nb]);
+          wgmma_64x64x16<E, true>(half, do_operand.frag[kb], mn_major(q_tile, 16 * kb, 64 * nb));
+          wgmma_64x64x16<E, true>(half, dcorr_operand.frag[kb], mn_major(k_tile, 16 * kb, 64 * nb));
+        }
+      }
+      wgmma_commit_and_wait();
+      hold(ds[0]);
     }
     __syncthreads();  // dDelta, dcorr, beta corr and dS' are in shared memory
 
@@ -283,6 +316,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     }
   }
   if (p.dh0 != nullptr) for_each(ds, vr0, 0, [&](int r, int c, float& x) { p.dh0[state_origin + c * V + r] = x; });
+#endif
 }
 
 }  // namespace

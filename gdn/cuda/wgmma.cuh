@@ -34,6 +34,22 @@ struct SwizzledTile {
   }
 };
 
+// A swizzled tile that the mma.sync helpers of mma.cuh can also address element by element (View's ldmatrix
+// fragments, stores, the generic load_rows_async): the swizzle keeps each 16-byte chunk of a row whole, so
+// the addresses ldmatrix takes per row stay valid. Made by swizzled_tile from a 1024-byte aligned pointer.
+template <class E, int ROWS, int COLS>
+struct AddressableSwizzledTile : SwizzledTile<E, ROWS, COLS> {
+  static constexpr int kCols = COLS;
+  E* ptr;
+  __device__ __forceinline__ E& operator()(int r, int c) const {
+    return *reinterpret_cast<E*>(reinterpret_cast<char*>(ptr) + SwizzledTile<E, ROWS, COLS>::offset(r, c));
+  }
+};
+template <class E, int ROWS, int COLS>
+__device__ __forceinline__ AddressableSwizzledTile<E, ROWS, COLS> swizzled_tile(char* at) {
+  return {{smem_address(at)}, reinterpret_cast<E*>(at)};
+}
+
 // load_rows_async (mma.cuh) for a swizzled tile: starts copying rows [0, ROWS) of a row-major global matrix
 // (row stride `stride` elements); rows at or past rows_valid are zero-filled. Threads 0..NTHREADS-1 call
 // it. NTHREADS covers whole groups of 8 rows per step, so a thread's row modulo 8, and with it its chunk
