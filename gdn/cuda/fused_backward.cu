@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     const std::int64_t t0 = chunk.start;
     const int rows = chunk.length;
     cp_async_wait<0>();
+    fence_for_wgmma();  // the copies of K, Q, P and T, which the chain's wgmma read
     if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
     __syncthreads();  // the chunk's tiles and vectors
 

@@ -90,6 +90,14 @@ __device__ __forceinline__ std::uint64_t mn_major(SwizzledTile<E, ROWS, COLS> ti
   return smem_descriptor(tile.base + n0 / 64 * tile.kBlockBytes + k0 * 128, tile.kBlockBytes, 8 * 128);
 }
 
+// Makes this thread's earlier writes of shared memory (its stores and completed cp.async copies) visible to
+// wgmma, which reads its operands through the async proxy; a barrier after it publishes them to the block.
+__device__ __forceinline__ void fence_for_wgmma() {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // Orders the warpgroup's earlier register writes (accumulators, A fragments) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef DELTATRAIN_WGMMA
