@@ -28,26 +28,34 @@ namespace {
 constexpr int kFusedThreads = 256;  // 2 warpgroups of 64 value rows in the chain; 16 x 32 or 16 x 64 blocks over V
 constexpr int kFusedWarps = kFusedThreads / 32;
 
+// The tile with its shared address made opaque at this point of the program, so that the wgmma descriptors formed
+// from it are formed here, at their use, and not hoisted out of the chunk loop as loop invariants (about a
+// hundred of them, two registers each, which spilled).
+template <class TileT>
+__device__ __forceinline__ TileT at_use(TileT tile) {
+  asm volatile("" : "+r"(tile.base));
+  return tile;
+}
+
 template <class E>
 struct FusedBackwardSmem {
   static constexpr int K = 128, V = 128;  // the kernel's head dims (plan_execution's fused_backward_applies)
   static_assert(V == 16 * kFusedWarps, "each warp owns 16 value rows of the state");
-  // The chain's B operands (wgmma, 128-byte swizzled): a chunk's rows of k and q, and P and T.
-  using KeyTile = AddressableSwizzledTile<E, kChunk, K>;
-  using ChunkTile = AddressableSwizzledTile<E, kChunk, kChunk>;
-  using Rows = Tile<E, kChunk, 128>;  // a chunk's rows: v, dO, Delta, and dDelta, dcorr, beta corr
-  using State = Tile<E, V, K>;        // S^T, dS'^T
-  using Square = Tile<E, kChunk, kChunk>;
-  static constexpr int k = 0;  // the swizzled tiles first: their blocks start 1024-byte aligned
-  static constexpr int q = k + KeyTile::kBytes;
-  static constexpr int p_then_x = q + KeyTile::kBytes;  // X = T^T dT once G is summed
-  static constexpr int t = p_then_x + ChunkTile::kBytes;
+  // Every tile is a wgmma operand, 128-byte swizzled; the mma.sync products and the element-wise code address
+  // them too (AddressableSwizzledTile).
+  using Rows = AddressableSwizzledTile<E, kChunk, 128>;  // a chunk's rows: k, q, v, dO, Delta; dDelta, dcorr, beta corr
+  using State = AddressableSwizzledTile<E, V, K>;         // S^T, dS'^T
+  using Square = AddressableSwizzledTile<E, kChunk, kChunk>;  // P, T, M, dT^T, X, F
+  static constexpr int k = 0;  // each tile starts 1024-byte aligned
+  static constexpr int q = k + Rows::kBytes;
+  static constexpr int p_then_x = q + Rows::kBytes;  // X = T^T dT once G is summed
+  static constexpr int t = p_then_x + Square::kBytes;
   // Each warp reads only its own columns of V and later writes dcorr to the same columns, so they share a tile.
-  static constexpr int v_then_dcorr = t + ChunkTile::kBytes;
+  static constexpr int v_then_dcorr = t + Square::kBytes;
   static constexpr int d_o = v_then_dcorr + Rows::kBytes;
   static constexpr int delta = d_o + Rows::kBytes;
   static constexpr int ddelta_then_m = delta + Rows::kBytes;         // M once dT is formed
-  static constexpr int bcorr_then_dt_f = ddelta_then_m + Rows::kBytes;  // dT, then F once X is formed
+  static constexpr int bcorr_then_dt_f = ddelta_then_m + Rows::kBytes;  // dT^T, then F once X is formed
   static constexpr int s = bcorr_then_dt_f + Rows::kBytes;
   static constexpr int ds = s + State::kBytes;
   static constexpr int gamma = ds + State::kBytes;  // hi + lo (chunk.cuh)
@@ -76,17 +84,18 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   constexpr int K = L::K, V = L::V;
   using Rows = typename L::Rows;
   using Square = typename L::Square;
+  using State = typename L::State;
   extern __shared__ __align__(16) char smem_raw[];
   const std::uint32_t raw = smem_address(smem_raw);
   char* const smem = smem_raw + ((raw + 1023) / 1024 * 1024 - raw);
-  const auto k_tile = swizzled_tile<E, kChunk, K>(smem + L::k), q_tile = swizzled_tile<E, kChunk, K>(smem + L::q);
-  const auto p_tile = swizzled_tile<E, kChunk, kChunk>(smem + L::p_then_x), x_tile = p_tile;
-  const auto t_tile = swizzled_tile<E, kChunk, kChunk>(smem + L::t);
-  const Rows v_tile{smem_at<E>(smem, L::v_then_dcorr)}, dcorr_tile = v_tile;
-  const Rows do_tile{smem_at<E>(smem, L::d_o)}, delta_tile{smem_at<E>(smem, L::delta)};
-  const Rows ddelta_tile{smem_at<E>(smem, L::ddelta_then_m)}, bcorr_tile{smem_at<E>(smem, L::bcorr_then_dt_f)};
-  const Square m_tile{ddelta_tile.ptr}, dt_tile{bcorr_tile.ptr}, f_tile{bcorr_tile.ptr};
-  const typename L::State s_tile{smem_at<E>(smem, L::s)}, ds_tile{smem_at<E>(smem, L::ds)};
+  auto rows_tile = [&](int at) { return swizzled_tile<E, kChunk, 128>(smem + at); };
+  auto square_tile = [&](int at) { return swizzled_tile<E, kChunk, kChunk>(smem + at); };
+  const Rows k_tile = rows_tile(L::k), q_tile = rows_tile(L::q), v_tile = rows_tile(L::v_then_dcorr);
+  const Rows dcorr_tile = v_tile, do_tile = rows_tile(L::d_o), delta_tile = rows_tile(L::delta);
+  const Rows ddelta_tile = rows_tile(L::ddelta_then_m), bcorr_tile = rows_tile(L::bcorr_then_dt_f);
+  const Square p_tile = square_tile(L::p_then_x), x_tile = p_tile, t_tile = square_tile(L::t);
+  const Square m_tile = square_tile(L::ddelta_then_m), dt_tile = square_tile(L::bcorr_then_dt_f), f_tile = dt_tile;
+  const State s_tile = swizzled_tile<E, V, K>(smem + L::s), ds_tile = swizzled_tile<E, V, K>(smem + L::ds);
   float2* gamma = smem_at<float2>(smem, L::gamma);
   float* gate_in = smem_at<float>(smem, L::gate_in);
   float* gate_out = smem_at<float>(smem, L::gate_out);
@@ -152,11 +161,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       wgmma_fence();
 #pragma unroll
       for (int kb = 0; kb < K / 16; ++kb) {
-        wgmma_64x64x16<E, false>(kds[0], ds_operand.frag[kb], k_major(k_tile, 16 * kb), kb > 0);
+        wgmma_64x64x16<E, false>(kds[0], ds_operand.frag[kb], k_major(at_use(k_tile), 16 * kb), kb > 0);
       }
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
-        wgmma_64x64x16<E, true>(tdd[0], do_operand.frag[kb], mn_major(p_tile, 16 * kb, 0), kb > 0);
+        wgmma_64x64x16<E, true>(tdd[0], do_operand.frag[kb], mn_major(at_use(p_tile), 16 * kb, 0), kb > 0);
       }
       wgmma_commit_and_wait();
       hold(kds[0]);
@@ -171,7 +180,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb) {
-      wgmma_64x64x16<E, true>(tdd[0], ddelta_operand.frag[kb], mn_major(t_tile, 16 * kb, 0), kb > 0);
+      wgmma_64x64x16<E, true>(tdd[0], ddelta_operand.frag[kb], mn_major(at_use(t_tile), 16 * kb, 0), kb > 0);
     }
     wgmma_commit();
     // Beside the product: dS' into shared memory for dK, its dot with S for dgamma, and E_n dS'.
@@ -209,29 +218,41 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
 #pragma unroll
         for (int nb = 0; nb < K / 64; ++nb) {
           float(&half)[8][4] = *reinterpret_cast<float(*)[8][4]>(&ds[0][8 * nb]);
-          wgmma_64x64x16<E, true>(half, do_operand.frag[kb], mn_major(q_tile, 16 * kb, 64 * nb));
-          wgmma_64x64x16<E, true>(half, dcorr_operand.frag[kb], mn_major(k_tile, 16 * kb, 64 * nb));
+          wgmma_64x64x16<E, true>(half, do_operand.frag[kb], mn_major(at_use(q_tile), 16 * kb, 64 * nb));
+          wgmma_64x64x16<E, true>(half, dcorr_operand.frag[kb], mn_major(at_use(k_tile), 16 * kb, 64 * nb));
         }
       }
       wgmma_commit_and_wait();
       hold(ds[0]);
     }
+    fence_for_wgmma();
     __syncthreads();  // dDelta, dcorr, beta corr and dS' are in shared memory
 
     // ---- the products over V ----
     store_rows<kFusedThreads>(dcorr_tile, static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V,
                               static_cast<std::int64_t>(p.HV) * V, rows, tid);  // dV = dcorr
+    // Each warpgroup forms its 32 columns of the 64 x 64 products and its 64 of the 64 x 128 ones (wgmma, both
+    // operands from shared memory), in the layout the mma.sync helpers hold: warp w has the 16 x 32 block at
+    // (m0, n0) or the 16 x 64 one at (m0, n0_keys).
     float dp[1][4][4], kk[1][4][4];
     {
       float dt[1][4][4];
-      zero(dp);
-      zero(dt);
-      zero(kk);
-      warp_mma(dp, plain(do_tile), m0, transposed(delta_tile), n0, 0, V);
-      warp_mma(dt, plain(ddelta_tile), m0, transposed(bcorr_tile), n0, 0, V);
-      warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n0, 0, K);
-      __syncthreads();  // dDelta and beta corr are read; M and dT take their place
-      store(dt, dt_tile, m0, n0);
+      wgmma_fence();
+      wgmma_ss_product<E, false, false, V / 16>(
+          dp[0], [&](int k0) { return k_major(at_use(do_tile), k0); }, [&](int k0) { return k_major(at_use(delta_tile), k0, n0); },
+          false);
+      wgmma_ss_product<E, false, false, V / 16>(
+          dt[0], [&](int k0) { return k_major(at_use(ddelta_tile), k0); }, [&](int k0) { return k_major(at_use(bcorr_tile), k0, n0); },
+          false);
+      wgmma_ss_product<E, false, false, K / 16>(
+          kk[0], [&](int k0) { return k_major(at_use(k_tile), k0); }, [&](int k0) { return k_major(at_use(k_tile), k0, n0); }, false);
+      wgmma_commit_and_wait();
+      hold(dp[0]);
+      hold(dt[0]);
+      hold(kk[0]);
+      __syncthreads();  // dDelta and beta corr are read; M and dT^T take their place
+      // dT transposed, so that it is X's B operand K-major (its columns are the warpgroup's rows there).
+      for_each(dt, m0, n0, [&](int r, int c, float& x) { dt_tile(c, r) = from_float<E>(x); });
     }
     // M, and G = dP * P below the diagonal (its diagonal cancels exactly in dgamma, so it is left out rather
     // than added and subtracted: under strong decay that rounding would swamp the true dgamma).
@@ -241,50 +262,78 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       x = r > c ? x * to_float(p_tile(r, c)) : 0.f;
     });
     store_row_column_sums(dp, m0, n0, g_parts);
+    fence_for_wgmma();
     __syncthreads();  // dT and M complete, P read
     {
-      float x[1][4][4];  // X = T^T dT; T^T is upper triangular, so rows m0.. need k >= m0
-      zero(x);
-      warp_mma(x, transposed(t_tile), m0, plain(dt_tile), n0, m0, kChunk);
+      float x[1][4][4];  // X = T^T dT
+      wgmma_fence();
+      wgmma_ss_product<E, true, false, kChunk / 16>(
+          x[0], [&](int k0) { return mn_major(at_use(t_tile), k0, 0); }, [&](int k0) { return k_major(at_use(dt_tile), k0, n0); },
+          false);
+      wgmma_commit_and_wait();
+      hold(x[0]);
       store(x, x_tile, m0, n0);
     }
+    fence_for_wgmma();
     __syncthreads();  // X complete, dT read
     {
-      float da[1][4][4];  // -dA
-      zero(da);
-      warp_mma(da, plain(x_tile), m0, transposed(t_tile), n0, 0, kChunk);
+      float da[1][4][4];  // -dA = X T^T
+      wgmma_fence();
+      wgmma_ss_product<E, false, false, kChunk / 16>(
+          da[0], [&](int k0) { return k_major(at_use(x_tile), k0); }, [&](int k0) { return k_major(at_use(t_tile), k0, n0); }, false);
+      wgmma_commit_and_wait();
+      hold(da[0]);
       inverse_backward(da, kk, f_tile, gamma, beta, m0, n0, e_sums, e_parts);
     }
+    fence_for_wgmma();
     __syncthreads();  // F complete
 
     const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
     const std::int64_t key_origin = ((t0 + m0) * p.HV + hv) * K + n0_keys;
+    auto keys_b = [&](const auto& tile) { return [&](int k0) { return mn_major(at_use(tile), k0, n0_keys); }; };
     float sums[2];
     {  // dQ
       float dq[1][8][4];
-      zero(dq);
-      warp_mma(dq, plain(do_tile), m0, plain(s_tile), n0_keys, 0, V);
+      wgmma_fence();
+      wgmma_ss_product<E, false, true, V / 16>(dq[0], [&](int k0) { return k_major(at_use(do_tile), k0); }, keys_b(s_tile),
+                                               false);
+      wgmma_commit_and_wait();
+      hold(dq[0]);
       for_each(dq, m0, n0_keys, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
       row_dots(dq, q_tile, m0, n0_keys, sums);
       store_row_pair(sums, q_dots, m0, n0);
-      warp_mma(dq, plain(m_tile), m0, plain(k_tile), n0_keys, 0, m0 + 16);  // M is lower triangular
+      wgmma_fence();
+      wgmma_ss_product<E, false, true, kChunk / 16>(dq[0], [&](int k0) { return k_major(at_use(m_tile), k0); },
+                                                    keys_b(k_tile), true);  // + M K
+      wgmma_commit_and_wait();
+      hold(dq[0]);
       store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
     }
     {  // dK
       float dk[1][8][4], from_state[1][8][4];
-      zero(dk);
-      zero(from_state);
-      warp_mma(dk, plain(dcorr_tile), m0, plain(s_tile), n0_keys, 0, V);
+      wgmma_fence();
+      wgmma_ss_product<E, false, true, V / 16>(dk[0], [&](int k0) { return k_major(at_use(dcorr_tile), k0); },
+                                               keys_b(s_tile), false);
+      wgmma_ss_product<E, false, true, V / 16>(from_state[0], [&](int k0) { return k_major(at_use(delta_tile), k0); },
+                                               keys_b(ds_tile), false);
+      wgmma_commit_and_wait();
+      hold(dk[0]);
+      hold(from_state[0]);
       row_dots(dk, k_tile, m0, n0_keys, sums);
       store_row_pair(sums, corr_dots, m0, n0);
-      warp_mma(from_state, plain(delta_tile), m0, plain(ds_tile), n0_keys, 0, V);
       row_dots(from_state, k_tile, m0, n0_keys, sums);
       store_row_pair(sums, delta_dots, m0, n0);
       for_each(dk, from_state, m0, n0_keys,
                [&](int r, int, float& x, float& y) { x = gate_out[r] * y - gate_in[r] * x; });
-      warp_mma(dk, transposed(m_tile), m0, plain(q_tile), n0_keys, m0, kChunk);  // M^T: rows m0.. need k >= m0
-      warp_mma(dk, plain(f_tile), m0, plain(k_tile), n0_keys, 0, m0 + 16);       // F is strictly lower
-      warp_mma(dk, transposed(f_tile), m0, plain(k_tile), n0_keys, m0, kChunk);
+      wgmma_fence();
+      wgmma_ss_product<E, true, true, kChunk / 16>(dk[0], [&](int k0) { return mn_major(at_use(m_tile), k0, 0); },
+                                                   keys_b(q_tile), true);  // + M^T Q
+      wgmma_ss_product<E, false, true, kChunk / 16>(dk[0], [&](int k0) { return k_major(at_use(f_tile), k0); },
+                                                    keys_b(k_tile), true);  // + F K
+      wgmma_ss_product<E, true, true, kChunk / 16>(dk[0], [&](int k0) { return mn_major(at_use(f_tile), k0, 0); },
+                                                   keys_b(k_tile), true);  // + F^T K
+      wgmma_commit_and_wait();
+      hold(dk[0]);
       store_pairs(dk, p.dk_head + key_origin, key_stride, rows - m0);
     }
     const float total_state_dot = block_sum<kFusedThreads>(state_dot, smem_at<float>(smem, L::scratch));

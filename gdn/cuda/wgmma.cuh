@@ -77,12 +77,12 @@ __device__ __forceinline__ std::uint64_t smem_descriptor(std::uint32_t start, st
          static_cast<std::uint64_t>(stride_bytes >> 4) << 32 | 1ull << 62;
 }
 
-// B = tile^T, k = tile columns k0..k0+15, n = tile rows 0..63 (a tile of 64 rows stored [n][k]: K-major).
-// Within a 128-byte row the k step moves the start by 32 bytes; the hardware applies the swizzle to the
-// final addresses, so the start stays inside the row's first chunk pattern.
-template <class E, int COLS>
-__device__ __forceinline__ std::uint64_t k_major(SwizzledTile<E, 64, COLS> tile, int k0) {
-  return smem_descriptor(tile.base + k0 / 64 * tile.kBlockBytes + (k0 % 64) * 2, 16, 8 * 128);
+// B = tile^T, k = tile columns k0..k0+15, n = tile rows n0..n0+8 NT (a tile stored [n][k]: K-major; n0 a
+// multiple of 8). Within a 128-byte row the k step moves the start by 32 bytes; the hardware applies the
+// swizzle to the final addresses, so the start stays inside the row's first chunk pattern.
+template <class E, int ROWS, int COLS>
+__device__ __forceinline__ std::uint64_t k_major(SwizzledTile<E, ROWS, COLS> tile, int k0, int n0 = 0) {
+  return smem_descriptor(tile.base + k0 / 64 * tile.kBlockBytes + n0 * 128 + (k0 % 64) * 2, 16, 8 * 128);
 }
 // B = tile, k = tile rows k0..k0+15, n = tile columns n0..n0+63 (stored [k][n]: MN-major, transposed).
 template <class E, int ROWS, int COLS>
@@ -162,6 +162,59 @@ __device__ __forceinline__ void wgmma_64x64x16(float (&acc)[8][4], const std::ui
   }
 #undef DELTATRAIN_WGMMA_ASM
 #endif
+}
+
+// acc (64 x 8 NT, this warp's 16 rows as NT 16 x 8 tiles) += A (64 x 16) * B (16 x 8 NT), or = when `accumulate`
+// is false, both operands read from shared memory through descriptors (NT = 4 or 8; the A descriptors are those
+// of B for a 64-row tile: k_major, or mn_major with kTransposeA). kTransposeA / kTransposeB: stored MN-major.
+template <class E, bool kTransposeA, bool kTransposeB, int NT>
+__device__ __forceinline__ void wgmma_ss(float (&acc)[NT][4], std::uint64_t a, std::uint64_t b, bool accumulate = true) {
+  static_assert(NT == 4 || NT == 8, "m64n32k16 or m64n64k16");
+#ifdef DELTATRAIN_WGMMA
+  float* d = &acc[0][0];
+  constexpr int kTypeBf16 = std::is_same_v<E, __nv_bfloat16> ? 1 : 0;
+#define DELTATRAIN_WGMMA_SS16(TYPE)                                                                                   \
+  asm volatile(                                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                                                     \
+      " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, %20;\n}\n"                    \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),  \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                     \
+      : "l"(a), "l"(b), "r"(accumulate ? 1 : 0), "n"(kTransposeA ? 1 : 0), "n"(kTransposeB ? 1 : 0))
+#define DELTATRAIN_WGMMA_SS32(TYPE)                                                                                   \
+  asm volatile(                                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE                                                     \
+      " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28," \
+      "%29,%30,%31}, %32, %33, p, 1, 1, %35, %36;\n}\n"                                                              \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),  \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                    \
+      : "l"(a), "l"(b), "r"(accumulate ? 1 : 0), "n"(kTransposeA ? 1 : 0), "n"(kTransposeB ? 1 : 0))
+  if constexpr (NT == 4 && kTypeBf16) {
+    DELTATRAIN_WGMMA_SS16("bf16");
+  } else if constexpr (NT == 4) {
+    DELTATRAIN_WGMMA_SS16("f16");
+  } else if constexpr (kTypeBf16) {
+    DELTATRAIN_WGMMA_SS32("bf16");
+  } else {
+    DELTATRAIN_WGMMA_SS32("f16");
+  }
+#undef DELTATRAIN_WGMMA_SS16
+#undef DELTATRAIN_WGMMA_SS32
+#endif
+}
+
+// acc (+)= A * B over kSteps steps of 16 along k, both operands from shared memory: a(k0) and b(k0) give the
+// descriptors of the step at k0; the first step overwrites acc unless `accumulate`.
+template <class E, bool kTransposeA, bool kTransposeB, int kSteps, int NT, class DescriptorA, class DescriptorB>
+__device__ __forceinline__ void wgmma_ss_product(float (&acc)[NT][4], DescriptorA&& a, DescriptorB&& b,
+                                                 bool accumulate) {
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    wgmma_ss<E, kTransposeA, kTransposeB>(acc, a(16 * step), b(16 * step), accumulate || step > 0);
+  }
 }
 
 }  // namespace deltatrain::gdn::cuda
