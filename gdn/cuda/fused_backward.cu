@@ -68,9 +68,9 @@ struct FusedBackwardSmem {
   static constexpr int e_parts = g_parts + 6 * kChunk * 4;          // the same of beta E_
   static constexpr int e_sums = e_parts + 6 * kChunk * 4;           // [2 column halves][64]: rowsum(E_)
   static constexpr int q_dots = e_sums + 2 * kChunk * 4;            // rowdot(scale E dO S^T, Q)
-  static constexpr int corr_dots = q_dots + 2 * kChunk * 4;         // rowdot(dcorr S^T, K)
-  static constexpr int delta_dots = corr_dots + 2 * kChunk * 4;     // rowdot(Delta dS'^T, K)
-  static constexpr int dgamma = delta_dots + 2 * kChunk * 4;
+  static constexpr int corr_parts = q_dots + 2 * kChunk * 4;        // [warp][64]: rowsum(dcorr * K S) per warp
+  static constexpr int delta_parts = corr_parts + kFusedWarps * kChunk * 4;  // [warp][64]: rowsum(Delta * K dS')
+  static constexpr int dgamma = delta_parts + kFusedWarps * kChunk * 4;
   static constexpr int scratch = dgamma + kChunk * 4;
   // Dynamic shared memory is not promised 1024-byte alignment: the kernel rounds its start up.
   static constexpr int bytes = scratch + kFusedWarps * 4 + 1024;
@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   float* e_parts = smem_at<float>(smem, L::e_parts);
   float* e_sums = smem_at<float>(smem, L::e_sums);
   float* q_dots = smem_at<float>(smem, L::q_dots);
-  float* corr_dots = smem_at<float>(smem, L::corr_dots);
-  float* delta_dots = smem_at<float>(smem, L::delta_dots);
+  float* corr_parts = smem_at<float>(smem, L::corr_parts);
+  float* delta_parts = smem_at<float>(smem, L::delta_parts);
   float* dgamma = smem_at<float>(smem, L::dgamma);
 
   const int n = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
@@ -173,7 +173,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       for_each(tdd, kds, vr0, 0, [&](int r, int c, float& x, float& kd) {
         x += gate_out[c] * kd;
         ddelta_tile(c, r) = from_float<E>(x);
+        kd *= to_float(delta_tile(c, r));  // Delta * K dS', dgamma's D term
       });
+      store_column_sums(kds, delta_parts + warp * kChunk, 0);
     }
     WarpOperand<E, kChunk> ddelta_operand(nullptr);
     ddelta_operand.set(tdd, 1.f);
@@ -192,21 +194,27 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     });
     wgmma_wait();
     hold(tdd[0]);
-    {  // corr^T (mma.sync): its beta-scaled copy for dT, and dbeta's part from it
-      float corr[1][kChunk / 8][4];
+    {  // corr^T (mma.sync): its beta-scaled copy for dT, and dbeta's and dgamma's parts from it and K S
+      float corr[1][kChunk / 8][4], dcorr_ks[1][kChunk / 8][4];
       zero(corr);
       warp_mma(corr, plain(s_tile), vr0, transposed(k_tile), 0, 0, K);  // (K S)^T
+      for_each(dcorr_ks, corr, vr0, 0, [](int, int, float& x, float& ks) { x = ks; });
       for_each(corr, tdd, vr0, 0, [&](int r, int c, float& x, float& td) {
         x = to_float(v_tile(c, r)) - gate_in[c] * x;
         bcorr_tile(c, r) = from_float<E>(beta[c] * x);
-        x *= td;
+        x *= td;        // corr * T^T dDelta, dbeta's
+        td *= beta[c];  // dcorr
       });
       store_column_sums(corr, beta_parts + warp * kChunk, 0);
+      for_each(dcorr_ks, tdd, vr0, 0, [](int, int, float& x, float& dcorr) { x *= dcorr; });  // dgamma's E term
+      store_column_sums(dcorr_ks, corr_parts + warp * kChunk, 0);
     }
     __syncwarp();  // the warp's lanes have read their columns of V, which dcorr now overwrites
+    // dV = dcorr from the registers; the tile takes -E dcorr, dK's A operand.
+    E* const dv = static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V;
     for_each(tdd, vr0, 0, [&](int r, int c, float& x) {
-      x *= beta[c];
-      dcorr_tile(c, r) = from_float<E>(x);
+      if (c < rows) dv[static_cast<std::int64_t>(c) * p.HV * V + r] = from_float<E>(x);
+      dcorr_tile(c, r) = from_float<E>(-gate_in[c] * x);
     });
     do_operand.scale_columns(gate_in, p.scale);
     {
@@ -229,8 +237,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     __syncthreads();  // dDelta, dcorr, beta corr and dS' are in shared memory
 
     // ---- the products over V ----
-    store_rows<kFusedThreads>(dcorr_tile, static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V,
-                              static_cast<std::int64_t>(p.HV) * V, rows, tid);  // dV = dcorr
     // Each warpgroup forms its 32 columns of the 64 x 64 products and its 64 of the 64 x 128 ones (wgmma, both
     // operands from shared memory), in the layout the mma.sync helpers hold: warp w has the 16 x 32 block at
     // (m0, n0) or the 16 x 64 one at (m0, n0_keys).
@@ -309,23 +315,17 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       hold(dq[0]);
       store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
     }
-    {  // dK
-      float dk[1][8][4], from_state[1][8][4];
+    {  // dK = diag(D) Delta dS'^T - diag(E) dcorr S^T + M^T Q + F K + F^T K (the dcorr tile holds -E dcorr)
+      float dk[1][8][4];
       wgmma_fence();
-      wgmma_ss_product<E, false, true, V / 16>(dk[0], [&](int k0) { return k_major(at_use(dcorr_tile), k0); },
-                                               keys_b(s_tile), false);
-      wgmma_ss_product<E, false, true, V / 16>(from_state[0], [&](int k0) { return k_major(at_use(delta_tile), k0); },
+      wgmma_ss_product<E, false, true, V / 16>(dk[0], [&](int k0) { return k_major(at_use(delta_tile), k0); },
                                                keys_b(ds_tile), false);
       wgmma_commit_and_wait();
       hold(dk[0]);
-      hold(from_state[0]);
-      row_dots(dk, k_tile, m0, n0_keys, sums);
-      store_row_pair(sums, corr_dots, m0, n0);
-      row_dots(from_state, k_tile, m0, n0_keys, sums);
-      store_row_pair(sums, delta_dots, m0, n0);
-      for_each(dk, from_state, m0, n0_keys,
-               [&](int r, int, float& x, float& y) { x = gate_out[r] * y - gate_in[r] * x; });
+      for_each(dk, m0, n0_keys, [&](int r, int, float& x) { x *= gate_out[r]; });
       wgmma_fence();
+      wgmma_ss_product<E, false, true, V / 16>(dk[0], [&](int k0) { return k_major(at_use(dcorr_tile), k0); },
+                                               keys_b(s_tile), true);
       wgmma_ss_product<E, true, true, kChunk / 16>(dk[0], [&](int k0) { return mn_major(at_use(m_tile), k0, 0); },
                                                    keys_b(q_tile), true);  // + M^T Q
       wgmma_ss_product<E, false, true, kChunk / 16>(dk[0], [&](int k0) { return k_major(at_use(f_tile), k0); },
@@ -341,20 +341,23 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     // ---- per token: dgamma and dbeta ----
     if (tid < kChunk) {
       const int r = tid, last_row = rows - 1;
-      auto halves = [](const float* table, int row) { return table[row] + table[kChunk + row]; };
-      float dg = halves(q_dots, r) - gate_in[r] * halves(corr_dots, r) + decay_balance(g_parts, r) +
-                 decay_balance(e_parts, r);
+      auto over_warps = [](const float* parts, int row) {  // in warp order
+        float sum = 0.f;
+        for (int w = 0; w < kFusedWarps; ++w) sum += parts[w * kChunk + row];
+        return sum;
+      };
+      float dg = q_dots[r] + q_dots[kChunk + r] - gate_in[r] * over_warps(corr_parts, r) +
+                 decay_balance(g_parts, r) + decay_balance(e_parts, r);
       if (r == last_row) {
         // The state path's own decay: every row's D term lands here (D = e^(gamma_last - gamma)), less this
         // row's, whose D is 1 and cancels exactly; and E_n sum(S * dS').
-        for (int other = 0; other < last_row; ++other) dg += gate_out[other] * halves(delta_dots, other);
+        for (int other = 0; other < last_row; ++other) dg += gate_out[other] * over_warps(delta_parts, other);
         dg += gate_in[kChunk - 1] * total_state_dot;
       } else {
-        dg -= gate_out[r] * halves(delta_dots, r);
+        dg -= gate_out[r] * over_warps(delta_parts, r);
       }
       dgamma[r] = r < rows ? dg : 0.f;
-      float db = e_sums[r] + e_sums[kChunk + r];
-      for (int w = 0; w < kFusedWarps; ++w) db += beta_parts[w * kChunk + r];
+      const float db = e_sums[r] + e_sums[kChunk + r] + over_warps(beta_parts, r);
       if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
     }
     __syncthreads();  // every tile and vector of the chunk is read but dgamma
