@@ -355,6 +355,7 @@ class CudaBackend final : public Backend {
     call.prepare(p.io_dtype, kernels);
     if (k.fused_backward) {
       cuda::launch_state_forward(k, p.io_dtype, true, kernels);
+      cuda::launch_backward_segment_starts(k, p.io_dtype, kernels);
       cuda::launch_fused_backward(k, p.io_dtype, kernels);
     } else {
       cuda::launch_backward_state_passes(k, p.io_dtype, kernels);

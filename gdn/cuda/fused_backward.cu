@@ -109,14 +109,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   float* delta_parts = smem_at<float>(smem, L::delta_parts);
   float* dgamma = smem_at<float>(smem, L::dgamma);
 
-  const int n = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
+  // Runs are the sequence's segments in the order the reverse walk takes them (run 0 is the last segment).
+  const int runs = p.segments, n = blockIdx.x / runs, run = blockIdx.x % runs, hv = blockIdx.y, h = hv / p.group;
   const int tid = threadIdx.x, warp = tid / 32;
   const int vr0 = 16 * warp;  // the warp's value rows of the state (the chain)
   // Blocks of the products over V: 16 x 32 of a 64 x 64 result, 16 x 64 of a 64 x 128 one.
   const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), n0_keys = 64 * (warp / 4);
   const std::int64_t state_origin = (static_cast<std::int64_t>(n) * p.HV + hv) * K * V;  // of dht and dh0 [K][V]
 
-  const SequenceChunks chunks(p, n);
+  const SequenceChunks chunks = SequenceChunks(p, n).segment(runs - 1 - run, runs);
   auto load_chunk = [&](int j) {
     const ChunkInfo chunk = chunks[j];
     const int c = chunks.first + j;
@@ -134,9 +135,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     cp_async_commit();
   };
 
-  // dS'^T of the last chunk: the final state's gradient, [K][V] in memory.
+  // dS'^T of the run's last chunk: the final state's gradient ([K][V] in memory) for the last segment, else the
+  // gradient at the next segment's start that steps 1 and 2 composed ([V][K]).
   float ds[1][K / 8][4];
-  for_each(ds, vr0, 0, [&](int r, int c, float& x) { x = p.dht != nullptr ? p.dht[state_origin + c * V + r] : 0.f; });
+  if (run == 0) {
+    for_each(ds, vr0, 0, [&](int r, int c, float& x) { x = p.dht != nullptr ? p.dht[state_origin + c * V + r] : 0.f; });
+  } else {
+    const float* start = segment_start_rows(p, n, run, hv);
+    for_each(ds, vr0, 0, [&](int r, int c, float& x) { x = start[r * K + c]; });
+  }
 
   if (chunks.count > 0) load_chunk(chunks.count - 1);
 #pragma unroll 1
@@ -368,7 +375,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       store_gate<E>(p.dg, (t0 + tid) * p.HV + hv, p.g_float, dg);
     }
   }
-  if (p.dh0 != nullptr) for_each(ds, vr0, 0, [&](int r, int c, float& x) { p.dh0[state_origin + c * V + r] = x; });
+  if (p.dh0 != nullptr && run == runs - 1) {
+    for_each(ds, vr0, 0, [&](int r, int c, float& x) { p.dh0[state_origin + c * V + r] = x; });
+  }
 #endif
 }
 
@@ -377,8 +386,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
 void launch_fused_backward(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K == 128) {  // where plan_execution fuses
-      launch<fused_backward_kernel<E>>("gdn fused_backward_kernel", dim3(p.sequences, p.HV), dim3(kFusedThreads),
-                                       FusedBackwardSmem<E>::bytes, kernels);
+      launch<fused_backward_kernel<E>>("gdn fused_backward_kernel", dim3(p.sequences * p.segments, p.HV),
+                                       dim3(kFusedThreads), FusedBackwardSmem<E>::bytes, kernels);
     }
   });
 }

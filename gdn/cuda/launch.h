@@ -68,8 +68,11 @@ bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence
 void launch_chunk_grad(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: the WY/UT-transform backward, then dg (reverse cumsum), dbeta and dk.
 void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels);
-// After the reverse pass (fused_backward_kernel, where p.fused_backward): per sequence and value head, the
-// chunks in reverse with the state gradient held: dv, dg, dbeta, dh0, and dq and dk per value head.
+// Where the call has segments (wgmma): the true state gradient at each segment's start of the reverse walk, the
+// start of each CTA of the fused backward (steps 1 and 2 of the backward's segmented pass, without the pass).
+void launch_backward_segment_starts(const Params& p, DType io, KernelSequence& kernels);
+// After the recompute pass (fused_backward_kernel, where p.fused_backward): per sequence, segment and value head,
+// the chunks in reverse with the state gradient held: dv, dg, dbeta, dh0, and dq and dk per value head.
 void launch_fused_backward(const Params& p, DType io, KernelSequence& kernels);
 // dq and dk from dq_head and dk_head: the GVA group summed (fused backward) and through the L2-norm backward;
 // without the fused backward only dq with the L2 norm (wy_grad writes dk, chunk_grad dq otherwise).

@@ -36,6 +36,18 @@ struct SequenceChunks {
   __host__ __device__ static int segment_of(int j, int count, int segments) { return j / segment_chunks(count, segments); }
 };
 
+// A segment's row blocks in the workspace: [sequence, run, HV, rows, K] with `rows` rows.
+template <class T>
+__device__ __forceinline__ T* segment_rows(void* base, const Params& p, int n, int run, int runs, int hv, int rows) {
+  return static_cast<T*>(base) + ((static_cast<std::int64_t>(n) * runs + run) * p.HV + hv) * rows * p.K;
+}
+// The rows of S^T (or of its gradient) entering run `run` >= 1 of sequence n's segmented pass, [V][K] in float32:
+// for the second run the end of the first, which the segment ends pass stored; later ones segment_starts_kernel's.
+__device__ __forceinline__ const float* segment_start_rows(const Params& p, int n, int run, int hv) {
+  return run == 1 ? segment_rows<float>(p.segment_ends, p, n, 0, p.segments - 1, hv, p.V)
+                  : segment_rows<float>(p.segment_starts, p, n, run, p.segments, hv, p.V);
+}
+
 // Walks the chunks of a sequence (in order, or last to first) with `stages` chunks in flight:
 // issue(j, stage) starts chunk j's copies into a stage, body(j, stage) consumes them once they landed.
 // kAsyncProxy: the body reads the tiles with wgmma, which reads shared memory through the async proxy, so

@@ -75,12 +75,6 @@ struct StateRows {
   int v0, k0;
 };
 
-// A segment's row blocks in the workspace: [sequence, run, HV, rows, K] with `rows` rows.
-template <class T>
-__device__ __forceinline__ T* segment_rows(void* base, const Params& p, int n, int run, int runs, int hv, int rows) {
-  return static_cast<T*>(base) + ((static_cast<std::int64_t>(n) * runs + run) * p.HV + hv) * rows * p.K;
-}
-
 // What the forward and the backward kernels share: the CTA's place, its chunks, its tiles and their copies,
 // and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64 kGroups,
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
@@ -192,9 +186,7 @@ struct HopperPass {
     } else if constexpr (kPass == Pass::segment_ends) {
       zero(state);
     } else {
-      const float* start = run == 1 ? segment_rows<float>(p.segment_ends, p, n, 0, p.segments - 1, hv, p.V)
-                                    : segment_rows<float>(p.segment_starts, p, n, run, p.segments, hv, p.V);
-      load_pairs(state, start + at.v0 * K, K, 16);
+      load_pairs(state, segment_start_rows(p, n, run, hv) + at.v0 * K, K, 16);
     }
   }
   // The first run starts from the true state, so no step uses its M: those CTAs of segment_ends have nothing
@@ -511,18 +503,23 @@ int launch_run(const Params& p, const char* name, int runs, int row_blocks, Kern
 // A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments. Where
 // p.late_prepare (the forward), the kernel recorded before is prepare without the last segment's chunks:
 // those are prepared beside steps 1 and 2, and the pass proper waits for both.
+// Steps 1 and 2 of a segmented pass, the true state (or its gradient) at each segment's start, where the call
+// has segments: the segment ends pass, then segment_starts_kernel for more than two segments.
+template <class E, int K, bool kReverse, int kGroups>
+void launch_segment_starts(const Params& p, const char* ends_name, KernelSequence& kernels) {
+  if (p.segments < 2) return;
+  launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(p, ends_name, p.segments - 1, (p.V + K) / kColumns, kernels);
+  if (p.segments > 2) {
+    using Starts = SegmentStartsSmem<E, K>;
+    launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / Starts::kRows),
+                                        dim3(Starts::kThreads), Starts::bytes, kernels);
+  }
+}
+
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 void launch_grouped_pass(const Params& p, DType io, const char* name, const char* ends_name, KernelSequence& kernels) {
   const int prepared = kernels.last();
-  if (p.segments > 1) {
-    launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(p, ends_name, p.segments - 1, (p.V + K) / kColumns,
-                                                            kernels);
-    if (p.segments > 2) {
-      using Starts = SegmentStartsSmem<E, K>;
-      launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / Starts::kRows),
-                                          dim3(Starts::kThreads), Starts::bytes, kernels);
-    }
-  }
+  launch_segment_starts<E, K, kReverse, kGroups>(p, ends_name, kernels);
   const int starts_ready = kernels.last();
   const bool late_prepare = kPass == Pass::forward && p.late_prepare;
   if (late_prepare) launch_late_prepare(p, io, kernels, prepared);
@@ -580,15 +577,28 @@ bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence
   return true;
 }
 
+constexpr const char* kBackwardEnds = "gdn state_backward_hopper_kernel (segment ends)";
+
 bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels) {
   if (!p.wgmma) return false;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
-      launch_pass<E, K, Pass::backward, true>(p, io, "gdn state_backward_hopper_kernel",
-                                              "gdn state_backward_hopper_kernel (segment ends)", kernels);
+      launch_pass<E, K, Pass::backward, true>(p, io, "gdn state_backward_hopper_kernel", kBackwardEnds, kernels);
     }
   });
   return true;
+}
+
+void launch_backward_segment_starts(const Params& p, DType io, KernelSequence& kernels) {
+  if (!p.wgmma) return;
+  dispatch(io, p.K, [&]<class E, int K>() {
+    if constexpr (sizeof(E) == 2 && K <= 128) {
+      if constexpr (K == 128) {
+        if (p.warpgroups == 2) return launch_segment_starts<E, K, true, 2>(p, kBackwardEnds, kernels);
+      }
+      launch_segment_starts<E, K, true, 1>(p, kBackwardEnds, kernels);
+    }
+  });
 }
 
 }  // namespace deltatrain::gdn::cuda
