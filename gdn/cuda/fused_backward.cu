@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     load_chunk_rows<kFusedThreads>(delta_tile, p.delta, p.HV, hv, V, 0, chunk, tid);
     load_chunk_rows<kFusedThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
     load_chunk_rows<kFusedThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
-    load_rows_async<kFusedThreads>(s_tile, static_cast<const E*>(p.states) + (static_cast<std::int64_t>(c) * p.HV + hv) * V * K,
-                                   K, V, tid);
+    const std::int64_t state_row = (static_cast<std::int64_t>(c) * p.HV + hv) * V;
+    load_rows_async<kFusedThreads>(s_tile, static_cast<const E*>(p.states) + state_row * K, K, V, tid);
     load_gamma_async(p, gamma, hv, chunk, tid);
     load_gates_async(p, gate_in, gate_out, hv, chunk, tid);
     cp_async_commit();
@@ -251,14 +251,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     {
       float dt[1][4][4];
       wgmma_fence();
-      wgmma_ss_product<E, false, false, V / 16>(
-          dp[0], [&](int k0) { return k_major(at_use(do_tile), k0); }, [&](int k0) { return k_major(at_use(delta_tile), k0, n0); },
-          false);
-      wgmma_ss_product<E, false, false, V / 16>(
-          dt[0], [&](int k0) { return k_major(at_use(ddelta_tile), k0); }, [&](int k0) { return k_major(at_use(bcorr_tile), k0, n0); },
-          false);
-      wgmma_ss_product<E, false, false, K / 16>(
-          kk[0], [&](int k0) { return k_major(at_use(k_tile), k0); }, [&](int k0) { return k_major(at_use(k_tile), k0, n0); }, false);
+      // Operands of all 64 rows, and of the warpgroup's 32 rows of a K-major B.
+      auto rows_a = [](const auto& tile) { return [&](int k0) { return k_major(at_use(tile), k0); }; };
+      auto rows_b = [&](const auto& tile) { return [&](int k0) { return k_major(at_use(tile), k0, n0); }; };
+      wgmma_ss_product<E, false, false, V / 16>(dp[0], rows_a(do_tile), rows_b(delta_tile), false);
+      wgmma_ss_product<E, false, false, V / 16>(dt[0], rows_a(ddelta_tile), rows_b(bcorr_tile), false);
+      wgmma_ss_product<E, false, false, K / 16>(kk[0], rows_a(k_tile), rows_b(k_tile), false);
       wgmma_commit_and_wait();
       hold(dp[0]);
       hold(dt[0]);
@@ -280,9 +278,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     {
       float x[1][4][4];  // X = T^T dT
       wgmma_fence();
-      wgmma_ss_product<E, true, false, kChunk / 16>(
-          x[0], [&](int k0) { return mn_major(at_use(t_tile), k0, 0); }, [&](int k0) { return k_major(at_use(dt_tile), k0, n0); },
-          false);
+      wgmma_ss_product<E, true, false, kChunk / 16>(x[0], [&](int k0) { return mn_major(at_use(t_tile), k0, 0); },
+                                                    [&](int k0) { return k_major(at_use(dt_tile), k0, n0); }, false);
       wgmma_commit_and_wait();
       hold(x[0]);
       store(x, x_tile, m0, n0);
@@ -292,8 +289,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     {
       float da[1][4][4];  // -dA = X T^T
       wgmma_fence();
-      wgmma_ss_product<E, false, false, kChunk / 16>(
-          da[0], [&](int k0) { return k_major(at_use(x_tile), k0); }, [&](int k0) { return k_major(at_use(t_tile), k0, n0); }, false);
+      wgmma_ss_product<E, false, false, kChunk / 16>(da[0], [&](int k0) { return k_major(at_use(x_tile), k0); },
+                                                     [&](int k0) { return k_major(at_use(t_tile), k0, n0); }, false);
       wgmma_commit_and_wait();
       hold(da[0]);
       inverse_backward(da, kk, f_tile, gamma, beta, m0, n0, e_sums, e_parts);
@@ -303,13 +300,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
 
     const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
     const std::int64_t key_origin = ((t0 + m0) * p.HV + hv) * K + n0_keys;
+    // The warpgroup's 64 key columns of an MN-major B.
     auto keys_b = [&](const auto& tile) { return [&](int k0) { return mn_major(at_use(tile), k0, n0_keys); }; };
     float sums[2];
     {  // dQ
       float dq[1][8][4];
       wgmma_fence();
-      wgmma_ss_product<E, false, true, V / 16>(dq[0], [&](int k0) { return k_major(at_use(do_tile), k0); }, keys_b(s_tile),
-                                               false);
+      wgmma_ss_product<E, false, true, V / 16>(dq[0], [&](int k0) { return k_major(at_use(do_tile), k0); },
+                                               keys_b(s_tile), false);
       wgmma_commit_and_wait();
       hold(dq[0]);
       for_each(dq, m0, n0_keys, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });

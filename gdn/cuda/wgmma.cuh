@@ -168,7 +168,8 @@ __device__ __forceinline__ void wgmma_64x64x16(float (&acc)[8][4], const std::ui
 // is false, both operands read from shared memory through descriptors (NT = 4 or 8; the A descriptors are those
 // of B for a 64-row tile: k_major, or mn_major with kTransposeA). kTransposeA / kTransposeB: stored MN-major.
 template <class E, bool kTransposeA, bool kTransposeB, int NT>
-__device__ __forceinline__ void wgmma_ss(float (&acc)[NT][4], std::uint64_t a, std::uint64_t b, bool accumulate = true) {
+__device__ __forceinline__ void wgmma_ss(float (&acc)[NT][4], std::uint64_t a, std::uint64_t b,
+                                         bool accumulate = true) {
   static_assert(NT == 4 || NT == 8, "m64n32k16 or m64n64k16");
 #ifdef DELTATRAIN_WGMMA
   float* d = &acc[0][0];
