@@ -186,11 +186,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     }
     WarpOperand<E, kChunk> ddelta_operand(nullptr);
     ddelta_operand.set(tdd, 1.f);
+    float corr[1][kChunk / 8][4];  // (K S)^T beside the chain: S^T's rows of this warpgroup times K^T
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb) {
       wgmma_64x64x16<E, true>(tdd[0], ddelta_operand.frag[kb], mn_major(at_use(t_tile), 16 * kb, 0), kb > 0);
     }
+    wgmma_ss_product<E, false, false, K / 16>(corr[0], [&](int k0) { return k_major(at_use(s_tile), k0, vr0 & ~63); },
+                                              [&](int k0) { return k_major(at_use(k_tile), k0); }, false);
     wgmma_commit();
     // Beside the product: dS' into shared memory for dK, its dot with S for dgamma, and E_n dS'.
     float state_dot = 0.f;  // this thread's part of sum(S * dS'), for dgamma at the chunk's last row
@@ -201,10 +204,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     });
     wgmma_wait();
     hold(tdd[0]);
-    {  // corr^T (mma.sync): its beta-scaled copy for dT, and dbeta's and dgamma's parts from it and K S
-      float corr[1][kChunk / 8][4], dcorr_ks[1][kChunk / 8][4];
-      zero(corr);
-      warp_mma(corr, plain(s_tile), vr0, transposed(k_tile), 0, 0, K);  // (K S)^T
+    hold(corr[0]);
+    {  // corr^T: its beta-scaled copy for dT, and dbeta's and dgamma's parts from it and K S
+      float dcorr_ks[1][kChunk / 8][4];
       for_each(dcorr_ks, corr, vr0, 0, [](int, int, float& x, float& ks) { x = ks; });
       for_each(corr, tdd, vr0, 0, [&](int r, int c, float& x, float& td) {
         x = to_float(v_tile(c, r)) - gate_in[c] * x;
