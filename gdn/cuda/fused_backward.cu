@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   const int tid = threadIdx.x, warp = tid / 32;
   const int vr0 = 16 * warp;  // the warp's value rows of the state (the chain)
   // Blocks of the products over V: 16 x 32 of a 64 x 64 result, 16 x 64 of a 64 x 128 one.
-  const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4), n0_keys = 64 * (warp / 4);
+  const int block_m0 = 16 * (warp % 4), block_n0 = 32 * (warp / 4);
   const std::int64_t state_origin = (static_cast<std::int64_t>(n) * p.HV + hv) * K * V;  // of dht and dh0 [K][V]
 
   const SequenceChunks chunks = SequenceChunks(p, n).segment(runs - 1 - run, runs);
@@ -148,6 +148,11 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   if (chunks.count > 0) load_chunk(chunks.count - 1);
 #pragma unroll 1
   for (int j = chunks.count - 1; j >= 0; --j) {
+    // The block offsets made opaque each chunk, so that the addresses derived from them are formed where used
+    // instead of hoisted out of the loop into registers, which spilled.
+    int m0 = block_m0, n0 = block_n0;
+    asm volatile("" : "+r"(m0), "+r"(n0));
+    const int n0_keys = 2 * n0;
     const ChunkInfo chunk = chunks[j];
     const std::int64_t t0 = chunk.start;
     const int rows = chunk.length;
