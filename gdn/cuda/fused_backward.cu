@@ -309,45 +309,40 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     const std::int64_t key_origin = ((t0 + m0) * p.HV + hv) * K + n0_keys;
     // The warpgroup's 64 key columns of an MN-major B.
     auto keys_b = [&](const auto& tile) { return [&](int k0) { return mn_major(at_use(tile), k0, n0_keys); }; };
+    // dQ = scale diag(E) dO S^T + M K and dK = diag(D) Delta dS'^T - diag(E) dcorr S^T + M^T Q + F K + F^T K (the
+    // dcorr tile holds -E dcorr): the row-scaled products first, both in one group, then the rest in another.
+    float dq[1][8][4], dk[1][8][4];
+    wgmma_fence();
+    wgmma_ss_product<E, false, true, V / 16>(dq[0], [&](int k0) { return k_major(at_use(do_tile), k0); },
+                                             keys_b(s_tile), false);
+    wgmma_ss_product<E, false, true, V / 16>(dk[0], [&](int k0) { return k_major(at_use(delta_tile), k0); },
+                                             keys_b(ds_tile), false);
+    wgmma_commit_and_wait();
+    hold(dq[0]);
+    hold(dk[0]);
+    for_each(dq, dk, m0, n0_keys, [&](int r, int, float& q, float& k) {
+      q *= p.scale * gate_in[r];
+      k *= gate_out[r];
+    });
     float sums[2];
-    {  // dQ
-      float dq[1][8][4];
-      wgmma_fence();
-      wgmma_ss_product<E, false, true, V / 16>(dq[0], [&](int k0) { return k_major(at_use(do_tile), k0); },
-                                               keys_b(s_tile), false);
-      wgmma_commit_and_wait();
-      hold(dq[0]);
-      for_each(dq, m0, n0_keys, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
-      row_dots(dq, q_tile, m0, n0_keys, sums);
-      store_row_pair(sums, q_dots, m0, n0);
-      wgmma_fence();
-      wgmma_ss_product<E, false, true, kChunk / 16>(dq[0], [&](int k0) { return k_major(at_use(m_tile), k0); },
-                                                    keys_b(k_tile), true);  // + M K
-      wgmma_commit_and_wait();
-      hold(dq[0]);
-      store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
-    }
-    {  // dK = diag(D) Delta dS'^T - diag(E) dcorr S^T + M^T Q + F K + F^T K (the dcorr tile holds -E dcorr)
-      float dk[1][8][4];
-      wgmma_fence();
-      wgmma_ss_product<E, false, true, V / 16>(dk[0], [&](int k0) { return k_major(at_use(delta_tile), k0); },
-                                               keys_b(ds_tile), false);
-      wgmma_commit_and_wait();
-      hold(dk[0]);
-      for_each(dk, m0, n0_keys, [&](int r, int, float& x) { x *= gate_out[r]; });
-      wgmma_fence();
-      wgmma_ss_product<E, false, true, V / 16>(dk[0], [&](int k0) { return k_major(at_use(dcorr_tile), k0); },
-                                               keys_b(s_tile), true);
-      wgmma_ss_product<E, true, true, kChunk / 16>(dk[0], [&](int k0) { return mn_major(at_use(m_tile), k0, 0); },
-                                                   keys_b(q_tile), true);  // + M^T Q
-      wgmma_ss_product<E, false, true, kChunk / 16>(dk[0], [&](int k0) { return k_major(at_use(f_tile), k0); },
-                                                    keys_b(k_tile), true);  // + F K
-      wgmma_ss_product<E, true, true, kChunk / 16>(dk[0], [&](int k0) { return mn_major(at_use(f_tile), k0, 0); },
-                                                   keys_b(k_tile), true);  // + F^T K
-      wgmma_commit_and_wait();
-      hold(dk[0]);
-      store_pairs(dk, p.dk_head + key_origin, key_stride, rows - m0);
-    }
+    row_dots(dq, q_tile, m0, n0_keys, sums);
+    store_row_pair(sums, q_dots, m0, n0);
+    wgmma_fence();
+    wgmma_ss_product<E, false, true, kChunk / 16>(dq[0], [&](int k0) { return k_major(at_use(m_tile), k0); },
+                                                  keys_b(k_tile), true);  // + M K
+    wgmma_ss_product<E, false, true, V / 16>(dk[0], [&](int k0) { return k_major(at_use(dcorr_tile), k0); },
+                                             keys_b(s_tile), true);
+    wgmma_ss_product<E, true, true, kChunk / 16>(dk[0], [&](int k0) { return mn_major(at_use(m_tile), k0, 0); },
+                                                 keys_b(q_tile), true);  // + M^T Q
+    wgmma_ss_product<E, false, true, kChunk / 16>(dk[0], [&](int k0) { return k_major(at_use(f_tile), k0); },
+                                                  keys_b(k_tile), true);  // + F K
+    wgmma_ss_product<E, true, true, kChunk / 16>(dk[0], [&](int k0) { return mn_major(at_use(f_tile), k0, 0); },
+                                                 keys_b(k_tile), true);  // + F^T K
+    wgmma_commit_and_wait();
+    hold(dq[0]);
+    hold(dk[0]);
+    store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
+    store_pairs(dk, p.dk_head + key_origin, key_stride, rows - m0);
     const float total_state_dot = block_sum<kFusedThreads>(state_dot, smem_at<float>(smem, L::scratch));
 
     // ---- per token: dgamma and dbeta ----
