@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   const int vr0 = 16 * warp;  // the warp's value rows of the state (the chain)
   // Blocks of the products over V: 16 x 32 of a 64 x 64 result, 16 x 64 of a 64 x 128 one.
   const int block_m0 = 16 * (warp % 4), block_n0 = 32 * (warp / 4);
-  const std::int64_t state_origin = (static_cast<std::int64_t>(n) * p.HV + hv) * K * V;  // of dht and dh0 [K][V]
+  const StateRows at{vr0, 0};  // the warp's rows of dS^T, for dht, the segments' starts and dh0
 
   const SequenceChunks chunks = SequenceChunks(p, n).segment(runs - 1 - run, runs);
   auto load_chunk = [&](int j) {
@@ -139,10 +139,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   // gradient at the next segment's start that steps 1 and 2 composed ([V][K]).
   float ds[1][K / 8][4];
   if (run == 0) {
-    for_each(ds, vr0, 0, [&](int r, int c, float& x) { x = p.dht != nullptr ? p.dht[state_origin + c * V + r] : 0.f; });
+    load_state(ds, p.dht, p, n, hv, at);
   } else {
-    const float* start = segment_start_rows(p, n, run, hv);
-    for_each(ds, vr0, 0, [&](int r, int c, float& x) { x = start[r * K + c]; });
+    load_pairs(ds, segment_start_rows(p, n, run, hv) + at.v0 * K, K, 16);
   }
 
   if (chunks.count > 0) load_chunk(chunks.count - 1);
@@ -376,7 +375,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     }
   }
   if (p.dh0 != nullptr && run == runs - 1) {
-    for_each(ds, vr0, 0, [&](int r, int c, float& x) { p.dh0[state_origin + c * V + r] = x; });
+    store_state(ds, p.dh0, p, n, hv, at);
   }
 #endif
 }

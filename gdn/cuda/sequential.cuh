@@ -72,6 +72,11 @@ __device__ __forceinline__ void sequential_pass(int count, Issue&& issue, Body&&
   }
 }
 
+// Where a warp's rows of S^T sit: columns of V from v0, keys from k0 (all of them).
+struct StateRows {
+  int v0, k0;
+};
+
 // A warp's block of a [N, HV, K, V] float32 state (zero when absent), as S^T in acc: rows (columns of V)
 // from at.v0, columns (keys) from at.k0.
 template <int NT, class Place>

@@ -70,11 +70,6 @@ struct HopperSmem {
   static_assert(bytes <= kSmemLimit);
 };
 
-// Where a warp's rows of S^T sit: columns of V from v0, keys from k0 (all of them).
-struct StateRows {
-  int v0, k0;
-};
-
 // What the forward and the backward kernels share: the CTA's place, its chunks, its tiles and their copies,
 // and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64 kGroups,
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
