@@ -181,9 +181,9 @@ sanitize() {
   local out=$1 tool status
   setup "$out" >/dev/null || return 1
   # The small cases, and one long enough for fifteen segments (segment_starts_kernel's copies and barriers);
-  # then the backward of two of them through the fused backward (a partial chunk, many CTAs).
+  # then the backward of three of them through the fused backward (a partial chunk, many CTAs, segments).
   local small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads:Grid/CudaVsReference.*/bf16_long_few_heads'
-  local fused='Grid/CudaVsReference.Backward/bfloat16_K128_unaligned:Grid/CudaVsReference.Backward/bf16_many_heads'
+  local fused='Grid/CudaVsReference.Backward/bfloat16_K128_unaligned:Grid/CudaVsReference.Backward/bf16_many_heads:Grid/CudaVsReference.Backward/bf16_long_few_heads'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" --gtest_filter="$small" \
       >"$out/sanitize-$tool.log" 2>&1
