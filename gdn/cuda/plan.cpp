@@ -11,13 +11,19 @@ bool wgmma_applies(const PlanInputs& in) {
   return in.wgmma_device && in.wgmma_allowed && in.io != DType::f32 && in.K <= 128 && in.V % kWgmmaColumns == 0;
 }
 
-// The fused backward (built for K = V = 128) runs on request only: its first form, one CTA of mma.sync warps
-// per (sequence, value head), measured ~21 us a chunk on the H200, which made it 9% slower than the unfused
-// kernels even where the sequences' heads fill the GPU (bwd 16/32 8x4096) and far slower where they do not
-// (it walks each sequence whole); bench/NOTES.md, "The fused backward, first form".
+// The fused backward (built for K = V = 128) runs one CTA per (sequence, value head) through the chunks, so its time
+// is that of its waves (units / SMs rounded up), where the unfused kernels' follows the units themselves. Measured
+// where its waves are 97% full it wins (bwd 16/32 8x4096, 256 CTAs on 132 SMs: 3.82 -> 3.71 ms; the 0.8B model's
+// 16 heads x 8 sequences, 128 CTAs: the training step 379-383 -> 372-373 ms), which puts it ~6% ahead at a full
+// wave and even at ~94%; a quarter full it is 67% slower (bwd 2/4 8x4096), and segmented far slower still (bwd
+// 16/32 1x8192: 0.98 -> 1.68 ms). So unasked it runs where the waves are at least 24/25 full; bench/NOTES.md,
+// "The fused backward, first form" and after.
 bool fused_backward_applies(const PlanInputs& in) {
   if (in.op != Operation::chunk_backward || in.K != 128 || in.V != 128) return false;
-  return in.fused_backward_setting.value_or(false);
+  if (in.fused_backward_setting) return *in.fused_backward_setting;
+  const std::int64_t units = in.sequences * in.value_heads;
+  const std::int64_t wave_slots = (units + in.multiprocessors - 1) / in.multiprocessors * in.multiprocessors;
+  return 25 * units >= 24 * wave_slots;
 }
 
 ExecutionPlan plan_wgmma(const PlanInputs& in) {

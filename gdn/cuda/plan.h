@@ -27,7 +27,7 @@ struct PlanInputs {
   bool wgmma_device = false;      // the device is sm_90 and this build carries the sm_90a kernels
   bool wgmma_allowed = true;      // DELTATRAIN_CUDA_WGMMA is not 0 (core/system.h's switch_setting)
   // DELTATRAIN_CUDA_FUSED_BACKWARD (optional_switch_setting): true, the fused backward wherever it applies;
-  // unset, the plan's rule (today: never, until it is faster); false, never.
+  // unset, the plan's rule (where its CTAs fill their waves); false, never.
   std::optional<bool> fused_backward_setting;
 };
 
