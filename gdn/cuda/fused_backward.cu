@@ -3,7 +3,9 @@
 // value head) walks the sequence's chunks in reverse holding dS'^T, the gradient of the state leaving the chunk,
 // in float32 registers: warp w owns value rows 16 w .. 16 w + 15 with all K keys, so the dependent chain from
 // one chunk to the next is each warpgroup's own wgmma products (its 64 rows; B operands from 128-byte-swizzled
-// tiles of K, Q, P and T), with no barrier in it. Per chunk, from Q, K, V, dO, the
+// tiles of K, Q, P and T), with no barrier in it. Where the plan segments the call, a CTA per (sequence, segment,
+// value head) walks its segment's chunks from that segment's exact dS' (the backward's segment ends pass and
+// segment_starts_kernel compose it), so few sequences still fill the GPU. Per chunk, from Q, K, V, dO, the
 // gates, beta, T and P (prepare's), and S, the state entering the chunk, and Delta (the recompute pass's):
 //   the chain (wgmma):     KdS^T = dS'^T K^T,  dDelta^T = dO^T P + KdS^T diag(D),  tdd^T = dDelta^T T,
 //                          dcorr^T = tdd^T diag(beta),  dS^T = E_n dS'^T + scale dO^T diag(E) Q - dcorr^T diag(E) K
