@@ -23,6 +23,18 @@ __device__ __forceinline__ void store_gate(void* base, std::int64_t index, bool 
   }
 }
 
+// dg of the chunk's rows from dgamma (shared memory, one float a row): row r's is the sum of dgamma over rows
+// rows-1 down to r, in that order, by thread r of the first `rows`.
+template <class E>
+__device__ __forceinline__ void store_chunk_dg(const Params& p, const float* dgamma, std::int64_t t0, int rows,
+                                               int hv) {
+  const int r = threadIdx.x;
+  if (r >= rows) return;
+  float dg = 0.f;
+  for (int c = rows - 1; c >= r; --c) dg += dgamma[c];
+  store_gate<E>(p.dg, (t0 + r) * p.HV + hv, p.g_float, dg);
+}
+
 // First token of sequence n in the flattened B*T tokens (n == N gives the end of the last one).
 __device__ __forceinline__ std::int64_t sequence_start(const Params& p, int n) {
   if (p.cu_seqlens == nullptr) return static_cast<std::int64_t>(n) * p.T;

@@ -370,11 +370,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     }
     __syncthreads();  // every tile and vector of the chunk is read but dgamma
     if (j > 0) load_chunk(j - 1);
-    if (tid < rows) {
-      float dg = 0.f;
-      for (int other = rows - 1; other >= tid; --other) dg += dgamma[other];
-      store_gate<E>(p.dg, (t0 + tid) * p.HV + hv, p.g_float, dg);
-    }
+    store_chunk_dg<E>(p, dgamma, t0, rows, hv);
   }
   if (p.dh0 != nullptr && run == runs - 1) {
     store_state(ds, p.dh0, p, n, hv, at);

@@ -184,11 +184,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
       if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
     }
     __syncthreads();
-    if (tid < rows) {
-      float dg = 0.f;
-      for (int c = rows - 1; c >= tid; --c) dg += dgamma[c];
-      store_gate<E>(p.dg, (t0 + tid) * p.HV + hv, p.g_float, dg);
-    }
+    store_chunk_dg<E>(p, dgamma, t0, rows, hv);
     __syncthreads();  // this head's tiles and sums are read; the next head's may overwrite them
   }
   // dK is complete here. With the L2 norm it goes through its backward, dk = rstd (dk_hat - k_hat (k_hat .
@@ -213,6 +209,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
 }
 
 constexpr int kInputGradThreads = 256;
+constexpr int kRowsPerBlock = kInputGradThreads / 32;  // a warp a row
 
 // One warp per (token, q/k head): dq or dk (kKeys) from its rows in dq_head or dk_head, the GVA group's value
 // heads summed in head order where the fused backward left one row each, through the L2 norm's backward
@@ -220,7 +217,7 @@ constexpr int kInputGradThreads = 256;
 // slices each hold part of a row, so the row's dot is taken here.)
 template <class E, int K, bool kKeys>
 __global__ void __launch_bounds__(kInputGradThreads) input_grad_kernel(Params p) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kInputGradThreads / 32) + threadIdx.x / 32;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<std::int64_t>(p.tokens) * p.H) return;
   constexpr int kPerLane = K / 32;
@@ -255,8 +252,8 @@ void launch_input_grad(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     const std::int64_t rows = static_cast<std::int64_t>(p.tokens) * p.H;
     launch<input_grad_kernel<E, K, kKeys>>(kKeys ? "gdn input_grad_kernel (dk)" : "gdn input_grad_kernel (dq)",
-                                           dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(kInputGradThreads), 0,
-                                           kernels);
+                                           dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
+                                           dim3(kInputGradThreads), 0, kernels);
   });
 }
 
