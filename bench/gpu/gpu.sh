@@ -184,15 +184,16 @@ sanitize() {
   # then the backward of three of them through the fused backward (a partial chunk, many CTAs, segments).
   local small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads:Grid/CudaVsReference.*/bf16_long_few_heads'
   local fused='Grid/CudaVsReference.Backward/bfloat16_K128_unaligned:Grid/CudaVsReference.Backward/bf16_many_heads:Grid/CudaVsReference.Backward/bf16_long_few_heads'
+  # One tool over one filter (the environment the caller sets applies): its log, and a line with its verdict.
+  run_sanitizer() {  # TOOL NAME LABEL FILTER
+    compute-sanitizer --tool "$1" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" --gtest_filter="$4" \
+      >"$out/sanitize-$2.log" 2>&1
+    status=$?
+    echo "compute-sanitizer $3 exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$2.log" | tail -1)"
+  }
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" --gtest_filter="$small" \
-      >"$out/sanitize-$tool.log" 2>&1
-    status=$?
-    echo "compute-sanitizer $tool exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
-    DELTATRAIN_CUDA_FUSED_BACKWARD=1 compute-sanitizer --tool "$tool" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" \
-      --gtest_filter="$fused" >"$out/sanitize-$tool-fused.log" 2>&1
-    status=$?
-    echo "compute-sanitizer $tool (fused backward) exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool-fused.log" | tail -1)"
+    run_sanitizer "$tool" "$tool" "$tool" "$small"
+    DELTATRAIN_CUDA_FUSED_BACKWARD=1 run_sanitizer "$tool" "$tool-fused" "$tool (fused backward)" "$fused"
   done
 }
 
