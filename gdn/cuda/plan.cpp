@@ -13,9 +13,9 @@ bool wgmma_applies(const PlanInputs& in) {
 
 // The fused backward (built for K = V = 128) runs one CTA per (sequence, value head) through the chunks, so its time
 // is that of its waves (units / SMs rounded up), where the unfused kernels' follows the units themselves. Measured
-// where its waves are 97% full it wins (bwd 16/32 8x4096, 256 CTAs on 132 SMs: 3.82 -> 3.71 ms; the 0.8B model's
-// 16 heads x 8 sequences, 128 CTAs: the training step 379-383 -> 372-373 ms), which puts it ~6% ahead at a full
-// wave and even at ~94%; a quarter full it is 67% slower (bwd 2/4 8x4096), and segmented far slower still (bwd
+// where its waves are 97% full it wins by ~3% (bwd 16/32 8x4096, 256 CTAs on 132 SMs: 3.82 -> 3.71 ms; the 0.8B
+// model's 16 heads x 8 sequences, 128 CTAs: the training step 379-383 -> 372-373 ms), so by ~6% at a full wave, and
+// it breaks even near 94% full; a quarter full it is 67% slower (bwd 2/4 8x4096), and segmented far slower still (bwd
 // 16/32 1x8192: 0.98 -> 1.68 ms). So unasked it runs where the waves are at least 24/25 full; bench/NOTES.md,
 // "The fused backward, first form" and after.
 bool fused_backward_applies(const PlanInputs& in) {
