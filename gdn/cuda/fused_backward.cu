@@ -120,7 +120,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   const StateRows at{vr0, 0};  // the warp's rows of dS^T, for dht, the segments' starts and dh0
 
   const SequenceChunks chunks = SequenceChunks(p, n).segment(runs - 1 - run, runs);
-  auto load_chunk = [&](int j) {
+  // A chunk's tiles, which nothing reads once dQ and dK are formed, and its gates, which the per-token sums read
+  // to the end: two copy groups, so that the tiles' copies can start before those sums.
+  auto load_chunk_tiles = [&](int j) {
     const ChunkInfo chunk = chunks[j];
     const int c = chunks.first + j;
     load_chunk_rows<kFusedThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
@@ -132,6 +134,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     load_chunk_rows<kFusedThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
     const std::int64_t state_row = (static_cast<std::int64_t>(c) * p.HV + hv) * V;
     load_rows_async<kFusedThreads>(s_tile, static_cast<const E*>(p.states) + state_row * K, K, V, tid);
+    cp_async_commit();
+  };
+  auto load_chunk_gates = [&](int j) {
+    const ChunkInfo chunk = chunks[j];
     load_gamma_async(p, gamma, hv, chunk, tid);
     load_gates_async(p, gate_in, gate_out, hv, chunk, tid);
     cp_async_commit();
@@ -146,7 +152,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     load_pairs(ds, segment_start_rows(p, n, run, hv) + at.v0 * K, K, 16);
   }
 
-  if (chunks.count > 0) load_chunk(chunks.count - 1);
+  if (chunks.count > 0) {
+    load_chunk_tiles(chunks.count - 1);
+    load_chunk_gates(chunks.count - 1);
+  }
 #pragma unroll 1
   for (int j = chunks.count - 1; j >= 0; --j) {
     // The block offsets made opaque each chunk, so that the addresses derived from them are formed where used
@@ -359,6 +368,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     const float d_term = tid < last_row ? gate_out[tid] * over_warps(delta_parts, tid) : 0.f;
     const float last_row_terms =
         block_sum<kFusedThreads>(d_term + gate_in[kChunk - 1] * state_dot, smem_at<float>(smem, L::scratch));
+    // The block sum's barriers come after every warp's dQ/dK wait, the tiles' last readers.
+    if (j > 0) load_chunk_tiles(j - 1);
     if (tid < kChunk) {
       const int r = tid;
       float dg = q_dots[r] + q_dots[kChunk + r] - gate_in[r] * over_warps(corr_parts, r) +
@@ -368,8 +379,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       const float db = e_sums[r] + e_sums[kChunk + r] + over_warps(beta_parts, r);
       if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
     }
-    __syncthreads();  // every tile and vector of the chunk is read but dgamma
-    if (j > 0) load_chunk(j - 1);
+    __syncthreads();  // every vector of the chunk is read but dgamma
+    if (j > 0) load_chunk_gates(j - 1);
     store_chunk_dg<E>(p, dgamma, t0, rows, hv);
   }
   if (p.dh0 != nullptr && run == runs - 1) {
