@@ -136,6 +136,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     load_rows_async<kFusedThreads>(s_tile, static_cast<const E*>(p.states) + state_row * K, K, V, tid);
     cp_async_commit();
   };
+  // beta of chunk j into its shared vector, by warps 2 and 3 (threads 64..127), which wait through the per-token
+  // sums the first two warps run: the global load's latency hides there instead of at the chunk's top.
+  auto load_beta = [&](int j) {
+    const ChunkInfo chunk = chunks[j];
+    const int r = tid - kChunk;
+    if (r < 0 || r >= kChunk) return;
+    beta[r] = r < chunk.length ? load_gate<E>(p.beta, (chunk.start + r) * p.HV + hv, p.beta_float) : 0.f;
+  };
   auto load_chunk_gates = [&](int j) {
     const ChunkInfo chunk = chunks[j];
     load_gamma_async(p, gamma, hv, chunk, tid);
@@ -155,6 +163,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   if (chunks.count > 0) {
     load_chunk_tiles(chunks.count - 1);
     load_chunk_gates(chunks.count - 1);
+    load_beta(chunks.count - 1);
   }
 #pragma unroll 1
   for (int j = chunks.count - 1; j >= 0; --j) {
@@ -168,7 +177,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     const int rows = chunk.length;
     cp_async_wait<0>();
     fence_for_wgmma();  // the copies of K, Q, P and T, which the chain's wgmma read
-    if (tid < kChunk) beta[tid] = tid < rows ? load_gate<E>(p.beta, (t0 + tid) * p.HV + hv, p.beta_float) : 0.f;
     __syncthreads();  // the chunk's tiles and vectors
 
     // ---- the chain, each warpgroup on its 64 value rows by wgmma, and the warp's value rows beside it ----
@@ -368,8 +376,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     const float d_term = tid < last_row ? gate_out[tid] * over_warps(delta_parts, tid) : 0.f;
     const float last_row_terms =
         block_sum<kFusedThreads>(d_term + gate_in[kChunk - 1] * state_dot, smem_at<float>(smem, L::scratch));
-    // The block sum's barriers come after every warp's dQ/dK wait, the tiles' last readers.
-    if (j > 0) load_chunk_tiles(j - 1);
+    // The block sum's barriers come after every warp's dQ/dK wait, the tiles' last readers, and after the
+    // inverse's backward, beta's last reader.
+    if (j > 0) {
+      load_chunk_tiles(j - 1);
+      load_beta(j - 1);
+    }
     if (tid < kChunk) {
       const int r = tid;
       float dg = q_dots[r] + q_dots[kChunk + r] - gate_in[r] * over_warps(corr_parts, r) +
