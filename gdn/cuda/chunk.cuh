@@ -179,19 +179,14 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
 // Row sums of acc(r, c) * tile(r, c) over the warp tile's columns (see row_sums; the same order of sums),
 // without a second accumulator-sized array.
 template <int MT, int NT, class TileT>
-__device__ __forceinline__ void row_dots(const float (&acc)[MT][NT][4], TileT tile, int m0, int n0,
-                                         float (&sums)[2 * MT]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+__device__ __forceinline__ void row_dots(float (&acc)[MT][NT][4], TileT tile, int m0, int n0, float (&sums)[2 * MT]) {
+  const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi) {
-    const int r = m0 + 16 * mi + g;
+    const int top = m0 + 16 * mi + g;
     float lo = 0.f, hi = 0.f;
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni) {
-      const int c = n0 + 8 * ni + 2 * t;
-      lo += acc[mi][ni][0] * to_float(tile(r, c)) + acc[mi][ni][1] * to_float(tile(r, c + 1));
-      hi += acc[mi][ni][2] * to_float(tile(r + 8, c)) + acc[mi][ni][3] * to_float(tile(r + 8, c + 1));
-    }
+    for_each_pair_with(*reinterpret_cast<float(*)[1][NT][4]>(&acc[mi]), plain(tile), m0 + 16 * mi, n0,
+                       [&](int r, int, float& x0, float& x1, float2 y) { (r == top ? lo : hi) += x0 * y.x + x1 * y.y; });
     sums[2 * mi] = quad_sum(lo);
     sums[2 * mi + 1] = quad_sum(hi);
   }
@@ -250,14 +245,15 @@ template <class SquareT>
 __device__ __forceinline__ void inverse_backward(float (&minus_da)[1][4][4], float (&kk)[1][4][4], SquareT f_tile,
                                                  const float2* gamma, const float* beta, int m0, int n0,
                                                  float* e_sums, float* e_parts) {
-  using E = typename SquareT::Element;
+  float f[1][4][4];
   for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
     const float decay = r > c ? any_decay : 0.f;
     float &x = at(minus_da), &kdot = at(kk);
-    f_tile(r, c) = from_float<E>(-x * beta[r] * decay);
+    at(f) = -x * beta[r] * decay;
     x = -x * kdot * decay;  // E
     kdot = beta[r] * x;     // beta E
   });
+  store(f, f_tile, m0, n0);
   float sums[2];
   row_sums(minus_da, sums);
   store_row_pair(sums, e_sums, m0, n0);

@@ -197,13 +197,15 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         wgmma_64x64x16<E, true>(tdd[0], do_operand.frag[kb], mn_major(at_use(p_tile), 16 * kb, 0), kb > 0);
       }
-      wgmma_commit_and_wait();
+      wgmma_commit();
+      ds_operand.store(plain(ds_tile), vr0);  // dS' beside the products, for dK and dgamma's sum(S * dS')
+      wgmma_wait();
       hold(kds[0]);
       hold(tdd[0]);
-      for_each(tdd, kds, vr0, 0, [&](int r, int c, float& x, float& kd) {
-        x += gate_out[c] * kd;
-        ddelta_tile(c, r) = from_float<E>(x);
-        kd *= to_float(delta_tile(c, r));  // Delta * K dS', dgamma's D term
+      for_each(tdd, kds, vr0, 0, [&](int, int c, float& x, float& kd) { x += gate_out[c] * kd; });
+      for_each_pair_with(kds, transposed(delta_tile), vr0, 0, [](int, int, float& lo, float& hi, float2 delta) {
+        lo *= delta.x;  // Delta * K dS', dgamma's D term
+        hi *= delta.y;
       });
       store_column_sums(kds, delta_parts + warp * kChunk, 0);
     }
@@ -218,25 +220,28 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     wgmma_ss_product<E, false, false, K / 16>(corr[0], [&](int k0) { return k_major(at_use(s_tile), k0, vr0 & ~63); },
                                               [&](int k0) { return k_major(at_use(k_tile), k0); }, false);
     wgmma_commit();
-    // Beside the product: dS' into shared memory for dK, its dot with S for dgamma, and E_n dS'.
-    float state_dot = 0.f;  // this thread's part of sum(S * dS'), for dgamma at the chunk's last row
-    for_each(ds, vr0, 0, [&](int r, int c, float& x) {
-      state_dot += x * to_float(s_tile(r, c));
-      ds_tile(r, c) = from_float<E>(x);
-      x *= gate_in[kChunk - 1];  // E_n
-    });
+    ddelta_operand.store(transposed(ddelta_tile), vr0);  // dDelta for dT, beside the products
+    for_each(ds, vr0, 0, [&](int, int, float& x) { x *= gate_in[kChunk - 1]; });  // E_n
     wgmma_wait();
     hold(tdd[0]);
     hold(corr[0]);
     {  // corr^T: its beta-scaled copy for dT, and dbeta's and dgamma's parts from it and K S
       float dcorr_ks[1][kChunk / 8][4];
       for_each(dcorr_ks, corr, vr0, 0, [](int, int, float& x, float& ks) { x = ks; });
-      for_each(corr, tdd, vr0, 0, [&](int r, int c, float& x, float& td) {
-        x = to_float(v_tile(c, r)) - gate_in[c] * x;
-        bcorr_tile(c, r) = from_float<E>(beta[c] * x);
-        x *= td;        // corr * T^T dDelta, dbeta's
-        td *= beta[c];  // dcorr
-      });
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) {  // 16 columns at a time: V's and corr's in flight, not all
+        float(&block)[1][2][4] = *reinterpret_cast<float(*)[1][2][4]>(&corr[0][2 * kb]);
+        float(&tdd_block)[1][2][4] = *reinterpret_cast<float(*)[1][2][4]>(&tdd[0][2 * kb]);
+        for_each_pair_with(block, transposed(v_tile), vr0, 16 * kb, [&](int, int c, float& lo, float& hi, float2 v) {
+          lo = v.x - gate_in[c] * lo;
+          hi = v.y - gate_in[c + 1] * hi;
+        });
+        store_accumulator(block, transposed(bcorr_tile), vr0, 16 * kb, [&](float x, int, int c) { return beta[c] * x; });
+        for_each(block, tdd_block, vr0, 16 * kb, [&](int, int c, float& x, float& td) {
+          x *= td;        // corr * T^T dDelta, dbeta's
+          td *= beta[c];  // dcorr
+        });
+      }
       store_column_sums(corr, beta_parts + warp * kChunk, 0);
       for_each(dcorr_ks, tdd, vr0, 0, [](int, int, float& x, float& dcorr) { x *= dcorr; });  // dgamma's E term
       store_column_sums(dcorr_ks, corr_parts + warp * kChunk, 0);
@@ -246,7 +251,6 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     E* const dv = static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V;
     for_each(tdd, vr0, 0, [&](int r, int c, float& x) {
       if (c < rows) dv[static_cast<std::int64_t>(c) * p.HV * V + r] = from_float<E>(x);
-      dcorr_tile(c, r) = from_float<E>(-gate_in[c] * x);
     });
     do_operand.scale_columns(gate_in, p.scale);
     {
@@ -262,7 +266,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
           wgmma_64x64x16<E, true>(half, dcorr_operand.frag[kb], mn_major(at_use(k_tile), 16 * kb, 64 * nb));
         }
       }
-      wgmma_commit_and_wait();
+      wgmma_commit();
+      dcorr_operand.store(transposed(dcorr_tile), vr0);  // -E dcorr beside the products: dK's A operand
+      wgmma_wait();
       hold(ds[0]);
     }
     fence_for_wgmma();
@@ -288,14 +294,20 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       hold(kk[0]);
       __syncthreads();  // dDelta and beta corr are read; M and dT^T take their place
       // dT transposed, so that it is X's B operand K-major (its columns are the warpgroup's rows there).
-      for_each(dt, m0, n0, [&](int r, int c, float& x) { dt_tile(c, r) = from_float<E>(x); });
+      store_accumulator(dt, transposed(dt_tile), m0, n0);
     }
     // M, and G = dP * P below the diagonal (its diagonal cancels exactly in dgamma, so it is left out rather
     // than added and subtracted: under strong decay that rounding would swamp the true dgamma).
-    for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float decay, FragmentIndex at) {
-      float& x = at(dp);
-      m_tile(r, c) = from_float<E>(r >= c ? x * p.scale * decay : 0.f);
-      x = r > c ? x * to_float(p_tile(r, c)) : 0.f;
+    {
+      float m[1][4][4];
+      for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float decay, FragmentIndex at) {
+        at(m) = r >= c ? at(dp) * p.scale * decay : 0.f;
+      });
+      store(m, m_tile, m0, n0);
+    }
+    for_each_pair_with(dp, plain(p_tile), m0, n0, [](int r, int c, float& lo, float& hi, float2 pv) {
+      lo = r > c ? lo * pv.x : 0.f;
+      hi = r > c + 1 ? hi * pv.y : 0.f;
     });
     store_row_column_sums(dp, m0, n0, g_parts);
     fence_for_wgmma();
@@ -374,6 +386,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     // below for 9% of the kernel's samples.
     const int last_row = rows - 1;
     const float d_term = tid < last_row ? gate_out[tid] * over_warps(delta_parts, tid) : 0.f;
+    // This thread's part of sum(S * dS'), from the tiles: dgamma's at the chunk's last row.
+    const float state_dot = partial_tile_dot<kFusedThreads>(s_tile, ds_tile, tid);
     const float last_row_terms =
         block_sum<kFusedThreads>(d_term + gate_in[kChunk - 1] * state_dot, smem_at<float>(smem, L::scratch));
     // The block sum's barriers come after every warp's dQ/dK wait, the tiles' last readers, and after the

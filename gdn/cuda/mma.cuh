@@ -84,6 +84,22 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_address(p)));
 }
+// ldmatrix's inverse (sm_90): four 8 x 8 matrices from registers in the same layout, lanes 8q..8q+7 giving the
+// addresses of matrix q's rows (.trans: of its columns).
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void stmatrix_x4(const std::uint32_t (&r)[4], const void* p) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n"
+               :
+               : "r"(smem_address(p)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_x4_trans(const std::uint32_t (&r)[4], const void* p) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
+               :
+               : "r"(smem_address(p)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+#endif
 
 template <class E>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
@@ -250,13 +266,6 @@ __device__ __forceinline__ void for_each(float (&a)[MT][NT][4], float (&b)[MT][N
         f(m0 + 16 * mi + g + (r >> 1) * 8, n0 + 8 * ni + 2 * t + (r & 1), a[mi][ni][r], b[mi][ni][r]);
 }
 
-// tile(row, col) = acc, rounded to the tile's element type.
-template <int MT, int NT, class TileT>
-__device__ __forceinline__ void store(float (&acc)[MT][NT][4], TileT tile, int m0, int n0) {
-  using E = typename TileT::Element;
-  for_each(acc, m0, n0, [&](int r, int c, float& x) { tile(r, c) = from_float<E>(x); });
-}
-
 // The sum over the four lanes of a quad (the lanes holding one accumulator row), in every lane of it.
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -302,6 +311,34 @@ __device__ __forceinline__ float2 unpack2(std::uint32_t bits) {
   }
 }
 
+// load_a16's inverse: a 16 x 16 block at rows m0, columns k0 of a view from A-fragment registers. On sm_90 one
+// stmatrix (.trans for a transposed view), whose four 8 x 8 blocks are the fragment's registers; before, element
+// by element.
+template <class TileT, bool kT>
+__device__ __forceinline__ void store_a16(const std::uint32_t (&a)[4], const View<TileT, kT>& v, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+#if __CUDA_ARCH__ >= 900
+  // Register b holds rows 8 (b & 1), columns 8 (b >> 1) of the block; lane 8 b + i gives the address of its row i
+  // (of its column i, transposed).
+  const int b = lane >> 3, i = lane & 7, block_row = m0 + 8 * (b & 1), block_column = k0 + 8 * (b >> 1);
+  if constexpr (kT) {
+    stmatrix_x4_trans(a, &v.tile(block_column + i, block_row));
+  } else {
+    stmatrix_x4(a, &v.tile(block_row + i, block_column));
+  }
+#else
+  using E = typename TileT::Element;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const float2 x = unpack2<E>(a[b]);
+    const int r = m0 + g + 8 * (b & 1), c = k0 + 8 * (b >> 1) + 2 * t;
+    (kT ? v.tile(c, r) : v.tile(r, c)) = from_float<E>(x.x);
+    (kT ? v.tile(c + 1, r) : v.tile(r, c + 1)) = from_float<E>(x.y);
+  }
+#endif
+}
+
 // A 16 x COLS matrix one warp produced as an accumulator and uses next as the A operand of a product.
 // For 16-bit E it stays in registers: the accumulator layout of two adjacent 16 x 8 tiles is the A
 // fragment of one 16 x 16 block (FlashAttention-2's trick), so no shared-memory round trip is needed.
@@ -327,6 +364,13 @@ struct WarpOperand {
       frag[ni / 2][2 * (ni & 1)] = pack2<E>(s.x * acc[0][ni][0], s.y * acc[0][ni][1]);
       frag[ni / 2][2 * (ni & 1) + 1] = pack2<E>(s.x * acc[0][ni][2], s.y * acc[0][ni][3]);
     }
+  }
+
+  // The warp's 16 rows into a view at rows m0, columns 0..COLS (the values this operand holds, already rounded).
+  template <class TileT, bool kT>
+  __device__ __forceinline__ void store(const View<TileT, kT>& v, int m0) const {
+#pragma unroll
+    for (int kb = 0; kb < COLS / 16; ++kb) store_a16(frag[kb], v, m0, 16 * kb);
   }
 
   // this(r, c) *= factor * columns[c] (columns in shared memory), rounded to E again: frag[kb][2 h + i] holds
@@ -429,6 +473,75 @@ __device__ __forceinline__ void load_accumulator(float (&acc)[1][NT][4], const V
       }
     }
   }
+}
+
+// f(r, c, lo&, hi&, y) for every pair of adjacent elements (columns c and c + 1) of a warp's 16 x 8 NT
+// accumulator at rows m0, columns n0 of a view, y holding the view's two values there (16-bit: read 16 columns
+// an ldmatrix, whose A fragment has the accumulator layout, rather than an element a load), in for_each_pair's
+// order.
+template <int NT, class TileT, bool kT, class F>
+__device__ __forceinline__ void for_each_pair_with(float (&acc)[1][NT][4], const View<TileT, kT>& v, int m0, int n0,
+                                                   F&& f) {
+  using E = typename TileT::Element;
+  if constexpr (std::is_same_v<E, float>) {
+    for_each_pair(acc, m0, n0, [&](int r, int c, float& lo, float& hi) { f(r, c, lo, hi, float2{v.at(r, c), v.at(r, c + 1)}); });
+  } else {
+    static_assert(NT % 2 == 0, "16 columns an ldmatrix");
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kb = 0; kb < NT / 2; ++kb) {
+      std::uint32_t a[4];
+      load_a16(a, v, m0, n0 + 16 * kb);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int ni = 2 * kb + half, c = n0 + 8 * ni + 2 * t;
+        f(m0 + g, c, acc[0][ni][0], acc[0][ni][1], unpack2<E>(a[2 * half]));
+        f(m0 + g + 8, c, acc[0][ni][2], acc[0][ni][3], unpack2<E>(a[2 * half + 1]));
+      }
+    }
+  }
+}
+
+// v(r, c) = f(acc(r, c), r, c) rounded to the view's element type, for a warp's 16 x 8 NT accumulator at rows
+// m0, columns n0 of the view (16-bit: 16 columns a store_a16).
+template <int NT, class TileT, bool kT, class F>
+__device__ __forceinline__ void store_accumulator(const float (&acc)[1][NT][4], const View<TileT, kT>& v, int m0,
+                                                  int n0, F&& f) {
+  using E = typename TileT::Element;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  if constexpr (std::is_same_v<E, float>) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = m0 + g + 8 * (e >> 1), c = n0 + 8 * ni + 2 * t + (e & 1);
+        (kT ? v.tile(c, r) : v.tile(r, c)) = f(acc[0][ni][e], r, c);
+      }
+    }
+  } else {
+    static_assert(NT % 2 == 0, "16 columns a store_a16");
+#pragma unroll
+    for (int kb = 0; kb < NT / 2; ++kb) {
+      std::uint32_t a[4];  // the A fragment's order: rows g, g + 8 of columns 16 kb + 2 t, then of 16 kb + 8 + 2 t
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int ni = 2 * kb + (b >> 1), half = b & 1, r = m0 + g + 8 * half, c = n0 + 8 * ni + 2 * t;
+        a[b] = pack2<E>(f(acc[0][ni][2 * half], r, c), f(acc[0][ni][2 * half + 1], r, c + 1));
+      }
+      store_a16(a, v, m0, n0 + 16 * kb);
+    }
+  }
+}
+template <int NT, class TileT, bool kT>
+__device__ __forceinline__ void store_accumulator(const float (&acc)[1][NT][4], const View<TileT, kT>& v, int m0,
+                                                  int n0) {
+  store_accumulator(acc, v, m0, n0, [](float x, int, int) { return x; });
+}
+
+// tile(row, col) = acc, rounded to the tile's element type.
+template <int NT, class TileT>
+__device__ __forceinline__ void store(float (&acc)[1][NT][4], TileT tile, int m0, int n0) {
+  store_accumulator(acc, plain(tile), m0, n0);
 }
 
 // acc(r, c) *= factor * columns[c] (columns in shared memory).
