@@ -13,17 +13,17 @@ bool wgmma_applies(const PlanInputs& in) {
 
 // The fused backward (built for K = V = 128) runs one CTA per (sequence, value head) through the chunks, so its time
 // is that of its waves (units / SMs rounded up), where the unfused kernels' follows the units themselves. Measured
-// where its waves are 97% full it wins by ~3% (bwd 16/32 8x4096, 256 CTAs on 132 SMs: 3.82 -> 3.71 ms; the 0.8B
-// model's 16 heads x 8 sequences, 128 CTAs: the training step 379-383 -> 372-373 ms), so by ~6% at a full wave, and
-// it breaks even near 94% full; a quarter full it is 67% slower (bwd 2/4 8x4096), and segmented far slower still (bwd
-// 16/32 1x8192: 0.98 -> 1.68 ms). So unasked it runs where the waves are at least 24/25 full; bench/NOTES.md,
-// "The fused backward, first form" and after.
+// on the H200 over 1-8 sequences of 4096 tokens at 16/16 and 16/32 heads (bench/gdn_fused_fill.py,
+// bench/results/gdn-h200-fused-fill.json): where its last wave is 97% full it takes 0.80-0.85 of the unfused
+// kernels' time, 85% full 0.86-0.89, 73% full 0.91-0.98, 61% full 0.99-1.03, and under half full 1.1-1.4x theirs
+// (segmented, far slower still). So unasked it runs where its waves are at least 70% full; bench/NOTES.md, "The
+// fused backward, first form" and after.
 bool fused_backward_applies(const PlanInputs& in) {
   if (in.op != Operation::chunk_backward || in.K != 128 || in.V != 128) return false;
   if (in.fused_backward_setting) return *in.fused_backward_setting;
   const std::int64_t units = in.sequences * in.value_heads;
   const std::int64_t wave_slots = (units + in.multiprocessors - 1) / in.multiprocessors * in.multiprocessors;
-  return 25 * units >= 24 * wave_slots;
+  return 10 * units >= 7 * wave_slots;
 }
 
 ExecutionPlan plan_wgmma(const PlanInputs& in) {
