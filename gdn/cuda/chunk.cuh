@@ -186,7 +186,9 @@ __device__ __forceinline__ void row_dots(float (&acc)[MT][NT][4], TileT tile, in
     const int top = m0 + 16 * mi + g;
     float lo = 0.f, hi = 0.f;
     for_each_pair_with(*reinterpret_cast<float(*)[1][NT][4]>(&acc[mi]), plain(tile), m0 + 16 * mi, n0,
-                       [&](int r, int, float& x0, float& x1, float2 y) { (r == top ? lo : hi) += x0 * y.x + x1 * y.y; });
+                       [&](int r, int, float& x0, float& x1, float2 y) {
+                         (r == top ? lo : hi) += x0 * y.x + x1 * y.y;
+                       });
     sums[2 * mi] = quad_sum(lo);
     sums[2 * mi + 1] = quad_sum(hi);
   }
@@ -253,7 +255,7 @@ __device__ __forceinline__ void inverse_backward(float (&minus_da)[1][4][4], flo
     x = -x * kdot * decay;  // E
     kdot = beta[r] * x;     // beta E
   });
-  store(f, f_tile, m0, n0);
+  store_accumulator(f, plain(f_tile), m0, n0);
   float sums[2];
   row_sums(minus_da, sums);
   store_row_pair(sums, e_sums, m0, n0);

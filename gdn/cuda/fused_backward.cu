@@ -236,7 +236,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
           lo = v.x - gate_in[c] * lo;
           hi = v.y - gate_in[c + 1] * hi;
         });
-        store_accumulator(block, transposed(bcorr_tile), vr0, 16 * kb, [&](float x, int, int c) { return beta[c] * x; });
+        store_accumulator(block, transposed(bcorr_tile), vr0, 16 * kb,
+                          [&](float x, int, int c) { return beta[c] * x; });
         for_each(block, tdd_block, vr0, 16 * kb, [&](int, int c, float& x, float& td) {
           x *= td;        // corr * T^T dDelta, dbeta's
           td *= beta[c];  // dcorr
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float decay, FragmentIndex at) {
         at(m) = r >= c ? at(dp) * p.scale * decay : 0.f;
       });
-      store(m, m_tile, m0, n0);
+      store_accumulator(m, plain(m_tile), m0, n0);
     }
     for_each_pair_with(dp, plain(p_tile), m0, n0, [](int r, int c, float& lo, float& hi, float2 pv) {
       lo = r > c ? lo * pv.x : 0.f;
@@ -319,7 +320,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
                                                     [&](int k0) { return k_major(at_use(dt_tile), k0, n0); }, false);
       wgmma_commit_and_wait();
       hold(x[0]);
-      store(x, x_tile, m0, n0);
+      store_accumulator(x, plain(x_tile), m0, n0);
     }
     fence_for_wgmma();
     __syncthreads();  // X complete, dT read

@@ -484,7 +484,8 @@ __device__ __forceinline__ void for_each_pair_with(float (&acc)[1][NT][4], const
                                                    F&& f) {
   using E = typename TileT::Element;
   if constexpr (std::is_same_v<E, float>) {
-    for_each_pair(acc, m0, n0, [&](int r, int c, float& lo, float& hi) { f(r, c, lo, hi, float2{v.at(r, c), v.at(r, c + 1)}); });
+    for_each_pair(acc, m0, n0,
+                  [&](int r, int c, float& lo, float& hi) { f(r, c, lo, hi, float2{v.at(r, c), v.at(r, c + 1)}); });
   } else {
     static_assert(NT % 2 == 0, "16 columns an ldmatrix");
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -536,12 +537,6 @@ template <int NT, class TileT, bool kT>
 __device__ __forceinline__ void store_accumulator(const float (&acc)[1][NT][4], const View<TileT, kT>& v, int m0,
                                                   int n0) {
   store_accumulator(acc, v, m0, n0, [](float x, int, int) { return x; });
-}
-
-// tile(row, col) = acc, rounded to the tile's element type.
-template <int NT, class TileT>
-__device__ __forceinline__ void store(float (&acc)[1][NT][4], TileT tile, int m0, int n0) {
-  store_accumulator(acc, plain(tile), m0, n0);
 }
 
 // acc(r, c) *= factor * columns[c] (columns in shared memory).

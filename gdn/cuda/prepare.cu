@@ -205,7 +205,7 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
     float acc[1][4][4];
     zero(acc);
     warp_mma(acc, plain(tbd_tile), m0, plain(k_tile), n0 + 32 * n_half, 0, m0 + 16);
-    store(acc, w_stage, m0, n0 + 32 * n_half);
+    store_accumulator(acc, plain(w_stage), m0, n0 + 32 * n_half);
   }
   __syncthreads();
   store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
@@ -223,7 +223,7 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
     float acc[1][kVBlock / 16][4];
     zero(acc);
     warp_mma(acc, plain(tb_tile), m0, plain(v_tile), kVBlock / 2 * n_half, 0, m0 + 16);
-    store(acc, u_stage, m0, kVBlock / 2 * n_half);
+    store_accumulator(acc, plain(u_stage), m0, kVBlock / 2 * n_half);
     __syncthreads();
     store_rows<kPrepareThreads>(u_stage, static_cast<E*>(p.u) + v_row + vb, v_stride, rows, tid);
   }

@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
   {
     float start[1][2][4];  // start_1 = R_0, which the pass reads where step 1 left it
     load_pairs(start, end_rows(0) + n0, K, L::kRows);
-    store(start, rows_tile(1), 0, n0);
+    store_accumulator(start, plain(rows_tile(1)), 0, n0);
   }
   cp_async_wait<L::kSlots - 2>();
   __syncthreads();
@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
     }
     load_step(s + L::kSlots - 1);  // into the slot step s - 1 read, which every warp left at the last barrier
     store_pairs(start, segment_rows<float>(p.segment_starts, p, n, s + 1, p.segments, hv, p.V) + v0 * K + n0, K);
-    store(start, rows_tile(s + 1), 0, n0);
+    store_accumulator(start, plain(rows_tile(s + 1)), 0, n0);
     cp_async_wait<L::kSlots - 2>();  // this thread's copies of M_(s+1) and R_(s+1)
     __syncthreads();                 // everyone's, and the new rows
   }

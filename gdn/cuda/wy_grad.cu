@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
       float x[1][4][4];
       zero(x);
       warp_mma(x, transposed(t_tile), m0, plain(dt_tile), n0, m0, kChunk);
-      store(x, x_tile, m0, n0);
+      store_accumulator(x, plain(x_tile), m0, n0);
     }
     __syncthreads();
 
