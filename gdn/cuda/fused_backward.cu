@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       store_column_sums(dcorr_ks, corr_parts + warp * kChunk, 0);
     }
     __syncwarp();  // the warp's lanes have read their columns of V, which dcorr now overwrites
-    // dV = dcorr from the registers; the tile takes -E dcorr, dK's A operand.
+    // dV = dcorr from the registers (-E dcorr, dK's A operand, goes to its tile beside the products below).
     E* const dv = static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V;
     for_each(tdd, vr0, 0, [&](int r, int c, float& x) {
       if (c < rows) dv[static_cast<std::int64_t>(c) * p.HV * V + r] = from_float<E>(x);
