@@ -32,6 +32,23 @@ def test_fused_backward_equals_the_recurrences_reverse(rng, case):
         assert relative(a, b) < 1e-10, name
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_the_fused_backward_splits_over_value_columns_without_exchange(rng, case):
+    """bench/NOTES.md's V split: each slice of the value columns, run alone, gives its own columns of dv and dh0 and
+    a part of dq, dk, dg and dbeta whose sum over the slices is the whole gradient."""
+    tokens = 64 * int(rng.integers(1, 5)) + int(rng.integers(0, 64))
+    q, k, v, g, beta, h0, scale = segmented_state.problem(rng, tokens, 16, case, strong_decay=-30.0)
+    do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
+    whole = fused_backward.fused_backward(q, k, v, g, beta, h0, scale, do, dht)
+    cut = int(rng.integers(1, v.shape[1]))
+    parts = [fused_backward.fused_backward(q, k, v[:, s], g, beta, h0[:, s], scale, do[:, s], dht[:, s])
+             for s in (slice(0, cut), slice(cut, None))]
+    for i, name in ((0, "dq"), (1, "dk"), (3, "dg"), (4, "dbeta")):
+        assert relative(parts[0][i] + parts[1][i], whole[i]) < 1e-10, name
+    for i, name in ((2, "dv"), (5, "dh0")):
+        assert relative(np.concatenate([part[i] for part in parts], axis=1), whole[i]) < 1e-10, name
+
+
 def test_the_reference_reverse_matches_central_differences(rng):
     assert fused_backward.check_reference(rng) < 1e-6
 
