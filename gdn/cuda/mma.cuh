@@ -447,34 +447,6 @@ __device__ __forceinline__ void warp_mma(float (&acc)[1][NT][4], const WarpOpera
   }
 }
 
-// acc = rows m0..m0+15, columns 0..8 NT of a view, in the accumulator layout (16-bit E: by ldmatrix, whose
-// A fragment has that layout).
-template <int NT, class TileT, bool kT>
-__device__ __forceinline__ void load_accumulator(float (&acc)[1][NT][4], const View<TileT, kT>& v, int m0) {
-  using E = typename TileT::Element;
-  if constexpr (std::is_same_v<E, float>) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[0][ni][r] = v.at(m0 + g + (r >> 1) * 8, 8 * ni + 2 * t + (r & 1));
-  } else {
-#pragma unroll
-    for (int kb = 0; kb < NT / 2; ++kb) {
-      std::uint32_t a[4];
-      load_a16(a, v, m0, 16 * kb);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float2 top = unpack2<E>(a[2 * half]), bottom = unpack2<E>(a[2 * half + 1]);
-        acc[0][2 * kb + half][0] = top.x;
-        acc[0][2 * kb + half][1] = top.y;
-        acc[0][2 * kb + half][2] = bottom.x;
-        acc[0][2 * kb + half][3] = bottom.y;
-      }
-    }
-  }
-}
-
 // f(r, c, lo&, hi&, y) for every pair of adjacent elements (columns c and c + 1) of a warp's 16 x 8 NT
 // accumulator at rows m0, columns n0 of a view, y holding the view's two values there (16-bit: read 16 columns
 // an ldmatrix, whose A fragment has the accumulator layout, rather than an element a load), in for_each_pair's
@@ -501,6 +473,15 @@ __device__ __forceinline__ void for_each_pair_with(float (&acc)[1][NT][4], const
       }
     }
   }
+}
+
+// acc = rows m0..m0+15, columns 0..8 NT of a view, in the accumulator layout (for_each_pair_with's reads).
+template <int NT, class TileT, bool kT>
+__device__ __forceinline__ void load_accumulator(float (&acc)[1][NT][4], const View<TileT, kT>& v, int m0) {
+  for_each_pair_with(acc, v, m0, 0, [](int, int, float& lo, float& hi, float2 y) {
+    lo = y.x;
+    hi = y.y;
+  });
 }
 
 // v(r, c) = f(acc(r, c), r, c) rounded to the view's element type, for a warp's 16 x 8 NT accumulator at rows
