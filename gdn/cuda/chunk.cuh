@@ -185,7 +185,7 @@ __device__ __forceinline__ void row_dots(float (&acc)[MT][NT][4], TileT tile, in
   for (int mi = 0; mi < MT; ++mi) {
     const int top = m0 + 16 * mi + g;
     float lo = 0.f, hi = 0.f;
-    for_each_pair_with(*reinterpret_cast<float(*)[1][NT][4]>(&acc[mi]), plain(tile), m0 + 16 * mi, n0,
+    for_each_pair_with(row_block(acc, mi), plain(tile), m0 + 16 * mi, n0,
                        [&](int r, int, float& x0, float& x1, float2 y) {
                          (r == top ? lo : hi) += x0 * y.x + x1 * y.y;
                        });

@@ -45,12 +45,6 @@ struct ChunkGradSmem {
   static constexpr int bytes = group_sums + kGradThreads * 32 * 4;  // 32: a warp's 32 x 32 quadrant per lane
 };
 
-// Rows 16 mi.. of a warp's 32 x 32 accumulator as the 16 x 32 block chunk.cuh's row and column sums take.
-template <int kMi>
-__device__ __forceinline__ float (&row_block(float (&acc)[2][4][4]))[1][4][4] {
-  return *reinterpret_cast<float(*)[1][4][4]>(&acc[kMi]);
-}
-
 // The row sums of a warp's 32 x 32 accumulator into a [2 column halves][64 rows] table (store_row_pair).
 __device__ __forceinline__ void store_row_sums(const float (&sums)[4], float* table, int m0, int n0) {
   store_row_pair({sums[0], sums[1]}, table, m0, n0);
@@ -143,8 +137,8 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
       }
       if (slice == 0) {
         for_each(second, m0, n0, [&](int r, int c, float& x) { x = r > c ? x * to_float(p_tile(r, c)) : 0.f; });
-        store_row_column_sums(row_block<0>(second), m0, n0, g_parts);
-        store_row_column_sums(row_block<1>(second), m0 + 16, n0, g_parts);
+        store_row_column_sums(row_block(second, 0), m0, n0, g_parts);
+        store_row_column_sums(row_block(second, 1), m0 + 16, n0, g_parts);
       }
       // dQ (state part) and its dgamma term.
       for_each(first, m0, n0, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });

@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       for_each(dcorr_ks, corr, vr0, 0, [](int, int, float& x, float& ks) { x = ks; });
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {  // 16 columns at a time: V's and corr's in flight, not all
-        float(&block)[1][2][4] = *reinterpret_cast<float(*)[1][2][4]>(&corr[0][2 * kb]);
-        float(&tdd_block)[1][2][4] = *reinterpret_cast<float(*)[1][2][4]>(&tdd[0][2 * kb]);
+        float(&block)[1][2][4] = column_block<2>(corr, 2 * kb);
+        float(&tdd_block)[1][2][4] = column_block<2>(tdd, 2 * kb);
         for_each_pair_with(block, transposed(v_tile), vr0, 16 * kb, [&](int, int c, float& lo, float& hi, float2 v) {
           lo = v.x - gate_in[c] * lo;
           hi = v.y - gate_in[c + 1] * hi;

@@ -230,6 +230,17 @@ __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
       for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
 }
 
+// Row block mi (rows 16 mi..) of a warp's accumulator tiles, as an accumulator of its own: the same registers.
+template <int MT, int NT>
+__device__ __forceinline__ float (&row_block(float (&acc)[MT][NT][4], int mi))[1][NT][4] {
+  return *reinterpret_cast<float(*)[1][NT][4]>(&acc[mi]);
+}
+// Tiles ni0 .. ni0 + N - 1 (columns 8 ni0 ..) of a warp's one row block, as an accumulator of their own.
+template <int N, int NT>
+__device__ __forceinline__ float (&column_block(float (&acc)[1][NT][4], int ni0))[1][N][4] {
+  return *reinterpret_cast<float(*)[1][N][4]>(&acc[0][ni0]);
+}
+
 // Calls f(row, col, lo&, hi&) for every pair of adjacent accumulator elements (columns col and col + 1) of
 // a warp tile placed at (m0, n0).
 template <int MT, int NT, class F>
