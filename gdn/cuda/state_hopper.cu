@@ -495,9 +495,15 @@ int launch_run(const Params& p, const char* name, int runs, int row_blocks, Kern
   }
 }
 
-// A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments. Where
-// p.late_prepare (the forward), the kernel recorded before is prepare without the last segment's chunks:
-// those are prepared beside steps 1 and 2, and the pass proper waits for both.
+// f.template operator()<kGroups>() with the warpgroups per CTA that the plan chose (two only where K = 128).
+template <int K, class F>
+void with_warpgroups(const Params& p, F&& f) {
+  if constexpr (K == 128) {
+    if (p.warpgroups == 2) return f.template operator()<2>();
+  }
+  f.template operator()<1>();
+}
+
 // Steps 1 and 2 of a segmented pass, the true state (or its gradient) at each segment's start, where the call
 // has segments: the segment ends pass, then segment_starts_kernel for more than two segments.
 template <class E, int K, bool kReverse, int kGroups>
@@ -511,6 +517,9 @@ void launch_segment_starts(const Params& p, const char* ends_name, KernelSequenc
   }
 }
 
+// A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments. Where
+// p.late_prepare (the forward), the kernel recorded before is prepare without the last segment's chunks:
+// those are prepared beside steps 1 and 2, and the pass proper waits for both.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 void launch_grouped_pass(const Params& p, DType io, const char* name, const char* ends_name, KernelSequence& kernels) {
   const int prepared = kernels.last();
@@ -525,10 +534,9 @@ void launch_grouped_pass(const Params& p, DType io, const char* name, const char
 // launch_grouped_pass with the warpgroups per CTA that the plan chose.
 template <class E, int K, Pass kPass, bool kReverse>
 void launch_pass(const Params& p, DType io, const char* name, const char* ends_name, KernelSequence& kernels) {
-  if constexpr (K == 128) {
-    if (p.warpgroups == 2) return launch_grouped_pass<E, K, kPass, kReverse, 2>(p, io, name, ends_name, kernels);
-  }
-  launch_grouped_pass<E, K, kPass, kReverse, 1>(p, io, name, ends_name, kernels);
+  with_warpgroups<K>(p, [&]<int kGroups>() {
+    launch_grouped_pass<E, K, kPass, kReverse, kGroups>(p, io, name, ends_name, kernels);
+  });
 }
 
 }  // namespace
@@ -588,10 +596,9 @@ void launch_backward_segment_starts(const Params& p, DType io, KernelSequence& k
   if (!p.wgmma) return;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
-      if constexpr (K == 128) {
-        if (p.warpgroups == 2) return launch_segment_starts<E, K, true, 2>(p, kBackwardEnds, kernels);
-      }
-      launch_segment_starts<E, K, true, 1>(p, kBackwardEnds, kernels);
+      with_warpgroups<K>(p, [&]<int kGroups>() {
+        launch_segment_starts<E, K, true, kGroups>(p, kBackwardEnds, kernels);
+      });
     }
   });
 }
