@@ -210,22 +210,42 @@ __device__ __forceinline__ void store_row_pair(const float (&rows)[2], float* su
 // 8 warps as 16 x 32 accumulators (warp w: rows m0 = 16 (w % 4), columns n0 = 32 (w / 4)); each warp writes
 // its partial sums to `parts` (6 x 64 floats: row sums per column half, then column sums per row block),
 // and decay_balance adds them up in a fixed order once the block has synchronised.
+// One halving step of store_column_sums: of the first 2 kHalf values, the lanes with bit `offset` set keep the
+// upper half and the others the lower, each adding its partner's copy of the half it keeps. The indices are
+// constants of the unrolled loop, so the values stay in registers (a loop bound from an outer loop put them in
+// local memory).
+template <int kHalf, int N>
+__device__ __forceinline__ void keep_half(float (&v)[N], int offset) {
+  static_assert(2 * kHalf <= N);
+  const bool upper = (threadIdx.x & offset) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float kept = upper ? v[i + kHalf] : v[i], given = upper ? v[i] : v[i + kHalf];
+    v[i] = kept + __shfl_xor_sync(0xffffffffu, given, offset);
+  }
+}
+
 // The sums over the 16 rows of a warp's 16 x 8 NT accumulator, per column: columns[n0 + c] = sum_r x(r, c).
+// The 8 lanes of a column pair (lane bits 2-4) reduce its 2 NT values by halving, each keeping a quarter of
+// them: 7 NT / 4 shuffles, against 6 NT for a butterfly per value, and lane group g ends with values
+// [g NT / 4, (g + 1) NT / 4).
 template <int NT>
 __device__ __forceinline__ void store_column_sums(const float (&x)[1][NT][4], float* columns, int n0) {
+  static_assert(NT % 4 == 0, "three halvings of 2 NT values");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float v[2 * NT];  // v[2 ni]: column 8 ni + 2 t, v[2 ni + 1] the next
 #pragma unroll
   for (int ni = 0; ni < NT; ++ni) {
-    float lo = x[0][ni][0] + x[0][ni][2], hi = x[0][ni][1] + x[0][ni][3];
+    v[2 * ni] = x[0][ni][0] + x[0][ni][2];
+    v[2 * ni + 1] = x[0][ni][1] + x[0][ni][3];
+  }
+  keep_half<NT>(v, 16);
+  keep_half<NT / 2>(v, 8);
+  keep_half<NT / 4>(v, 4);
 #pragma unroll
-    for (int offset = 4; offset < 32; offset <<= 1) {
-      lo += __shfl_xor_sync(0xffffffffu, lo, offset);
-      hi += __shfl_xor_sync(0xffffffffu, hi, offset);
-    }
-    if (g == 0) {
-      columns[n0 + 8 * ni + 2 * t] = lo;
-      columns[n0 + 8 * ni + 2 * t + 1] = hi;
-    }
+  for (int i = 0; i < NT / 4; ++i) {
+    const int at = g * (NT / 4) + i;
+    columns[n0 + 8 * (at >> 1) + 2 * t + (at & 1)] = v[i];
   }
 }
 __device__ __forceinline__ void store_row_column_sums(const float (&x)[1][4][4], int m0, int n0, float* parts) {

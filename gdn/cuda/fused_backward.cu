@@ -60,7 +60,10 @@ struct FusedBackwardSmem {
   static constexpr int bcorr_then_dt_f = ddelta_then_m + Rows::kBytes;  // dT^T, then F once X is formed
   static constexpr int s = bcorr_then_dt_f + Rows::kBytes;
   static constexpr int ds = s + State::kBytes;
-  static constexpr int gamma = ds + State::kBytes;  // hi + lo (chunk.cuh)
+  // dV token-major, staged by stmatrix from the chain's registers and written as whole rows with 16-byte stores
+  // (element by element, its transposed 2-byte stores waited on memory in the chain).
+  static constexpr int dv_stage = ds + State::kBytes;
+  static constexpr int gamma = dv_stage + Rows::kBytes;  // hi + lo (chunk.cuh)
   static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
   static constexpr int gate_in = gamma + kChunk * 8;  // E
   static constexpr int gate_out = gate_in + kChunk * 4;  // D
@@ -95,6 +98,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   const Rows k_tile = rows_tile(L::k), q_tile = rows_tile(L::q), v_tile = rows_tile(L::v_then_dcorr);
   const Rows dcorr_tile = v_tile, do_tile = rows_tile(L::d_o), delta_tile = rows_tile(L::delta);
   const Rows ddelta_tile = rows_tile(L::ddelta_then_m), bcorr_tile = rows_tile(L::bcorr_then_dt_f);
+  const Rows dv_tile = rows_tile(L::dv_stage);
   const Square p_tile = square_tile(L::p_then_x), x_tile = p_tile, t_tile = square_tile(L::t);
   const Square m_tile = square_tile(L::ddelta_then_m), dt_tile = square_tile(L::bcorr_then_dt_f), f_tile = dt_tile;
   const State s_tile = swizzled_tile<E, V, K>(smem + L::s), ds_tile = swizzled_tile<E, V, K>(smem + L::ds);
@@ -248,11 +252,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       store_column_sums(dcorr_ks, corr_parts + warp * kChunk, 0);
     }
     __syncwarp();  // the warp's lanes have read their columns of V, which dcorr now overwrites
-    // dV = dcorr from the registers (-E dcorr, dK's A operand, goes to its tile beside the products below).
-    E* const dv = static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V;
-    for_each(tdd, vr0, 0, [&](int r, int c, float& x) {
-      if (c < rows) dv[static_cast<std::int64_t>(c) * p.HV * V + r] = from_float<E>(x);
-    });
+    // dV = dcorr, staged from the registers (-E dcorr, dK's A operand, goes to its tile beside the products below).
+    store_accumulator(tdd, transposed(dv_tile), vr0, 0);
     do_operand.scale_columns(gate_in, p.scale);
     {
       WarpOperand<E, kChunk> dcorr_operand(nullptr);
@@ -374,6 +375,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     hold(dk[0]);
     store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
     store_pairs(dk, p.dk_head + key_origin, key_stride, rows - m0);
+    const std::int64_t value_stride = static_cast<std::int64_t>(p.HV) * V;
+    store_rows<kFusedThreads>(dv_tile, static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V, value_stride, rows, tid);
 
     // ---- per token: dgamma and dbeta ----
     auto over_warps = [](const float* parts, int row) {  // in warp order
@@ -391,8 +394,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     const float state_dot = partial_tile_dot<kFusedThreads>(s_tile, ds_tile, tid);
     const float last_row_terms =
         block_sum<kFusedThreads>(d_term + gate_in[kChunk - 1] * state_dot, smem_at<float>(smem, L::scratch));
-    // The block sum's barriers come after every warp's dQ/dK wait, the tiles' last readers, and after the
-    // inverse's backward, beta's last reader.
+    // The block sum's barriers come after every warp's dQ/dK wait, the tiles' last readers, after the inverse's
+    // backward, beta's last reader, and after dV's stores, which the next chunk's staging overwrites.
     if (j > 0) {
       load_chunk_tiles(j - 1);
       load_beta(j - 1);
