@@ -61,35 +61,74 @@ __device__ void schedule(const Params& p) {
   }
 }
 
+// N 32-bit words that one vector access moves (8 bytes for N = 2, 16 for N = 4).
+template <int N>
+struct alignas(4 * N) Words {
+  std::uint32_t w[N];
+};
+
 // One warp per (token, head) row of q and of k, 8 rows per block: x / sqrt(sum x^2 + eps), and
-// 1 / sqrt(...) for the backward.
+// 1 / sqrt(...) for the backward. Each lane reads runs of up to four columns as one vector, q's and k's both
+// before either sum, so that a warp has both rows' loads in flight at once (the scalar form issued 2-byte
+// loads and waited on each row in turn: ~1.7 TB/s).
 template <class E, int K>
 __device__ void l2norm_rows(const Params& p, std::int64_t block) {
   const std::int64_t row = block * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<std::int64_t>(p.tokens) * p.H) return;
-  constexpr int kPerLane = K / 32;
+  constexpr bool kFloat = std::is_same_v<E, float>;
+  constexpr int kPerLane = K / 32, kRun = kPerLane < 4 ? kPerLane : 4, kRuns = kPerLane / kRun;
+  using Run = Words<kRun * static_cast<int>(sizeof(E)) / 4>;
+  float x[2][kRuns][kRun];
+#pragma unroll
   for (int which = 0; which < 2; ++which) {
-    const E* src = static_cast<const E*>(which == 0 ? p.q : p.k) + row * K;
-    E* dst = static_cast<E*>(which == 0 ? p.q_normed : p.k_normed) + row * K;
-    float x[kPerLane];
+    const auto* src = reinterpret_cast<const Run*>(static_cast<const E*>(which == 0 ? p.q : p.k) + row * K);
+#pragma unroll
+    for (int j = 0; j < kRuns; ++j) {
+      const Run run = src[lane + 32 * j];
+#pragma unroll
+      for (int i = 0; i < kRun; i += 2) {
+        const float2 pair = kFloat ? make_float2(__uint_as_float(run.w[i]), __uint_as_float(run.w[i + 1]))
+                                   : unpack2<E>(run.w[i / 2]);
+        x[which][j][i] = pair.x;
+        x[which][j][i + 1] = pair.y;
+      }
+    }
+  }
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      x[i] = to_float(src[lane + 32 * i]);
-      sum += x[i] * x[i];
+    for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+      for (int i = 0; i < kRun; ++i) sum += x[which][j][i] * x[which][j][i];
     }
     const float rstd = 1.f / sqrtf(warp_sum(sum) + 1e-6f);
+    auto* dst = reinterpret_cast<Run*>(static_cast<E*>(which == 0 ? p.q_normed : p.k_normed) + row * K);
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) dst[lane + 32 * i] = from_float<E>(x[i] * rstd);
+    for (int j = 0; j < kRuns; ++j) {
+      Run run;
+#pragma unroll
+      for (int i = 0; i < kRun; i += 2) {
+        const float lo = x[which][j][i] * rstd, hi = x[which][j][i + 1] * rstd;
+        if constexpr (kFloat) {
+          run.w[i] = __float_as_uint(lo);
+          run.w[i + 1] = __float_as_uint(hi);
+        } else {
+          run.w[i / 2] = pack2<E>(lo, hi);
+        }
+      }
+      dst[lane + 32 * j] = run;
+    }
     if (lane == 0) (which == 0 ? p.q_rstd : p.k_rstd)[row] = rstd;
   }
 }
 
 // The first launch of both chunked passes: the chunk schedule in block 0 and, when the norm is on, the L2
 // norm of q and k in the other blocks. The two are independent, and one launch costs the host less.
+// At least 4 blocks an SM: without a minimum, ptxas held the float32 K = 128 norm to 32 registers and spilled.
 template <class E, int K>
-__global__ void __launch_bounds__(kStartThreads) start_kernel(Params p) {
+__global__ void __launch_bounds__(kStartThreads, 4) start_kernel(Params p) {
   if (blockIdx.x == 0) {
     schedule(p);
   } else {
