@@ -226,14 +226,24 @@ def load_flashqla():
     return flashqla_gdn, {"flash_qla": flash_qla.__version__, "tilelang": tilelang.__version__}
 
 
-def versions(fla, flashqla_versions):
+def load_fla():
+    """fla's chunk_gated_delta_rule and its version to record. Imported only where it is measured, so that --ours-only
+    runs (gpu.sh ab) need no anchors."""
+    import fla
+    import fla.ops.common.chunk_o as fla_chunk_o
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # lift the Hopper guard (fla #640), as the anchor measurements did
+    return chunk_gated_delta_rule, {"fla": getattr(fla, "__version__", "?")}
+
+
+def versions(anchor_versions):
     import triton
 
     import deltatrain
 
-    return {"torch": torch.__version__, "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"),
-            **flashqla_versions, "cuda_runtime": torch.version.cuda, "deltatrain": deltatrain.__version__,
-            "driver": _driver()}
+    return {"torch": torch.__version__, "triton": triton.__version__, **anchor_versions,
+            "cuda_runtime": torch.version.cuda, "deltatrain": deltatrain.__version__, "driver": _driver()}
 
 
 def _driver():
@@ -289,20 +299,16 @@ def main():
     measured_before = {cell_of(row) for result in earlier for row in result["rows"]}
     started = time.time()
 
-    import fla
-    import fla.ops.common.chunk_o as fla_chunk_o
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
-
     import deltatrain.torch as ours_torch
 
-    fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # lift the Hopper guard (fla #640), as the anchor measurements did
+    fla_gdn, fla_versions = (None, {}) if args.ours_only else load_fla()
     flashqla_gdn, flashqla_versions = (None, {}) if args.ours_only or args.no_flashqla else load_flashqla()
     scale = 128 ** -0.5
     print(f"fp64 torch evaluation vs deltatrain reference backend: {check_reference():.2e}", flush=True)
 
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "commit": args.commit, "gpu": torch.cuda.get_device_name(0),
-              "versions": versions(fla, flashqla_versions), "rows": []}
+              "versions": versions({**fla_versions, **flashqla_versions}), "rows": []}
     refused = set()  # the refusals printed so far, each once
     for index in args.only if args.only else range(len(GRID)):
         pass_, h_qk, h_v, seqlens, lengths = GRID[index]

@@ -34,7 +34,7 @@
 #                                        OUT/{tilelang,triton}-cache.tar.xz; PYTHON_TIMEOUT_S=N interrupts the script
 #                                        after N s so that they are saved within the device tool's limit
 #   bench/gpu/gpu.sh ab OUT ROUNDS ARGS...
-#                                        module and module_base (and the anchors, for fla's import): the GDN
+#                                        module and module_base (no anchors: --ours-only imports no fla): the GDN
 #                                        grid's cells (bench/gdn_h200.py --ours-only ARGS, e.g. --only 8 15) with
 #                                        the baseline module (or the same module with AB_BASE_ENV=NAME=VALUE set,
 #                                        for a change a switch turns off) and the change's in turn, ROUNDS times each, then
