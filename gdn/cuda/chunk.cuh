@@ -205,11 +205,6 @@ __device__ __forceinline__ void store_row_pair(const float (&rows)[2], float* su
   }
 }
 
-// The in-chunk decay terms of dgamma: a factor e^(gamma_i - gamma_j) on entry (i, j) of a 64 x 64 matrix X
-// gives X(i, j) to dgamma_i and -X(i, j) to dgamma_j, so row r gets rowsum(X)_r - colsum(X)_r. X is held by
-// 8 warps as 16 x 32 accumulators (warp w: rows m0 = 16 (w % 4), columns n0 = 32 (w / 4)); each warp writes
-// its partial sums to `parts` (6 x 64 floats: row sums per column half, then column sums per row block),
-// and decay_balance adds them up in a fixed order once the block has synchronised.
 // One halving step of store_column_sums: of the first 2 kHalf values, the lanes with bit `offset` set keep the
 // upper half and the others the lower, each adding its partner's copy of the half it keeps. The indices are
 // constants of the unrolled loop, so the values stay in registers (a loop bound from an outer loop put them in
@@ -225,6 +220,11 @@ __device__ __forceinline__ void keep_half(float (&v)[N], int offset) {
   }
 }
 
+// The in-chunk decay terms of dgamma: a factor e^(gamma_i - gamma_j) on entry (i, j) of a 64 x 64 matrix X
+// gives X(i, j) to dgamma_i and -X(i, j) to dgamma_j, so row r gets rowsum(X)_r - colsum(X)_r. X is held by
+// 8 warps as 16 x 32 accumulators (warp w: rows m0 = 16 (w % 4), columns n0 = 32 (w / 4)); each warp writes
+// its partial sums to `parts` (6 x 64 floats: row sums per column half, then column sums per row block),
+// and decay_balance adds them up in a fixed order once the block has synchronised.
 // The sums over the 16 rows of a warp's 16 x 8 NT accumulator, per column: columns[n0 + c] = sum_r x(r, c).
 // The 8 lanes of a column pair (lane bits 2-4) reduce its 2 NT values by halving, each keeping a quarter of
 // them: 7 NT / 4 shuffles, against 6 NT for a butterfly per value, and lane group g ends with values
