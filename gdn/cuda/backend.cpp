@@ -94,6 +94,7 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, std::int64_t chunks) {
   in.io = kernel.io_dtype;
   in.sequences = kernel.N;
   in.value_heads = kernel.HV;
+  in.group = kernel.group();
   in.K = kernel.K;
   in.V = kernel.V;
   in.chunks = chunks;
@@ -182,6 +183,7 @@ struct Call {
     k.late_prepare = plan.late_prepare;
     k.warp_pairs = plan.warp_pairs;
     k.fused_backward = plan.fused_backward;
+    k.fused_input_grads = plan.fused_input_grads;
     k.scale = static_cast<float>(p.scale);
     k.l2norm = p.l2norm;
     if (upload) {

@@ -16,9 +16,11 @@
 //                          dQ = scale diag(E) dO S^T + M K
 //                          dK = -diag(E) dcorr S^T + diag(D) Delta dS'^T + M^T Q + F K + F^T K
 //                          dV = dcorr;  dbeta = rowsum(corr * tdd) + rowsum(E_);  dgamma, reverse-summed into dg
-// with E = e^gamma, D = e^(gamma_last - gamma) and E_n the chunk's whole decay. dQ and dK leave per value head
-// in float32 (input_grad_kernel sums the GVA group in head order, takes them through the L2 norm where there is
-// one and casts them); dV, dg, dbeta and dh0 are final here. No atomics: every sum runs in a fixed order.
+// with E = e^gamma, D = e^(gamma_last - gamma) and E_n the chunk's whole decay. dV, dg, dbeta and dh0 are final
+// here. dQ and dK are summed over the GVA group, taken through the L2 norm's backward where there is one and cast
+// (InputGrads): here where the group is one value head, or two as a cluster pair that meets through distributed
+// shared memory; for larger groups they leave per value head in float32 for input_grad_kernel. No atomics: every
+// sum runs in a fixed order.
 #include "dispatch.cuh"
 #include "launch.h"
 #include "sequential.cuh"
@@ -29,6 +31,11 @@ namespace {
 
 constexpr int kFusedThreads = 256;  // 2 warpgroups of 64 value rows in the chain; 16 x 32 or 16 x 64 blocks over V
 constexpr int kFusedWarps = kFusedThreads / 32;
+
+// Who finishes dq and dk (ExecutionPlan::fused_input_grads): input_grad_kernel from float32 rows per value head
+// (any GVA group), this CTA (a group of one), or the cluster of a group's two CTAs, rank 0 (value head 2h) summing
+// dQ and rank 1 dK, each taking the partner's partial from its shared memory.
+enum class InputGrads { per_value_head, this_cta, cluster_pair };
 
 // The tile with its shared address made opaque at this point of the program, so that the wgmma descriptors formed
 // from it are formed here, at their use, and not hoisted out of the chunk loop as loop invariants (about a
@@ -58,6 +65,10 @@ struct FusedBackwardSmem {
   static constexpr int delta = d_o + Rows::kBytes;
   static constexpr int ddelta_then_m = delta + Rows::kBytes;         // M once dT is formed
   static constexpr int bcorr_then_dt_f = ddelta_then_m + Rows::kBytes;  // dT^T, then F once X is formed
+  // A cluster pair's float32 partial for the partner, in the dead M and F tiles from the chunk's last products to
+  // the next chunk's dDelta: tiles the next chunk's copies leave alone, so they need not wait for the partner.
+  static constexpr int partner_partial = ddelta_then_m;
+  static_assert(2 * Rows::kBytes == kChunk * K * 4, "a 64 x 128 float32 matrix in the two tiles");
   static constexpr int s = bcorr_then_dt_f + Rows::kBytes;
   static constexpr int ds = s + State::kBytes;
   // dV token-major, staged by stmatrix from the chain's registers and written as whole rows with 16-byte stores
@@ -76,14 +87,42 @@ struct FusedBackwardSmem {
   static constexpr int corr_parts = q_dots + 2 * kChunk * 4;        // [warp][64]: rowsum(dcorr * K S) per warp
   static constexpr int delta_parts = corr_parts + kFusedWarps * kChunk * 4;  // [warp][64]: rowsum(Delta * K dS')
   static constexpr int dgamma = delta_parts + kFusedWarps * kChunk * 4;
-  static constexpr int scratch = dgamma + kChunk * 4;
+  static constexpr int norm_dots = dgamma + kChunk * 4;  // [dq, dk][2 column halves][64]: x_hat . dx_hat per row
+  static constexpr int scratch = norm_dots + 2 * 2 * kChunk * 4;
   // Dynamic shared memory is not promised 1024-byte alignment: the kernel rounds its start up.
   static constexpr int bytes = scratch + kFusedWarps * 4 + 1024;
   static_assert(bytes <= kSmemLimit);
 };
 
-template <class E>
-__global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params p) {
+// dq or dk of one q/k head, this warp's 16 x 64 block of the chunk's rows at (m0, n0) summed over the GVA group,
+// through the L2 norm's backward dx = rstd (dx_hat - x_hat (x_hat . dx_hat)) where there is one, x_hat being the
+// normalised rows the forward's products used (the Q or K tile): the rows' dots over the warp's columns first,
+// into dots ([2 column halves][64]) ...
+template <class TileT>
+__device__ __forceinline__ void store_norm_dots(const Params& p, float (&grad)[1][8][4], TileT normalised,
+                                                float* dots, int m0, int n0) {
+  if (!p.l2norm) return;
+  float sums[2];
+  row_dots(grad, normalised, m0, n0, sums);
+  store_row_pair(sums, dots, m0, n0 / 2);
+}
+// ... then, once every warp's are stored, dx, cast and written (rstd: of rows m0 + g and m0 + g + 8).
+template <class E, class TileT>
+__device__ __forceinline__ void finish_input_grad(const Params& p, float (&grad)[1][8][4], TileT normalised,
+                                                  const float* dots, const float (&rstd)[2], E* out,
+                                                  std::int64_t stride, int rows, int m0, int n0) {
+  if (p.l2norm) {
+    for_each_pair_with(grad, plain(normalised), m0, n0, [&](int r, int, float& lo, float& hi, float2 x) {
+      const float dot = dots[r] + dots[kChunk + r], scale = r - m0 < 8 ? rstd[0] : rstd[1];
+      lo = scale * (lo - x.x * dot);
+      hi = scale * (hi - x.y * dot);
+    });
+  }
+  store_pairs(grad, out + m0 * stride + n0, stride, rows - m0);
+}
+
+template <class E, InputGrads kInputGrads>
+__device__ __forceinline__ void fused_backward(const Params& p) {
 #ifdef DELTATRAIN_WGMMA
   using L = FusedBackwardSmem<E>;
   constexpr int K = L::K, V = L::V;
@@ -114,6 +153,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   float* corr_parts = smem_at<float>(smem, L::corr_parts);
   float* delta_parts = smem_at<float>(smem, L::delta_parts);
   float* dgamma = smem_at<float>(smem, L::dgamma);
+  [[maybe_unused]] float* q_norm_dots = smem_at<float>(smem, L::norm_dots);
+  [[maybe_unused]] float* k_norm_dots = q_norm_dots + 2 * kChunk;
+  // [8][threads]: a thread's 32 values
+  [[maybe_unused]] float4* partner_partial = smem_at<float4>(smem, L::partner_partial);
+  constexpr bool kPair = kInputGrads == InputGrads::cluster_pair;
+  [[maybe_unused]] const unsigned rank = kPair ? cluster_rank() : 0;
+  [[maybe_unused]] const bool sums_keys = rank == 1;  // of a cluster pair
 
   // Runs are the sequence's segments in the order the reverse walk takes them (run 0 is the last segment).
   const int runs = p.segments, n = blockIdx.x / runs, run = blockIdx.x % runs, hv = blockIdx.y, h = hv / p.group;
@@ -124,18 +170,29 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
   const StateRows at{vr0, 0};  // the warp's rows of dS^T, for dht, the segments' starts and dh0
 
   const SequenceChunks chunks = SequenceChunks(p, n).segment(runs - 1 - run, runs);
-  // A chunk's tiles, which nothing reads once dQ and dK are formed, and its gates, which the per-token sums read
-  // to the end: two copy groups, so that the tiles' copies can start before those sums.
-  auto load_chunk_tiles = [&](int j) {
+  // A chunk's tiles, in copy groups that each start as soon as the chunk before (in the walk) has done with their
+  // tiles, so that the copies run under its last products and sums rather than after them: P and T once the
+  // inverse's backward has read them, V (dcorr), dO and Delta after the last products, Q, K and S after the last
+  // readers of Q and K (the norm's backward, dq's dots) and S (the state dot). The gates, which the per-token sums
+  // read to the end, are a group of their own (load_chunk_gates).
+  auto load_squares = [&](int j) {
+    const ChunkInfo chunk = chunks[j];
+    load_chunk_rows<kFusedThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
+    cp_async_commit();
+  };
+  auto load_product_rows = [&](int j) {
+    const ChunkInfo chunk = chunks[j];
+    load_chunk_rows<kFusedThreads>(v_tile, p.v, p.HV, hv, V, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(do_tile, p.d_o, p.HV, hv, V, 0, chunk, tid);
+    load_chunk_rows<kFusedThreads>(delta_tile, p.delta, p.HV, hv, V, 0, chunk, tid);
+    cp_async_commit();
+  };
+  auto load_state_rows = [&](int j) {
     const ChunkInfo chunk = chunks[j];
     const int c = chunks.first + j;
     load_chunk_rows<kFusedThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
     load_chunk_rows<kFusedThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
-    load_chunk_rows<kFusedThreads>(v_tile, p.v, p.HV, hv, V, 0, chunk, tid);
-    load_chunk_rows<kFusedThreads>(do_tile, p.d_o, p.HV, hv, V, 0, chunk, tid);
-    load_chunk_rows<kFusedThreads>(delta_tile, p.delta, p.HV, hv, V, 0, chunk, tid);
-    load_chunk_rows<kFusedThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
-    load_chunk_rows<kFusedThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
     const std::int64_t state_row = (static_cast<std::int64_t>(c) * p.HV + hv) * V;
     load_rows_async<kFusedThreads>(s_tile, static_cast<const E*>(p.states) + state_row * K, K, V, tid);
     cp_async_commit();
@@ -164,8 +221,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     load_pairs(ds, segment_start_rows(p, n, run, hv) + at.v0 * K, K, 16);
   }
 
+  // The partner's reads of this CTA's partial end on the cluster barrier's second phase: arrived here for the first
+  // chunk, waited before the M and F tiles are overwritten, arrived again once the partner's partial is read.
+  if constexpr (kPair) cluster_arrive();
   if (chunks.count > 0) {
-    load_chunk_tiles(chunks.count - 1);
+    load_state_rows(chunks.count - 1);
+    load_squares(chunks.count - 1);
+    load_product_rows(chunks.count - 1);
     load_chunk_gates(chunks.count - 1);
     load_beta(chunks.count - 1);
   }
@@ -224,6 +286,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     wgmma_ss_product<E, false, false, K / 16>(corr[0], [&](int k0) { return k_major(at_use(s_tile), k0, vr0 & ~63); },
                                               [&](int k0) { return k_major(at_use(k_tile), k0); }, false);
     wgmma_commit();
+    if constexpr (kPair) cluster_wait();  // the partner has read the last chunk's partial from the tiles dDelta takes
     ddelta_operand.store(transposed(ddelta_tile), vr0);  // dDelta for dT, beside the products
     for_each(ds, vr0, 0, [&](int, int, float& x) { x *= gate_in[kChunk - 1]; });  // E_n
     wgmma_wait();
@@ -335,10 +398,9 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
       inverse_backward(da, kk, f_tile, gamma, beta, m0, n0, e_sums, e_parts);
     }
     fence_for_wgmma();
-    __syncthreads();  // F complete
+    __syncthreads();  // F complete; P (X) and T are read
+    if (j > 0) load_squares(j - 1);
 
-    const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
-    const std::int64_t key_origin = ((t0 + m0) * p.HV + hv) * K + n0_keys;
     // The warpgroup's 64 key columns of an MN-major B.
     auto keys_b = [&](const auto& tile) { return [&](int k0) { return mn_major(at_use(tile), k0, n0_keys); }; };
     // dQ = scale diag(E) dO S^T + M K and dK = diag(D) Delta dS'^T - diag(E) dcorr S^T + M^T Q + F K + F^T K (the
@@ -373,10 +435,65 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     wgmma_commit_and_wait();
     hold(dq[0]);
     hold(dk[0]);
-    store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
-    store_pairs(dk, p.dk_head + key_origin, key_stride, rows - m0);
     const std::int64_t value_stride = static_cast<std::int64_t>(p.HV) * V;
     store_rows<kFusedThreads>(dv_tile, static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V, value_stride, rows, tid);
+    if constexpr (kInputGrads == InputGrads::per_value_head) {
+      const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
+      const std::int64_t key_origin = ((t0 + m0) * p.HV + hv) * K + n0_keys;
+      store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
+      store_pairs(dk, p.dk_head + key_origin, key_stride, rows - m0);
+      // V, dO and Delta are refilled after the block sum's barriers below.
+    } else {
+      // dq and dk finished before the state dot below, whose loads would otherwise wait beside their 64 registers.
+      float q_rstd[2] = {0.f, 0.f}, k_rstd[2] = {0.f, 0.f};
+      if (p.l2norm) {
+        const int r = m0 + (tid & 31) / 4;
+        for (int half = 0; half < 2; ++half) {
+          const std::int64_t row = (t0 + r + 8 * half) * p.H + h;
+          const bool valid = r + 8 * half < rows;
+          q_rstd[half] = valid ? p.q_rstd[row] : 0.f;
+          k_rstd[half] = valid ? p.k_rstd[row] : 0.f;
+        }
+      }
+      const std::int64_t key_stride = static_cast<std::int64_t>(p.H) * K;
+      E* const dq_rows = static_cast<E*>(p.dq) + t0 * key_stride + h * K;
+      E* const dk_rows = static_cast<E*>(p.dk) + t0 * key_stride + h * K;
+      if constexpr (kPair) {
+        __syncthreads();  // every warp's last products are done: M and F (the partner's partial goes there), V, dO, Delta
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {  // element by element: a select of whole arrays would put them in local memory
+          auto partial = [&](int r) { return sums_keys ? dq[0][i][r] : dk[0][i][r]; };
+          partner_partial[i * kFusedThreads + tid] = float4{partial(0), partial(1), partial(2), partial(3)};
+        }
+        cluster_arrive();
+        if (j > 0) load_product_rows(j - 1);  // beside the partner's arrival
+        cluster_wait();  // the partner's partial is in its shared memory
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float4 partner = load_from_cluster_rank(&partner_partial[i * kFusedThreads + tid], rank ^ 1);
+          // The sum lands in dq on both ranks. Two terms commute exactly: input_grad_kernel's sum, bit for bit.
+          auto own = [&](int r) { return sums_keys ? dk[0][i][r] : dq[0][i][r]; };
+          dq[0][i][0] = own(0) + partner.x;
+          dq[0][i][1] = own(1) + partner.y;
+          dq[0][i][2] = own(2) + partner.z;
+          dq[0][i][3] = own(3) + partner.w;
+        }
+        cluster_arrive();  // this CTA has read the partner's partial
+        const Rows normalised = sums_keys ? k_tile : q_tile;
+        store_norm_dots(p, dq, normalised, q_norm_dots, m0, n0_keys);
+        __syncthreads();  // the dots
+        for (int half = 0; half < 2; ++half) q_rstd[half] = sums_keys ? k_rstd[half] : q_rstd[half];
+        finish_input_grad(p, dq, normalised, q_norm_dots, q_rstd, sums_keys ? dk_rows : dq_rows, key_stride, rows,
+                          m0, n0_keys);
+      } else {
+        store_norm_dots(p, dq, q_tile, q_norm_dots, m0, n0_keys);
+        store_norm_dots(p, dk, k_tile, k_norm_dots, m0, n0_keys);
+        __syncthreads();  // the dots; every warp's last products are done with V, dO and Delta
+        if (j > 0) load_product_rows(j - 1);
+        finish_input_grad(p, dq, q_tile, q_norm_dots, q_rstd, dq_rows, key_stride, rows, m0, n0_keys);
+        finish_input_grad(p, dk, k_tile, k_norm_dots, k_rstd, dk_rows, key_stride, rows, m0, n0_keys);
+      }
+    }
 
     // ---- per token: dgamma and dbeta ----
     auto over_warps = [](const float* parts, int row) {  // in warp order
@@ -394,10 +511,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     const float state_dot = partial_tile_dot<kFusedThreads>(s_tile, ds_tile, tid);
     const float last_row_terms =
         block_sum<kFusedThreads>(d_term + gate_in[kChunk - 1] * state_dot, smem_at<float>(smem, L::scratch));
-    // The block sum's barriers come after every warp's dQ/dK wait, the tiles' last readers, after the inverse's
-    // backward, beta's last reader, and after dV's stores, which the next chunk's staging overwrites.
+    // The block sum's barriers come after every warp's dQ/dK wait and the norm's backward, the last readers of Q, K
+    // and S, after the inverse's backward, beta's last reader, and after dV's stores, which the next chunk's staging
+    // overwrites.
     if (j > 0) {
-      load_chunk_tiles(j - 1);
+      if constexpr (kInputGrads == InputGrads::per_value_head) load_product_rows(j - 1);
+      load_state_rows(j - 1);
       load_beta(j - 1);
     }
     if (tid < kChunk) {
@@ -413,10 +532,21 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
     if (j > 0) load_chunk_gates(j - 1);
     store_chunk_dg<E>(p, dgamma, t0, rows, hv);
   }
+  if constexpr (kPair) cluster_wait();  // the partner has read the last chunk's partial: this CTA may exit
   if (p.dh0 != nullptr && run == runs - 1) {
     store_state(ds, p.dh0, p, n, hv, at);
   }
 #endif
+}
+
+template <class E, InputGrads kInputGrads>
+__global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params p) {
+  fused_backward<E, kInputGrads>(p);
+}
+// A GVA group's two value heads (grid y 2h and 2h + 1) as one cluster.
+template <class E>
+__global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kFusedThreads, 1) fused_backward_pair_kernel(Params p) {
+  fused_backward<E, InputGrads::cluster_pair>(p);
 }
 
 }  // namespace
@@ -424,8 +554,16 @@ __global__ void __launch_bounds__(kFusedThreads, 1) fused_backward_kernel(Params
 void launch_fused_backward(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K == 128) {  // where plan_execution fuses
-      launch<fused_backward_kernel<E>>("gdn fused_backward_kernel", dim3(p.sequences * p.segments, p.HV),
-                                       dim3(kFusedThreads), FusedBackwardSmem<E>::bytes, kernels);
+      const dim3 grid(p.sequences * p.segments, p.HV), block(kFusedThreads);
+      constexpr int smem = FusedBackwardSmem<E>::bytes;
+      if (!p.fused_input_grads) {
+        launch<fused_backward_kernel<E, InputGrads::per_value_head>>("gdn fused_backward_kernel", grid, block, smem,
+                                                                     kernels);
+      } else if (p.group == 1) {
+        launch<fused_backward_kernel<E, InputGrads::this_cta>>("gdn fused_backward_kernel", grid, block, smem, kernels);
+      } else {  // plan_execution finishes dq and dk here for groups of one or two
+        launch<fused_backward_pair_kernel<E>>("gdn fused_backward_pair_kernel", grid, block, smem, kernels);
+      }
     }
   });
 }

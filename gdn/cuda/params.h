@@ -39,6 +39,7 @@ struct Params {
   bool late_prepare = false;  // prepare's launch skips the last segment's chunks; a second one beside the ends pass
   int warp_pairs = 2;   // per CTA of the mma.sync passes (state.cu)
   bool fused_backward = false;  // the backward after the recompute pass is fused_backward_kernel
+  bool fused_input_grads = false;  // which also finishes dq and dk (GVA groups of 1 or 2; no input_grad_kernel)
   float scale = 1.f;
   bool l2norm = false;
 

@@ -21,6 +21,7 @@ struct PlanInputs {
   Operation op = Operation::chunk_forward;
   DType io = DType::bf16;
   std::int64_t sequences = 1, value_heads = 1;
+  std::int64_t group = 1;         // value heads per q/k head (GVA)
   std::int64_t K = 128, V = 128;  // the kernels' head dims (kernel_key_dim, kernel_value_dim)
   std::int64_t chunks = 1;        // over all sequences
   int multiprocessors = 1;        // of the device
@@ -42,6 +43,9 @@ struct ExecutionPlan {
   // (sequence, value head) for everything else (fused_backward.cu), instead of the reverse pass, chunk_grad
   // and wy_grad
   bool fused_backward = false;
+  // fused backward, GVA groups of one or two value heads: the fused kernel finishes dq and dk itself (the group's
+  // sum, a pair of CTAs in a cluster, the L2 norm's backward and the cast) instead of input_grad_kernel after it
+  bool fused_input_grads = false;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };
 

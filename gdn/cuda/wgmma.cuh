@@ -218,4 +218,48 @@ __device__ __forceinline__ void wgmma_ss_product(float (&acc)[NT][4], Descriptor
   }
 }
 
+
+// ---- thread block clusters (sm_90) ----
+// The cluster barrier: every thread of every CTA in the cluster arrives, then waits, in turn (a thread arrives
+// again only after its wait). .aligned: all threads of a warp execute each together.
+// Without memory ordering, for what an mbarrier or a later barrier already orders.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+// With release: this thread's shared-memory reads and writes before it are complete for the cluster's threads past
+// their wait (which acquires).
+__device__ __forceinline__ void cluster_arrive() {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+// This CTA's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank = 0;
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+#endif
+  return rank;
+}
+// The 16 bytes at `local`'s offset in the shared memory of the cluster's CTA `rank` (distributed shared memory).
+__device__ __forceinline__ float4 load_from_cluster_rank(const void* local, unsigned rank) {
+  float4 v{};
+#ifdef DELTATRAIN_WGMMA
+  std::uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(local)), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#endif
+  return v;
+}
+
 }  // namespace deltatrain::gdn::cuda

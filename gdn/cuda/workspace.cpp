@@ -76,8 +76,10 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   take(layout.states, n_chunks * HV * V * K * io);
   take(layout.delta, tokens * HV * V * io);
   if (plan.fused_backward) {
-    take(layout.dq_head, tokens * HV * K * f32);
-    take(layout.dk_head, tokens * HV * K * f32);
+    if (!plan.fused_input_grads) {
+      take(layout.dq_head, tokens * HV * K * f32);
+      take(layout.dk_head, tokens * HV * K * f32);
+    }
     return layout;
   }
   const auto slices = static_cast<std::size_t>(problem.K / kKeySlice);

@@ -267,6 +267,7 @@ void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels) {
 }
 
 void launch_input_grads(const Params& p, DType io, KernelSequence& kernels) {
+  if (p.fused_input_grads) return;  // the fused backward wrote both
   if (p.fused_backward || p.l2norm) launch_input_grad<false>(p, io, kernels);  // else chunk_grad wrote dq
   if (p.fused_backward) launch_input_grad<true>(p, io, kernels);              // else wy_grad wrote dk
 }

@@ -57,12 +57,6 @@ struct StreamGemmArgs {
   Index chunks_per_split;  // the last split may have fewer, or none
 };
 
-// Cluster barriers without memory ordering: what they order here is ordered by the mbarrier.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
-
 __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmArgs args) {
 #ifdef DELTATRAIN_WGMMA  // sm_90a; prepare_stream_gemm() keeps other devices away
   const StreamGemmCall& a = args.call;
@@ -95,7 +89,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(received), "r"(bytes) : "memory");
   }
-  cluster_arrive_relaxed();
+  tiles::cluster_arrive_relaxed();  // no memory ordering: the mbarrier orders what this orders
 
   // Weight rows past N are zero-filled (cp.async reads nothing for them) from a valid address; so are x's rows
   // past M (load_rows_async).
@@ -160,7 +154,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
       slices[(8 * j + 2 * t + (e & 1)) * kPartialLd + 16 * warp + g + (e >> 1) * 8] = acc[j][e];
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the slices, visible to the bulk copies
   __syncthreads();
-  cluster_wait();
+  tiles::cluster_wait();
   if (const int j = threadIdx.x; j < kRowGroups && group_rows(j) > 0) {
     const auto owner = static_cast<std::uint32_t>(j % splits);
     const std::uint32_t slot = receive + ((j / splits) * splits + split) * kSliceBytes;
@@ -178,7 +172,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
       "@!done bra wait_for_slices;\n}\n" ::"r"(received)
       : "memory");
   // Once every CTA has received its slices, every CTA's outgoing slices have been read: only then may one exit.
-  cluster_arrive_relaxed();
+  tiles::cluster_arrive_relaxed();
 
   // This CTA's row groups, each output the splits' sum in split order; a thread takes 4 features of a row.
   const float* const sums_in = reinterpret_cast<const float*>(smem + kReceiveAt);
@@ -203,7 +197,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(StreamGemmA
       else static_cast<bf16*>(a.y)[at] = to_bf16(out);
     }
   }
-  cluster_wait();
+  tiles::cluster_wait();
 #endif
 }
 

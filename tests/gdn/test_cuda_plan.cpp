@@ -23,8 +23,8 @@ constexpr int kH200Multiprocessors = 132;
 
 class CudaPlan : public SeededTest {
  protected:
-  // A random call: any operation, dtype and kernel head dims, 1-40 sequences of 1-600 chunks, 1-64 value heads,
-  // on a device of 1-200 SMs that may or may not run wgmma.
+  // A random call: any operation, dtype and kernel head dims, 1-40 sequences of 1-600 chunks, GVA groups of 1-4
+  // value heads, 1-64 value heads, on a device of 1-200 SMs that may or may not run wgmma.
   PlanInputs random_inputs() {
     auto pick = [&](auto lo, auto hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng_); };
     constexpr std::array kOperations{Operation::chunk_forward, Operation::chunk_backward, Operation::recurrent};
@@ -35,7 +35,8 @@ class CudaPlan : public SeededTest {
     in.K = std::array{64, 128, 256}[pick(0, 2)];
     in.V = 64 * pick(1, 4) + (pick(0, 3) == 0 ? 32 : 0);  // now and then not a whole warpgroup of columns
     in.sequences = pick(1, 40);
-    in.value_heads = pick(1, 64);
+    in.group = pick(1, 4);
+    in.value_heads = in.group * pick(1, 64 / in.group);
     in.chunks = in.sequences * pick(1, 600);
     in.multiprocessors = static_cast<int>(pick(1, 200));
     in.wgmma_device = pick(0, 1) == 1;
@@ -49,7 +50,7 @@ class CudaPlan : public SeededTest {
 std::string describe(const PlanInputs& in) {
   return "op " + std::string(operation_name(in.op)) + ", " + dtype_name(in.io) + ", K " + std::to_string(in.K) +
          ", V " + std::to_string(in.V) + ", " + std::to_string(in.sequences) + " sequences, " +
-         std::to_string(in.value_heads) + " value heads, " + std::to_string(in.chunks) + " chunks, " +
+         std::to_string(in.value_heads) + " value heads in groups of " + std::to_string(in.group) + ", " + std::to_string(in.chunks) + " chunks, " +
          std::to_string(in.multiprocessors) + " SMs, wgmma device " + std::to_string(in.wgmma_device) +
          ", allowed " + std::to_string(in.wgmma_allowed) + ", fused backward setting " +
          (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset"));
@@ -77,6 +78,7 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       EXPECT_FALSE(plan.paired);
       const std::int64_t narrow_ctas = in.sequences * in.value_heads * (in.V / 32);
       EXPECT_EQ(plan.warp_pairs, in.io == DType::f32 || narrow_ctas <= in.multiprocessors ? 2 : 4);
+      EXPECT_FALSE(plan.fused_backward || plan.fused_input_grads);
       continue;
     }
     const bool fused_fits = in.op == Operation::chunk_backward && in.K == 128 && in.V == 128;
@@ -94,8 +96,10 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       EXPECT_EQ(plan.segments, forward_plan.segments);
       EXPECT_EQ(plan.warpgroups, forward_plan.warpgroups);
       EXPECT_FALSE(plan.paired);
+      EXPECT_EQ(plan.fused_input_grads, in.group <= 2) << "dq and dk finished in one CTA or a cluster pair";
       continue;
     }
+    EXPECT_FALSE(plan.fused_input_grads);
     const std::int64_t units = in.sequences * in.value_heads * (in.V / kWgmmaColumns);
     if (units >= in.multiprocessors) {
       // Enough (sequence, head, columns) units to fill the GPU: no segments, two warpgroups where K = 128 and
@@ -123,12 +127,14 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
 }
 
 // The anchor cells (bf16, K = V = 128, 64-token chunks) on an H200: the choices the recorded figures rest on.
+// The anchors' cells: 16 q/k heads, GVA groups of value_heads / 16 (16/16, 16/32) or one group (fewer heads).
 PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences, std::int64_t tokens_each) {
   PlanInputs in;
   in.op = op;
   in.io = DType::bf16;
   in.sequences = sequences;
   in.value_heads = value_heads;
+  in.group = value_heads >= 16 ? value_heads / 16 : value_heads;
   in.chunks = sequences * (tokens_each / 64);
   in.multiprocessors = kH200Multiprocessors;
   in.wgmma_device = true;
@@ -171,6 +177,13 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(one.fused_backward);
   EXPECT_EQ(eight.warpgroups, 2);
   EXPECT_EQ(one.segments, 2);
+  // Both finish dq and dk in the fused kernel (groups of 2, as the model's 16/16 heads' groups of 1); groups of 4 not.
+  EXPECT_TRUE(eight.fused_input_grads && one.fused_input_grads);
+  EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 16, 8, 4096)).fused_input_grads);
+  PlanInputs quartets = anchor(Operation::chunk_backward, 32, 8, 4096);
+  quartets.group = 4;
+  EXPECT_TRUE(plan_execution(quartets).fused_backward);
+  EXPECT_FALSE(plan_execution(quartets).fused_input_grads);
   EXPECT_FALSE(eight.paired || one.paired || one.late_prepare);
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));

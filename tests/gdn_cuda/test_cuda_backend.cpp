@@ -84,6 +84,8 @@ std::vector<Case> cases() {
                  GateRange{0.0, 0.0}});
   all.push_back({"f32_no_state_K_ne_V", fixed(1, 77, 2, 2, 64, 192), DType::f32, DType::f32, true, false, false});
   all.push_back({"f16_single_token", fixed(3, 1, 1, 2, 128, 128), DType::f16});
+  // The L2 norm without GVA (the 0.8B model's 16/16 heads): the fused backward finishes dq and dk in one CTA.
+  all.push_back({"bf16_l2norm_no_gva", fixed(2, 200, 3, 3, 128, 128), DType::bf16, DType::f32, true});
   // Enough (sequence, head, 64 columns) units to fill an H100 or H200 by themselves: the Hopper state passes
   // run two warpgroups per CTA here.
   all.push_back({"bf16_many_heads", fixed(8, 100, 8, 32, 128, 128), DType::bf16});
