@@ -82,10 +82,10 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       continue;
     }
     const bool fused_fits = in.op == Operation::chunk_backward && in.K == 128 && in.V == 128;
-    // Unasked: where its (sequence, value head) CTAs fill their waves to 70% or more, counted as a fraction.
+    // Unasked: where its (sequence, value head) CTAs fill their waves to 60% or more, counted as a fraction.
     const std::int64_t fused_ctas = in.sequences * in.value_heads;
     const std::int64_t waves = (fused_ctas + in.multiprocessors - 1) / in.multiprocessors;
-    const bool waves_full = static_cast<double>(fused_ctas) / static_cast<double>(waves * in.multiprocessors) >= 0.70;
+    const bool waves_full = static_cast<double>(fused_ctas) / static_cast<double>(waves * in.multiprocessors) >= 0.60;
     EXPECT_EQ(plan.fused_backward, fused_fits && in.fused_backward_setting.value_or(waves_full))
         << "fused where the kernel's dims fit and the setting asks, or unset and its waves are full";
     if (plan.fused_backward) {
@@ -155,11 +155,11 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
   EXPECT_EQ(filled.warpgroups, 2);
   EXPECT_EQ(filled.segments, 1);
-  // The fused backward unasked where its CTAs fill their waves to 70%: eight sequences of 32 heads (256 CTAs, two
+  // The fused backward unasked where its CTAs fill their waves to 60%: eight sequences of 32 heads (256 CTAs, two
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
-  // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%) and three of 32 (96 CTAs, 73%); not for five of 32 (160
-  // CTAs, 61%), eight of 4 heads (32 CTAs) or one of 32, nor where DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one
-  // sequence takes it too, its recompute segmented.
+  // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
+  // 61%); not for two of 32 (64 CTAs, 48%), eight of 4 heads (32 CTAs) or one of 32, nor where
+  // DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence takes it too, its recompute segmented.
   auto with_setting = [](PlanInputs in, bool fused) {
     in.fused_backward_setting = fused;
     return plan_execution(in);
@@ -171,7 +171,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192)).fused_backward);
   EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 7, 4096)).fused_backward);
   EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 3, 4096)).fused_backward);
-  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 5, 4096)).fused_backward);
+  EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 5, 4096)).fused_backward);
+  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 2, 4096)).fused_backward);
   EXPECT_FALSE(with_setting(anchor(Operation::chunk_backward, 32, 8, 4096), false).fused_backward);
   const ExecutionPlan one = with_setting(anchor(Operation::chunk_backward, 32, 1, 8192), true);
   EXPECT_TRUE(one.fused_backward);
