@@ -436,8 +436,11 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
     hold(dq[0]);
     hold(dk[0]);
     const std::int64_t value_stride = static_cast<std::int64_t>(p.HV) * V;
-    store_rows<kFusedThreads>(dv_tile, static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V, value_stride, rows, tid);
+    auto store_dv = [&] {
+      store_rows<kFusedThreads>(dv_tile, static_cast<E*>(p.dv) + (t0 * p.HV + hv) * V, value_stride, rows, tid);
+    };
     if constexpr (kInputGrads == InputGrads::per_value_head) {
+      store_dv();
       const std::int64_t key_stride = static_cast<std::int64_t>(p.HV) * K;
       const std::int64_t key_origin = ((t0 + m0) * p.HV + hv) * K + n0_keys;
       store_pairs(dq, p.dq_head + key_origin, key_stride, rows - m0);
@@ -445,6 +448,19 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
       // V, dO and Delta are refilled after the block sum's barriers below.
     } else {
       // dq and dk finished before the state dot below, whose loads would otherwise wait beside their 64 registers.
+      if constexpr (kPair) {
+        __syncthreads();  // every warp's last products are done: M and F (the partner's partial goes there), V, dO, Delta
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {  // element by element: a select of whole arrays would put them in local memory
+          auto partial = [&](int r) { return sums_keys ? dq[0][i][r] : dk[0][i][r]; };
+          partner_partial[i * kFusedThreads + tid] = float4{partial(0), partial(1), partial(2), partial(3)};
+        }
+        // Its release waits for this thread's earlier memory accesses: dV's stores and the rows' rstd loads come after
+        // it (before it, they took a tenth of the kernel's samples there).
+        cluster_arrive();
+        if (j > 0) load_product_rows(j - 1);  // beside the partner's arrival
+      }
+      store_dv();
       float q_rstd[2] = {0.f, 0.f}, k_rstd[2] = {0.f, 0.f};
       if (p.l2norm) {
         const int r = m0 + (tid & 31) / 4;
@@ -459,14 +475,6 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
       E* const dq_rows = static_cast<E*>(p.dq) + t0 * key_stride + h * K;
       E* const dk_rows = static_cast<E*>(p.dk) + t0 * key_stride + h * K;
       if constexpr (kPair) {
-        __syncthreads();  // every warp's last products are done: M and F (the partner's partial goes there), V, dO, Delta
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {  // element by element: a select of whole arrays would put them in local memory
-          auto partial = [&](int r) { return sums_keys ? dq[0][i][r] : dk[0][i][r]; };
-          partner_partial[i * kFusedThreads + tid] = float4{partial(0), partial(1), partial(2), partial(3)};
-        }
-        cluster_arrive();
-        if (j > 0) load_product_rows(j - 1);  // beside the partner's arrival
         cluster_wait();  // the partner's partial is in its shared memory
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -478,7 +486,9 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
           dq[0][i][2] = own(2) + partner.z;
           dq[0][i][3] = own(3) + partner.w;
         }
-        cluster_arrive();  // this CTA has read the partner's partial
+        // This CTA has read the partner's partial: its values are in registers, so no release is needed (one would
+        // wait for dV's stores).
+        cluster_arrive_relaxed();
         const Rows normalised = sums_keys ? k_tile : q_tile;
         store_norm_dots(p, dq, normalised, q_norm_dots, m0, n0_keys);
         __syncthreads();  // the dots

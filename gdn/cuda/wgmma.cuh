@@ -222,7 +222,8 @@ __device__ __forceinline__ void wgmma_ss_product(float (&acc)[NT][4], Descriptor
 // ---- thread block clusters (sm_90) ----
 // The cluster barrier: every thread of every CTA in the cluster arrives, then waits, in turn (a thread arrives
 // again only after its wait). .aligned: all threads of a warp execute each together.
-// Without memory ordering, for what an mbarrier or a later barrier already orders.
+// Without memory ordering: for what an mbarrier or a later barrier already orders, or to say that reads whose values
+// this thread has already used are done.
 __device__ __forceinline__ void cluster_arrive_relaxed() {
 #ifdef DELTATRAIN_WGMMA
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
