@@ -229,8 +229,9 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 #endif
 }
-// With release: this thread's shared-memory reads and writes before it are complete for the cluster's threads past
-// their wait (which acquires).
+// With release: this thread's earlier memory accesses are complete for the cluster's threads past their wait (which
+// acquires). It compiles to a GPU-scope membar and waits for all of them, global stores and loads included, so
+// issue those after it where they need no ordering.
 __device__ __forceinline__ void cluster_arrive() {
 #ifdef DELTATRAIN_WGMMA
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
