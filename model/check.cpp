@@ -100,25 +100,69 @@ CheckResult forward_check(const Config& config, const Config& reference_config, 
   std::vector<double> weights(targets.size());
   for (std::size_t t = 0; t < targets.size(); ++t) weights[t] = targets[t] >= 0 ? 1.0 / double(counted) : 0.0;
   const Values used = read(store);
-  const reference::ReferenceOutput expected = reference::reference_forward(
-      reference_config, [&](const std::string& name) -> const std::vector<double>& { return used.at(name); }, in.tokens,
-      in.cu_seqlens, targets, weights);
-
-  double max_error = 0, max_value = 0;
-  std::int64_t worst = 0;
-  for (std::int64_t i = 0; i < logits.numel(); ++i) {
-    const double e = std::abs(element(logits, i) - expected.logits[i]);
-    if (e > max_error) max_error = e, worst = i;
-    max_value = std::max(max_value, std::abs(expected.logits[i]));
-  }
-  const double logit_error = max_error / max_value, loss_error = std::abs(loss - expected.loss) / std::abs(expected.loss);
+  auto evaluate = [&](const Values& at) {
+    return reference::reference_forward(
+        reference_config, [&](const std::string& name) -> const std::vector<double>& { return at.at(name); },
+        in.tokens, in.cu_seqlens, targets, weights);
+  };
+  const reference::ReferenceOutput expected = evaluate(used);
+  const std::int64_t V = config.vocab_size, tokens = std::ssize(in.tokens);
+  auto logit_error = [&](std::int64_t t) {
+    double e = 0;
+    for (std::int64_t i = t * V; i < (t + 1) * V; ++i) e = std::max(e, std::abs(element(logits, i) - expected.logits[i]));
+    return e;
+  };
   CheckResult r;
   r.name = std::string("forward_") + dtype_name(dtype);
-  r.error = std::max(logit_error, loss_error);
-  // float64: rounding only. float32: a few hundred roundings of 6e-8 through the layers and the loss.
-  r.tolerance = dtype == DType::f64 ? 1e-11 : 1e-4;
-  r.detail = "loss " + std::to_string(loss) + " vs " + std::to_string(expected.loss) + "; largest logit error at token " +
-             std::to_string(worst / config.vocab_size);
+  if (dtype == DType::f64) {  // rounding only: 1e-11 of the largest logit, and of the loss
+    double max_error = 0, max_value = 0;
+    std::int64_t worst = 0;
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      if (const double e = logit_error(t); e > max_error) max_error = e, worst = t;
+    }
+    for (const double x : expected.logits) max_value = std::max(max_value, std::abs(x));
+    r.error = std::max(max_error / max_value, std::abs(loss - expected.loss) / std::abs(expected.loss));
+    r.tolerance = 1e-11;
+    r.detail = "loss " + std::to_string(loss) + " vs " + std::to_string(expected.loss) +
+               "; largest logit error at token " + std::to_string(worst);
+    return r;
+  }
+  // float32: rounding through the layers, amplified wherever the model is ill-conditioned. A fixed bound (1e-4 of the
+  // largest logit) failed at one token whose logits were ~30x as sensitive to the weights as the others' (seed
+  // 1471355039, bench/NOTES.md), with an error no larger against that sensitivity than elsewhere. So each token's
+  // error is measured against how far its logits move, in float64, when every weight is perturbed by float32's unit
+  // roundoff (relative, random signs; the largest of four draws: two left the ratio's tail at 25), and so is the
+  // loss's. Over 94 seeded runs of the tests' small hybrid (47 seeds, tied and untied) the ratio had a median of 4.3
+  // and a maximum of 9.2, that seed's token included; a wrong function gives ratios of 1e4 and more.
+  constexpr double kUnitRoundoff = 0x1p-24, kFloat32Ratio = 64;
+  std::mt19937_64 rng(0x5e45171717);  // the probe, not the thing checked: the same draws every run
+  std::uniform_real_distribution<double> sign(-1, 1);
+  std::vector<double> logit_moves(static_cast<std::size_t>(tokens), 0.0);
+  double loss_move = kUnitRoundoff * std::abs(expected.loss);  // a floor: no division by a move of 0
+  for (int draw = 0; draw < 4; ++draw) {
+    Values perturbed = used;
+    for (auto& [name, tensor] : perturbed)
+      for (double& x : tensor) x *= 1 + kUnitRoundoff * sign(rng);
+    const reference::ReferenceOutput moved = evaluate(perturbed);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (std::int64_t i = t * V; i < (t + 1) * V; ++i) {
+        logit_moves[t] = std::max({logit_moves[t], std::abs(moved.logits[i] - expected.logits[i]),
+                                   kUnitRoundoff * std::abs(expected.logits[i])});
+      }
+    }
+    loss_move = std::max(loss_move, std::abs(moved.loss - expected.loss));
+  }
+  std::int64_t worst = 0;
+  double worst_ratio = 0;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    if (const double ratio = logit_error(t) / logit_moves[t]; ratio > worst_ratio) worst_ratio = ratio, worst = t;
+  }
+  const double loss_ratio = std::abs(loss - expected.loss) / loss_move;
+  r.error = std::max(worst_ratio, loss_ratio);
+  r.tolerance = kFloat32Ratio;
+  r.detail = "error over the weights' float32-roundoff sensitivity: logits " + std::to_string(worst_ratio) +
+             " (token " + std::to_string(worst) + ", error " + std::to_string(logit_error(worst)) + "), loss " +
+             std::to_string(loss_ratio);
   return r;
 }
 
@@ -270,11 +314,11 @@ std::vector<CheckResult> run_model_checks(const Config& config, const CheckOptio
 namespace detail {
 
 CheckResult forward_check_with_reference_config(const Config& model_config, const Config& reference_config,
-                                                std::uint64_t seed) {
+                                                std::uint64_t seed, DType dtype) {
   std::mt19937_64 rng(seed);
   const Values values = random_parameters(model_config, rng);
   const Inputs in = random_inputs(model_config, CheckOptions{}.sequence_lengths, rng);
-  return forward_check(model_config, reference_config, DType::f64, values, in);
+  return forward_check(model_config, reference_config, dtype, values, in);
 }
 
 }  // namespace detail

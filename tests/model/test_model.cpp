@@ -122,10 +122,18 @@ TEST_F(ModelTest, ChecksPassOnTheTinyPreset) { expect_all_pass(preset("tiny"), {
 // (RoPE's theta doubled in the model but not in the reference) fail it.
 TEST_F(ModelTest, ForwardCheckFailsForAnotherFunction) {
   const Config config = small_config(true);
-  EXPECT_TRUE(detail::forward_check_with_reference_config(config, config, seed_).pass());
   Config other = config;
   other.rope_theta *= 2;
-  EXPECT_FALSE(detail::forward_check_with_reference_config(other, config, seed_).pass());
+  for (DType dtype : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    EXPECT_TRUE(detail::forward_check_with_reference_config(config, config, seed_, dtype).pass());
+    const CheckResult wrong = detail::forward_check_with_reference_config(other, config, seed_, dtype);
+    EXPECT_FALSE(wrong.pass()) << wrong.detail;
+    // float32's bound is relative to its rounding (a ratio); the other function is far past it, not near it.
+    if (dtype == DType::f32) {
+      EXPECT_GT(wrong.error, 100 * wrong.tolerance) << wrong.detail;
+    }
+  }
 }
 
 // Bad input gets an error naming what is wrong, and the model stays usable.

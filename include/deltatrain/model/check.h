@@ -3,7 +3,7 @@
 //
 //   forward_float64    the loss and every logit against an independent float64 evaluation (the GDN layer by
 //                      its token recurrence, attention by a direct softmax per query, plain dot products)
-//   forward_float32    the same in float32
+//   forward_float32    the same in float32, each token's error against its float32-roundoff sensitivity
 //   gradients          d loss / d parameter against central finite differences (Richardson-extrapolated),
 //                      a few elements of every tensor, in float64
 //   packing            a packed batch gives each sequence what it gives alone
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "deltatrain/core/tensor.h"
 #include "deltatrain/model/config.h"
 
 namespace deltatrain::model {
@@ -37,10 +38,10 @@ struct CheckOptions {
 std::vector<CheckResult> run_model_checks(const Config& config, const CheckOptions& options = {});
 
 namespace detail {
-// The float64 forward check with the reference evaluating `reference_config` (same shapes) while the model
-// runs `model_config`: how the tests show that the check fails for a model computing another function.
+// The forward check (float64 or float32) with the reference evaluating `reference_config` (same shapes) while the
+// model runs `model_config`: how the tests show that the check fails for a model computing another function.
 CheckResult forward_check_with_reference_config(const Config& model_config, const Config& reference_config,
-                                                std::uint64_t seed);
+                                                std::uint64_t seed, DType dtype = DType::f64);
 }  // namespace detail
 
 }  // namespace deltatrain::model
