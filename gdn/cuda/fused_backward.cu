@@ -171,24 +171,24 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
 
   const SequenceChunks chunks = SequenceChunks(p, n).segment(runs - 1 - run, runs);
   // A chunk's tiles, in copy groups that each start as soon as the chunk before (in the walk) has done with their
-  // tiles, so that the copies run under its last products and sums rather than after them: P and T once the
-  // inverse's backward has read them, V (dcorr), dO and Delta after the last products, Q, K and S after the last
-  // readers of Q and K (the norm's backward, dq's dots) and S (the state dot). The gates, which the per-token sums
-  // read to the end, are a group of their own (load_chunk_gates).
-  auto load_squares = [&](int j) {
+  // tiles, so that the copies run under its last products and sums rather than after them: the square tiles P and T
+  // once the inverse's backward has read them, the value-wide V (dcorr), dO and Delta after the last products, the
+  // key-wide Q, K and S after the last readers of Q and K (the norm's backward, dq's dots) and S (the state dot). The
+  // gates, which the per-token sums read to the end, are a group of their own (load_chunk_gates).
+  auto load_square_tiles = [&](int j) {
     const ChunkInfo chunk = chunks[j];
     load_chunk_rows<kFusedThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
     load_chunk_rows<kFusedThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
     cp_async_commit();
   };
-  auto load_product_rows = [&](int j) {
+  auto load_value_tiles = [&](int j) {
     const ChunkInfo chunk = chunks[j];
     load_chunk_rows<kFusedThreads>(v_tile, p.v, p.HV, hv, V, 0, chunk, tid);
     load_chunk_rows<kFusedThreads>(do_tile, p.d_o, p.HV, hv, V, 0, chunk, tid);
     load_chunk_rows<kFusedThreads>(delta_tile, p.delta, p.HV, hv, V, 0, chunk, tid);
     cp_async_commit();
   };
-  auto load_state_rows = [&](int j) {
+  auto load_key_tiles = [&](int j) {
     const ChunkInfo chunk = chunks[j];
     const int c = chunks.first + j;
     load_chunk_rows<kFusedThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
@@ -225,9 +225,9 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
   // chunk, waited before the M and F tiles are overwritten, arrived again once the partner's partial is read.
   if constexpr (kPair) cluster_arrive();
   if (chunks.count > 0) {
-    load_state_rows(chunks.count - 1);
-    load_squares(chunks.count - 1);
-    load_product_rows(chunks.count - 1);
+    load_key_tiles(chunks.count - 1);
+    load_square_tiles(chunks.count - 1);
+    load_value_tiles(chunks.count - 1);
     load_chunk_gates(chunks.count - 1);
     load_beta(chunks.count - 1);
   }
@@ -399,7 +399,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
     }
     fence_for_wgmma();
     __syncthreads();  // F complete; P (X) and T are read
-    if (j > 0) load_squares(j - 1);
+    if (j > 0) load_square_tiles(j - 1);
 
     // The warpgroup's 64 key columns of an MN-major B.
     auto keys_b = [&](const auto& tile) { return [&](int k0) { return mn_major(at_use(tile), k0, n0_keys); }; };
@@ -458,7 +458,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
         // Its release waits for this thread's earlier memory accesses: dV's stores and the rows' rstd loads come after
         // it (before it, they took a tenth of the kernel's samples there).
         cluster_arrive();
-        if (j > 0) load_product_rows(j - 1);  // beside the partner's arrival
+        if (j > 0) load_value_tiles(j - 1);  // beside the partner's arrival
       }
       store_dv();
       float q_rstd[2] = {0.f, 0.f}, k_rstd[2] = {0.f, 0.f};
@@ -499,7 +499,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
         store_norm_dots(p, dq, q_tile, q_norm_dots, m0, n0_keys);
         store_norm_dots(p, dk, k_tile, k_norm_dots, m0, n0_keys);
         __syncthreads();  // the dots; every warp's last products are done with V, dO and Delta
-        if (j > 0) load_product_rows(j - 1);
+        if (j > 0) load_value_tiles(j - 1);
         finish_input_grad(p, dq, q_tile, q_norm_dots, q_rstd, dq_rows, key_stride, rows, m0, n0_keys);
         finish_input_grad(p, dk, k_tile, k_norm_dots, k_rstd, dk_rows, key_stride, rows, m0, n0_keys);
       }
@@ -525,8 +525,8 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
     // and S, after the inverse's backward, beta's last reader, and after dV's stores, which the next chunk's staging
     // overwrites.
     if (j > 0) {
-      if constexpr (kInputGrads == InputGrads::per_value_head) load_product_rows(j - 1);
-      load_state_rows(j - 1);
+      if constexpr (kInputGrads == InputGrads::per_value_head) load_value_tiles(j - 1);
+      load_key_tiles(j - 1);
       load_beta(j - 1);
     }
     if (tid < kChunk) {
