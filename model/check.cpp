@@ -137,8 +137,12 @@ CheckResult forward_check(const Config& config, const Config& reference_config, 
   constexpr double kUnitRoundoff = 0x1p-24, kFloat32Ratio = 64;
   std::mt19937_64 rng(0x5e45171717);  // the probe, not the thing checked: the same draws every run
   std::uniform_real_distribution<double> sign(-1, 1);
+  // Floors of one unit roundoff of each token's largest logit and of the loss: no division by a move of 0.
   std::vector<double> logit_moves(static_cast<std::size_t>(tokens), 0.0);
-  double loss_move = kUnitRoundoff * std::abs(expected.loss);  // a floor: no division by a move of 0
+  for (std::int64_t i = 0; i < tokens * V; ++i) {
+    logit_moves[i / V] = std::max(logit_moves[i / V], kUnitRoundoff * std::abs(expected.logits[i]));
+  }
+  double loss_move = kUnitRoundoff * std::abs(expected.loss);
   for (int draw = 0; draw < 4; ++draw) {
     Values perturbed = used;
     for (auto& [name, tensor] : perturbed)
@@ -146,8 +150,7 @@ CheckResult forward_check(const Config& config, const Config& reference_config, 
     const reference::ReferenceOutput moved = evaluate(perturbed);
     for (std::int64_t t = 0; t < tokens; ++t) {
       for (std::int64_t i = t * V; i < (t + 1) * V; ++i) {
-        logit_moves[t] = std::max({logit_moves[t], std::abs(moved.logits[i] - expected.logits[i]),
-                                   kUnitRoundoff * std::abs(expected.logits[i])});
+        logit_moves[t] = std::max(logit_moves[t], std::abs(moved.logits[i] - expected.logits[i]));
       }
     }
     loss_move = std::max(loss_move, std::abs(moved.loss - expected.loss));

@@ -72,10 +72,12 @@ void launch_wy_grad(const Params& p, DType io, KernelSequence& kernels);
 // start of each CTA of the fused backward (steps 1 and 2 of the backward's segmented pass, without the pass).
 void launch_backward_segment_starts(const Params& p, DType io, KernelSequence& kernels);
 // After the recompute pass (fused_backward_kernel, where p.fused_backward): per sequence, segment and value head,
-// the chunks in reverse with the state gradient held: dv, dg, dbeta, dh0, and dq and dk per value head.
+// the chunks in reverse with the state gradient held: dv, dg, dbeta, dh0, and dq and dk (finished where
+// p.fused_input_grads, else per value head).
 void launch_fused_backward(const Params& p, DType io, KernelSequence& kernels);
 // dq and dk from dq_head and dk_head: the GVA group summed (fused backward) and through the L2-norm backward;
-// without the fused backward only dq with the L2 norm (wy_grad writes dk, chunk_grad dq otherwise).
+// without the fused backward only dq with the L2 norm (wy_grad writes dk, chunk_grad dq otherwise); nothing where
+// the fused backward finished them (p.fused_input_grads).
 void launch_input_grads(const Params& p, DType io, KernelSequence& kernels);
 // The token-by-token recurrence (rollout step).
 void launch_recurrent(const Params& p, DType io, KernelSequence& kernels);

@@ -218,7 +218,6 @@ __device__ __forceinline__ void wgmma_ss_product(float (&acc)[NT][4], Descriptor
   }
 }
 
-
 // ---- thread block clusters (sm_90) ----
 // The cluster barrier: every thread of every CTA in the cluster arrives, then waits, in turn (a thread arrives
 // again only after its wait). .aligned: all threads of a warp execute each together.
