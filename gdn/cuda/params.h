@@ -83,7 +83,7 @@ struct Params {
   float2* gamma = nullptr;               // [HV, tokens]: in-chunk cumulative log decay, hi + lo (chunk.cuh)
   float* gate_in = nullptr;              // [HV, tokens]: e^gamma, the decay from the chunk's start
   float* gate_out = nullptr;             // [HV, tokens]: e^(gamma_last - gamma), the decay to its end
-  void* w = nullptr;                     // io [tokens, HV, K]
+  void* w = nullptr;                     // io [tokens, HV, K] (where prepare forms W; else null)
   void* u = nullptr;                     // io [tokens, HV, V] (the mma.sync passes; the wgmma ones form U)
   void* p = nullptr;                     // io [tokens, HV, C]: scale * tril(Q K^T) * Gamma
   void* t = nullptr;                     // io [tokens, HV, C]: (I + A)^-1 (backward)

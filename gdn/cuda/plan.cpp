@@ -77,7 +77,16 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
 
 ExecutionPlan plan_execution(const PlanInputs& in) {
   if (in.op == Operation::recurrent) return {};  // one kernel, no state passes
-  if (wgmma_applies(in)) return plan_wgmma(in);
+  if (wgmma_applies(in)) {
+    ExecutionPlan plan = plan_wgmma(in);
+    // The wgmma forward-direction passes form W a chunk ahead from the tiles they hold for U, off the state's chain,
+    // where their warpgroups take 64 keys each: prepare's W product and the 16 KB per chunk and head it writes and
+    // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass"). The unfused backward's reverse
+    // pass still reads it.
+    plan.prepare_forms_w = (in.op == Operation::chunk_backward && !plan.fused_backward) ||
+                           !wgmma_pass_forms_w(in.K, plan.warpgroups);
+    return plan;
+  }
   ExecutionPlan plan;
   // Warp pairs per CTA of the mma.sync passes: 2 (32 columns of V) when the grid then still fits on the GPU
   // in one wave, so that each SM runs one pair per scheduler couple and none waits for a second wave; else 4

@@ -17,6 +17,11 @@ namespace deltatrain::gdn::cuda {
 // only when V is a multiple of it.
 inline constexpr int kWgmmaColumns = 64;
 
+// Whether a wgmma forward-direction pass of K keys and `warpgroups` warpgroups per CTA forms W = T diag(beta e^gamma) K
+// itself, a chunk ahead, rather than reading prepare's: where each warpgroup forms 64 key columns (32 float32
+// accumulators beside the state's); all 128 keys in one warpgroup spill. The kernels and the plan both ask this.
+constexpr bool wgmma_pass_forms_w(std::int64_t K, int warpgroups) { return K / warpgroups == kWgmmaColumns; }
+
 struct PlanInputs {
   Operation op = Operation::chunk_forward;
   DType io = DType::bf16;
@@ -38,6 +43,9 @@ struct ExecutionPlan {
   int warpgroups = 1;   // wgmma: warpgroups per CTA, each on its own 64 columns of V
   bool paired = false;  // wgmma, backward: the recompute and the reverse pass side by side in one launch
   bool late_prepare = false;  // wgmma, forward with segments: prepare the last segment's chunks beside the ends pass
+  // prepare forms W and writes it for the passes that read it: the mma.sync passes, the wgmma forward-direction
+  // passes where wgmma_pass_forms_w is false, and the wgmma reverse pass of the unfused backward
+  bool prepare_forms_w = true;
   int warp_pairs = 2;   // mma.sync: warp pairs per CTA, each on 16 columns of V
   // wgmma, backward, K = V = 128: the recompute pass (planned as a forward's state pass) then one kernel per
   // (sequence, value head) for everything else (fused_backward.cu), instead of the reverse pass, chunk_grad

@@ -231,7 +231,8 @@ __device__ __forceinline__ void store4(E* dst, float a, float b, float c, float 
 constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
 
 // The end of prepare, once T diag(beta e^gamma) and T diag(beta) are in shared memory:
-//   W = (T diag(beta e^gamma)) K  and, for the mma.sync passes, U = (T diag(beta)) V,
+//   W = (T diag(beta e^gamma)) K where a pass reads it (the plan's prepare_forms_w; the wgmma forward-direction
+//   passes form it themselves) and, for the mma.sync passes, U = (T diag(beta)) V,
 // each staged and stored with 16-byte rows: W in A's dead region, U in K's once W is formed, with V in
 // blocks of kVBlock columns in A's region. T is lower triangular, so rows m0.. need k < m0 + 16.
 template <class E, int K, int kVBlock>
@@ -246,16 +247,18 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
+  if (p.w != nullptr) {
 #pragma unroll 1
-  for (int n0 = 0; n0 < K; n0 += 64) {
-    float acc[1][4][4];
-    zero(acc);
-    warp_mma(acc, plain(tbd_tile), m0, plain(k_tile), n0 + 32 * n_half, 0, m0 + 16);
-    store_accumulator(acc, plain(w_stage), m0, n0 + 32 * n_half);
+    for (int n0 = 0; n0 < K; n0 += 64) {
+      float acc[1][4][4];
+      zero(acc);
+      warp_mma(acc, plain(tbd_tile), m0, plain(k_tile), n0 + 32 * n_half, 0, m0 + 16);
+      store_accumulator(acc, plain(w_stage), m0, n0 + 32 * n_half);
+    }
+    __syncthreads();
+    store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K,
+                                static_cast<std::int64_t>(p.HV) * K, rows, tid);
   }
-  __syncthreads();
-  store_rows<kPrepareThreads>(w_stage, static_cast<E*>(p.w) + (t0 * p.HV + hv) * K, static_cast<std::int64_t>(p.HV) * K,
-                              rows, tid);
 
   if (p.u == nullptr) return;  // the wgmma passes form U themselves
   const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
@@ -370,8 +373,8 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
-  // T diag(beta e^gamma) and, where this call forms U (the mma.sync passes), T diag(beta) into Q's dead region;
-  // T diag(beta) and (for the backward) T to global memory as they are formed. Each thread converts runs of four
+  // T diag(beta e^gamma) where this call forms W and T diag(beta) where it forms U (the mma.sync passes) into Q's
+  // dead region; T diag(beta) and (for the backward) T to global memory as they are formed. Each thread converts runs of four
   // columns, writing the zeros above T's diagonal blocks.
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
@@ -379,7 +382,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     const bool in_blocks = c < (r / 16 + 1) * 16;
     const float4 x = in_blocks ? *reinterpret_cast<const float4*>(&t_tile(r, c)) : float4{0.f, 0.f, 0.f, 0.f};
     const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
-    store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
+    if (p.w != nullptr) store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);  // only W reads it
     if (p.u != nullptr) store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);  // only U reads it
     if (r < rows) {
       const std::int64_t at = chunk_row + r * chunk_stride + c;

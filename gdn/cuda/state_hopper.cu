@@ -10,6 +10,10 @@
 //   S^T     = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K
 // Pass::recompute (for the backward) stores S^T entering each chunk and Delta instead of O. The backward
 // (state_backward_hopper_kernel) walks the chunks in reverse with the transposed map.
+// Where each warpgroup takes 64 keys (plan.h's wgmma_pass_forms_w), the forward-direction passes form
+// W = T diag(beta) diag(e^gamma) K themselves, a chunk ahead, from the tiles the stage holds for U anyway
+// (T diag(beta), K, the gates): W does not depend on the state, so its product runs behind the step's state update,
+// and prepare neither forms nor stores W for them. The other passes read prepare's W.
 //
 // Few long sequences over few heads leave most SMs idle while the chain of chunks is long, so such calls
 // split each sequence into p.segments runs of chunks (docs/gdn-algorithm.md section 3: the chunk map is affine,
@@ -46,7 +50,7 @@ __host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) 
 enum class Pass { forward, recompute, backward, segment_ends };
 
 // Per stage: W and K, with Q and P when the pass reads them and T diag(beta) when it walks forward (and so
-// forms U), as swizzled tiles (B operands); the CTA's columns of V or dO (64 per warpgroup) as a padded tile
+// forms U and W), as swizzled tiles (B operands); the CTA's columns of V or dO (64 per warpgroup) as a padded tile
 // (read into registers); the gate vectors. Then per warp the staging tile of its token-major stores.
 template <class E, int K, bool kQueries, bool kValues, int kGroups>
 struct HopperSmem {
@@ -80,6 +84,7 @@ struct HopperSmem {
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
   static constexpr bool kValues = !kReverse;
+  static constexpr bool kFormsW = !kReverse && wgmma_pass_forms_w(K, kGroups);
   static constexpr int kThreads = kWarpgroup * kGroups;
   using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse), kValues,
                        kGroups>;
@@ -151,11 +156,13 @@ struct HopperPass {
   // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
   __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
 
-  // Starts copying chunk j's tiles into a stage: W, K (, Q, P, T diag(beta)), and V or dO (`columns`) for
-  // rows of S^T.
+  // Starts copying chunk j's tiles into a stage: W (unless the pass forms it), K (, Q, P, T diag(beta)), and V or
+  // dO (`columns`) for rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
-    load_chunk_rows<kThreads>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
+    if constexpr (!kFormsW) {
+      load_chunk_rows<kThreads>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
+    }
     load_chunk_rows<kThreads>(key_tile(stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
     if constexpr (L::kKeyTiles == 3) {
       load_chunk_rows<kThreads>(key_tile(stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
@@ -166,6 +173,46 @@ struct HopperPass {
     }
     if (!transition_rows) load_chunk_rows<kThreads>(column_tile(stage), columns, p.HV, hv, p.V, row_block, info, tid);
     load_gates_async(p, gate_in(stage), gate_in(stage) + kChunk, hv, info, tid);
+  }
+
+  // Where kFormsW, W = (T diag(beta) diag(e^gamma)) K of the chunk in `stage`, the warpgroup's 64 key columns, is
+  // formed by issue_w (one group of RS products: T diag(beta)'s rows by ldmatrix, scaled by the gates) into `w`
+  // and, once waited for, put in the stage's W tile by store_w; the next chunk's first products read it after the
+  // walk's fence and barrier.
+  using WAccumulator = float[1][kColumns / 8][4];
+  __device__ __forceinline__ int w_key0() const { return tid / kWarpgroup * kColumns; }
+  __device__ __forceinline__ void issue_w(int stage, WAccumulator& w) const {
+    const auto t_beta = swizzled_tile<E, kChunk, kChunk>(smem + stage * L::stage_bytes + L::t_beta_at);
+    WarpOperand<E, kChunk> a(nullptr);
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(a.frag[kb], plain(t_beta), 16 * (tid / 32 % 4), 16 * kb);
+    a.scale_columns(gate_in(stage), 1.f);
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) {
+      wgmma_64x64x16<E, true>(w[0], a.frag[kb], mn_major(key_tile(stage, 1), 16 * kb, w_key0()), kb > 0);
+    }
+    wgmma_commit();
+  }
+  __device__ __forceinline__ void store_w(int stage, WAccumulator& w) const {
+    hold(w[0]);
+    const auto w_tile = swizzled_tile<E, kChunk, K>(smem + stage * L::stage_bytes);  // key_tile(stage, 0)
+    store_accumulator(w, plain(w_tile), 16 * (tid / 32 % 4), w_key0());
+  }
+  // The next chunk's copies, landed and visible to every thread's wgmma: its W is formed during this step.
+  __device__ __forceinline__ void await_next_chunk() const {
+    cp_async_wait<0>();
+    fence_for_wgmma();
+    __syncthreads();
+  }
+  // W of the run's first chunk, before its first step: nothing formed it a step ahead.
+  __device__ __forceinline__ void form_first_w(int stage) const {
+    WAccumulator w;
+    issue_w(stage, w);
+    wgmma_wait();
+    store_w(stage, w);
+    fence_for_wgmma();
+    __syncthreads();
   }
 
   // The rows at the start of the run: the identity (rows of M), the caller's state (h0 or dht) for the
@@ -217,7 +264,8 @@ __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const 
 // the file.
 template <class E, int K, Pass kPass, int kGroups>
 __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, int column_block) {
-  const HopperPass<E, K, kPass, false, kGroups> pass(smem_raw, p, column_block);
+  using Walk = HopperPass<E, K, kPass, false, kGroups>;
+  const Walk pass(smem_raw, p, column_block);
   if (pass.idle()) return;
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
@@ -228,6 +276,9 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
   pass.walk(p.v, [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
+    if constexpr (Walk::kFormsW) {
+      if (j == 0) pass.form_first_w(stage);
+    }
 
     // The recompute's global stores run while a group of products does (a warp's stores stall it until they
     // have read the staging tile and their registers); what they store is staged before the group is issued.
@@ -292,8 +343,17 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     if constexpr (kPass == Pass::recompute) {
       store_rows<32>(staging, pass.token_rows(p.delta, info), token_stride, info.length, pass.tid & 31);
     }
+    // The next chunk's W, queued behind this step's products: it needs the next chunk's copies, not the state.
+    typename Walk::WAccumulator next_w;
+    const bool next = Walk::kFormsW && j + 1 < pass.chunks.count;
+    const int next_stage = (stage + 1) % Walk::L::stages;
+    if (next) {
+      pass.await_next_chunk();
+      pass.issue_w(next_stage, next_w);
+    }
     wgmma_wait();
     hold(state[0]);
+    if (next) pass.store_w(next_stage, next_w);
     if constexpr (kQueries) {
       hold(out[0]);
       store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);

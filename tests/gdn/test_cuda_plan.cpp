@@ -71,6 +71,12 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     EXPECT_LE(plan.segments, 16);
     EXPECT_EQ(plan.late_prepare, plan.wgmma && in.op == Operation::chunk_forward && plan.segments > 1)
         << "the last segment is prepared late exactly where a forward has a segment ends pass to run beside";
+    // The wgmma forward-direction passes form W where each warpgroup takes 64 of its keys.
+    const bool passes_form_w = plan.wgmma && in.K / plan.warpgroups == 64;
+    EXPECT_EQ(plan.prepare_forms_w,
+              !passes_form_w || (in.op == Operation::chunk_backward && !plan.fused_backward))
+        << "prepare writes W exactly where a pass reads it: the mma.sync passes, the wgmma passes whose warpgroups "
+           "take all 128 keys, and the wgmma reverse pass";
     if (!plan.wgmma) {
       // The mma.sync passes: unsplit, 2 or 4 warp pairs, 2 for float32 and wherever 2 fit in one wave.
       EXPECT_EQ(plan.segments, 1);
@@ -186,6 +192,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(plan_execution(quartets).fused_backward);
   EXPECT_FALSE(plan_execution(quartets).fused_input_grads);
   EXPECT_FALSE(eight.paired || one.paired || one.late_prepare);
+  // W is formed in the wgmma forward-direction passes of two warpgroups (64 keys each); prepare writes it where one
+  // warpgroup takes all 128 keys (segments, the paired passes) and for the unfused backward's reverse pass.
+  EXPECT_FALSE(eight.prepare_forms_w || filled.prepare_forms_w);
+  EXPECT_TRUE(one.prepare_forms_w && long_forward.prepare_forms_w && backward.prepare_forms_w);
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
   EXPECT_EQ(few.segments, 16);
@@ -196,6 +206,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan mma_sync = plan_execution(forced);
   EXPECT_FALSE(mma_sync.wgmma);
   EXPECT_EQ(mma_sync.warp_pairs, 4);
+  EXPECT_TRUE(mma_sync.prepare_forms_w);
 }
 
 }  // namespace
