@@ -231,6 +231,7 @@ struct Call {
     k.p = region(layout.p);
     k.t = region(layout.t);
     k.t_beta = region(layout.t_beta);
+    k.t_beta_decay = region(layout.t_beta_decay);
     k.states = region(layout.states);
     k.delta = region(layout.delta);
     k.dstates = region(layout.dstates);

@@ -88,6 +88,7 @@ struct Params {
   void* p = nullptr;                     // io [tokens, HV, C]: scale * tril(Q K^T) * Gamma
   void* t = nullptr;                     // io [tokens, HV, C]: (I + A)^-1 (backward)
   void* t_beta = nullptr;                // io [tokens, HV, C]: T diag(beta) (for the wgmma passes)
+  void* t_beta_decay = nullptr;          // io [tokens, HV, C]: T diag(beta e^gamma) (where the forward pass forms W)
   void* states = nullptr;                // io [chunks, HV, V, K]: state entering each chunk (backward)
   void* delta = nullptr;                 // io [tokens, HV, V]: the pseudo-values U - W S (backward)
   void* dstates = nullptr;               // io [chunks, HV, V, K]: gradient of the state after each chunk

@@ -83,8 +83,9 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
     // where their warpgroups take 64 keys each: prepare's W product and the 16 KB per chunk and head it writes and
     // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass"). The unfused backward's reverse
     // pass still reads it.
-    plan.prepare_forms_w = (in.op == Operation::chunk_backward && !plan.fused_backward) ||
-                           !wgmma_pass_forms_w(in.K, plan.warpgroups);
+    plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
+    plan.prepare_writes_t_beta_decay = plan.passes_form_w && in.op == Operation::chunk_forward;
+    plan.prepare_forms_w = (in.op == Operation::chunk_backward && !plan.fused_backward) || !plan.passes_form_w;
     return plan;
   }
   ExecutionPlan plan;

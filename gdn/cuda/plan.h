@@ -43,8 +43,12 @@ struct ExecutionPlan {
   int warpgroups = 1;   // wgmma: warpgroups per CTA, each on its own 64 columns of V
   bool paired = false;  // wgmma, backward: the recompute and the reverse pass side by side in one launch
   bool late_prepare = false;  // wgmma, forward with segments: prepare the last segment's chunks beside the ends pass
+  // wgmma: the forward-direction passes form W themselves (wgmma_pass_forms_w), the forward pass from
+  // T diag(beta e^gamma), which prepare then writes (state_hopper.cu says why), the others from T diag(beta)
+  bool passes_form_w = false;
+  bool prepare_writes_t_beta_decay = false;
   // prepare forms W and writes it for the passes that read it: the mma.sync passes, the wgmma forward-direction
-  // passes where wgmma_pass_forms_w is false, and the wgmma reverse pass of the unfused backward
+  // passes where they do not form it, and the wgmma reverse pass of the unfused backward
   bool prepare_forms_w = true;
   int warp_pairs = 2;   // mma.sync: warp pairs per CTA, each on 16 columns of V
   // wgmma, backward, K = V = 128: the recompute pass (planned as a forward's state pass) then one kernel per

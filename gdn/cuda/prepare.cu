@@ -2,7 +2,8 @@
 // per (chunk, value head) the WY/UT transform (docs/gdn-algorithm.md section 3):
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
 //   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
-//   mma.sync passes or T diag(beta) for the wgmma passes, which form U themselves (state_hopper.cu).
+//   mma.sync passes or T diag(beta) for the wgmma passes, which form U themselves (state_hopper.cu), as they form W
+//   where the plan says so (passes_form_w; the forward pass from T diag(beta e^gamma), which prepare then writes).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
@@ -374,7 +375,8 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
   // T diag(beta e^gamma) where this call forms W and T diag(beta) where it forms U (the mma.sync passes) into Q's
-  // dead region; T diag(beta) and (for the backward) T to global memory as they are formed. Each thread converts runs of four
+  // dead region; T diag(beta), T diag(beta e^gamma) where the forward pass forms W, and (for the backward) T to
+  // global memory as they are formed. Each thread converts runs of four
   // columns, writing the zeros above T's diagonal blocks.
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
@@ -387,6 +389,9 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     if (r < rows) {
       const std::int64_t at = chunk_row + r * chunk_stride + c;
       if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
+      if (p.t_beta_decay != nullptr) {
+        store4(static_cast<E*>(p.t_beta_decay) + at, x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
+      }
       if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);
     }
   }

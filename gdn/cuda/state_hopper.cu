@@ -11,9 +11,11 @@
 // Pass::recompute (for the backward) stores S^T entering each chunk and Delta instead of O. The backward
 // (state_backward_hopper_kernel) walks the chunks in reverse with the transposed map.
 // Where each warpgroup takes 64 keys (plan.h's wgmma_pass_forms_w), the forward-direction passes form
-// W = T diag(beta) diag(e^gamma) K themselves, a chunk ahead, from the tiles the stage holds for U anyway
-// (T diag(beta), K, the gates): W does not depend on the state, so its product runs behind the step's state update,
-// and prepare neither forms nor stores W for them. The other passes read prepare's W.
+// W = T diag(beta e^gamma) K themselves, a chunk ahead, from the K tile the stage holds anyway: W does not depend on
+// the state, so its product runs behind the step's state update, and prepare neither forms nor stores W for them.
+// The forward pass, whose registers O's accumulators make the tightest, reads prepare's T diag(beta e^gamma) (8 KB a
+// chunk and head where W is 16) and takes both operands from shared memory; the others, bound by their copies more
+// than by their chain, form it from the T diag(beta) and gates they hold for U. The other passes read prepare's W.
 //
 // Few long sequences over few heads leave most SMs idle while the chain of chunks is long, so such calls
 // split each sequence into p.segments runs of chunks (docs/gdn-algorithm.md section 3: the chunk map is affine,
@@ -49,10 +51,11 @@ __host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) 
 
 enum class Pass { forward, recompute, backward, segment_ends };
 
-// Per stage: W and K, with Q and P when the pass reads them and T diag(beta) when it walks forward (and so
-// forms U and W), as swizzled tiles (B operands); the CTA's columns of V or dO (64 per warpgroup) as a padded tile
-// (read into registers); the gate vectors. Then per warp the staging tile of its token-major stores.
-template <class E, int K, bool kQueries, bool kValues, int kGroups>
+// Per stage: W and K, with Q and P when the pass reads them, T diag(beta) when it walks forward (and so forms U)
+// and T diag(beta e^gamma) where it forms W, as swizzled tiles (wgmma operands); the CTA's columns of V or dO (64
+// per warpgroup) as a padded tile (read into registers); the gate vectors. Then per warp the staging tile of its
+// token-major stores.
+template <class E, int K, bool kQueries, bool kValues, bool kDecayedT, int kGroups>
 struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
   using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P, T diag(beta): [token][token]
@@ -64,7 +67,8 @@ struct HopperSmem {
   static constexpr int kKeyTiles = kQueries ? 3 : 2;
   static constexpr int p_at = kKeyTiles * KeyTile::kBytes;
   static constexpr int t_beta_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
-  static constexpr int columns_at = t_beta_at + (kValues ? ChunkTile::kBytes : 0);
+  static constexpr int t_beta_decay_at = t_beta_at + (kValues ? ChunkTile::kBytes : 0);
+  static constexpr int columns_at = t_beta_decay_at + (kDecayedT ? ChunkTile::kBytes : 0);
   static constexpr int gates_at = columns_at + ColumnTile::kBytes;
   static constexpr int stage_bytes = round_up(gates_at + 2 * kChunk * 4, 1024);
   static constexpr int stages = 2;
@@ -85,9 +89,10 @@ template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
   static constexpr bool kValues = !kReverse;
   static constexpr bool kFormsW = !kReverse && wgmma_pass_forms_w(K, kGroups);
+  static constexpr bool kWFromDecayedT = kFormsW && kPass == Pass::forward;  // plan.h's prepare_writes_t_beta_decay
   static constexpr int kThreads = kWarpgroup * kGroups;
   using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse), kValues,
-                       kGroups>;
+                       kWFromDecayedT, kGroups>;
   char* smem;
   std::uint32_t smem_base;
   const Params& p;
@@ -113,6 +118,9 @@ struct HopperPass {
   __device__ typename L::ChunkTile p_tile(int stage) const { return {smem_base + stage * L::stage_bytes + L::p_at}; }
   __device__ typename L::ChunkTile t_beta_tile(int stage) const {
     return {smem_base + stage * L::stage_bytes + L::t_beta_at};
+  }
+  __device__ typename L::ChunkTile t_beta_decay_tile(int stage) const {
+    return {smem_base + stage * L::stage_bytes + L::t_beta_decay_at};
   }
   __device__ typename L::ColumnTile column_tile(int stage) const {
     return {smem_at<E>(smem, stage * L::stage_bytes + L::columns_at)};
@@ -156,11 +164,14 @@ struct HopperPass {
   // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
   __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
 
-  // Starts copying chunk j's tiles into a stage: W (unless the pass forms it), K (, Q, P, T diag(beta)), and V or
-  // dO (`columns`) for rows of S^T.
+  // Starts copying chunk j's tiles into a stage: W unless the pass forms it (then T diag(beta e^gamma) where it
+  // forms W from that), K (, Q, P, T diag(beta)), and V or dO (`columns`) for rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
-    if constexpr (!kFormsW) {
+    if constexpr (kWFromDecayedT) {
+      load_chunk_rows<kThreads>(t_beta_decay_tile(stage), static_cast<const E*>(p.t_beta_decay), p.HV, hv, kChunk, 0,
+                                info, tid);
+    } else if constexpr (!kFormsW) {
       load_chunk_rows<kThreads>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
     }
     load_chunk_rows<kThreads>(key_tile(stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
@@ -175,22 +186,26 @@ struct HopperPass {
     load_gates_async(p, gate_in(stage), gate_in(stage) + kChunk, hv, info, tid);
   }
 
-  // Where kFormsW, W = (T diag(beta) diag(e^gamma)) K of the chunk in `stage`, the warpgroup's 64 key columns, is
-  // formed by issue_w (one group of RS products: T diag(beta)'s rows by ldmatrix, scaled by the gates) into `w`
-  // and, once waited for, put in the stage's W tile by store_w; the next chunk's first products read it after the
-  // walk's fence and barrier.
+  // Where kFormsW, W = (T diag(beta e^gamma)) K of the chunk in `stage`, the warpgroup's 64 key columns, is formed
+  // by issue_w (one group of products) into `w` and, once waited for, put in the stage's W tile by store_w; the next
+  // chunk's first products read it after the walk's fence and barrier.
   using WAccumulator = float[1][kColumns / 8][4];
   __device__ __forceinline__ int w_key0() const { return tid / kWarpgroup * kColumns; }
   __device__ __forceinline__ void issue_w(int stage, WAccumulator& w) const {
-    const auto t_beta = swizzled_tile<E, kChunk, kChunk>(smem + stage * L::stage_bytes + L::t_beta_at);
-    WarpOperand<E, kChunk> a(nullptr);
+    const auto keys_b = [&](int k0) { return mn_major(key_tile(stage, 1), k0, w_key0()); };
+    if constexpr (kWFromDecayedT) {
+      wgmma_fence();
+      wgmma_ss_product<E, false, true, kChunk / 16>(
+          w[0], [&](int k0) { return k_major(t_beta_decay_tile(stage), k0); }, keys_b, false);
+    } else {  // T diag(beta)'s rows by ldmatrix, scaled by e^gamma: a second rounding, W's error +0.06% on the grid
+      const auto t_beta = swizzled_tile<E, kChunk, kChunk>(smem + stage * L::stage_bytes + L::t_beta_at);
+      WarpOperand<E, kChunk> a(nullptr);
 #pragma unroll
-    for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(a.frag[kb], plain(t_beta), 16 * (tid / 32 % 4), 16 * kb);
-    a.scale_columns(gate_in(stage), 1.f);
-    wgmma_fence();
+      for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(a.frag[kb], plain(t_beta), 16 * (tid / 32 % 4), 16 * kb);
+      a.scale_columns(gate_in(stage), 1.f);
+      wgmma_fence();
 #pragma unroll
-    for (int kb = 0; kb < kChunk / 16; ++kb) {
-      wgmma_64x64x16<E, true>(w[0], a.frag[kb], mn_major(key_tile(stage, 1), 16 * kb, w_key0()), kb > 0);
+      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma_64x64x16<E, true>(w[0], a.frag[kb], keys_b(16 * kb), kb > 0);
     }
     wgmma_commit();
   }

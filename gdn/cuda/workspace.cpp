@@ -59,6 +59,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   take(layout.gate_in, tokens * HV * f32);
   take(layout.gate_out, tokens * HV * f32);
   if (plan.prepare_forms_w) take(layout.w, tokens * HV * K * io);
+  if (plan.prepare_writes_t_beta_decay) take(layout.t_beta_decay, tokens * HV * C * io);
   if (plan.wgmma) {
     take(layout.t_beta, tokens * HV * C * io);
   } else {

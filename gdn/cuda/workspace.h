@@ -21,7 +21,7 @@ struct WorkspaceLayout {
   Region offsets;  // int64 [N + 1]: cu_seqlens uploaded when the caller's copy is on the CPU
   Region chunk_table, sequence_chunks;
   Region q_normed, k_normed, q_rstd, k_rstd;
-  Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
+  Region gamma, gate_in, gate_out, w, u, p, t, t_beta, t_beta_decay;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
   Region segment_ends, segment_maps, segment_starts;
   // Zero-padded copies of the caller's tensors, in the kernels' shapes, for a call whose head dims the kernels

@@ -73,6 +73,9 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
         << "the last segment is prepared late exactly where a forward has a segment ends pass to run beside";
     // The wgmma forward-direction passes form W where each warpgroup takes 64 of its keys.
     const bool passes_form_w = plan.wgmma && in.K / plan.warpgroups == 64;
+    EXPECT_EQ(plan.passes_form_w, passes_form_w);
+    EXPECT_EQ(plan.prepare_writes_t_beta_decay, passes_form_w && in.op == Operation::chunk_forward)
+        << "T diag(beta e^gamma) is written for the forward pass alone, which forms W from it";
     EXPECT_EQ(plan.prepare_forms_w,
               !passes_form_w || (in.op == Operation::chunk_backward && !plan.fused_backward))
         << "prepare writes W exactly where a pass reads it: the mma.sync passes, the wgmma passes whose warpgroups "
@@ -195,6 +198,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   // W is formed in the wgmma forward-direction passes of two warpgroups (64 keys each); prepare writes it where one
   // warpgroup takes all 128 keys (segments, the paired passes) and for the unfused backward's reverse pass.
   EXPECT_FALSE(eight.prepare_forms_w || filled.prepare_forms_w);
+  EXPECT_TRUE(eight.passes_form_w && filled.passes_form_w);
+  EXPECT_TRUE(filled.prepare_writes_t_beta_decay);
+  EXPECT_FALSE(eight.prepare_writes_t_beta_decay);
+  EXPECT_FALSE(one.passes_form_w || long_forward.passes_form_w || backward.passes_form_w);
   EXPECT_TRUE(one.prepare_forms_w && long_forward.prepare_forms_w && backward.prepare_forms_w);
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
