@@ -231,12 +231,20 @@ __device__ __forceinline__ void store4(E* dst, float a, float b, float c, float 
 
 constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
 
-// The end of prepare, once T diag(beta e^gamma) and T diag(beta) are in shared memory:
-//   W = (T diag(beta e^gamma)) K where a pass reads it (the plan's prepare_forms_w; the wgmma forward-direction
-//   passes form it themselves) and, for the mma.sync passes, U = (T diag(beta)) V,
+// What prepare makes of T diag(beta e^gamma) (the plan's prepare_forms_w and prepare_writes_t_beta_decay): W for the
+// passes that read it, the matrix itself for the wgmma forward pass, which forms W from it, or nothing where the
+// passes form W from T diag(beta). A template argument, so that each kernel carries only its own stores: as runtime
+// branches they cost the kernel that forms W (at its 64 registers) 12 more bytes of spills and 2-4% of its time.
+enum class DecayedT { w, itself, none };
+constexpr DecayedT decayed_t_of(const Params& p) {
+  return p.w != nullptr ? DecayedT::w : p.t_beta_decay != nullptr ? DecayedT::itself : DecayedT::none;
+}
+
+// The end of prepare, once T diag(beta e^gamma) (for W) and T diag(beta) are in shared memory:
+//   W = (T diag(beta e^gamma)) K  where a pass reads it and, for the mma.sync passes, U = (T diag(beta)) V,
 // each staged and stored with 16-byte rows: W in A's dead region, U in K's once W is formed, with V in
 // blocks of kVBlock columns in A's region. T is lower triangular, so rows m0.. need k < m0 + 16.
-template <class E, int K, int kVBlock>
+template <class E, int K, int kVBlock, DecayedT kDecayedT>
 __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, int hv, int tid) {
   using L = PrepareSmem<E, K>;
   using VTile = Tile<E, kChunk, kVBlock>;
@@ -248,7 +256,7 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
-  if (p.w != nullptr) {
+  if constexpr (kDecayedT == DecayedT::w) {
 #pragma unroll 1
     for (int n0 = 0; n0 < K; n0 += 64) {
       float acc[1][4][4];
@@ -291,7 +299,7 @@ __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
   }
 }
 
-template <class E, int K, PrepareChunks kChunks>
+template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
@@ -374,9 +382,9 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
-  // T diag(beta e^gamma) where this call forms W and T diag(beta) where it forms U (the mma.sync passes) into Q's
-  // dead region; T diag(beta), T diag(beta e^gamma) where the forward pass forms W, and (for the backward) T to
-  // global memory as they are formed. Each thread converts runs of four
+  // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's
+  // dead region; T diag(beta), T diag(beta e^gamma) where the forward pass forms W from it, and (for the backward) T
+  // to global memory as they are formed. Each thread converts runs of four
   // columns, writing the zeros above T's diagonal blocks.
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
@@ -384,22 +392,22 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     const bool in_blocks = c < (r / 16 + 1) * 16;
     const float4 x = in_blocks ? *reinterpret_cast<const float4*>(&t_tile(r, c)) : float4{0.f, 0.f, 0.f, 0.f};
     const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
-    if (p.w != nullptr) store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);  // only W reads it
+    if constexpr (kDecayedT == DecayedT::w) store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
     if (p.u != nullptr) store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);  // only U reads it
     if (r < rows) {
       const std::int64_t at = chunk_row + r * chunk_stride + c;
       if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
-      if (p.t_beta_decay != nullptr) {
+      if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);
+      if constexpr (kDecayedT == DecayedT::itself) {
         store4(static_cast<E*>(p.t_beta_decay) + at, x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
       }
-      if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);
     }
   }
   __syncthreads();  // T diag(beta e^gamma) is complete and T read: A's region stages W
   if (L::kMaxVBlock == 128 && p.V % 128 == 0) {
-    write_w_u<E, K, L::kMaxVBlock>(p, smem, chunk, hv, tid);
+    write_w_u<E, K, L::kMaxVBlock, kDecayedT>(p, smem, chunk, hv, tid);
   } else {
-    write_w_u<E, K, 64>(p, smem, chunk, hv, tid);
+    write_w_u<E, K, 64, kDecayedT>(p, smem, chunk, hv, tid);
   }
 }
 
@@ -424,17 +432,25 @@ void launch_start(const Params& p, DType io, KernelSequence& kernels) {
   });
 }
 
-// One launch over the whole chunk table: a CTA whose chunk it does not cover returns at once.
+// One launch over the whole chunk table: a CTA whose chunk it does not cover returns at once. Segments, and passes
+// that form W, belong to the wgmma passes only (16-bit, K <= 128); elsewhere prepare forms W.
 template <PrepareChunks kChunks>
 int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, int after) {
   int index = -1;
   dispatch(io, p.K, [&]<class E, int K>() {
-    const dim3 grid(p.chunks, p.HV), block(kPrepareThreads);
-    constexpr int kBytes = PrepareSmem<E, K>::bytes;
-    if constexpr (kChunks == PrepareChunks::all) {
-      index = launch<prepare_kernel<E, K, kChunks>>("gdn prepare_kernel", grid, block, kBytes, kernels, after);
-    } else if constexpr (sizeof(E) == 2 && K <= 128) {  // segments belong to the wgmma passes only
-      index = launch<prepare_kernel<E, K, kChunks>>("gdn prepare_kernel (segments)", grid, block, kBytes, kernels, after);
+    constexpr bool kWgmmaShape = sizeof(E) == 2 && K <= 128;
+    auto record = [&]<DecayedT kDecayedT>() {
+      const char* name = kChunks == PrepareChunks::all ? "gdn prepare_kernel" : "gdn prepare_kernel (segments)";
+      index = launch<prepare_kernel<E, K, kChunks, kDecayedT>>(name, dim3(p.chunks, p.HV), dim3(kPrepareThreads),
+                                                               PrepareSmem<E, K>::bytes, kernels, after);
+    };
+    if constexpr (kChunks == PrepareChunks::all || kWgmmaShape) {
+      const DecayedT decayed = decayed_t_of(p);
+      if constexpr (kWgmmaShape) {
+        if (decayed == DecayedT::itself) return record.template operator()<DecayedT::itself>();
+        if (decayed == DecayedT::none) return record.template operator()<DecayedT::none>();
+      }
+      record.template operator()<DecayedT::w>();
     }
   });
   return index;
