@@ -384,8 +384,8 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
 
   // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's
   // dead region; T diag(beta), T diag(beta e^gamma) where the forward pass forms W from it, and (for the backward) T
-  // to global memory as they are formed. Each thread converts runs of four
-  // columns, writing the zeros above T's diagonal blocks.
+  // to global memory as they are formed. Each thread converts runs of four columns, writing the zeros above T's
+  // diagonal blocks.
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
     const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;
