@@ -18,7 +18,8 @@
 # There (the device tool, carrying the archives a verb needs; OUT receives the logs):
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
 #                                        then the GDN tests again on the mma.sync passes (DELTATRAIN_CUDA_WGMMA=0)
-#                                        and the backward ones with the fused backward (DELTATRAIN_CUDA_FUSED_BACKWARD=1)
+#                                        and the backward ones with the fused backward forced on and off
+#                                        (DELTATRAIN_CUDA_FUSED_BACKWARD=1, then 0)
 #   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck and racecheck on small GDN cases and a
 #                                        segmented one
 #   bench/gpu/gpu.sh python OUT SCRIPT ARGS...
@@ -170,6 +171,9 @@ tests() {
     --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*-*K256*:*float32*:*f32_*' || failed=1
   # The fused backward wherever it applies, not only where the plan takes it (as tests/gdn_cuda/CMakeLists.txt).
   DELTATRAIN_CUDA_FUSED_BACKWARD=1 run_test "$out" test_gdn_cuda-fused-backward "$ROOT/bin/test_gdn_cuda" \
+    --gtest_filter='Grid/CudaVsReference.Backward/*:CudaBackend.*' || failed=1
+  # And nowhere: the unfused wgmma backward of the calls the plan fuses (as tests/gdn_cuda/CMakeLists.txt).
+  DELTATRAIN_CUDA_FUSED_BACKWARD=0 run_test "$out" test_gdn_cuda-unfused-backward "$ROOT/bin/test_gdn_cuda" \
     --gtest_filter='Grid/CudaVsReference.Backward/*:CudaBackend.*' || failed=1
   # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
   DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
