@@ -79,10 +79,9 @@ def ptxas_resources(report, arch):
     return {name: tuple(values) for name, values in resources.items()}
 
 
-def sass_digests(cuobjdump, obj, arch, exact):
-    """{mangled kernel: digest of its SASS without addresses and encodings (and parameter offsets unless exact)}."""
-    text = subprocess.run([cuobjdump, "-sass", "-arch", arch, obj], check=True, capture_output=True,
-                          text=True).stdout
+def digests_of_sass(text, exact=False):
+    """{mangled kernel: digest of its SASS} from cuobjdump -sass output, without addresses, encodings and the
+    path-dependent names of file-local symbols (and, unless exact, the offsets of kernel parameters)."""
     digests, name, body = {}, None, []
     for line in text.splitlines() + ["Function : <end>"]:
         function = re.search(r"Function : (\S+)", line)
@@ -99,6 +98,12 @@ def sass_digests(cuobjdump, obj, arch, exact):
     return digests
 
 
+def sass_digests(cuobjdump, obj, arch, exact):
+    text = subprocess.run([cuobjdump, "-sass", "-arch", arch, obj], check=True, capture_output=True,
+                          text=True).stdout
+    return digests_of_sass(text, exact)
+
+
 def readable(table):
     """The table keyed by demangled names without namespaces (c++filt, where there is one)."""
     names = list(table)
@@ -109,7 +114,7 @@ def readable(table):
     return {shorten(p): table[name] for name, p in zip(names, pretty)}
 
 
-def main():
+def main(argv=None):
     global BUILD
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", help="a .cu file of the repository that the build compiles")
@@ -120,7 +125,7 @@ def main():
     parser.add_argument("--exact", action="store_true", help="parameter offsets count as a change too")
     parser.add_argument("--rename", nargs=2, metavar=("PATTERN", "REPLACEMENT"),
                         help="re.sub applied to the base's kernel names, so that renamed kernels pair up")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     BUILD = os.path.abspath(args.build)
     cuobjdump = find_cuobjdump()
     command, obj = compile_command(BUILD, args.source)
