@@ -157,7 +157,7 @@ run_test() {
 }
 
 tests() {
-  local out=$1 binary name filter failed=0
+  local out=$1 binary name filter failed=0 backward='Grid/CudaVsReference.Backward/*:CudaBackend.*'
   setup "$out" || return 1
   for binary in "$ROOT"/bin/test_*; do
     name=$(basename "$binary")
@@ -171,10 +171,10 @@ tests() {
     --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*-*K256*:*float32*:*f32_*' || failed=1
   # The fused backward wherever it applies, not only where the plan takes it (as tests/gdn_cuda/CMakeLists.txt).
   DELTATRAIN_CUDA_FUSED_BACKWARD=1 run_test "$out" test_gdn_cuda-fused-backward "$ROOT/bin/test_gdn_cuda" \
-    --gtest_filter='Grid/CudaVsReference.Backward/*:CudaBackend.*' || failed=1
+    --gtest_filter="$backward" || failed=1
   # And nowhere: the unfused wgmma backward of the calls the plan fuses (as tests/gdn_cuda/CMakeLists.txt).
   DELTATRAIN_CUDA_FUSED_BACKWARD=0 run_test "$out" test_gdn_cuda-unfused-backward "$ROOT/bin/test_gdn_cuda" \
-    --gtest_filter='Grid/CudaVsReference.Backward/*:CudaBackend.*' || failed=1
+    --gtest_filter="$backward" || failed=1
   # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
   DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
     --gtest_filter='*Attention*' || failed=1

@@ -51,10 +51,10 @@ def compile_command(build, source):
     sys.exit(f"kernel_diff: {source} is not compiled in {build}/build.ninja")
 
 
-def compile_object(command, obj, root, out):
-    """Runs the compile command with the repository at `root`, writing `out`; returns ptxas's -v report."""
+def compile_object(build, command, obj, root, out):
+    """Runs the build's compile command with the repository at `root`, writing `out`; returns ptxas's -v report."""
     command = command.replace(REPO, root).replace(f"-o {obj}", f"-o {out}") + " -Xptxas -v"
-    result = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=BUILD)
+    result = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=build)
     if result.returncode != 0:
         sys.exit(f"kernel_diff: the compile failed in {root}:\n{result.stderr[-4000:]}")
     return result.stderr
@@ -115,7 +115,6 @@ def readable(table):
 
 
 def main(argv=None):
-    global BUILD
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", help="a .cu file of the repository that the build compiles")
     parser.add_argument("--build", required=True, help="a configured CMake build folder (Ninja)")
@@ -126,9 +125,9 @@ def main(argv=None):
     parser.add_argument("--rename", nargs=2, metavar=("PATTERN", "REPLACEMENT"),
                         help="re.sub applied to the base's kernel names, so that renamed kernels pair up")
     args = parser.parse_args(argv)
-    BUILD = os.path.abspath(args.build)
+    build = os.path.abspath(args.build)
     cuobjdump = find_cuobjdump()
-    command, obj = compile_command(BUILD, args.source)
+    command, obj = compile_command(build, args.source)
     with tempfile.TemporaryDirectory(prefix="kernel_diff-") as scratch:
         worktree = os.path.join(scratch, "base")
         subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", "--quiet", worktree, args.base], check=True)
@@ -136,7 +135,7 @@ def main(argv=None):
             sides = {}
             for side, root in (("base", worktree), ("new", REPO)):
                 out = os.path.join(scratch, f"{side}.o")
-                report = compile_object(command, obj, root, out)
+                report = compile_object(build, command, obj, root, out)
                 resources, digests = ptxas_resources(report, args.arch), sass_digests(cuobjdump, out, args.arch, args.exact)
                 resources, digests = readable(resources), readable(digests)
                 if side == "base" and args.rename:

@@ -236,7 +236,7 @@ constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column 
 // passes form W from T diag(beta). A template argument, so that each kernel carries only its own stores: as runtime
 // branches they cost the kernel that forms W (at its 64 registers) 12 more bytes of spills and 2-4% of its time.
 enum class DecayedT { w, itself, none };
-constexpr DecayedT decayed_t_of(const Params& p) {
+DecayedT decayed_t_of(const Params& p) {  // from the pointers the plan's workspace set
   return p.w != nullptr ? DecayedT::w : p.t_beta_decay != nullptr ? DecayedT::itself : DecayedT::none;
 }
 
