@@ -94,6 +94,9 @@ struct GdnActivations {
   TensorView g, beta;            // [T, HV] x 2
   TensorView core;               // the gdn operator's output [T, HV * dv]
   TensorView norm_rstd, normed;  // gated RMSNorm [T * HV], its output [T, HV * dv]
+  // What the gdn operator's chunked forward keeps for its backward (gdn::ForwardOutputs::saved), where a backward
+  // reads this layer and the backend keeps anything.
+  std::optional<TensorView> saved;
 };
 struct AttentionActivations {
   TensorView qg;                  // q_proj output: per head [query | gate] [T, Hq * 2 * hd]
@@ -158,6 +161,7 @@ struct Model::Impl {
   std::vector<TensorView> layer_inputs;  // residual stream entering each layer, and after the last [L + 1]
   std::vector<LayerActivations> acts;    // one per layer in a training forward (none with recompute)
   LayerActivations recompute_acts;
+  bool backward_reads_layers = false;    // the forward is a training one: allocate_layer keeps what backward reads
   TensorView final_rstd, final_normed;   // final norm
   TensorView d_final;                    // the loss's gradient w.r.t. final_normed, formed in forward
   InferenceStep inference;               // inference.state is null outside prefill and decode
@@ -514,6 +518,13 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
     g.core = act({T, c.linear_value_dim()});
     g.norm_rstd = stat({T * HV});
     g.normed = act({T, c.linear_value_dim()});
+    g.saved.reset();
+    // The chunked forward fills it (batch-invariant mode runs the recurrent one, which keeps nothing).
+    if (backward_reads_layers && !options.batch_invariant) {
+      if (const std::size_t bytes = gdn::forward_saved_bytes(gdn_inputs(g), gdn_options()); bytes > 0) {
+        g.saved = arena.allocate(DType::u8, {static_cast<std::int64_t>(bytes)});
+      }
+    }
   } else {
     const std::int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, hd = c.head_dim;
     AttentionActivations& t = a.attention;
@@ -536,6 +547,7 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
 // layer's input and output (a layer reads its input only before it writes its output).
 void Model::Impl::allocate(bool training) {
   const int L = config.num_hidden_layers();
+  backward_reads_layers = training;
   layer_inputs.clear();
   if (training) {
     for (int l = 0; l <= L; ++l) layer_inputs.push_back(act({T, config.hidden_size}));
@@ -619,7 +631,7 @@ void Model::Impl::gdn_core(GdnActivations& a, const LayerState* state) {
   const TensorView core = reshaped(a.core, {1, T, HV, dv});
   const auto forward = options.batch_invariant ? gdn::recurrent_forward : gdn::chunk_forward;
   if (!state) {
-    forward(gdn_inputs(a), {core, std::nullopt}, gdn_options());
+    forward(gdn_inputs(a), {core, std::nullopt, a.saved}, gdn_options());
     return;
   }
   const std::int64_t N = std::ssize(inference.slots), K = c.linear_key_head_dim, per_slot = HV * K * dv;
@@ -657,7 +669,7 @@ void Model::Impl::gdn_backward(const GdnWeights& w, const GdnWeights& dw, GdnAct
   ops->gated_rmsnorm_backward(d_core, d.z, dw.norm, d_normed, a.core, a.z, a.norm_rstd, w.norm);
   const TensorView dq = temp({T, kd}), dk_ = temp({T, kd}), dv_ = temp({T, vd});
   const TensorView dg = temp_stat({T, HV}), dbeta = temp_stat({T, HV});
-  gdn::chunk_backward(gdn_inputs(a), {reshaped(d_core, {1, T, HV, dv}), std::nullopt},
+  gdn::chunk_backward(gdn_inputs(a), {reshaped(d_core, {1, T, HV, dv}), std::nullopt, a.saved},
                       {reshaped(dq, {1, T, H, dk}), reshaped(dk_, {1, T, H, dk}), reshaped(dv_, {1, T, HV, dv}),
                        reshaped(dg, {1, T, HV}), reshaped(dbeta, {1, T, HV}), std::nullopt},
                       gdn_options());

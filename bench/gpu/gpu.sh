@@ -8,7 +8,8 @@
 #                                        (OpenBLAS, libgomp, Open MPI from make_ompi_bundle.sh) into
 #                                        .device-build/gpu/binaries.tar.xz, and the Python module for $GPU_PYTHON
 #                                        (default python3.12, the GPU machine's; nanobind is installed into a venv
-#                                        under .device-build when it lacks it) into .device-build/gpu/module.tar.xz.
+#                                        under .device-build when it lacks it) with the package's Python layer into
+#                                        .device-build/gpu/module.tar.xz.
 #                                        GPU_BASELINE=DIR adds each executable in DIR as bin/NAME_base, for an A/B
 #                                        of a change in one lease (copy the binaries there before the change);
 #                                        GPU_BASELINE_MODULE=FILE adds a module.tar.xz packed before the change as
@@ -101,7 +102,8 @@ pack() {
   ldd "$build/bin/deltatrain" | awk '/openblas|gfortran|quadmath|gomp|libcrypto/ {print $3}' |
     xargs -r cp -L -t "$stage/binaries/lib"
   bench/gpu/make_ompi_bundle.sh "$stage/binaries/ompi" >/dev/null || return 1
-  cp "$build"/lib/_deltatrain*.so "$stage/module/"
+  # The package's Python layer with its extension, so that a baseline module brings the Python it was built with.
+  cp "$build"/lib/_deltatrain*.so python/deltatrain/*.py "$stage/module/"
   # The GPU machine's image has no libgomp of its own (torch's is renamed).
   ldd "$build"/lib/_deltatrain*.so | awk '/gomp/ {print $3}' | xargs -r cp -L -t "$stage/module/lib"
   tar -cJf "$BUNDLE/binaries.tar.xz" -C "$stage/binaries" .
@@ -157,7 +159,7 @@ run_test() {
 }
 
 tests() {
-  local out=$1 binary name filter failed=0 backward='Grid/CudaVsReference.Backward/*:CudaBackend.*'
+  local out=$1 binary name filter failed=0 backward='Grid/CudaVsReference.Backward*/*:CudaBackend.*'
   setup "$out" || return 1
   for binary in "$ROOT"/bin/test_*; do
     name=$(basename "$binary")
@@ -215,7 +217,8 @@ python_script() {
   if [ -f "$BUNDLE/binaries.tar.xz" ]; then setup "$out" >/dev/null || return 1; fi
   if [ -f "$module" ]; then
     tar -xJf "$module" -C "$site/deltatrain" || return 1
-    cp python/deltatrain/*.py "$site/deltatrain/"
+    # Archives packed before they carried the Python layer take the working tree's.
+    [ -f "$site/deltatrain/__init__.py" ] || cp python/deltatrain/*.py "$site/deltatrain/"
   fi
   if [ -f "$ANCHORS" ]; then tar -xJf "$ANCHORS" -C "$site" || return 1; fi
   export TILELANG_CACHE_DIR=/tmp/tilelang-cache TRITON_CACHE_DIR=/tmp/triton-cache

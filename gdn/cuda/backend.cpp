@@ -21,6 +21,7 @@ namespace deltatrain::gdn {
 namespace {
 
 using cuda::Params;
+using cuda::Region;
 using cuda::WorkspaceLayout;
 
 constexpr int kMinimumRuntimeMajor = 12;
@@ -84,13 +85,13 @@ int current_multiprocessors() {
   return 0;
 }
 
-// The call's ExecutionPlan from its shape (in the kernels' head dims) and the calling thread's device.
-cuda::ExecutionPlan execution_plan(const Problem& kernel, std::int64_t chunks) {
-  if (kernel.op == Operation::recurrent) return {};
+// The plan of `kernel`'s operation `op` from its shape (in the kernels' head dims) and the calling thread's device.
+cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int64_t chunks) {
+  if (op == Operation::recurrent) return {};
   static const char* const wgmma_setting = std::getenv("DELTATRAIN_CUDA_WGMMA");  // read once
   static const char* const fused_setting = std::getenv("DELTATRAIN_CUDA_FUSED_BACKWARD");
   cuda::PlanInputs in;
-  in.op = kernel.op;
+  in.op = op;
   in.io = kernel.io_dtype;
   in.sequences = kernel.N;
   in.value_heads = kernel.HV;
@@ -115,6 +116,13 @@ std::optional<Problem> padded_problem(const Problem& p) {
   return padded;
 }
 
+// Where a call's chunk_forward and chunk_backward keep what the backward's prepare writes, in the caller's saved
+// buffer (ForwardOutputs::saved), from both operations' plans on the calling thread's device.
+cuda::SavedLayout saved_layout(const Problem& kernel, std::int64_t chunks) {
+  return cuda::plan_saved(kernel, execution_plan(kernel, Operation::chunk_forward, chunks),
+                          execution_plan(kernel, Operation::chunk_backward, chunks));
+}
+
 // One call's launch context: device, stream, workspace and the kernels' parameter block, in the kernels' head
 // dims: a call of other head dims has its inputs padded into the workspace here, and crop() copies its
 // outputs back.
@@ -126,9 +134,13 @@ struct Call {
   bool padded;
   WorkspaceLayout layout;
   char* base = nullptr;
+  cuda::SavedLayout saved;     // empty without a saved buffer
+  char* saved_base = nullptr;  // the caller's saved buffer
   Params params;
 
-  void* region(const WorkspaceLayout::Region& r) const { return r.bytes == 0 ? nullptr : base + r.offset; }
+  void* region(const Region& r) const { return r.bytes == 0 ? nullptr : base + r.offset; }
+  // A region the saved buffer holds, else the workspace's.
+  void* region(const Region& r, const Region& kept) const { return kept.bytes == 0 ? region(r) : saved_base + kept.offset; }
 
   // The caller's [tokens, heads, width] tensor as rows, at the call's width and at the kernels'.
   static cuda::MatrixBatch rows(const Problem& p, std::int64_t heads, std::int64_t width) {
@@ -139,14 +151,14 @@ struct Call {
 
   // `data` as the kernels read it: the caller's tensor, or its copy padded into `copy`.
   const void* input(const void* data, const cuda::MatrixBatch& from, const cuda::MatrixBatch& to,
-                    std::size_t element_bytes, const WorkspaceLayout::Region& copy) const {
+                    std::size_t element_bytes, const Region& copy) const {
     if (!padded) return data;
     void* padded_copy = region(copy);
     cuda::copy_padded(data, from, padded_copy, to, element_bytes, stream);
     return padded_copy;
   }
   // Where the kernels write an output: the caller's tensor, or the region it is cropped from.
-  void* output(void* data, const WorkspaceLayout::Region& copy) const { return padded ? region(copy) : data; }
+  void* output(void* data, const Region& copy) const { return padded ? region(copy) : data; }
   // The kernels read rows of q, k, v, o and do as 16-byte vectors; the padded copies are aligned.
   void expect_vector_rows(const char* name, const void* data) const {
     if (!padded) expect_aligned(name, data);
@@ -157,13 +169,18 @@ struct Call {
     if (padded) cuda::copy_padded(written, from, data, to, element_bytes, stream);
   }
 
-  Call(const Problem& p, const Inputs& in)
+  // saved: the caller's saved buffer (checked against saved_bytes), or none.
+  Call(const Problem& p, const Inputs& in, const std::optional<TensorView>& saved_buffer = std::nullopt)
       : device(p.device.index), stream(static_cast<cudaStream_t>(p.stream)), padded_copy(padded_problem(p)),
         kernel(padded_copy ? *padded_copy : p), padded(padded_copy.has_value()) {
     const bool upload = p.varlen && in.cu_seqlens->device.type == DeviceType::cpu;
     const std::int64_t chunks = count_chunks(p);
-    const cuda::ExecutionPlan plan = execution_plan(kernel, chunks);
-    layout = cuda::plan_workspace(kernel, padded, chunks, upload, plan);
+    const cuda::ExecutionPlan plan = execution_plan(kernel, p.op, chunks);
+    if (saved_buffer && saved_buffer->numel() > 0) {
+      saved = saved_layout(kernel, chunks);
+      saved_base = static_cast<char*>(saved_buffer->data);
+    }
+    layout = cuda::plan_workspace(kernel, padded, chunks, upload, plan, saved);
     base = static_cast<char*>(cuda::workspace(p.device.index, stream, layout.bytes));
 
     Params& k = params;
@@ -223,14 +240,16 @@ struct Call {
     k.k_normed = region(layout.k_normed);
     k.q_rstd = static_cast<float*>(region(layout.q_rstd));
     k.k_rstd = static_cast<float*>(region(layout.k_rstd));
-    k.gamma = static_cast<float2*>(region(layout.gamma));
-    k.gate_in = static_cast<float*>(region(layout.gate_in));
-    k.gate_out = static_cast<float*>(region(layout.gate_out));
-    k.w = region(layout.w);
-    k.u = region(layout.u);
-    k.p = region(layout.p);
-    k.t = region(layout.t);
-    k.t_beta = region(layout.t_beta);
+    // With a saved buffer the forward's prepare writes these there (T too, which the forward itself does not
+    // read), and the backward reads them from it.
+    k.gamma = static_cast<float2*>(region(layout.gamma, saved.gamma));
+    k.gate_in = static_cast<float*>(region(layout.gate_in, saved.gate_in));
+    k.gate_out = static_cast<float*>(region(layout.gate_out, saved.gate_out));
+    k.w = region(layout.w, saved.w);
+    k.u = region(layout.u, saved.u);
+    k.p = region(layout.p, saved.p);
+    k.t = region(layout.t, saved.t);
+    k.t_beta = region(layout.t_beta, saved.t_beta);
     k.t_beta_decay = region(layout.t_beta_decay);
     k.states = region(layout.states);
     k.delta = region(layout.delta);
@@ -260,10 +279,12 @@ struct Call {
     if (out.final_state) crop(params.ht, states(kernel), out.final_state->data, states(p), sizeof(float));
   }
 
-  // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes.
-  void prepare(DType io, cuda::KernelSequence& kernels) const {
-    cuda::launch_start(params, io, kernels);
-    cuda::launch_prepare(params, io, kernels);
+  // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes. A backward with a
+  // saved buffer reads the transform from it.
+  void prepare(const Problem& p, cuda::KernelSequence& kernels) const {
+    cuda::launch_start(params, p.io_dtype, kernels);
+    if (p.op == Operation::chunk_backward && saved.bytes > 0) return;
+    cuda::launch_prepare(params, p.io_dtype, kernels);
   }
 };
 
@@ -324,12 +345,18 @@ class CudaBackend final : public Backend {
     return facts;
   }
 
+  std::size_t saved_bytes(const Problem& p) const override {
+    const CudaDeviceGuard device(p.device.index);  // the plans read the device's SM count
+    const std::optional<Problem> padded = padded_problem(p);
+    return saved_layout(padded ? *padded : p, count_chunks(p)).bytes;
+  }
+
   void forward(const Problem& p, const Inputs& in, const ForwardOutputs& out) const override {
-    Call call(p, in);
+    Call call(p, in, out.saved);
     call.expect_vector_rows("o", out.o.data);
     call.forward_outputs(p, out);
     cuda::KernelSequence kernels;
-    call.prepare(p.io_dtype, kernels);
+    call.prepare(p, kernels);
     cuda::launch_state_forward(call.params, p.io_dtype, false, kernels);
     kernels.run(call.params, call.stream);
     call.crop_forward_outputs(p, out);
@@ -337,7 +364,7 @@ class CudaBackend final : public Backend {
 
   void backward(const Problem& p, const Inputs& in, const BackwardInputs& grads_in,
                 const Gradients& grads_out) const override {
-    Call call(p, in);
+    Call call(p, in, grads_in.saved);
     const Problem& kp = call.kernel;
     const WorkspaceLayout::Padded& copy = call.layout.padded;
     const std::size_t io = dtype_size(p.io_dtype);
@@ -355,7 +382,7 @@ class CudaBackend final : public Backend {
     k.dbeta = grads_out.dbeta.data;
     if (grads_out.dh0) k.dh0 = static_cast<float*>(call.output(grads_out.dh0->data, copy.dh0));
     cuda::KernelSequence kernels;
-    call.prepare(p.io_dtype, kernels);
+    call.prepare(p, kernels);
     if (k.fused_backward) {
       cuda::launch_state_forward(k, p.io_dtype, true, kernels);
       cuda::launch_backward_segment_starts(k, p.io_dtype, kernels);

@@ -12,12 +12,46 @@
 
 namespace deltatrain::gdn::cuda {
 
+namespace {
+
+// Lays regions out one after another from offset 0, each at a 256-byte boundary.
+struct Packer {
+  std::size_t& bytes;
+  void operator()(Region& region, std::size_t size) const {
+    region = {bytes, size};
+    bytes += (size + 255) / 256 * 256;
+  }
+};
+
+}  // namespace
+
+SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, const ExecutionPlan& backward) {
+  SavedLayout saved;
+  if (!forward_fills_backward_prepare(forward, backward)) return saved;
+  const Packer take{saved.bytes};
+  const auto token_heads = static_cast<std::size_t>(problem.tokens() * problem.HV);
+  const std::size_t io = dtype_size(problem.io_dtype), C = kChunk;
+  take(saved.gamma, token_heads * sizeof(float2));
+  take(saved.gate_in, token_heads * sizeof(float));
+  take(saved.gate_out, token_heads * sizeof(float));
+  if (backward.prepare_forms_w) take(saved.w, token_heads * static_cast<std::size_t>(problem.K) * io);
+  if (backward.wgmma) {
+    take(saved.t_beta, token_heads * C * io);
+  } else {
+    take(saved.u, token_heads * static_cast<std::size_t>(problem.V) * io);
+  }
+  take(saved.p, token_heads * C * io);
+  take(saved.t, token_heads * C * io);
+  return saved;
+}
+
 WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t chunks, bool upload_offsets,
-                               const ExecutionPlan& plan) {
+                               const ExecutionPlan& plan, const SavedLayout& saved) {
   WorkspaceLayout layout;
-  auto take = [&](WorkspaceLayout::Region& region, std::size_t bytes) {
-    region = {layout.bytes, bytes};
-    layout.bytes += (bytes + 255) / 256 * 256;
+  const Packer take{layout.bytes};
+  // A region the saved buffer holds is not taken here (backend.cpp points the kernels at the saved one).
+  auto take_unless_saved = [&](Region& region, const Region& kept, std::size_t bytes) {
+    if (kept.bytes == 0) take(region, bytes);
   };
   const auto tokens = static_cast<std::size_t>(problem.tokens());
   const auto H = static_cast<std::size_t>(problem.H), HV = static_cast<std::size_t>(problem.HV);
@@ -55,17 +89,17 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
     take(layout.q_rstd, tokens * H * f32);
     take(layout.k_rstd, tokens * H * f32);
   }
-  take(layout.gamma, tokens * HV * sizeof(float2));
-  take(layout.gate_in, tokens * HV * f32);
-  take(layout.gate_out, tokens * HV * f32);
-  if (plan.prepare_forms_w) take(layout.w, tokens * HV * K * io);
+  take_unless_saved(layout.gamma, saved.gamma, tokens * HV * sizeof(float2));
+  take_unless_saved(layout.gate_in, saved.gate_in, tokens * HV * f32);
+  take_unless_saved(layout.gate_out, saved.gate_out, tokens * HV * f32);
+  if (plan.prepare_forms_w) take_unless_saved(layout.w, saved.w, tokens * HV * K * io);
   if (plan.prepare_writes_t_beta_decay) take(layout.t_beta_decay, tokens * HV * C * io);
   if (plan.wgmma) {
-    take(layout.t_beta, tokens * HV * C * io);
+    take_unless_saved(layout.t_beta, saved.t_beta, tokens * HV * C * io);
   } else {
-    take(layout.u, tokens * HV * V * io);
+    take_unless_saved(layout.u, saved.u, tokens * HV * V * io);
   }
-  take(layout.p, tokens * HV * C * io);
+  take_unless_saved(layout.p, saved.p, tokens * HV * C * io);
   if (plan.segments > 1) {
     const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(plan.segments);
     take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
@@ -73,7 +107,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
     if (S > 2) take(layout.segment_starts, N * S * HV * V * K * f32);  // the second segment starts at R_0
   }
   if (problem.op != Operation::chunk_backward) return layout;
-  take(layout.t, tokens * HV * C * io);
+  take_unless_saved(layout.t, saved.t, tokens * HV * C * io);
   take(layout.states, n_chunks * HV * V * K * io);
   take(layout.delta, tokens * HV * V * io);
   if (plan.fused_backward) {

@@ -13,11 +13,26 @@
 
 namespace deltatrain::gdn::cuda {
 
-// Byte offsets of the regions of one call's workspace (see Params for their shapes); 0 bytes: unused.
+// A region of a buffer: its byte offset and size; 0 bytes: unused.
+struct Region {
+  std::size_t offset = 0, bytes = 0;
+};
+
+// What the backward's prepare writes, kept between a call's chunk_forward and its chunk_backward in the caller's
+// ForwardOutputs::saved (gdn.h) instead of the workspace: the forward's prepare fills it and the backward skips
+// prepare. Laid out from the backward's plan alone, so that both operations of a call agree on it; 0 bytes where the
+// forward cannot fill it (forward_fills_backward_prepare).
+struct SavedLayout {
+  Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
+  std::size_t bytes = 0;
+};
+
+// problem: the call in the kernels' head dims (either operation); forward, backward: the plans of the call's
+// chunk_forward and chunk_backward.
+SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, const ExecutionPlan& backward);
+
+// Byte offsets of the regions of one call's workspace (see Params for their shapes).
 struct WorkspaceLayout {
-  struct Region {
-    std::size_t offset = 0, bytes = 0;
-  };
   Region offsets;  // int64 [N + 1]: cu_seqlens uploaded when the caller's copy is on the CPU
   Region chunk_table, sequence_chunks;
   Region q_normed, k_normed, q_rstd, k_rstd;
@@ -34,9 +49,10 @@ struct WorkspaceLayout {
 
 // problem: the call in the kernels' head dims (kernel_key_dim); padded: whether those differ from the caller's,
 // so that its tensors are copied; chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must
-// be copied to the GPU; plan: how the sequential state passes run (plan_execution).
+// be copied to the GPU; plan: how the sequential state passes run (plan_execution); saved: the regions the call keeps
+// in the caller's saved buffer (none: an empty layout), which the workspace then leaves out.
 WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t chunks, bool upload_offsets,
-                               const ExecutionPlan& plan);
+                               const ExecutionPlan& plan, const SavedLayout& saved = {});
 
 // The calling thread's device's workspace for `stream`, at least `bytes` long. Growing it while the
 // stream is being captured would bake a soon-freed buffer into the graph, so that throws StateError.

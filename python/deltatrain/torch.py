@@ -94,6 +94,10 @@ def _stream(x):
     return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
 
 
+# The call's options that size its saved buffer (_gdn.saved_bytes).
+_SAVED_BYTES_OPTIONS = ("scale", "use_qk_l2norm_in_kernel", "cu_seqlens", "cu_seqlens_cpu", "backend")
+
+
 class _GatedDeltaRule(torch.autograd.Function):
     """The forward `run` (the chunked or the recurrent kernels: the same function) and the chunked backward."""
 
@@ -109,19 +113,27 @@ class _GatedDeltaRule(torch.autograd.Function):
                                       device=q.device)
         options = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                        cu_seqlens_cpu=cu_seqlens_cpu, backend=backend, stream=_stream(q))
-        run(q.detach(), k.detach(), v.detach(), g.detach(), beta.detach(), o, final_state,
-            None if initial_state is None else initial_state.detach(), **options)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state)
+        inputs = (q.detach(), k.detach(), v.detach(), g.detach(), beta.detach())
+        h0 = None if initial_state is None else initial_state.detach()
+        # A chunked forward whose backward will run keeps what the backend asks for it (the cuda backend: the
+        # chunks' decays and inverses, ~400 bytes a token and value head), so that the backward need not recompute it.
+        saved = None
+        if run is _gdn.chunk_forward and any(ctx.needs_input_grad[1:7]):
+            saved_bytes = _gdn.saved_bytes(*inputs, h0, **{n: options[n] for n in _SAVED_BYTES_OPTIONS})
+            if saved_bytes:
+                saved = torch.empty(saved_bytes, dtype=torch.uint8, device=q.device)
+        run(*inputs, o, final_state, h0, **options, saved=saved)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, saved)
         ctx.options = options
         return o, final_state
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state = ctx.saved_tensors
+        q, k, v, g, beta, initial_state, saved = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dg, dbeta = torch.empty_like(g), torch.empty_like(beta)
         dh0 = None if initial_state is None else torch.empty_like(initial_state)
-        options = dict(ctx.options, stream=_stream(q))
+        options = dict(ctx.options, stream=_stream(q), saved=saved)
         _gdn.chunk_backward(q.detach(), k.detach(), v.detach(), g.detach(), beta.detach(), do.contiguous(),
                             dq, dk, dv, dg, dbeta, _contiguous_aligned(dht), dh0,
                             None if initial_state is None else initial_state.detach(), **options)

@@ -77,10 +77,11 @@ template <ForwardFunction run>
 void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle o,
              nb::handle final_state, nb::handle initial_state, nb::handle scale, nb::handle l2norm,
              nb::handle cu_seqlens, nb::handle cu_seqlens_cpu, nb::handle backend, nb::handle stream,
-             nb::handle cpu_threads) {
+             nb::handle cpu_threads, nb::handle saved) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
-  const gdn::ForwardOutputs out{args.output(o, "o"), args.optional_output(final_state, "final_state")};
+  const gdn::ForwardOutputs out{args.output(o, "o"), args.optional_output(final_state, "final_state"),
+                                args.optional_output(saved, "saved")};
   const Options options = options_of(scale, l2norm, backend, stream, cpu_threads);
   nb::gil_scoped_release unlocked;
   run(in, out, options);
@@ -89,10 +90,12 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle 
 void backward(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta, nb::handle d_o, nb::handle dq,
               nb::handle dk, nb::handle dv, nb::handle dg, nb::handle dbeta, nb::handle dht, nb::handle dh0,
               nb::handle initial_state, nb::handle scale, nb::handle l2norm, nb::handle cu_seqlens,
-              nb::handle cu_seqlens_cpu, nb::handle backend, nb::handle stream, nb::handle cpu_threads) {
+              nb::handle cu_seqlens_cpu, nb::handle backend, nb::handle stream, nb::handle cpu_threads,
+              nb::handle saved) {
   TensorArgs args;
   const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
-  const gdn::BackwardInputs grads_in{args.input(d_o, "do"), args.optional_input(dht, "dht")};
+  const gdn::BackwardInputs grads_in{args.input(d_o, "do"), args.optional_input(dht, "dht"),
+                                     args.optional_input(saved, "saved")};
   const gdn::Gradients grads_out{args.output(dq, "dq"),       args.output(dk, "dk"),
                                  args.output(dv, "dv"),       args.output(dg, "dg"),
                                  args.output(dbeta, "dbeta"), args.optional_output(dh0, "dh0")};
@@ -117,6 +120,14 @@ nb::dict problem(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::han
   d["state_dtype"] = dtype_name(p.state_dtype);
   d["device"] = device_name(p.device);
   return d;
+}
+
+std::size_t saved_bytes(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
+                        nb::handle initial_state, nb::handle scale, nb::handle l2norm, nb::handle cu_seqlens,
+                        nb::handle cu_seqlens_cpu, nb::handle backend) {
+  TensorArgs args;
+  const Inputs in = inputs_of(args, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu);
+  return gdn::forward_saved_bytes(in, options_of(scale, l2norm, backend, nb::int_(0), nb::int_(0)));
 }
 
 std::string resolve_backend(nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
@@ -149,7 +160,7 @@ constexpr const char* kForwardDoc = R"(Chunked forward of the gated delta rule, 
 
 chunk_forward(q, k, v, g, beta, o, final_state=None, initial_state=None, *, scale=None,
               use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, backend="auto",
-              stream=0, cpu_threads=0) -> None
+              stream=0, cpu_threads=0, saved=None) -> None
 
 Tensors are NumPy arrays or DLPack tensors (torch, ...), contiguous, on one device:
   q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (float32 or q's dtype);
@@ -157,6 +168,8 @@ Tensors are NumPy arrays or DLPack tensors (torch, ...), contiguous, on one devi
   cu_seqlens [N + 1] int32/int64 (B must be 1) or None, with cu_seqlens_cpu a host copy when it lives on a GPU;
   o [B, T, HV, V] with v's dtype (written); final_state [N, HV, K, V] like initial_state or None (written).
 scale defaults to K ** -0.5; stream is a cudaStream_t as an int (0: the default stream); cpu_threads 0 = all.
+saved (chunk_forward only): a uint8 tensor of saved_bytes(...) bytes the backend fills with what its backward
+would compute again; pass it to chunk_backward with the same inputs and options (written).
 Raises ValueError for bad arguments (naming the argument) and RuntimeError when the backend cannot serve
 the call (naming the backend and the reason). The GIL is released during the computation.)";
 
@@ -164,19 +177,21 @@ constexpr const char* kRecurrentDoc = R"(The same function computed token by tok
 
 recurrent_forward(q, k, v, g, beta, o, final_state=None, initial_state=None, *, scale=None,
                   use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, backend="auto",
-                  stream=0, cpu_threads=0) -> None
+                  stream=0, cpu_threads=0, saved=None) -> None
 
-Arguments as chunk_forward.)";
+Arguments as chunk_forward; saved must be None (the recurrent step keeps nothing).)";
 
 constexpr const char* kBackwardDoc = R"(Backward of chunk_forward, into preallocated gradients.
 
 chunk_backward(q, k, v, g, beta, do, dq, dk, dv, dg, dbeta, dht=None, dh0=None, initial_state=None, *,
                scale=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None,
-               backend="auto", stream=0, cpu_threads=0) -> None
+               backend="auto", stream=0, cpu_threads=0, saved=None) -> None
 
 do has o's shape and dtype; dht is the final-state gradient (like final_state) or None. Each written
 gradient has its input's shape and dtype (dq like q, ..., dg like g, dbeta like beta); dh0 is required
-exactly when initial_state is given. Errors and threading as chunk_forward.)";
+exactly when initial_state is given. saved: what chunk_forward filled for these inputs and options, or None
+(the gradients are the same bit for bit; with it the backward skips that work). Errors and threading as
+chunk_forward.)";
 
 }  // namespace
 
@@ -188,24 +203,29 @@ void bind_gdn(nb::module_& m) {
           "beta"_a.none(), "o"_a.none(), "final_state"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(),
           nb::kw_only(), "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = nb::bool_(false),
           "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = nb::str("auto"),
-          "stream"_a = nb::int_(0), "cpu_threads"_a = nb::int_(0), kForwardDoc);
+          "stream"_a = nb::int_(0), "cpu_threads"_a = nb::int_(0), "saved"_a.none() = nb::none(), kForwardDoc);
   gdn.def("recurrent_forward", &forward<gdn::recurrent_forward>, "q"_a.none(), "k"_a.none(), "v"_a.none(),
           "g"_a.none(), "beta"_a.none(), "o"_a.none(), "final_state"_a.none() = nb::none(),
           "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
           "use_qk_l2norm_in_kernel"_a = nb::bool_(false), "cu_seqlens"_a.none() = nb::none(),
           "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = nb::str("auto"), "stream"_a = nb::int_(0),
-          "cpu_threads"_a = nb::int_(0), kRecurrentDoc);
+          "cpu_threads"_a = nb::int_(0), "saved"_a.none() = nb::none(), kRecurrentDoc);
   gdn.def("chunk_backward", &backward, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
           "do"_a.none(), "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "dg"_a.none(), "dbeta"_a.none(),
           "dht"_a.none() = nb::none(), "dh0"_a.none() = nb::none(), "initial_state"_a.none() = nb::none(),
           nb::kw_only(), "scale"_a.none() = nb::none(), "use_qk_l2norm_in_kernel"_a = nb::bool_(false),
           "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = nb::str("auto"),
-          "stream"_a = nb::int_(0), "cpu_threads"_a = nb::int_(0), kBackwardDoc);
+          "stream"_a = nb::int_(0), "cpu_threads"_a = nb::int_(0), "saved"_a.none() = nb::none(), kBackwardDoc);
   gdn.def("problem", &problem, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
           "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
           "cu_seqlens"_a.none() = nb::none(), "cu_seqlens_cpu"_a.none() = nb::none(),
           "Validate a call's inputs and return its sizes and dtypes, to allocate outputs:\n"
           "{B, T, H, HV, K, V, N, scale, io_dtype, gate_dtype, beta_dtype, state_dtype, device}.");
+  gdn.def("saved_bytes", &saved_bytes, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
+          "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
+          "use_qk_l2norm_in_kernel"_a = nb::bool_(false), "cu_seqlens"_a.none() = nb::none(),
+          "cu_seqlens_cpu"_a.none() = nb::none(), "backend"_a = nb::str("auto"),
+          "The size in bytes of chunk_forward's saved buffer for this call (0: its backend keeps nothing; pass None).");
   gdn.def("resolve_backend", &resolve_backend, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(),
           "beta"_a.none(), "initial_state"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
           "use_qk_l2norm_in_kernel"_a = nb::bool_(false), "cu_seqlens"_a.none() = nb::none(),

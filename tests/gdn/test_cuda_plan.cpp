@@ -203,6 +203,24 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_FALSE(eight.prepare_writes_t_beta_decay);
   EXPECT_FALSE(one.passes_form_w || long_forward.passes_form_w || backward.passes_form_w);
   EXPECT_TRUE(one.prepare_forms_w && long_forward.prepare_forms_w && backward.prepare_forms_w);
+  // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's prepare writes, so that the
+  // backward skips prepare: where both form W in their passes (the fused backward of two warpgroups) and where both
+  // read prepare's (one warpgroup: segments, the paired passes); not for the unfused backward of two warpgroups,
+  // whose reverse pass reads prepare's W where the forward's prepare writes T diag(beta e^gamma) instead.
+  auto forward_of = [](PlanInputs in) {
+    in.op = Operation::chunk_forward;
+    return plan_execution(in);
+  };
+  using cuda::forward_fills_backward_prepare;
+  EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
+  EXPECT_TRUE(forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));
+  EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 1, 8192)), backward));
+  const PlanInputs unfused = [&] {
+    PlanInputs in = anchor(Operation::chunk_backward, 32, 8, 4096);
+    in.fused_backward_setting = false;
+    return in;
+  }();
+  EXPECT_FALSE(forward_fills_backward_prepare(forward_of(unfused), plan_execution(unfused)));
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
   EXPECT_EQ(few.segments, 16);
@@ -214,6 +232,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_FALSE(mma_sync.wgmma);
   EXPECT_EQ(mma_sync.warp_pairs, 4);
   EXPECT_TRUE(mma_sync.prepare_forms_w);
+  PlanInputs forced_backward = forced;
+  forced_backward.op = Operation::chunk_backward;
+  EXPECT_TRUE(forward_fills_backward_prepare(mma_sync, plan_execution(forced_backward)))
+      << "the mma.sync passes of both read W and U from prepare";
 }
 
 }  // namespace

@@ -316,6 +316,40 @@ TEST(BadInput, Backward) {
   }
 }
 
+// The CPU backends keep nothing for the backward (forward_saved_bytes 0): a saved buffer, where passed, must then be
+// empty, and anything else is refused by name before anything is written; the recurrent step refuses one outright.
+TEST(BadInput, SavedBuffer) {
+  for (const std::string backend : {"auto", "reference", "cpu"}) {
+    Call call;
+    call.options.backend = backend;
+    EXPECT_EQ(forward_saved_bytes(call.in, call.options), 0u) << backend;
+  }
+  const BadCase sized{"saved_not_empty", "saved", "got [16]",
+                      [](Call& c, Spare& s) { c.out.saved = c.grads_in.saved = s.make(DType::u8, {16}); }};
+  const BadCase typed{"saved_not_bytes", "saved", "float32",
+                      [](Call& c, Spare& s) { c.out.saved = c.grads_in.saved = s.make(DType::f32, {0}); }};
+  for (const BadCase& bad : {sized, typed}) {
+    expect_invalid(bad, [](const Call& c) { chunk_forward(c.in, c.out, c.options); });
+    expect_invalid(bad, [](const Call& c) { chunk_backward(c.in, c.grads_in, c.grads_out, c.options); });
+  }
+  const BadCase recurrent{"saved_in_recurrent_step", "saved", "only chunk_forward",
+                          [](Call& c, Spare& s) { c.out.saved = s.make(DType::u8, {0}); }};
+  expect_invalid(recurrent, [](const Call& c) { recurrent_forward(c.in, c.out, c.options); });
+}
+
+// An empty saved buffer is accepted where the backend keeps nothing (the cuda backend's tests hold the results to the
+// bits of a call without one).
+TEST(BadInput, EmptySavedBufferIsValid) {
+  Call call;
+  Spare spare;
+  call.out.saved = call.grads_in.saved = spare.make(DType::u8, {0});
+  for (const std::string backend : {"auto", "reference", "cpu"}) {
+    call.options.backend = backend;
+    EXPECT_NO_THROW(chunk_forward(call.in, call.out, call.options)) << backend;
+    EXPECT_NO_THROW(chunk_backward(call.in, call.grads_in, call.grads_out, call.options)) << backend;
+  }
+}
+
 TEST(BadInput, TheBaselineCallIsValid) {
   Call call;
   for (const std::string backend : {"auto", "reference", "cpu"}) {

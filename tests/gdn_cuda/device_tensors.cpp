@@ -12,9 +12,6 @@
 #include "deltatrain/gdn/registry.h"
 
 namespace deltatrain::gdn::testing {
-namespace {
-
-}  // namespace
 
 std::string cuda_backend_unusable() {
   if (!cuda_info().usable()) return "no usable GPU: " + cuda_info().unavailable_reason;
@@ -97,8 +94,11 @@ Options DeviceSample::options(const DeviceCallOptions& call) const {
   return options;
 }
 
-ForwardResult cuda_forward(const Sample& s, const DeviceCallOptions& options, bool recurrent) {
-  const DeviceSample device(s, options);
+namespace {
+
+// The forward on an uploaded sample, writing `saved` where given.
+ForwardResult forward_on(const DeviceSample& device, const Sample& s, const DeviceCallOptions& options, bool recurrent,
+                         const DeviceTensor* saved) {
   const DeviceTensor o(HostTensor(s.io, s.layout.v_shape()), true);
   DeviceTensor ht;
   ForwardOutputs outputs{o.view(), std::nullopt};
@@ -106,6 +106,7 @@ ForwardResult cuda_forward(const Sample& s, const DeviceCallOptions& options, bo
     ht = DeviceTensor(HostTensor(s.state(), s.layout.state_shape()), true);
     outputs.final_state = ht.view();
   }
+  if (saved != nullptr) outputs.saved = saved->view();
   if (recurrent) {
     recurrent_forward(device.inputs(), outputs, device.options(options));
   } else {
@@ -115,6 +116,48 @@ ForwardResult cuda_forward(const Sample& s, const DeviceCallOptions& options, bo
   ForwardResult result{o.download(), {}};
   if (options.final_state) result.ht = ht.download();
   return result;
+}
+
+// The backward on an uploaded sample, reading `saved` where given.
+BackwardResult backward_on(const DeviceSample& device, const Sample& s, const Cotangents& c,
+                           const DeviceCallOptions& options, const DeviceTensor* saved) {
+  const Layout& l = s.layout;
+  const DeviceTensor d_o(HostTensor(c.d_o, s.io, l.v_shape()));
+  DeviceTensor dht;
+  BackwardInputs grads_in{d_o.view(), std::nullopt};
+  if (!c.dht.empty()) {
+    dht = DeviceTensor(HostTensor(c.dht, s.state(), l.state_shape()));
+    grads_in.dht = dht.view();
+  }
+  if (saved != nullptr) grads_in.saved = saved->view();
+  const DeviceTensor dq(HostTensor(s.io, l.qk_shape()), true), dk(HostTensor(s.io, l.qk_shape()), true);
+  const DeviceTensor dv(HostTensor(s.io, l.v_shape()), true);
+  const DeviceTensor dg(HostTensor(s.gate, l.gate_shape()), true), dbeta(HostTensor(s.gate, l.gate_shape()), true);
+  DeviceTensor dh0;
+  Gradients grads_out{dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(), std::nullopt};
+  if (!s.h0.empty()) {
+    dh0 = DeviceTensor(HostTensor(s.state(), l.state_shape()), true);
+    grads_out.dh0 = dh0.view();
+  }
+  chunk_backward(device.inputs(), grads_in, grads_out, device.options(options));
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the backward");
+  BackwardResult r{dq.download(), dk.download(), dv.download(), dg.download(), dbeta.download(), {}};
+  if (!s.h0.empty()) r.dh0 = dh0.download();
+  return r;
+}
+
+}  // namespace
+
+ForwardResult cuda_forward(const Sample& s, const DeviceCallOptions& options, bool recurrent) {
+  return forward_on(DeviceSample(s, options), s, options, recurrent, nullptr);
+}
+
+SavedRun cuda_forward_backward_saved(const Sample& s, const Cotangents& c, const DeviceCallOptions& options) {
+  const DeviceSample device(s, options);
+  const std::size_t bytes = forward_saved_bytes(device.inputs(), device.options(options));
+  const DeviceTensor saved(HostTensor(DType::u8, {static_cast<std::int64_t>(bytes)}), true);
+  ForwardResult forward = forward_on(device, s, options, false, &saved);
+  return {std::move(forward), backward_on(device, s, c, options, &saved), bytes};
 }
 
 ForwardResult cuda_recurrent_on_pool(const Sample& s, const StatePool& pool, const DeviceCallOptions& options) {
@@ -146,29 +189,7 @@ ForwardResult cuda_recurrent_on_pool(const Sample& s, const StatePool& pool, con
 }
 
 BackwardResult cuda_backward(const Sample& s, const Cotangents& c, const DeviceCallOptions& options) {
-  const Layout& l = s.layout;
-  const DeviceSample device(s, options);
-  const DeviceTensor d_o(HostTensor(c.d_o, s.io, l.v_shape()));
-  DeviceTensor dht;
-  BackwardInputs grads_in{d_o.view(), std::nullopt};
-  if (!c.dht.empty()) {
-    dht = DeviceTensor(HostTensor(c.dht, s.state(), l.state_shape()));
-    grads_in.dht = dht.view();
-  }
-  const DeviceTensor dq(HostTensor(s.io, l.qk_shape()), true), dk(HostTensor(s.io, l.qk_shape()), true);
-  const DeviceTensor dv(HostTensor(s.io, l.v_shape()), true);
-  const DeviceTensor dg(HostTensor(s.gate, l.gate_shape()), true), dbeta(HostTensor(s.gate, l.gate_shape()), true);
-  DeviceTensor dh0;
-  Gradients grads_out{dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(), std::nullopt};
-  if (!s.h0.empty()) {
-    dh0 = DeviceTensor(HostTensor(s.state(), l.state_shape()), true);
-    grads_out.dh0 = dh0.view();
-  }
-  chunk_backward(device.inputs(), grads_in, grads_out, device.options(options));
-  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the backward");
-  BackwardResult r{dq.download(), dk.download(), dv.download(), dg.download(), dbeta.download(), {}};
-  if (!s.h0.empty()) r.dh0 = dh0.download();
-  return r;
+  return backward_on(DeviceSample(s, options), s, c, options, nullptr);
 }
 
 double frobenius_error(const std::vector<double>& actual, const std::vector<double>& expected) {

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -59,6 +60,15 @@ class DeviceSample {
 // The forward (chunked or recurrent) and the backward on the cuda backend, outputs poisoned first.
 ForwardResult cuda_forward(const Sample& sample, const DeviceCallOptions& options, bool recurrent = false);
 BackwardResult cuda_backward(const Sample& sample, const Cotangents& cotangents, const DeviceCallOptions& options);
+// The chunked forward filling a saved buffer (ForwardOutputs::saved, poisoned first, of forward_saved_bytes) and the
+// backward reading it, on one upload of the sample: what an autograd caller does.
+struct SavedRun {
+  ForwardResult forward;
+  BackwardResult backward;
+  std::size_t saved_bytes = 0;
+};
+SavedRun cuda_forward_backward_saved(const Sample& sample, const Cotangents& cotangents,
+                                     const DeviceCallOptions& options);
 // The recurrent step on a pool of states (state_indices on the GPU with their host copy; sample.h0 is not used),
 // o poisoned first: o, and in ht the final pool (when options.final_state).
 ForwardResult cuda_recurrent_on_pool(const Sample& sample, const StatePool& pool, const DeviceCallOptions& options);

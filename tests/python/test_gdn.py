@@ -290,6 +290,20 @@ def test_low_level_outputs_are_checked_and_untouched_on_error(rng):
     assert relative_error(o, want_o) < 1e-4
 
 
+def test_saved_buffer_is_sized_by_the_backend_and_checked(rng):
+    inputs = make_inputs(rng, initial_state=False, l2norm=False)
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    assert _deltatrain.gdn.saved_bytes(*args, backend="cpu") == 0  # the CPU backends keep nothing
+    o = np.full(inputs["v"].shape, 7.0, np.float32)
+    with pytest.raises(ValueError, match="'saved'.*got \\[8\\]"):
+        _deltatrain.gdn.chunk_forward(*args, o, backend="cpu", saved=np.zeros(8, np.uint8))
+    with pytest.raises(ValueError, match="'saved'.*only chunk_forward"):
+        _deltatrain.gdn.recurrent_forward(*args, o, backend="cpu", saved=np.zeros(0, np.uint8))
+    assert (o == 7.0).all()
+    _deltatrain.gdn.chunk_forward(*args, o, backend="cpu", saved=np.zeros(0, np.uint8))
+    assert relative_error(o, naive_recurrence(*args)[0]) < 1e-4
+
+
 def test_problem_reports_the_sizes_outputs_need(rng):
     inputs = make_inputs(rng, lengths=[3, 0, 8], dtype=np.float64)
     sizes = _deltatrain.gdn.problem(inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"],

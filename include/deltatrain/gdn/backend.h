@@ -2,6 +2,7 @@
 // Backends never re-check user input: make_problem has done that once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -66,6 +67,10 @@ class Backend {
   // Versions and hardware facts worth showing in `deltatrain info`.
   virtual std::vector<std::pair<std::string, std::string>> details() const { return {}; }
 
+  // Bytes of what this backend's chunk_forward keeps in ForwardOutputs::saved for its chunk_backward on the same call
+  // (either operation's problem gives the same answer); 0: it keeps nothing.
+  virtual std::size_t saved_bytes(const Problem&) const { return 0; }
+
   virtual void forward(const Problem& problem, const Inputs& in, const ForwardOutputs& out) const = 0;
   virtual void backward(const Problem& problem, const Inputs& in, const BackwardInputs& grads_in,
                         const Gradients& grads_out) const = 0;
@@ -77,5 +82,7 @@ Problem make_problem(const Inputs& inputs, const Options& options, Operation op)
 void check_forward_outputs(const Problem& problem, const ForwardOutputs& outputs);
 void check_backward_tensors(const Problem& problem, const Inputs& inputs, const BackwardInputs& grads_in,
                             const Gradients& grads_out);
+// ForwardOutputs::saved or BackwardInputs::saved against the size the serving backend asks (Backend::saved_bytes).
+void check_saved(const Problem& problem, const std::optional<TensorView>& saved, std::size_t bytes);
 
 }  // namespace deltatrain::gdn

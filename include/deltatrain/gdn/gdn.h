@@ -36,6 +36,7 @@
 // the argument; a backend that cannot serve the call throws Unavailable naming the backend and the reason.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -72,11 +73,20 @@ struct Inputs {
 struct ForwardOutputs {
   TensorView o;
   std::optional<TensorView> final_state;  // written when present (output_final_state)
+  // chunk_forward only: where present, a contiguous uint8 tensor of [forward_saved_bytes(...)] on the tensors'
+  // device (16-byte aligned), which the backend fills with what its backward would otherwise compute again from
+  // the inputs (the cuda backend: the gates' in-chunk decays and each chunk's inverse and Q K^T product, about
+  // 400 bytes a token and value head at bfloat16). Pass it to chunk_backward with the same inputs and options.
+  std::optional<TensorView> saved = std::nullopt;
 };
 
 struct BackwardInputs {
   TensorView d_o;                 // gradient of o, [B, T, HV, V], dtype of v
   std::optional<TensorView> dht;  // gradient of final_state, [N, HV, K, V]
+  // ForwardOutputs::saved as chunk_forward filled it for these inputs and options, or absent: the gradients are
+  // the same bit for bit either way, and the backward skips the work it holds. Its size is checked; its contents
+  // cannot be, so a buffer from a forward on other inputs of the same shapes gives wrong gradients.
+  std::optional<TensorView> saved = std::nullopt;
 };
 
 // Gradients w.r.t. the forward's inputs; each has its input's shape and dtype.
@@ -94,6 +104,11 @@ void chunk_backward(const Inputs& inputs, const BackwardInputs& grads_in, const 
 
 // The same function computed token by token: the rollout (decode) step, one or a few tokens a sequence.
 void recurrent_forward(const Inputs& inputs, const ForwardOutputs& outputs, const Options& options = {});
+
+// The size of ForwardOutputs::saved for a chunk_forward (and its chunk_backward) on these inputs and options: 0
+// where the backend that serves the call keeps nothing (the CPU backends) or its plan gains nothing from it, and then
+// a saved buffer passed must be empty.
+std::size_t forward_saved_bytes(const Inputs& inputs, const Options& options = {});
 
 // The name of the backend `options.backend` resolves to for this call (what "auto" would pick).
 std::string resolve_backend(const Inputs& inputs, const Options& options, bool backward = false);
