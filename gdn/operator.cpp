@@ -12,7 +12,7 @@ void chunk_forward(const Inputs& inputs, const ForwardOutputs& outputs, const Op
   problem.has_final_state = outputs.final_state.has_value();
   check_forward_outputs(problem, outputs);
   const Backend& backend = Registry::instance().select(options.backend, problem);
-  check_saved(problem, outputs.saved, backend.saved_bytes(problem));
+  if (outputs.saved) check_saved(problem, *outputs.saved, backend.saved_bytes(problem));
   backend.forward(problem, inputs, outputs);
 }
 
@@ -22,7 +22,7 @@ void chunk_backward(const Inputs& inputs, const BackwardInputs& grads_in, const 
   problem.has_final_state = grads_in.dht.has_value();
   check_backward_tensors(problem, inputs, grads_in, grads_out);
   const Backend& backend = Registry::instance().select(options.backend, problem);
-  check_saved(problem, grads_in.saved, backend.saved_bytes(problem));
+  if (grads_in.saved) check_saved(problem, *grads_in.saved, backend.saved_bytes(problem));
   backend.backward(problem, inputs, grads_in, grads_out);
 }
 

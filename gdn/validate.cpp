@@ -353,17 +353,15 @@ void check_backward_tensors(const Problem& p, const Inputs& in, const BackwardIn
   }
 }
 
-void check_saved(const Problem& p, const std::optional<TensorView>& saved, std::size_t bytes) {
-  if (!saved) return;
-  const auto size = static_cast<std::int64_t>(bytes);
-  expect_shape("saved", *saved, {size},
+void check_saved(const Problem& p, const TensorView& saved, std::size_t bytes) {
+  expect_shape("saved", saved, {static_cast<std::int64_t>(bytes)},
                bytes == 0 ? "(forward_saved_bytes is 0 for this call: its backend keeps nothing; pass none)"
                           : "(forward_saved_bytes for this call)");
-  expect_common("saved", *saved, p.device);
-  expect_dtype("saved", *saved, DType::u8, "a buffer of bytes");
+  expect_common("saved", saved, p.device);
+  expect_dtype("saved", saved, DType::u8, "a buffer of bytes");
   // The backend lays its float2 and 16-byte vector rows out from the buffer's start.
-  if (bytes > 0 && reinterpret_cast<std::uintptr_t>(saved->data) % 16 != 0) {
-    throw InvalidArgument("saved", "data pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(saved->data)) +
+  if (bytes > 0 && reinterpret_cast<std::uintptr_t>(saved.data) % 16 != 0) {
+    throw InvalidArgument("saved", "data pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(saved.data)) +
                                        " is not 16-byte aligned; allocate the buffer on its own");
   }
 }

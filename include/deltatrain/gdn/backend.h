@@ -83,6 +83,6 @@ void check_forward_outputs(const Problem& problem, const ForwardOutputs& outputs
 void check_backward_tensors(const Problem& problem, const Inputs& inputs, const BackwardInputs& grads_in,
                             const Gradients& grads_out);
 // ForwardOutputs::saved or BackwardInputs::saved against the size the serving backend asks (Backend::saved_bytes).
-void check_saved(const Problem& problem, const std::optional<TensorView>& saved, std::size_t bytes);
+void check_saved(const Problem& problem, const TensorView& saved, std::size_t bytes);
 
 }  // namespace deltatrain::gdn
