@@ -103,7 +103,7 @@ class _GatedDeltaRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, run, q, k, v, g, beta, initial_state, scale, output_final_state, use_qk_l2norm_in_kernel,
-                cu_seqlens, cu_seqlens_cpu, backend):
+                cu_seqlens, cu_seqlens_cpu, backend, keep_for_backward):
         sequences = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
         o = torch.empty_like(v)
         final_state = None
@@ -115,10 +115,10 @@ class _GatedDeltaRule(torch.autograd.Function):
                        cu_seqlens_cpu=cu_seqlens_cpu, backend=backend, stream=_stream(q))
         inputs = (q.detach(), k.detach(), v.detach(), g.detach(), beta.detach())
         h0 = None if initial_state is None else initial_state.detach()
-        # A chunked forward whose backward will run keeps what the backend asks for it (the cuda backend: the
+        # A chunked forward whose backward may run keeps what the backend asks for it (the cuda backend: the
         # chunks' decays and inverses, ~400 bytes a token and value head), so that the backward need not recompute it.
         saved = None
-        if run is _gdn.chunk_forward and any(ctx.needs_input_grad[1:7]):
+        if keep_for_backward:
             saved_bytes = _gdn.saved_bytes(*inputs, h0, **{n: options[n] for n in _SAVED_BYTES_OPTIONS})
             if saved_bytes:
                 saved = torch.empty(saved_bytes, dtype=torch.uint8, device=q.device)
@@ -137,7 +137,7 @@ class _GatedDeltaRule(torch.autograd.Function):
         _gdn.chunk_backward(q.detach(), k.detach(), v.detach(), g.detach(), beta.detach(), do.contiguous(),
                             dq, dk, dv, dg, dbeta, _contiguous_aligned(dht), dh0,
                             None if initial_state is None else initial_state.detach(), **options)
-        return None, dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None
+        return None, dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None, None
 
 
 def _apply(run, out_dtype, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
@@ -147,8 +147,13 @@ def _apply(run, out_dtype, q, k, v, g, beta, scale, initial_state, output_final_
     q, k, v, g, beta, initial_state = _as_fla_casts(q, k, v, g, beta, initial_state)
     q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu = (
         _contiguous_aligned(x) for x in (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu))
+    # Whether autograd will record this call (inside the Function's forward grad mode is always off, and
+    # ctx.needs_input_grad ignores it): a chunked forward then keeps what its backward would recompute.
+    keep_for_backward = run is _gdn.chunk_forward and torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state))
     o, final_state = _GatedDeltaRule.apply(run, q, k, v, g, beta, initial_state, scale, output_final_state,
-                                           use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu, backend)
+                                           use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu, backend,
+                                           keep_for_backward)
     if _floating(o) and out_dtype.is_floating_point:
         o = o.to(out_dtype)
     return o, final_state

@@ -119,6 +119,32 @@ def test_views_are_read_where_they_point(device, rng):
         assert torch.equal(o, expected[0])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_forward_keeps_the_backends_buffer_only_for_a_backward(device, rng, monkeypatch):
+    """The saved buffer is asked for (and, where the backend keeps something, allocated and filled) exactly when
+    autograd records a chunked forward; the gradients through it are checked above."""
+    asked = []
+    size_of = dtt._gdn.saved_bytes
+    monkeypatch.setattr(dtt._gdn, "saved_bytes", lambda *args, **kwargs: asked.append(size_of(*args, **kwargs)) or
+                        asked[-1])
+    # K = V = 128: on an H100 or H200 both operations then read W from prepare, so the buffer holds something
+    # (docs/cuda-backend.md, "What the forward keeps for the backward").
+    leaves, cu = make_leaves(int(rng.integers(2**31)), device, torch.bfloat16 if device == "cuda" else torch.float32,
+                             K=128, V=128)
+    call = dict(initial_state=leaves["h0"], cu_seqlens=cu.to(device), cu_seqlens_cpu=cu)
+    inputs = {n: leaves[n] for n in ("q", "k", "v", "g", "beta")}
+    with torch.no_grad():
+        dtt.chunk_gated_delta_rule(**inputs, **call)
+    dtt.chunk_gated_delta_rule(**{n: x.detach() for n, x in inputs.items()}, initial_state=leaves["h0"].detach(),
+                               cu_seqlens=cu.to(device), cu_seqlens_cpu=cu)
+    dtt.fused_recurrent_gated_delta_rule(**inputs, **call)
+    assert asked == []
+    o, _ = dtt.chunk_gated_delta_rule(**inputs, **call)
+    assert len(asked) == 1
+    assert (asked[0] > 0) == (device == "cuda")  # the CPU backends keep nothing
+    assert all(g is not None for g in torch.autograd.grad(o.float().sum(), list(leaves.values())))
+
+
 def test_a_tensor_of_an_unsupported_dtype_is_refused_by_name():
     leaves, cu = make_leaves(0, "cpu", torch.float32, lengths=(8,))
     x = {n: t.detach() for n, t in leaves.items()}
