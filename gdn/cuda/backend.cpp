@@ -140,7 +140,9 @@ struct Call {
 
   void* region(const Region& r) const { return r.bytes == 0 ? nullptr : base + r.offset; }
   // A region the saved buffer holds, else the workspace's.
-  void* region(const Region& r, const Region& kept) const { return kept.bytes == 0 ? region(r) : saved_base + kept.offset; }
+  void* region(const Region& r, const Region& kept) const {
+    return kept.bytes == 0 ? region(r) : saved_base + kept.offset;
+  }
 
   // The caller's [tokens, heads, width] tensor as rows, at the call's width and at the kernels'.
   static cuda::MatrixBatch rows(const Problem& p, std::int64_t heads, std::int64_t width) {

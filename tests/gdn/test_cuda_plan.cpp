@@ -213,7 +213,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   };
   using cuda::forward_fills_backward_prepare;
   EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
-  EXPECT_TRUE(forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));
+  EXPECT_TRUE(
+      forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));
   EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 1, 8192)), backward));
   const PlanInputs unfused = [&] {
     PlanInputs in = anchor(Operation::chunk_backward, 32, 8, 4096);
