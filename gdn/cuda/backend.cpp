@@ -13,6 +13,7 @@
 #include "deltatrain/core/system.h"
 #include "deltatrain/gdn/registry.h"
 #include "launch.h"
+#include "layout.h"
 #include "params.h"
 #include "plan.h"
 #include "workspace.h"

@@ -8,20 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "chunking.h"
+
 namespace deltatrain::gdn::cuda {
-
-inline constexpr int kChunk = 64;  // tokens per chunk: the unit of the WY/UT transform
-// Key columns one CTA of the chunk-gradient kernel covers: K / kKeySlice CTAs split a chunk's keys, so that
-// its accumulators and tiles leave room for two CTAs per SM.
-inline constexpr int kKeySlice = 64;
-
-// One chunk of one sequence: tokens [start, start + length) of the flattened B*T tokens.
-struct ChunkInfo {
-  std::int32_t start;
-  std::int32_t length;  // 1..kChunk
-  std::int32_t sequence;
-  std::int32_t unused;
-};
 
 struct Params {
   // Sizes.
@@ -73,7 +62,7 @@ struct Params {
   void* dbeta = nullptr;
   float* dh0 = nullptr;
 
-  // Workspace (see workspace.h for shapes). Element types: "io" = the io dtype.
+  // Workspace (see layout.h for shapes). Element types: "io" = the io dtype.
   ChunkInfo* chunk_table = nullptr;      // [chunks]
   int* sequence_chunks = nullptr;        // [N + 1]: first chunk of each sequence
   void* q_normed = nullptr;              // io [tokens, H, K] (l2norm only)

@@ -65,11 +65,11 @@ ExecutionPlan plan_execution(const PlanInputs& in);
 
 // Whether a chunk_forward planned as `forward` fills, for the chunk_backward of the same call planned as `backward`,
 // everything the backward's prepare would write, so that the backward may read it from ForwardOutputs::saved and skip
-// prepare. The forward's prepare writes T, T diag(beta) and U wherever their pointers are set, whatever its own plan;
-// but one launch forms W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT), and the forward's pass kind
-// fixes whether it forms U (mma.sync) or T diag(beta) (wgmma).
+// prepare. The forward's prepare writes T, T diag(beta) and U wherever their pointers are set, whatever its own plan
+// (both operations of a call take the same kind of state passes, so the same one of those two); but one launch forms
+// W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT).
 constexpr bool forward_fills_backward_prepare(const ExecutionPlan& forward, const ExecutionPlan& backward) {
-  return forward.wgmma == backward.wgmma && !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay);
+  return !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay);
 }
 
 }  // namespace deltatrain::gdn::cuda

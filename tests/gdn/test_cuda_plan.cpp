@@ -1,13 +1,19 @@
 // The cuda backend's execution plan (gdn/cuda/plan.h), on the CPU: the rules it promises, checked over random
 // call shapes and device sizes, and the choices it makes on the anchor cells of an H200 (132 SMs), which the
-// figures in bench/NOTES.md were measured with.
+// figures in bench/NOTES.md were measured with; and the memory those plans imply (layout.h): what a call's forward
+// keeps in the caller's saved buffer for its backward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "cuda/chunking.h"
+#include "cuda/layout.h"
 #include "cuda/plan.h"
 #include "gdn_testing.h"
 
@@ -15,9 +21,15 @@ namespace deltatrain::gdn::testing {
 namespace {
 
 using cuda::ExecutionPlan;
+using cuda::forward_fills_backward_prepare;
 using cuda::kWgmmaColumns;
 using cuda::plan_execution;
+using cuda::plan_saved;
+using cuda::plan_workspace;
 using cuda::PlanInputs;
+using cuda::Region;
+using cuda::SavedLayout;
+using cuda::WorkspaceLayout;
 
 constexpr int kH200Multiprocessors = 132;
 
@@ -135,6 +147,96 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
   }
 }
 
+// A call of `op` as a PlanInputs describes it, for the layouts: one row of whole chunks, H from the group.
+Problem problem_of(const PlanInputs& in, Operation op) {
+  Problem p;
+  p.op = op;
+  p.B = 1;
+  p.T = in.chunks * cuda::kChunk;
+  p.HV = in.value_heads;
+  p.H = in.value_heads / in.group;
+  p.K = in.K;
+  p.V = in.V;
+  p.N = in.sequences;
+  p.state_rows = in.sequences;
+  p.io_dtype = in.io;
+  return p;
+}
+
+ExecutionPlan plan_of(PlanInputs in, Operation op) {
+  in.op = op;
+  return plan_execution(in);
+}
+
+// The regions a saved buffer may hold, with their names, in a layout of either kind.
+template <class Layout>
+std::array<std::pair<const char*, const Region*>, 8> kept_regions(const Layout& l) {
+  return {{{"gamma", &l.gamma}, {"gate_in", &l.gate_in}, {"gate_out", &l.gate_out}, {"w", &l.w}, {"u", &l.u},
+           {"p", &l.p}, {"t", &l.t}, {"t_beta", &l.t_beta}}};
+}
+
+// The forward's saved buffer holds exactly what the backward's workspace would hold of prepare's outputs, so that the
+// backward finds everything it reads; the forward finds every region it writes in the buffer or its workspace (T in
+// the buffer alone); the buffer's regions are disjoint and aligned; and there is none where the forward cannot fill it.
+TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
+  int offered = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    const PlanInputs in = random_inputs();
+    if (in.op == Operation::recurrent) continue;
+    SCOPED_TRACE(describe(in));
+    const ExecutionPlan forward = plan_of(in, Operation::chunk_forward), backward = plan_of(in, Operation::chunk_backward);
+    ASSERT_EQ(forward.wgmma, backward.wgmma) << "both operations of a call take the same kind of state passes";
+    const Problem forward_call = problem_of(in, Operation::chunk_forward);
+    const Problem backward_call = problem_of(in, Operation::chunk_backward);
+    const SavedLayout saved = plan_saved(backward_call, forward, backward);
+    const SavedLayout from_forward = plan_saved(forward_call, forward, backward);
+    ASSERT_EQ(saved.bytes, from_forward.bytes) << "both operations lay the buffer out alike";
+    for (std::size_t i = 0; i < 8; ++i) {
+      EXPECT_EQ(kept_regions(saved)[i].second->offset, kept_regions(from_forward)[i].second->offset);
+    }
+    if (!forward_fills_backward_prepare(forward, backward)) {
+      EXPECT_EQ(saved.bytes, 0u);
+      continue;
+    }
+    ++offered;
+    const WorkspaceLayout alone = plan_workspace(backward_call, false, in.chunks, false, backward);
+    const WorkspaceLayout beside = plan_workspace(backward_call, false, in.chunks, false, backward, saved);
+    EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes) << "the backward's workspace gives up exactly the buffer's regions";
+    std::vector<Region> taken;
+    for (std::size_t i = 0; i < 8; ++i) {
+      const auto [name, kept] = kept_regions(saved)[i];
+      SCOPED_TRACE(name);
+      EXPECT_EQ(kept->bytes, kept_regions(alone)[i].second->bytes) << "the buffer holds what the workspace would";
+      if (kept->bytes == 0) continue;
+      EXPECT_EQ(kept_regions(beside)[i].second->bytes, 0u);
+      EXPECT_EQ(kept->offset % 256, 0u);
+      EXPECT_LE(kept->offset + kept->bytes, saved.bytes);
+      taken.push_back(*kept);
+    }
+    std::sort(taken.begin(), taken.end(), [](const Region& a, const Region& b) { return a.offset < b.offset; });
+    for (std::size_t i = 1; i < taken.size(); ++i) EXPECT_LE(taken[i - 1].offset + taken[i - 1].bytes, taken[i].offset);
+
+    const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
+    const bool writes[8] = {true, true, true, forward.prepare_forms_w, !forward.wgmma, true, false, forward.wgmma};
+    for (std::size_t i = 0; i < 8; ++i) {
+      const auto [name, kept] = kept_regions(saved)[i];
+      SCOPED_TRACE(name);
+      const bool in_workspace = kept_regions(forward_workspace)[i].second->bytes > 0;
+      if (writes[i]) {
+        EXPECT_NE(in_workspace, kept->bytes > 0) << "a region the forward writes lies in one place";
+      } else {
+        EXPECT_FALSE(in_workspace);
+      }
+    }
+    EXPECT_GT(saved.t.bytes, 0u) << "the backward reads T, which only the buffer holds in a forward";
+    if (saved.w.bytes > 0) {
+      EXPECT_FALSE(forward.prepare_writes_t_beta_decay)
+          << "the forward's prepare fills the buffer's W, so it cannot also write T diag(beta e^gamma) (DecayedT)";
+    }
+  }
+  EXPECT_GT(offered, 1000) << "most random calls offer the buffer";
+}
+
 // The anchor cells (bf16, K = V = 128, 64-token chunks) on an H200: the choices the recorded figures rest on.
 // The anchors' cells: 16 q/k heads, GVA groups of value_heads / 16 (16/16, 16/32) or one group (fewer heads).
 PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences, std::int64_t tokens_each) {
@@ -211,7 +313,6 @@ TEST(CudaPlanAnchors, H200Choices) {
     in.op = Operation::chunk_forward;
     return plan_execution(in);
   };
-  using cuda::forward_fills_backward_prepare;
   EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
   EXPECT_TRUE(
       forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));
@@ -222,6 +323,16 @@ TEST(CudaPlanAnchors, H200Choices) {
     return in;
   }();
   EXPECT_FALSE(forward_fills_backward_prepare(forward_of(unfused), plan_execution(unfused)));
+  // Its size per token and value head (docs/cuda-backend.md): gamma (8), both gates (4 + 4), P, T and T diag(beta)
+  // (128 each at bf16), and W (256) where the backward's prepare forms it.
+  auto saved_per_token_head = [&](const PlanInputs& in) {
+    const Problem call = problem_of(in, Operation::chunk_backward);
+    return plan_saved(call, forward_of(in), plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
+  };
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096)), 400u) << "the 0.8B model's layers";
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096)), 400u);
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 8192)), 656u) << "one warpgroup: W";
+  EXPECT_EQ(saved_per_token_head(unfused), 0u);
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
   EXPECT_EQ(few.segments, 16);
@@ -237,6 +348,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   forced_backward.op = Operation::chunk_backward;
   EXPECT_TRUE(forward_fills_backward_prepare(mma_sync, plan_execution(forced_backward)))
       << "the mma.sync passes of both read W and U from prepare";
+  const Problem forced_call = problem_of(forced_backward, Operation::chunk_backward);
+  EXPECT_EQ(plan_saved(forced_call, mma_sync, plan_execution(forced_backward)).bytes,
+            784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
+      << "W and U (256 bytes each) where the wgmma passes keep T diag(beta)";
 }
 
 }  // namespace

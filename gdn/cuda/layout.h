@@ -1,0 +1,55 @@
+// The memory of one call of the cuda backend, planned on the host as a pure function of the problem and its plans
+// (plan.h): the regions of the cached workspace, and those a call keeps in the caller's saved buffer between
+// chunk_forward and chunk_backward. Built without nvcc too, for its CPU tests (tests/gdn/test_cuda_plan.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "deltatrain/gdn/backend.h"
+#include "plan.h"
+
+namespace deltatrain::gdn::cuda {
+
+// A region of a buffer: its byte offset and size; 0 bytes: unused.
+struct Region {
+  std::size_t offset = 0, bytes = 0;
+};
+
+// What the backward's prepare writes, kept between a call's chunk_forward and its chunk_backward in the caller's
+// ForwardOutputs::saved (gdn.h) instead of the workspace: the forward's prepare fills it and the backward skips
+// prepare. Laid out from the backward's plan alone, so that both operations of a call agree on it; 0 bytes where the
+// forward cannot fill it (forward_fills_backward_prepare).
+struct SavedLayout {
+  Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
+  std::size_t bytes = 0;
+};
+
+// problem: the call in the kernels' head dims (either operation); forward, backward: the plans of the call's
+// chunk_forward and chunk_backward.
+SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, const ExecutionPlan& backward);
+
+// Byte offsets of the regions of one call's workspace (see Params for their shapes).
+struct WorkspaceLayout {
+  Region offsets;  // int64 [N + 1]: cu_seqlens uploaded when the caller's copy is on the CPU
+  Region chunk_table, sequence_chunks;
+  Region q_normed, k_normed, q_rstd, k_rstd;
+  Region gamma, gate_in, gate_out, w, u, p, t, t_beta, t_beta_decay;
+  Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
+  Region segment_ends, segment_maps, segment_starts;
+  // Zero-padded copies of the caller's tensors, in the kernels' shapes, for a call whose head dims the kernels
+  // are not compiled for (kernel_key_dim); the outputs are cropped from them into the caller's.
+  struct Padded {
+    Region q, k, v, o, h0, ht, d_o, dht, dq, dk, dv, dh0;
+  } padded;
+  std::size_t bytes = 0;
+};
+
+// problem: the call in the kernels' head dims (kernel_key_dim); padded: whether those differ from the caller's,
+// so that its tensors are copied; chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must
+// be copied to the GPU; plan: how the sequential state passes run (plan_execution); saved: the regions the call keeps
+// in the caller's saved buffer (none: an empty layout), which the workspace then leaves out.
+WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t chunks, bool upload_offsets,
+                               const ExecutionPlan& plan, const SavedLayout& saved = {});
+
+}  // namespace deltatrain::gdn::cuda
