@@ -217,12 +217,14 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     for (std::size_t i = 1; i < taken.size(); ++i) EXPECT_LE(taken[i - 1].offset + taken[i - 1].bytes, taken[i].offset);
 
     const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
-    const bool writes[8] = {true, true, true, forward.prepare_forms_w, !forward.wgmma, true, false, forward.wgmma};
+    // What the forward itself uses, in kept_regions' order: gamma, both gates, W where its prepare forms it, U on the
+    // mma.sync passes, P, not T, T diag(beta) on the wgmma passes.
+    const bool forward_uses[8] = {true, true, true, forward.prepare_forms_w, !forward.wgmma, true, false, forward.wgmma};
     for (std::size_t i = 0; i < 8; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
       const bool in_workspace = kept_regions(forward_workspace)[i].second->bytes > 0;
-      if (writes[i]) {
+      if (forward_uses[i]) {
         EXPECT_NE(in_workspace, kept->bytes > 0) << "a region the forward writes lies in one place";
       } else {
         EXPECT_FALSE(in_workspace);
