@@ -68,6 +68,12 @@ std::string describe(const PlanInputs& in) {
          (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset"));
 }
 
+// The plan of the call `in` describes, for its operation `op`.
+ExecutionPlan plan_of(PlanInputs in, Operation op) {
+  in.op = op;
+  return plan_execution(in);
+}
+
 TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
   for (int trial = 0; trial < 5000; ++trial) {
     const PlanInputs in = random_inputs();
@@ -111,9 +117,7 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
         << "fused where the kernel's dims fit and the setting asks, or unset and its waves are full";
     if (plan.fused_backward) {
       // Its recompute pass is planned as the forward's state pass, and nothing pairs or prepares late.
-      PlanInputs forward = in;
-      forward.op = Operation::chunk_forward;
-      const ExecutionPlan forward_plan = plan_execution(forward);
+      const ExecutionPlan forward_plan = plan_of(in, Operation::chunk_forward);
       EXPECT_EQ(plan.segments, forward_plan.segments);
       EXPECT_EQ(plan.warpgroups, forward_plan.warpgroups);
       EXPECT_FALSE(plan.paired);
@@ -161,11 +165,6 @@ Problem problem_of(const PlanInputs& in, Operation op) {
   p.state_rows = in.sequences;
   p.io_dtype = in.io;
   return p;
-}
-
-ExecutionPlan plan_of(PlanInputs in, Operation op) {
-  in.op = op;
-  return plan_execution(in);
 }
 
 // The regions a saved buffer may hold, with their names, in a layout of either kind.
@@ -311,10 +310,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   // backward skips prepare: where both form W in their passes (the fused backward of two warpgroups) and where both
   // read prepare's (one warpgroup: segments, the paired passes); not for the unfused backward of two warpgroups,
   // whose reverse pass reads prepare's W where the forward's prepare writes T diag(beta e^gamma) instead.
-  auto forward_of = [](PlanInputs in) {
-    in.op = Operation::chunk_forward;
-    return plan_execution(in);
-  };
+  auto forward_of = [](const PlanInputs& in) { return plan_of(in, Operation::chunk_forward); };
   EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
   EXPECT_TRUE(
       forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));
@@ -346,12 +342,11 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_FALSE(mma_sync.wgmma);
   EXPECT_EQ(mma_sync.warp_pairs, 4);
   EXPECT_TRUE(mma_sync.prepare_forms_w);
-  PlanInputs forced_backward = forced;
-  forced_backward.op = Operation::chunk_backward;
-  EXPECT_TRUE(forward_fills_backward_prepare(mma_sync, plan_execution(forced_backward)))
+  const ExecutionPlan mma_sync_backward = plan_of(forced, Operation::chunk_backward);
+  EXPECT_TRUE(forward_fills_backward_prepare(mma_sync, mma_sync_backward))
       << "the mma.sync passes of both read W and U from prepare";
-  const Problem forced_call = problem_of(forced_backward, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(forced_call, mma_sync, plan_execution(forced_backward)).bytes,
+  const Problem forced_call = problem_of(forced, Operation::chunk_backward);
+  EXPECT_EQ(plan_saved(forced_call, mma_sync, mma_sync_backward).bytes,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
       << "W and U (256 bytes each) where the wgmma passes keep T diag(beta)";
 }
