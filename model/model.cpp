@@ -162,6 +162,9 @@ struct Model::Impl {
   std::vector<LayerActivations> acts;    // one per layer in a training forward (none with recompute)
   LayerActivations recompute_acts;
   bool backward_reads_layers = false;    // the forward is a training one: allocate_layer keeps what backward reads
+  // The bytes of each GDN layer's saved buffer in this training forward: the same for every layer (one shape), so
+  // asked of the operator once, by the first layer allocated; unset until then.
+  std::optional<std::size_t> gdn_saved_bytes;
   TensorView final_rstd, final_normed;   // final norm
   TensorView d_final;                    // the loss's gradient w.r.t. final_normed, formed in forward
   InferenceStep inference;               // inference.state is null outside prefill and decode
@@ -521,9 +524,8 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
     g.saved.reset();
     // The chunked forward fills it (batch-invariant mode runs the recurrent one, which keeps nothing).
     if (backward_reads_layers && !options.batch_invariant) {
-      if (const std::size_t bytes = gdn::forward_saved_bytes(gdn_inputs(g), gdn_options()); bytes > 0) {
-        g.saved = arena.allocate(DType::u8, {static_cast<std::int64_t>(bytes)});
-      }
+      if (!gdn_saved_bytes) gdn_saved_bytes = gdn::forward_saved_bytes(gdn_inputs(g), gdn_options());
+      if (*gdn_saved_bytes > 0) g.saved = arena.allocate(DType::u8, {static_cast<std::int64_t>(*gdn_saved_bytes)});
     }
   } else {
     const std::int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, hd = c.head_dim;
@@ -548,6 +550,7 @@ void Model::Impl::allocate_layer(LayerActivations& a, LayerKind kind, Arena& are
 void Model::Impl::allocate(bool training) {
   const int L = config.num_hidden_layers();
   backward_reads_layers = training;
+  gdn_saved_bytes.reset();
   layer_inputs.clear();
   if (training) {
     for (int l = 0; l <= L; ++l) layer_inputs.push_back(act({T, config.hidden_size}));
