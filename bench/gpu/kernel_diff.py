@@ -3,7 +3,8 @@
 
 Compiles SOURCE with the build's own nvcc command twice, as the working tree has it and as git revision BASE has
 it (in a temporary worktree), and prints per __global__ kernel of one architecture (sm_90a unless --arch): its
-registers and spill stores on both sides and whether its SASS is the same instruction for instruction (cuobjdump,
+registers and spill stores on both sides, ptxas's numbered performance notes (C7512 and C7514: its wgmma serialised;
+C7517 and C7519: a wait or an arrive injected), and whether its SASS is the same instruction for instruction (cuobjdump,
 addresses and encodings stripped; unless --exact, also the offsets of kernel parameters in constant bank 0, which
 move for every kernel when a field is added to the parameter block). A kernel whose SASS is unchanged runs as it did, so an A/B need not measure it;
 a kernel whose spills grew is the first suspect when one gets slower (bench/NOTES.md, GDN "Lessons").
@@ -79,6 +80,18 @@ def ptxas_resources(report, arch):
     return {name: tuple(values) for name, values in resources.items()}
 
 
+def ptxas_notes(report):
+    """{mangled kernel: "CODE xN, ..."} of ptxas's numbered notes on wgmma (e.g. C7512: its products serialised, each
+    followed by a wait, which costs more than any spill); the report names the function, not the architecture."""
+    counts = {}
+    for line in report.splitlines():
+        note = re.search(r"\((C\d{4})\) .* function '(\S+)'", line)
+        if note:
+            codes = counts.setdefault(note.group(2), {})
+            codes[note.group(1)] = codes.get(note.group(1), 0) + 1
+    return {name: ", ".join(f"{code} x{n}" for code, n in sorted(codes.items())) for name, codes in counts.items()}
+
+
 def digests_of_sass(text, exact=False):
     """{mangled kernel: digest of its SASS} from cuobjdump -sass output, without addresses, encodings and the
     path-dependent names of file-local symbols (and, unless exact, the offsets of kernel parameters)."""
@@ -137,16 +150,18 @@ def main(argv=None):
                 out = os.path.join(scratch, f"{side}.o")
                 report = compile_object(build, command, obj, root, out)
                 resources, digests = ptxas_resources(report, args.arch), sass_digests(cuobjdump, out, args.arch, args.exact)
-                resources, digests = readable(resources), readable(digests)
+                notes = {name: text for name, text in ptxas_notes(report).items() if name in resources}
+                resources, digests, notes = readable(resources), readable(digests), readable(notes)
                 if side == "base" and args.rename:
                     rename = lambda name: re.sub(args.rename[0], args.rename[1], name)
                     resources = {rename(k): v for k, v in resources.items()}
                     digests = {rename(k): v for k, v in digests.items()}
-                sides[side] = (resources, digests)
+                    notes = {rename(k): v for k, v in notes.items()}
+                sides[side] = (resources, digests, notes)
         finally:
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree], check=False)
-    print(f"| kernel ({args.arch}) | base registers / spills | new registers / spills | SASS |")
-    print("|---|---|---|---|")
+    print(f"| kernel ({args.arch}) | base registers / spills | new registers / spills | SASS | ptxas notes, base -> new |")
+    print("|---|---|---|---|---|")
     for kernel in sorted(set(sides["base"][0]) | set(sides["new"][0])):
         if args.match and not re.search(args.match, kernel):
             continue
@@ -156,7 +171,9 @@ def main(argv=None):
             cells.append(f"{resources[0]} / {resources[1]} B" if resources else "absent")
         base_digest, new_digest = sides["base"][1].get(kernel), sides["new"][1].get(kernel)
         same = "same" if base_digest and base_digest == new_digest else "changed" if base_digest and new_digest else "-"
-        print(f"| {kernel} | {cells[0]} | {cells[1]} | {same} |")
+        base_notes, new_notes = (sides[side][2].get(kernel, "") for side in ("base", "new"))
+        notes = "-" if not (base_notes or new_notes) else f"{base_notes or 'none'} -> {new_notes or 'none'}"
+        print(f"| {kernel} | {cells[0]} | {cells[1]} | {same} | {notes} |")
 
 
 if __name__ == "__main__":

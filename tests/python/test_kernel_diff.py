@@ -30,6 +30,18 @@ def test_resources_of_one_architecture():
     assert kernel_diff.ptxas_resources(report, "sm_80") == {"_Z3fooPf": (96, 4)}
 
 
+def test_notes_counted_per_kernel():
+    serialised, injected = random.randint(1, 3), random.randint(1, 5)
+    lines = [f"ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+             f"insufficient register resources for the function '_Z3fooPf'"] * serialised
+    lines += [f"ptxas info    : (C7517) warpgroup.wait is injected in around line {random.randint(1, 9999)} by compiler "
+              f"to allow use of registers defined by GMMA in function '_Z3barv'"] * injected
+    random.shuffle(lines)
+    report = "\n".join(lines) + "\n" + REPORT.format(registers=64, spills=0)
+    assert kernel_diff.ptxas_notes(report) == {"_Z3fooPf": f"C7512 x{serialised}", "_Z3barv": f"C7517 x{injected}"}
+    assert kernel_diff.ptxas_notes(REPORT.format(registers=64, spills=0)) == {}
+
+
 def listing(path_hash, address, parameter, opcode="FFMA"):
     """A cuobjdump -sass listing of two kernels; the arguments vary what a rebuild elsewhere may vary."""
     return f"""
