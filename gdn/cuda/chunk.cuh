@@ -136,17 +136,13 @@ __device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in
 // Writes a warp's 16 x 8 NT accumulator (rows: 16 consecutive channels; columns: consecutive tokens),
 // rounded to E, to token-major memory: token c's 16 channels at dst + c * stride, for
 // c < rows_valid. The transpose goes through the warp's shared `staging` tile, so that the global stores
-// are 16-byte vectors; stage_token_rows is the first half, for callers that store later.
+// are 16-byte vectors; stage_token_rows is the first half, for callers that store later. For 16-bit E the
+// transpose is stmatrix's (.trans, NT / 2 of them, from packed pairs) rather than 8 NT scalar 2-byte stores, which
+// sat on the state passes' chains.
 template <class E, int NT>
 __device__ __forceinline__ void stage_token_rows(const float (&acc)[1][NT][4], Tile<E, 8 * NT, 16> staging) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   __syncwarp();  // the previous store has read the staging tile
-#pragma unroll
-  for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      staging(8 * ni + 2 * t + (r & 1), g + (r >> 1) * 8) = from_float<E>(acc[0][ni][r]);
-    }
+  store_accumulator(acc, transposed(staging), 0, 0);
   __syncwarp();
 }
 template <class E, int NT>
