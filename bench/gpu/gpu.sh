@@ -14,7 +14,9 @@
 #                                        of a change in one lease (copy the binaries there before the change);
 #                                        GPU_BASELINE_MODULE=FILE adds a module.tar.xz packed before the change as
 #                                        module_base.tar.xz, for `ab` (FILE may be the bundle's own module.tar.xz:
-#                                        it is copied before the build; without it a stale one is removed)
+#                                        it is copied before the build; without it a stale one is removed).
+#                                        Each archive carries BUILT_FROM (the revision, a hash of uncommitted
+#                                        changes, the time), which the verbs there print beside the GPU's name
 #
 # There (the device tool, carrying the archives a verb needs; OUT receives the logs):
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
@@ -93,6 +95,15 @@ pack() {
   cmake --build "$build" --target deltatrain _deltatrain $GPU_BINARIES -j "$(nproc)" || return 1
   stage=$(mktemp -d)
   mkdir -p "$stage/binaries/bin" "$stage/binaries/lib" "$stage/module/lib" "$BUNDLE"
+  # What each archive was built from, which the verbs there print: an A/B whose baseline came from another revision
+  # than the one meant is then visible in its log (a baseline's archive says its own, if packed since).
+  local source
+  source="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo "+changes $(git diff HEAD | sha1sum | cut -c1-8)") packed $(date -u +%FT%TZ)"
+  echo "$source" >"$stage/binaries/BUILT_FROM"
+  echo "$source" >"$stage/module/BUILT_FROM"
+  if [ -n "${GPU_BASELINE:-}" ]; then
+    cat "$GPU_BASELINE/BUILT_FROM" 2>/dev/null >"$stage/binaries/BUILT_FROM_base" || echo "unknown" >"$stage/binaries/BUILT_FROM_base"
+  fi
   for binary in deltatrain $GPU_BINARIES; do cp "$build/bin/$binary" "$stage/binaries/bin/"; done
   if [ -n "${GPU_BASELINE:-}" ]; then
     for binary in "$GPU_BASELINE"/*; do
@@ -131,6 +142,8 @@ setup() {
   export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export HWLOC_COMPONENTS=-gl,-opencl NCCL_NVLS_ENABLE=0
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+  echo "binaries: $(cat "$ROOT/BUILT_FROM" 2>/dev/null || echo unknown); the *_base ones: $(cat "$ROOT/BUILT_FROM_base" 2>/dev/null || echo none)" |
+    tee -a "$out/gpu.txt"
   if ldd "$ROOT/bin/deltatrain" | grep -E "not found"; then return 1; fi
 }
 
@@ -230,6 +243,9 @@ python_script() {
   # fla's own dispatch to FlashQLA off unless the caller sets it (FlashQLA is then measured as itself).
   export FLA_DISABLE_BACKEND_DISPATCH=${FLA_DISABLE_BACKEND_DISPATCH-1} PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+  if [ -f "$module" ]; then
+    echo "module $module: $(cat "$site/deltatrain/BUILT_FROM" 2>/dev/null || echo unknown)" | tee -a "$out/gpu.txt"
+  fi
   check_wrap || return 2
   # shellcheck disable=SC2086
   # PYTHON_TIMEOUT_S ends the script (SIGINT) before the device tool's own limit would kill this shell, so that
