@@ -1,0 +1,110 @@
+"""An A/B of the model's training step: runs of `model_step_benchmark` (its --json) with a baseline binary and with
+the change, alternated in one lease (`bench/gpu/gpu.sh step-ab`), compared.
+
+For the step, its forward and its backward: every run's time, the change of the medians (negative: the change is
+faster); tokens/s and MFU at the medians; whether every run of both sides gave the same loss (a change meant to keep
+the arithmetic must leave it equal to the last digit) and the same memory. The runs must share their shape (config,
+sequences, length, recompute, loss chunk): a comparison across shapes is refused by name.
+
+Writes model-step-ab.json (the comparison and every run) and model-step-ab.md into --out.
+Usage: python3 bench/model_step_ab.py --base RUN.json [RUN.json ...] --new RUN.json [RUN.json ...] --out DIR
+       [--label-base NAME] [--label-new NAME]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+SHAPE = ("config", "tokens", "sequences", "seq_len", "recompute", "loss_chunk")
+TIMES = ("step_ms", "forward_ms", "backward_ms")
+
+
+def compare(base_runs, new_runs):
+    """The comparison of two sides' runs; ValueError where a run's shape differs from the first base run's."""
+    if not base_runs or not new_runs:
+        raise ValueError("each side needs at least one run")
+    shape = {key: base_runs[0].get(key) for key in SHAPE}
+    for side, runs in (("base", base_runs), ("new", new_runs)):
+        for i, run in enumerate(runs):
+            differs = [key for key in SHAPE if run.get(key) != shape[key]]
+            if differs:
+                raise ValueError(f"{side} run {i}: {', '.join(differs)} differ from the first base run's "
+                                 f"({', '.join(f'{k}={shape[k]}' for k in differs)})")
+    result = {"shape": shape, "times": {}}
+    for key in TIMES:
+        base = [run[key] for run in base_runs]
+        new = [run[key] for run in new_runs]
+        result["times"][key] = {"base": base, "new": new,
+                                "change": statistics.median(new) / statistics.median(base) - 1}
+    base_step, new_step = (statistics.median(r["step_ms"] for r in runs) for runs in (base_runs, new_runs))
+    result["tokens_per_s"] = {"base": shape["tokens"] / base_step * 1e3, "new": shape["tokens"] / new_step * 1e3}
+    result["mfu"] = {side: runs[0]["training_gflop_per_token"] * result["tokens_per_s"][side] / 1e3 /
+                     runs[0]["peak_tflops"] for side, runs in (("base", base_runs), ("new", new_runs))}
+    losses = {run["loss"] for run in base_runs + new_runs}
+    result["loss_equal"] = len(losses) == 1
+    result["losses"] = sorted(losses)
+    result["memory_gib"] = {"base": sorted({r["memory_used_gib"] for r in base_runs}),
+                            "new": sorted({r["memory_used_gib"] for r in new_runs})}
+    return result
+
+
+def markdown(result, labels):
+    shape = result["shape"]
+    lines = [f"# Training step A/B: {labels['base']} (base) against {labels['new']} (new)", "",
+             f"{shape['config']}, {shape['sequences']} x {shape['seq_len']} tokens, recompute {shape['recompute']}, "
+             f"loss chunk {shape['loss_chunk']}; ms per step, each run (runs alternated in one lease); change of the "
+             "medians.", "",
+             "| | base | new | change |", "|---|---|---|---|"]
+    for key in TIMES:
+        t = result["times"][key]
+        lines.append(f"| {key[:-3]} | {' / '.join(f'{v:.1f}' for v in t['base'])} | "
+                     f"{' / '.join(f'{v:.1f}' for v in t['new'])} | {t['change']:+.1%} |")
+    tokens, mfu = result["tokens_per_s"], result["mfu"]
+    lines.append(f"| tokens/s (medians) | {tokens['base']:,.0f} | {tokens['new']:,.0f} | "
+                 f"{tokens['new'] / tokens['base'] - 1:+.1%} |")
+    lines.append(f"| MFU | {mfu['base']:.1%} | {mfu['new']:.1%} | |")
+    memory = result["memory_gib"]
+    lines.append(f"| memory (GiB) | {' / '.join(f'{m:.2f}' for m in memory['base'])} | "
+                 f"{' / '.join(f'{m:.2f}' for m in memory['new'])} | |")
+    lines += ["", "The loss is " + ("the same in every run." if result["loss_equal"] else
+                                    "not the same in every run: " + ", ".join(repr(x) for x in result["losses"]))]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", nargs="+", required=True, metavar="RUN.json")
+    parser.add_argument("--new", nargs="+", required=True, metavar="RUN.json")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--label-base", default="base")
+    parser.add_argument("--label-new", default="new")
+    args = parser.parse_args(argv)
+
+    def load(paths):
+        runs = []
+        for path in paths:
+            with open(path) as f:
+                runs.append(json.load(f))
+        return runs
+
+    base_runs, new_runs = load(args.base), load(args.new)
+    try:
+        result = compare(base_runs, new_runs)
+    except ValueError as error:
+        print(f"model_step_ab: {error}", file=sys.stderr)
+        return 2
+    labels = {"base": args.label_base, "new": args.label_new}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "model-step-ab.json"), "w") as f:
+        json.dump({"labels": labels, **result, "base_runs": base_runs, "new_runs": new_runs}, f, indent=1)
+    text = markdown(result, labels)
+    with open(os.path.join(args.out, "model-step-ab.md"), "w") as f:
+        f.write(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
