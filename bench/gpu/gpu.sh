@@ -17,6 +17,13 @@
 #                                        it is copied before the build; without it a stale one is removed).
 #                                        Each archive carries BUILT_FROM (the revision, a hash of uncommitted
 #                                        changes, the time), which the verbs there print beside the GPU's name
+#   bench/gpu/gpu.sh pack-base REV       here: the baseline of an A/B, built from git revision REV in a worktree
+#                                        (.device-build/base-src, built in .device-build/base-build, kept for the
+#                                        next time): its bundle in .device-build/base/ and, in .device-build/base/bin,
+#                                        its $BASE_BINARIES (default model_step_benchmark), so that
+#                                        GPU_BASELINE=.device-build/base/bin
+#                                        GPU_BASELINE_MODULE=.device-build/base/module.tar.xz make gpu-bundle packs
+#                                        the change beside exactly that revision
 #
 # There (the device tool, carrying the archives a verb needs; OUT receives the logs):
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
@@ -324,6 +331,33 @@ ab() {
     --out "$out"
 }
 
+pack_base() {
+  local rev=${1:-} root=$PWD src=.device-build/base-src out=.device-build/base binary
+  [ -n "$rev" ] || { echo "gpu.sh: pack-base needs a git revision (e.g. main)" >&2; return 2; }
+  git rev-parse --verify --quiet "$rev^{commit}" >/dev/null || { echo "gpu.sh: pack-base: no commit '$rev'" >&2; return 2; }
+  git worktree remove --force "$src" 2>/dev/null
+  git worktree add --detach --quiet "$src" "$rev" || return 1
+  rm -rf "$out"
+  # The module's build Python (module_python's venv), shared rather than made again in the worktree.
+  if [ -d .device-build/py-module ]; then mkdir -p "$src/.device-build" && ln -s "$root/.device-build/py-module" "$src/.device-build/"; fi
+  # The revision's own packer, so that the baseline is built as that revision builds itself.
+  ( cd "$src" && BUNDLE="$root/$out" bench/gpu/gpu.sh pack "$root/.device-build/base-build" ) || return 1
+  mkdir -p "$out/bin"
+  for binary in ${BASE_BINARIES:-model_step_benchmark}; do
+    cp "$root/.device-build/base-build/bin/$binary" "$out/bin/" || return 1
+  done
+  echo "$(git rev-parse --short "$rev") (pack-base $rev)" >"$out/bin/BUILT_FROM"
+  # A revision packed before archives carried BUILT_FROM: its module says it too, for ab's log.
+  if ! tar -tJf "$out/module.tar.xz" ./BUILT_FROM >/dev/null 2>&1; then
+    local stage
+    stage=$(mktemp -d)
+    tar -xJf "$out/module.tar.xz" -C "$stage" && cp "$out/bin/BUILT_FROM" "$stage/" &&
+      tar -cJf "$out/module.tar.xz" -C "$stage" . || return 1
+    rm -rf "$stage"
+  fi
+  git worktree remove --force "$src"
+}
+
 # The model's training step with the baseline binary and the change's in turn (base first); each run's JSON in a
 # scratch folder, the comparison (which holds them all) and the runs' log in OUT.
 step_ab() {
@@ -350,6 +384,7 @@ step_ab() {
 
 case ${1:-} in
   pack) shift; pack "$@" ;;
+  pack-base) shift; pack_base "$@" ;;
   tests) shift; tests "$@" ;;
   sanitize) shift; sanitize "$@" ;;
   python) shift; python_script "$@" ;;
@@ -358,7 +393,7 @@ case ${1:-} in
   rl | train) cli "$@" ;;
   exec) shift; run_binary "$@" ;;
   disk) shift; disk "$@" ;;
-  *) echo "usage: $0 pack [BUILD] | tests OUT | sanitize OUT | python OUT SCRIPT ARGS... | ab OUT ROUNDS ARGS... |" \
+  *) echo "usage: $0 pack [BUILD] | pack-base REV | tests OUT | sanitize OUT | python OUT SCRIPT ARGS... | ab OUT ROUNDS ARGS... |" \
           "step-ab OUT ROUNDS ARGS... | train OUT ARGS... |" \
           "rl OUT ARGS... | exec OUT BINARY ARGS... | disk OUT DIR" >&2
      exit 2 ;;
