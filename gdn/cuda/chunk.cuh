@@ -136,7 +136,7 @@ __device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in
 // Writes a warp's 16 x 8 NT accumulator (rows: 16 consecutive channels; columns: consecutive tokens),
 // rounded to E, to token-major memory: token c's 16 channels at dst + c * stride, for
 // c < rows_valid. The transpose goes through the warp's shared `staging` tile, so that the global stores
-// are 16-byte vectors; stage_token_rows is the first half, for callers that store later. For 16-bit E the
+// are 16-byte vectors; stage_token_rows is the first half, for callers that store later. For 16-bit E on sm_90 the
 // transpose is stmatrix's (.trans, NT / 2 of them, from packed pairs) rather than 8 NT scalar 2-byte stores, which
 // sat on the state passes' chains.
 template <class E, int NT>
