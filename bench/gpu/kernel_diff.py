@@ -160,7 +160,8 @@ def main(argv=None):
                 sides[side] = (resources, digests, notes)
         finally:
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree], check=False)
-    print(f"| kernel ({args.arch}) | base registers / spills | new registers / spills | SASS | ptxas notes, base -> new |")
+    print(f"| kernel ({args.arch}) | base registers / spills | new registers / spills | SASS | "
+          "ptxas notes, base -> new |")
     print("|---|---|---|---|---|")
     for kernel in sorted(set(sides["base"][0]) | set(sides["new"][0])):
         if args.match and not re.search(args.match, kernel):
