@@ -12,12 +12,10 @@ Usage: python3 bench/gdn_ab.py --base RUN.json [RUN.json ...] --new RUN.json [RU
        [--label-base NAME] [--label-new NAME]
 """
 
-import argparse
-import json
-import os
 import statistics
 import sys
 
+import ab_runs
 from gdn_report import cell_of
 
 MOVED = 0.01  # a kernel whose fastest run changed by more than this fraction is listed
@@ -90,34 +88,13 @@ def markdown(compared, one_side, labels):
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", nargs="+", required=True, metavar="RUN.json")
-    parser.add_argument("--new", nargs="+", required=True, metavar="RUN.json")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--label-base", default="base")
-    parser.add_argument("--label-new", default="new")
-    args = parser.parse_args(argv)
-
-    def load(paths):
-        runs = []
-        for path in paths:
-            with open(path) as f:
-                runs.append(json.load(f))
-        return runs
-
-    base_runs, new_runs = load(args.base), load(args.new)
+def summarise(base_runs, new_runs, labels):
     compared, one_side = compare(base_runs, new_runs)
-    labels = {"base": args.label_base, "new": args.label_new}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gdn-ab.json"), "w") as f:
-        json.dump({"labels": labels, "cells": compared, "one_side": one_side,
-                   "base_runs": base_runs, "new_runs": new_runs}, f, indent=1)
-    text = markdown(compared, one_side, labels)
-    with open(os.path.join(args.out, "gdn-ab.md"), "w") as f:
-        f.write(text)
-    print(text, end="")
-    return 0
+    return {"cells": compared, "one_side": one_side}, markdown(compared, one_side, labels)
+
+
+def main(argv=None):
+    return ab_runs.main(argv, __doc__, "gdn-ab", summarise)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,10 @@ Usage: python3 bench/model_step_ab.py --base RUN.json [RUN.json ...] --new RUN.j
        [--label-base NAME] [--label-new NAME]
 """
 
-import argparse
-import json
-import os
 import statistics
 import sys
+
+import ab_runs
 
 SHAPE = ("config", "tokens", "sequences", "seq_len", "recompute", "loss_chunk")
 TIMES = ("step_ms", "forward_ms", "backward_ms")
@@ -73,37 +72,13 @@ def markdown(result, labels):
     return "\n".join(lines) + "\n"
 
 
+def summarise(base_runs, new_runs, labels):
+    result = compare(base_runs, new_runs)
+    return result, markdown(result, labels)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", nargs="+", required=True, metavar="RUN.json")
-    parser.add_argument("--new", nargs="+", required=True, metavar="RUN.json")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--label-base", default="base")
-    parser.add_argument("--label-new", default="new")
-    args = parser.parse_args(argv)
-
-    def load(paths):
-        runs = []
-        for path in paths:
-            with open(path) as f:
-                runs.append(json.load(f))
-        return runs
-
-    base_runs, new_runs = load(args.base), load(args.new)
-    try:
-        result = compare(base_runs, new_runs)
-    except ValueError as error:
-        print(f"model_step_ab: {error}", file=sys.stderr)
-        return 2
-    labels = {"base": args.label_base, "new": args.label_new}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "model-step-ab.json"), "w") as f:
-        json.dump({"labels": labels, **result, "base_runs": base_runs, "new_runs": new_runs}, f, indent=1)
-    text = markdown(result, labels)
-    with open(os.path.join(args.out, "model-step-ab.md"), "w") as f:
-        f.write(text)
-    print(text, end="")
-    return 0
+    return ab_runs.main(argv, __doc__, "model-step-ab", summarise)
 
 
 if __name__ == "__main__":
