@@ -110,15 +110,15 @@ pack() {
   mkdir -p "$stage/binaries/bin" "$stage/binaries/lib" "$stage/module/lib" "$BUNDLE"
   # What each archive was built from, which the verbs there print: an A/B whose baseline came from another revision
   # than the one meant is then visible in its log (a baseline's archive says its own, if packed since).
-  local source
-  source="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo "+changes $(git diff HEAD | sha1sum | cut -c1-8)") packed $(date -u +%FT%TZ)"
+  # Changes to results build nothing, so they neither count nor enter the hash.
+  local source built=(-- . ':!bench/results')
+  source="$(git rev-parse --short HEAD)$(git diff --quiet HEAD "${built[@]}" ||
+    echo "+changes $(git diff HEAD "${built[@]}" | sha1sum | cut -c1-8)") packed $(date -u +%FT%TZ)"
   echo "$source" >"$stage/binaries/BUILT_FROM"
   echo "$source" >"$stage/module/BUILT_FROM"
-  if [ -n "${GPU_BASELINE:-}" ]; then
-    cat "$GPU_BASELINE/BUILT_FROM" 2>/dev/null >"$stage/binaries/BUILT_FROM_base" || echo "unknown" >"$stage/binaries/BUILT_FROM_base"
-  fi
   for binary in deltatrain $GPU_BINARIES; do cp "$build/bin/$binary" "$stage/binaries/bin/"; done
   if [ -n "${GPU_BASELINE:-}" ]; then
+    cat "$GPU_BASELINE/BUILT_FROM" 2>/dev/null >"$stage/binaries/BUILT_FROM_base" || echo "unknown" >"$stage/binaries/BUILT_FROM_base"
     for binary in "$GPU_BASELINE"/*; do
       if [ -f "$binary" ] && [ -x "$binary" ]; then cp "$binary" "$stage/binaries/bin/$(basename "$binary")_base"; fi
     done
