@@ -38,6 +38,7 @@ std::string uid_name(Uid uid) {
 // tensors (in kBackwardRows order; the forward's last four are 0).
 struct GraphKey {
   bool backward = false;
+  bool deterministic = true;  // the backward's algorithm
   Index batch = 0, length = 0;
   int q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 0.f;
@@ -128,7 +129,7 @@ std::unique_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
                        .set_padding_mask(true)
                        .set_seq_len_q(length)
                        .set_seq_len_kv(length)
-                       .set_deterministic_algorithm(true);
+                       .set_deterministic_algorithm(key.deterministic);
     auto [dqt, dkt, dvt] = graph->sdpa_backward(qt, kt, vt, ot, dot, stats_tensor(*graph, key), options);
     output_rows(*graph, dqt, dq, key, key.q_heads, ld(dq));
     output_rows(*graph, dkt, dk, key, key.kv_heads, ld(dk));
@@ -146,14 +147,16 @@ std::unique_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
 
 struct CudnnAttention::Graphs {
   cudnnHandle_t handle = nullptr;
+  bool deterministic_backward = true;
   std::map<GraphKey, std::unique_ptr<fe::graph::Graph>> built;
 
   // The key of a call: its batch padded to a power of two sequences, its longest sequence to a power of two
   // of at least 64 rows (one tile), so that shapes reuse graphs.
-  static GraphKey key(bool backward, const AttentionShape& shape, std::span<const std::int32_t> cu,
-                      std::span<const Matrix> rows) {
+  GraphKey key(bool backward, const AttentionShape& shape, std::span<const std::int32_t> cu,
+               std::span<const Matrix> rows) const {
     GraphKey key;
     key.backward = backward;
+    key.deterministic = deterministic_backward;
     key.batch = static_cast<Index>(std::bit_ceil(cu.size() - 1));
     const Index longest = std::max<Index>(64, longest_sequence(cu));
     key.length = static_cast<Index>(std::bit_ceil(static_cast<std::uint64_t>(longest)));
@@ -218,7 +221,8 @@ struct CudnnAttention::Graphs {
 
 bool CudnnAttention::built() { return true; }
 
-CudnnAttention::CudnnAttention() : graphs_(std::make_unique<Graphs>()) {
+CudnnAttention::CudnnAttention(bool deterministic_backward) : graphs_(std::make_unique<Graphs>()) {
+  graphs_->deterministic_backward = deterministic_backward;
   const cudnnStatus_t status = cudnnCreate(&graphs_->handle);
   if (status != CUDNN_STATUS_SUCCESS)
     throw Unavailable("cuDNN's fused attention", std::string("cudnnCreate failed: ") + cudnnGetErrorString(status) +
@@ -235,7 +239,7 @@ void CudnnAttention::forward(Workspace& workspace, Matrix o, Matrix lse, Matrix 
                              cudaStream_t stream) {
   if (cu.size() < 2 || cu.back() == 0) return;
   const std::array<Matrix, kForwardRows.size()> rows = {q_rows, k_rows, v_rows, o};
-  const GraphKey key = Graphs::key(false, shape, cu, rows);
+  const GraphKey key = graphs_->key(false, shape, cu, rows);
   graphs_->run(workspace, key, rows, kForwardRows, sequences, lse, false, stream);
 }
 
@@ -246,7 +250,7 @@ void CudnnAttention::backward(Workspace& workspace, Matrix dq_rows, Matrix dk_ro
   if (cu.size() < 2 || cu.back() == 0) return;
   const std::array<Matrix, kBackwardRows.size()> rows = {q_rows,    k_rows,  v_rows,  o_rows,
                                                          dout_rows, dq_rows, dk_rows, dv_rows};
-  const GraphKey key = Graphs::key(true, shape, cu, rows);
+  const GraphKey key = graphs_->key(true, shape, cu, rows);
   graphs_->run(workspace, key, rows, kBackwardRows, sequences, lse, true, stream);
 }
 

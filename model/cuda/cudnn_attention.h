@@ -3,7 +3,7 @@
 // sequence's start an element offset (ragged_offsets in attention_kernels.cu makes them on the device from
 // cu_seqlens), its length a padding mask. Memory is linear in the sequence length, unlike attention.h's
 // unfused products. The backward runs cuDNN's deterministic algorithm (the model's gradients are bitwise
-// reproducible). lse keeps ops.h's [Hq, T] layout; cuDNN's own [batch, Hq, length] statistics are moved to
+// reproducible) unless constructed otherwise (bench/gpu/attention_benchmark.cpp measures what it costs). lse keeps ops.h's [Hq, T] layout; cuDNN's own [batch, Hq, length] statistics are moved to
 // and from it.
 //
 // Graphs are built once per shape and kept: batches padded to a power of two sequences (the extra ones
@@ -24,7 +24,9 @@ class CudnnAttention {
   // Whether this build has cuDNN and its frontend (DELTATRAIN_WITH_CUDNN); without them the constructor
   // throws Unavailable (cudnn_attention_not_built.cpp).
   static bool built();
-  CudnnAttention();  // the cuDNN handle (on the current device); Unavailable if cuDNN cannot be loaded
+  // The cuDNN handle (on the current device); Unavailable if cuDNN cannot be loaded. A backward that is not
+  // deterministic accumulates dQ by atomics, so its bits vary from run to run.
+  explicit CudnnAttention(bool deterministic_backward = true);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
