@@ -323,7 +323,7 @@ TensorLookup checked(const TensorLookup& lookup, const std::vector<ParamInfo>& i
 
 }  // namespace
 
-std::int64_t default_loss_chunk(const Device& device) { return device.type == DeviceType::cpu ? 1024 : 4096; }
+std::int64_t default_loss_chunk(const Device& device) { return device.type == DeviceType::cpu ? 1024 : 8192; }
 
 DType gradient_dtype(const ModelOptions& options) {
   return options.device.type == DeviceType::cpu ? options.dtype : DType::f32;

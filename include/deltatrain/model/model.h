@@ -61,10 +61,11 @@ struct ModelOptions {
   bool cuda_graphs = true;
 };
 
-// The loss chunk a model takes unless told: 1024 tokens on the CPU; 4096 on a GPU, where the lm_head's weight-
-// gradient product (its inner dimension is the chunk) runs at full rate only from there: at 1024 reading and
-// writing its float32 accumulator (vocab x hidden, 1 GB at Qwen3.5's vocabulary) once per chunk bound it. The
-// price is the logits: 2 GB of bfloat16 at that vocabulary instead of 0.5.
+// The loss chunk a model takes unless told: 1024 tokens on the CPU; 8192 on a GPU, where the lm_head's weight-
+// gradient product (its inner dimension is the chunk) reads and writes its float32 accumulator (vocab x hidden,
+// 1 GB at Qwen3.5's vocabulary) once per chunk: the 0.8B step at 8 x 4096 tokens took 348 ms at 8192 against
+// 355-359 at 4096 and 353-355 at 16384 (bench/NOTES.md, Model). The price is the logits: 4 GB of bfloat16 at that
+// vocabulary (1.9 GiB more than 4096 in that step).
 std::int64_t default_loss_chunk(const Device& device);
 
 // The dtype of the gradients a model with these options accumulates into (the parameters' on the CPU,
