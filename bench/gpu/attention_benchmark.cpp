@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
 
     nlohmann::json rows = nlohmann::json::array();
     for (const std::string& mode : backward_modes) {
-      model::cuda::CudnnAttention attention(mode == "deterministic");
+      model::cuda::CudnnAttention attention(mode == "deterministic" ? model::cuda::AttentionBackward::deterministic
+                                                                    : model::cuda::AttentionBackward::atomic);
       model::cuda::Workspace workspace(stream);
       for (int kv_heads : kv_heads_list) {
         const std::int64_t kv_cols = std::int64_t{kv_heads} * head_dim;

@@ -38,7 +38,7 @@ std::string uid_name(Uid uid) {
 // tensors (in kBackwardRows order; the forward's last four are 0).
 struct GraphKey {
   bool backward = false;
-  bool deterministic = true;  // the backward's algorithm
+  AttentionBackward algorithm = AttentionBackward::deterministic;  // the backward's
   Index batch = 0, length = 0;
   int q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 0.f;
@@ -129,7 +129,7 @@ std::unique_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
                        .set_padding_mask(true)
                        .set_seq_len_q(length)
                        .set_seq_len_kv(length)
-                       .set_deterministic_algorithm(key.deterministic);
+                       .set_deterministic_algorithm(key.algorithm == AttentionBackward::deterministic);
     auto [dqt, dkt, dvt] = graph->sdpa_backward(qt, kt, vt, ot, dot, stats_tensor(*graph, key), options);
     output_rows(*graph, dqt, dq, key, key.q_heads, ld(dq));
     output_rows(*graph, dkt, dk, key, key.kv_heads, ld(dk));
@@ -147,7 +147,7 @@ std::unique_ptr<fe::graph::Graph> build(const GraphKey& key, cudnnHandle_t handl
 
 struct CudnnAttention::Graphs {
   cudnnHandle_t handle = nullptr;
-  bool deterministic_backward = true;
+  AttentionBackward backward_algorithm = AttentionBackward::deterministic;
   std::map<GraphKey, std::unique_ptr<fe::graph::Graph>> built;
 
   // The key of a call: its batch padded to a power of two sequences, its longest sequence to a power of two
@@ -156,7 +156,7 @@ struct CudnnAttention::Graphs {
                std::span<const Matrix> rows) const {
     GraphKey key;
     key.backward = backward;
-    key.deterministic = deterministic_backward;
+    key.algorithm = backward_algorithm;
     key.batch = static_cast<Index>(std::bit_ceil(cu.size() - 1));
     const Index longest = std::max<Index>(64, longest_sequence(cu));
     key.length = static_cast<Index>(std::bit_ceil(static_cast<std::uint64_t>(longest)));
@@ -221,8 +221,8 @@ struct CudnnAttention::Graphs {
 
 bool CudnnAttention::built() { return true; }
 
-CudnnAttention::CudnnAttention(bool deterministic_backward) : graphs_(std::make_unique<Graphs>()) {
-  graphs_->deterministic_backward = deterministic_backward;
+CudnnAttention::CudnnAttention(AttentionBackward backward) : graphs_(std::make_unique<Graphs>()) {
+  graphs_->backward_algorithm = backward;
   const cudnnStatus_t status = cudnnCreate(&graphs_->handle);
   if (status != CUDNN_STATUS_SUCCESS)
     throw Unavailable("cuDNN's fused attention", std::string("cudnnCreate failed: ") + cudnnGetErrorString(status) +

@@ -19,14 +19,17 @@
 
 namespace deltatrain::model::cuda {
 
+// cuDNN's two backward algorithms: deterministic (the same bits every run; on Hopper dP through a workspace and dQ
+// by a separate product) and atomic (dQ accumulated by atomics, faster, its bits varying from run to run).
+enum class AttentionBackward { deterministic, atomic };
+
 class CudnnAttention {
  public:
   // Whether this build has cuDNN and its frontend (DELTATRAIN_WITH_CUDNN); without them the constructor
   // throws Unavailable (cudnn_attention_not_built.cpp).
   static bool built();
-  // The cuDNN handle (on the current device); Unavailable if cuDNN cannot be loaded. A backward that is not
-  // deterministic accumulates dQ by atomics, so its bits vary from run to run.
-  explicit CudnnAttention(bool deterministic_backward = true);
+  // The cuDNN handle (on the current device); Unavailable if cuDNN cannot be loaded.
+  explicit CudnnAttention(AttentionBackward backward = AttentionBackward::deterministic);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

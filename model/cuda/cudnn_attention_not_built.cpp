@@ -10,7 +10,7 @@ struct CudnnAttention::Graphs {};
 
 bool CudnnAttention::built() { return false; }
 
-CudnnAttention::CudnnAttention(bool) {
+CudnnAttention::CudnnAttention(AttentionBackward) {
   throw Unavailable("cuDNN's fused attention", "this build has no cuDNN (it is configured without cudnn.h, the cuDNN "
                                                "library or cudnn-frontend's headers)");
 }
