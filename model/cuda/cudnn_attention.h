@@ -3,8 +3,8 @@
 // sequence's start an element offset (ragged_offsets in attention_kernels.cu makes them on the device from
 // cu_seqlens), its length a padding mask. Memory is linear in the sequence length, unlike attention.h's
 // unfused products. The backward runs cuDNN's deterministic algorithm (the model's gradients are bitwise
-// reproducible) unless constructed otherwise (bench/gpu/attention_benchmark.cpp measures what it costs). lse keeps ops.h's [Hq, T] layout; cuDNN's own [batch, Hq, length] statistics are moved to
-// and from it.
+// reproducible) unless constructed otherwise (bench/gpu/attention_benchmark.cpp measures what it costs). lse
+// keeps ops.h's [Hq, T] layout; cuDNN's own [batch, Hq, length] statistics are moved to and from it.
 //
 // Graphs are built once per shape and kept: batches padded to a power of two sequences (the extra ones
 // empty) and lengths to a power of two of at least 64, so the shapes a run sees reuse a few graphs.
