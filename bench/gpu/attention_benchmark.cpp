@@ -126,8 +126,8 @@ int main(int argc, char** argv) {
     // products are 2.5 times the forward's two.
     const double forward_flops = 4.0 * sequences * (double(seq_len) * (seq_len + 1) / 2) * head_dim * q_heads;
 
-    const DeviceMatrix q(tokens, std::int64_t{q_heads} * head_dim, 1), dout(tokens, std::int64_t{q_heads} * head_dim, 2);
-    const DeviceMatrix o(tokens, std::int64_t{q_heads} * head_dim, 0), dq(tokens, std::int64_t{q_heads} * head_dim, 0);
+    const std::int64_t q_cols = std::int64_t{q_heads} * head_dim;
+    const DeviceMatrix q(tokens, q_cols, 1), dout(tokens, q_cols, 2), o(tokens, q_cols, 0), dq(tokens, q_cols, 0);
     float* lse_data = nullptr;
     cuda_check(cudaMalloc(reinterpret_cast<void**>(&lse_data), sizeof(float) * q_heads * tokens), "cudaMalloc");
     const Matrix lse{lse_data, q_heads, tokens, tokens};
