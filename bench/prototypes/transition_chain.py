@@ -1,0 +1,98 @@
+"""The forward state chain as one product a chunk, S' = M_c S + R_c, against today's three dependent products, both
+with the cuda pass's bfloat16 roundings emulated, both against the float64 token recurrence: whether the one-product
+chain (bench/NOTES.md, "A build plan for the warp-specialised forward") costs accuracy.
+
+Per chunk (segmented_state.py has the algebra): M_c = e^(g_L) I - K~^T W and R_c = K~^T U are independent of the
+state, so they can be formed off the chain; on it, one K x K x V product. Today's pass instead forms
+Delta = U - W S (its product reads S rounded to bfloat16 and Delta is rounded for the next), then S' = e^(g_L) S +
+K~^T Delta. Here every product's operands are rounded to bfloat16 where a wgmma would read them (W, U, K~, Q, P,
+S, Delta, M_c) and accumulates in float64 (the tensor cores' float32 accumulation adds less than the operands'
+rounding); the state itself stays unrounded between steps, as the pass keeps it in float32 registers. R_c is
+tried both in float32 (added to the accumulator) and rounded to bfloat16 (a wgmma operand).
+
+Run: python3 bench/prototypes/transition_chain.py   (prints the relative errors of o and the final state)
+"""
+import sys
+
+import numpy as np
+
+from segmented_state import chunk_terms, problem, recurrence
+
+
+def bf16(x):
+    """x rounded to the nearest bfloat16 (ties to even), returned as float64."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32).astype(np.float64)
+
+
+def exact(x):
+    """No rounding: the chains' algebra alone."""
+    return x
+
+
+def output(c0, gam, state, delta, q, k, scale, rnd):
+    """A chunk's o from the rounded state and Delta it was given (the same formula for both chains)."""
+    Q, K = rnd(q[c0:c0 + len(gam)]), rnd(k[c0:c0 + len(gam)])
+    P = rnd(scale * np.tril(Q @ K.T * np.exp(gam[:, None] - gam[None, :])))
+    return scale * np.exp(gam)[:, None] * (Q @ state) + P @ delta
+
+
+def three_product_chain(q, k, v, g, beta, h0, scale, rnd=bf16):
+    """Today's pass: Delta = U - W S, S' = e^(g_L) S + K~^T Delta, operands rounded by `rnd`."""
+    o, state = np.zeros_like(v), h0.copy()
+    for c0, gam, W, U, K_tilde, last in chunk_terms(k, v, g, beta):
+        s_b = rnd(state)
+        delta = rnd(rnd(U) - rnd(W) @ s_b)
+        o[c0:c0 + len(gam)] = output(c0, gam, s_b, delta, q, k, scale, rnd)
+        state = last * state + rnd(K_tilde).T @ delta
+    return o, state
+
+
+def one_product_chain(q, k, v, g, beta, h0, scale, r_rounded=False, rnd=bf16):
+    """The transition chain: S' = M_c S + R_c with M_c rounded by `rnd` (a wgmma operand), R_c unrounded (float32,
+    added to the accumulator) or, with r_rounded, rounded too."""
+    o, state = np.zeros_like(v), h0.copy()
+    for c0, gam, W, U, K_tilde, last in chunk_terms(k, v, g, beta):
+        W_b, U_b, Kt_b = rnd(W), rnd(U), rnd(K_tilde)
+        M = rnd(last * np.eye(W.shape[1]) - Kt_b.T @ W_b)
+        R = Kt_b.T @ U_b
+        if r_rounded:
+            R = rnd(R)
+        s_b = rnd(state)
+        delta = rnd(U_b - W_b @ s_b)  # off the chain: O's Delta from the same rounded state
+        o[c0:c0 + len(gam)] = output(c0, gam, s_b, delta, q, k, scale, rnd)
+        state = M @ s_b + R
+    return o, state
+
+
+def draw(rng, tokens, dim, case):
+    """segmented_state.problem's cases, and "long memory": the anchors' gates / 64, decays near 1, so that errors
+    are carried across many chunks."""
+    q, k, v, g, beta, h0, scale = problem(rng, tokens, dim, "anchors" if case == "long memory" else case,
+                                          strong_decay=-30.0)
+    return q, k, v, g / 64 if case == "long memory" else g, beta, h0, scale
+
+
+def errors(rng, tokens, dim, case):
+    """Relative errors (o, final state) of each chain in bfloat16 against the float64 recurrence."""
+    q, k, v, g, beta, h0, scale = draw(rng, tokens, dim, case)
+    o_ref, ht_ref = recurrence(q, k, v, g, beta, h0, scale)
+    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    runs = {"three products": three_product_chain(q, k, v, g, beta, h0, scale),
+            "one product, R float32": one_product_chain(q, k, v, g, beta, h0, scale),
+            "one product, R bf16": one_product_chain(q, k, v, g, beta, h0, scale, r_rounded=True)}
+    return {name: (rel(o, o_ref), rel(ht, ht_ref)) for name, (o, ht) in runs.items()}
+
+
+def main():
+    rng = np.random.default_rng(0)
+    for dim, chunks in ((64, 32), (128, 64)):
+        for case in ("anchors", "long memory", "strong decay", "beta at 0 and 1"):
+            for name, (eo, eh) in errors(rng, 64 * chunks, dim, case).items():
+                print(f"K = V = {dim:3d}, {chunks} chunks, {case:16s} {name:24s} o {eo:.2e}  final state {eh:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
