@@ -1,6 +1,8 @@
 """The forward state chain as one product a chunk, S' = M_c S + R_c, against today's three dependent products, both
 with the cuda pass's bfloat16 roundings emulated, both against the float64 token recurrence: whether the one-product
-chain (bench/NOTES.md, "A build plan for the warp-specialised forward") costs accuracy.
+chain (bench/NOTES.md, "A build plan for the warp-specialised forward") costs accuracy. And the backward's chain,
+the same map transposed: dS = M_c^T dS' + C_c against the fused backward's K dS', T^T, K^T (fused_backward.py), for
+dh0 against the recurrence's reverse.
 
 Per chunk (segmented_state.py has the algebra): M_c = e^(g_L) I - K~^T W and R_c = K~^T U are independent of the
 state, so they can be formed off the chain; on it, one K x K x V product. Today's pass instead forms
@@ -16,7 +18,8 @@ import sys
 
 import numpy as np
 
-from segmented_state import chunk_terms, problem, recurrence
+from fused_backward import chunk_forward_terms, recurrence_backward
+from segmented_state import C, chunk_terms, problem, recurrence
 
 
 def bf16(x):
@@ -66,6 +69,27 @@ def one_product_chain(q, k, v, g, beta, h0, scale, r_rounded=False, rnd=bf16):
     return o, state
 
 
+def state_gradient_chains(q, k, v, g, beta, h0, scale, do, dht, rnd=bf16):
+    """dh0 by the fused backward's three-product chain and by the one-product one, operands rounded by `rnd`:
+    three: dDelta = scale P^T dO + diag(D) K dS', dcorr = diag(beta) T^T dDelta,
+           dS = E_n dS' + scale Q^T diag(E) dO - K^T diag(E) dcorr;
+    one:   dS = M_c^T dS' + C_c, M_c^T = E_n I - K^T diag(E beta) T^T diag(D) K (rounded: a wgmma operand) and
+           C_c = scale Q^T diag(E) dO - K^T diag(E beta) T^T scale P^T dO (float32), both off the chain."""
+    three, one = dht.copy(), dht.copy()
+    for c0 in reversed(range(0, len(q), C)):
+        Q, K, dO, b = rnd(q[c0:c0 + C]), rnd(k[c0:c0 + C]), rnd(do[c0:c0 + C]), beta[c0:c0 + C]
+        f = chunk_forward_terms(Q, K, v[c0:c0 + C], g[c0:c0 + C], b, np.zeros_like(h0))
+        E, D, T, P = f["E"], f["D"], rnd(f["T"]), rnd(scale * f["P"])
+        from_dO = scale * Q.T @ (E[:, None] * dO)
+        d_delta = rnd(P.T @ dO + D[:, None] * (K @ rnd(three)))
+        d_corr = rnd(b[:, None] * (T.T @ d_delta))
+        three = E[-1] * three + from_dO - K.T @ (E[:, None] * d_corr)
+        M_t = rnd(E[-1] * np.eye(K.shape[1]) - K.T @ ((E * b)[:, None] * (T.T @ (D[:, None] * K))))
+        C_c = from_dO - K.T @ ((E * b)[:, None] * (T.T @ rnd(P.T @ dO)))
+        one = M_t @ rnd(one) + C_c
+    return three, one
+
+
 def draw(rng, tokens, dim, case):
     """segmented_state.problem's cases, and "long memory": the anchors' gates / 64, decays near 1, so that errors
     are carried across many chunks."""
@@ -85,12 +109,24 @@ def errors(rng, tokens, dim, case):
     return {name: (rel(o, o_ref), rel(ht, ht_ref)) for name, (o, ht) in runs.items()}
 
 
+def gradient_errors(rng, tokens, dim, case):
+    """Relative errors of dh0 by each backward chain in bfloat16 against the float64 recurrence's reverse."""
+    q, k, v, g, beta, h0, scale = draw(rng, tokens, dim, case)
+    do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
+    dh0_ref = recurrence_backward(q, k, v, g, beta, h0, scale, do, dht)[-1]
+    three, one = state_gradient_chains(q, k, v, g, beta, h0, scale, do, dht)
+    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    return rel(three, dh0_ref), rel(one, dh0_ref)
+
+
 def main():
     rng = np.random.default_rng(0)
     for dim, chunks in ((64, 32), (128, 64)):
         for case in ("anchors", "long memory", "strong decay", "beta at 0 and 1"):
             for name, (eo, eh) in errors(rng, 64 * chunks, dim, case).items():
                 print(f"K = V = {dim:3d}, {chunks} chunks, {case:16s} {name:24s} o {eo:.2e}  final state {eh:.2e}")
+            three, one = gradient_errors(rng, 64 * chunks, dim, case)
+            print(f"K = V = {dim:3d}, {chunks} chunks, {case:16s} dh0: three products {three:.2e}, one product {one:.2e}")
     return 0
 
 

@@ -81,6 +81,20 @@ def test_the_one_product_chain_is_exact_and_as_accurate_in_bfloat16(rng, case):
         assert relative(mine, ref) < 1.75 * relative(today, ref)
 
 
+@pytest.mark.parametrize("case", CASES + ("long memory",))
+def test_the_backward_one_product_chain_is_exact_and_as_accurate_in_bfloat16(rng, case):
+    tokens = 64 * int(rng.integers(4, 9)) + int(rng.integers(1, 64))
+    q, k, v, g, beta, h0, scale = transition_chain.draw(rng, tokens, 32, case)
+    do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
+    dh0_ref = fused_backward.recurrence_backward(q, k, v, g, beta, h0, scale, do, dht)[-1]
+    for dh0 in transition_chain.state_gradient_chains(q, k, v, g, beta, h0, scale, do, dht, rnd=transition_chain.exact):
+        assert relative(dh0, dh0_ref) < 1e-10
+    # bfloat16: over 600 draws the one-product chain's error was at most 1.02x the fused backward's chain's.
+    three, one = transition_chain.state_gradient_chains(q, k, v, g, beta, h0, scale, do, dht)
+    assert relative(three, dh0_ref) < 2e-2
+    assert relative(one, dh0_ref) < 1.75 * relative(three, dh0_ref)
+
+
 def test_bfloat16_rounding_is_to_nearest_even():
     x = np.array([1.0, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 1.0 + 2.0 ** -9, -2.5e-3], dtype=np.float64)
     expected = np.array([1.0, 1.0, 1.0 + 4 * 2.0 ** -8, 1.0, -2.5e-3])
