@@ -12,7 +12,7 @@ S, Delta, M_c) and accumulates in float64 (the tensor cores' float32 accumulatio
 rounding); the state itself stays unrounded between steps, as the pass keeps it in float32 registers. R_c is
 tried both in float32 (added to the accumulator) and rounded to bfloat16 (a wgmma operand).
 
-Run: python3 bench/prototypes/transition_chain.py   (prints the relative errors of o and the final state)
+Run: python3 bench/prototypes/transition_chain.py   (prints the relative errors of o, the final state and dh0)
 """
 import sys
 
