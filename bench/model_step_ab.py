@@ -37,8 +37,8 @@ def compare(base_runs, new_runs):
         new = [run[key] for run in new_runs]
         result["times"][key] = {"base": base, "new": new,
                                 "change": statistics.median(new) / statistics.median(base) - 1}
-    base_step, new_step = (statistics.median(r["step_ms"] for r in runs) for runs in (base_runs, new_runs))
-    result["tokens_per_s"] = {"base": shape["tokens"] / base_step * 1e3, "new": shape["tokens"] / new_step * 1e3}
+    step = result["times"]["step_ms"]
+    result["tokens_per_s"] = {side: shape["tokens"] / statistics.median(step[side]) * 1e3 for side in ("base", "new")}
     result["mfu"] = {side: runs[0]["training_gflop_per_token"] * result["tokens_per_s"][side] / 1e3 /
                      runs[0]["peak_tflops"] for side, runs in (("base", base_runs), ("new", new_runs))}
     losses = {run["loss"] for run in base_runs + new_runs}

@@ -29,6 +29,10 @@ def bf16(x):
     return rounded.view(np.float32).astype(np.float64)
 
 
+def relative(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
 def exact(x):
     """No rounding: the chains' algebra alone."""
     return x
@@ -102,11 +106,10 @@ def errors(rng, tokens, dim, case):
     """Relative errors (o, final state) of each chain in bfloat16 against the float64 recurrence."""
     q, k, v, g, beta, h0, scale = draw(rng, tokens, dim, case)
     o_ref, ht_ref = recurrence(q, k, v, g, beta, h0, scale)
-    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
     runs = {"three products": three_product_chain(q, k, v, g, beta, h0, scale),
             "one product, R float32": one_product_chain(q, k, v, g, beta, h0, scale),
             "one product, R bf16": one_product_chain(q, k, v, g, beta, h0, scale, r_rounded=True)}
-    return {name: (rel(o, o_ref), rel(ht, ht_ref)) for name, (o, ht) in runs.items()}
+    return {name: (relative(o, o_ref), relative(ht, ht_ref)) for name, (o, ht) in runs.items()}
 
 
 def gradient_errors(rng, tokens, dim, case):
@@ -115,8 +118,7 @@ def gradient_errors(rng, tokens, dim, case):
     do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
     dh0_ref = recurrence_backward(q, k, v, g, beta, h0, scale, do, dht)[-1]
     three, one = state_gradient_chains(q, k, v, g, beta, h0, scale, do, dht)
-    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
-    return rel(three, dh0_ref), rel(one, dh0_ref)
+    return relative(three, dh0_ref), relative(one, dh0_ref)
 
 
 def main():
