@@ -203,6 +203,9 @@ tests() {
   # And nowhere: the unfused wgmma backward of the calls the plan fuses (as tests/gdn_cuda/CMakeLists.txt).
   DELTATRAIN_CUDA_FUSED_BACKWARD=0 run_test "$out" test_gdn_cuda-unfused-backward "$ROOT/bin/test_gdn_cuda" \
     --gtest_filter="$backward" || failed=1
+  # The warp-specialised forward pass wherever it applies (as tests/gdn_cuda/CMakeLists.txt).
+  DELTATRAIN_CUDA_WS_FORWARD=1 run_test "$out" test_gdn_cuda-ws-forward "$ROOT/bin/test_gdn_cuda" \
+    --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*' || failed=1
   # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
   DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
     --gtest_filter='*Attention*' || failed=1
@@ -224,9 +227,14 @@ sanitize() {
     status=$?
     echo "compute-sanitizer $3 exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$2.log" | tail -1)"
   }
+  # The warp-specialised forward's three warpgroups and their named barriers (synccheck: barriers every thread meets).
+  local ws='Grid/CudaVsReference.ChunkedForward/bf16_many_heads:Grid/CudaVsReference.ChunkedForward/f16_many_heads_varlen_l2norm'
   for tool in memcheck racecheck; do
     run_sanitizer "$tool" "$tool" "$tool" "$small"
     DELTATRAIN_CUDA_FUSED_BACKWARD=1 run_sanitizer "$tool" "$tool-fused" "$tool (fused backward)" "$fused"
+  done
+  for tool in memcheck racecheck synccheck; do
+    DELTATRAIN_CUDA_WS_FORWARD=1 run_sanitizer "$tool" "$tool-ws" "$tool (warp-specialised forward)" "$ws"
   done
 }
 

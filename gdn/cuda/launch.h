@@ -56,6 +56,9 @@ bool wgmma_device_ready();
 // The same pass with wgmma (state_hopper.cu) where the call's plan chose it (p.wgmma); false where not,
 // recording nothing.
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);
+// The forward's pass with its output on a warpgroup of its own (state_forward_ws_hopper.cu) where the plan chose it
+// (p.warp_specialised); false where not, recording nothing.
+bool launch_state_forward_ws_hopper(const Params& p, DType io, KernelSequence& kernels);
 // The reverse sequential pass: the state gradient after each chunk, ddelta and dh0.
 void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
 // The same pass with wgmma, as launch_state_forward_hopper.

@@ -94,7 +94,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   } else {
     take_unless_saved(layout.u, saved.u, tokens * HV * V * io);
   }
-  take_unless_saved(layout.p, saved.p, tokens * HV * C * io);
+  if (!plan.forward_warp_specialised) take_unless_saved(layout.p, saved.p, tokens * HV * C * io);
   if (plan.segments > 1) {
     const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(plan.segments);
     take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);

@@ -26,6 +26,15 @@ bool fused_backward_applies(const PlanInputs& in) {
   return 10 * units >= 6 * wave_slots;
 }
 
+// The warp-specialised forward (state_forward_ws_hopper.cu) is built for K = 128 and CTAs of 128 columns of V over
+// whole sequences. It forms P itself and writes none, so a forward that keeps a saved buffer (which holds P for the
+// backward) takes the two-warpgroup pass. It runs only where asked (DELTATRAIN_CUDA_WS_FORWARD=1) until it has been
+// tested and measured on a GPU (bench/NOTES.md, "The warp-specialised forward, first form").
+bool warp_specialised_forward_applies(const PlanInputs& in, const ExecutionPlan& plan) {
+  return in.op == Operation::chunk_forward && in.K == 128 && in.V % 128 == 0 && plan.segments == 1 &&
+         plan.warpgroups == 2 && !in.keeps_saved && in.warp_specialised_setting.value_or(false);
+}
+
 ExecutionPlan plan_wgmma(const PlanInputs& in) {
   if (fused_backward_applies(in)) {
     PlanInputs recompute = in;  // its one state pass is planned as the forward's, less the late prepare
@@ -84,7 +93,10 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
     // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass"). The unfused backward's reverse
     // pass still reads it.
     plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
-    plan.prepare_writes_t_beta_decay = plan.passes_form_w && in.op == Operation::chunk_forward;
+    plan.forward_warp_specialised = warp_specialised_forward_applies(in, plan);
+    // The warp-specialised pass forms W from T diag(beta): its chain's registers, without O's, have room for it.
+    plan.prepare_writes_t_beta_decay =
+        plan.passes_form_w && in.op == Operation::chunk_forward && !plan.forward_warp_specialised;
     plan.prepare_forms_w = (in.op == Operation::chunk_backward && !plan.fused_backward) || !plan.passes_form_w;
     return plan;
   }

@@ -299,7 +299,9 @@ __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
   }
 }
 
-template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT>
+// kFormsP: P is formed here and written (p.p), which every pass reads but the warp-specialised forward (it forms P
+// itself); without it neither Q nor its product with K is touched.
+template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT, bool kFormsP>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   } else if (tid < kChunk) {
     beta[tid] = 0.f;
   }
-  load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
+  if constexpr (kFormsP) load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
   load_chunk_rows<kPrepareThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
   cp_async_commit();
 
@@ -368,7 +370,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     zero(qk);
     if (n_half < m0 + 16) {  // the two warps whose tile lies wholly above the diagonal keep their zeros
       warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
-      warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
+      if constexpr (kFormsP) warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
       // A = strict_tril(diag(beta) (K K^T) * Gamma), P = scale tril(Q K^T) * Gamma.
       for_each_decay<1, 4>(gamma, m0, n_half, [&](int r, int c, float decay, FragmentIndex at) {
         const float a = beta[r] * at(kk) * decay, q = p.scale * at(qk) * decay;
@@ -377,7 +379,9 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
       });
     }
     store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
-    store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
+    if constexpr (kFormsP) {
+      store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
+    }
   }
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
@@ -439,15 +443,18 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
   int index = -1;
   dispatch(io, p.K, [&]<class E, int K>() {
     constexpr bool kWgmmaShape = sizeof(E) == 2 && K <= 128;
-    auto record = [&]<DecayedT kDecayedT>() {
+    auto record = [&]<DecayedT kDecayedT, bool kFormsP = true>() {
       const char* name = kChunks == PrepareChunks::all ? "gdn prepare_kernel" : "gdn prepare_kernel (segments)";
-      index = launch<prepare_kernel<E, K, kChunks, kDecayedT>>(name, dim3(p.chunks, p.HV), dim3(kPrepareThreads),
-                                                               PrepareSmem<E, K>::bytes, kernels, after);
+      index = launch<prepare_kernel<E, K, kChunks, kDecayedT, kFormsP>>(
+          name, dim3(p.chunks, p.HV), dim3(kPrepareThreads), PrepareSmem<E, K>::bytes, kernels, after);
     };
     if constexpr (kChunks == PrepareChunks::all || kWgmmaShape) {
       const DecayedT decayed = decayed_t_of(p);
       if constexpr (kWgmmaShape) {
         if (decayed == DecayedT::itself) return record.template operator()<DecayedT::itself>();
+        if constexpr (kChunks == PrepareChunks::all && K == 128) {  // the warp-specialised forward's (one run)
+          if (decayed == DecayedT::none && p.p == nullptr) return record.template operator()<DecayedT::none, false>();
+        }
         if (decayed == DecayedT::none) return record.template operator()<DecayedT::none>();
       }
       record.template operator()<DecayedT::w>();

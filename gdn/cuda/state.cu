@@ -79,7 +79,7 @@ struct WarpPlace {
         v0(blockIdx.z * columns_per_cta + 16 * pair), k0(half * K / 2) {}
 
   // Waits until both warps of the pair arrive (named barrier 1 + pair; 0 is __syncthreads).
-  __device__ void pair_sync() const { asm volatile("bar.sync %0, 64;\n" ::"r"(pair + 1) : "memory"); }
+  __device__ void pair_sync() const { named_barrier_sync(pair + 1, 64); }
   __device__ int partner() const { return warp ^ 1; }
 };
 
@@ -347,6 +347,7 @@ void launch_backward(const Params& p, KernelSequence& kernels) {
 }  // namespace
 
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels) {
+  if (!recompute && launch_state_forward_ws_hopper(p, io, kernels)) return;
   if (launch_state_forward_hopper(p, io, recompute, kernels)) return;
   dispatch(io, p.K, [&]<class E, int K>() {
     with_groups<E>(p, [&]<int kGroups>() {

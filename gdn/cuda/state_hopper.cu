@@ -38,8 +38,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "plan.h"
-#include "sequential.cuh"
-#include "wgmma.cuh"
+#include "state_hopper.cuh"
 
 namespace deltatrain::gdn::cuda {
 namespace {
@@ -192,20 +191,14 @@ struct HopperPass {
   using WAccumulator = float[1][kColumns / 8][4];
   __device__ __forceinline__ int w_key0() const { return tid / kWarpgroup * kColumns; }
   __device__ __forceinline__ void issue_w(int stage, WAccumulator& w) const {
-    const auto keys_b = [&](int k0) { return mn_major(key_tile(stage, 1), k0, w_key0()); };
     if constexpr (kWFromDecayedT) {
       wgmma_fence();
       wgmma_ss_product<E, false, true, kChunk / 16>(
-          w[0], [&](int k0) { return k_major(t_beta_decay_tile(stage), k0); }, keys_b, false);
-    } else {  // T diag(beta)'s rows by ldmatrix, scaled by e^gamma: a second rounding, W's error +0.06% on the grid
-      const auto t_beta = swizzled_tile<E, kChunk, kChunk>(smem + stage * L::stage_bytes + L::t_beta_at);
-      WarpOperand<E, kChunk> a(nullptr);
-#pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(a.frag[kb], plain(t_beta), 16 * (tid / 32 % 4), 16 * kb);
-      a.scale_columns(gate_in(stage), 1.f);
-      wgmma_fence();
-#pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma_64x64x16<E, true>(w[0], a.frag[kb], keys_b(16 * kb), kb > 0);
+          w[0], [&](int k0) { return k_major(t_beta_decay_tile(stage), k0); },
+          [&](int k0) { return mn_major(key_tile(stage, 1), k0, w_key0()); }, false);
+    } else {
+      issue_w_from_t_beta(w[0], swizzled_tile<E, kChunk, kChunk>(smem + stage * L::stage_bytes + L::t_beta_at),
+                          gate_in(stage), key_tile(stage, 1), w_key0(), 16 * (tid / 32 % 4));
     }
     wgmma_commit();
   }
@@ -260,20 +253,6 @@ struct HopperPass {
     }
   }
 };
-
-// state (64 x K) += a (64 x 64 tokens, the warpgroup's operand) * tile (64 tokens x K, MN-major).
-template <class E, int K, class KeyTile>
-__device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const WarpOperand<E, kChunk>& a,
-                                             KeyTile tile) {
-#pragma unroll
-  for (int kb = 0; kb < kChunk / 16; ++kb) {
-#pragma unroll
-    for (int nb = 0; nb < K / 64; ++nb) {
-      wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&state[0][8 * nb]), a.frag[kb],
-                              mn_major(tile, 16 * kb, 64 * nb));
-    }
-  }
-}
 
 // Forward (Pass::forward, recompute, or segment_ends with M's rows) of the CTA's column block: see the top of
 // the file.

@@ -55,6 +55,9 @@ class CudaPlan : public SeededTest {
     in.wgmma_allowed = pick(0, 3) != 0;
     const std::int64_t fused = pick(0, 2);  // DELTATRAIN_CUDA_FUSED_BACKWARD unset, 1 or 0
     if (fused != 0) in.fused_backward_setting = fused == 1;
+    in.keeps_saved = pick(0, 1) == 1;
+    const std::int64_t warp_specialised = pick(0, 2);  // DELTATRAIN_CUDA_WS_FORWARD unset, 1 or 0
+    if (warp_specialised != 0) in.warp_specialised_setting = warp_specialised == 1;
     return in;
   }
 };
@@ -65,7 +68,9 @@ std::string describe(const PlanInputs& in) {
          std::to_string(in.value_heads) + " value heads in groups of " + std::to_string(in.group) + ", " + std::to_string(in.chunks) + " chunks, " +
          std::to_string(in.multiprocessors) + " SMs, wgmma device " + std::to_string(in.wgmma_device) +
          ", allowed " + std::to_string(in.wgmma_allowed) + ", fused backward setting " +
-         (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset"));
+         (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset")) +
+         ", keeps saved " + std::to_string(in.keeps_saved) + ", warp-specialised forward setting " +
+         (in.warp_specialised_setting ? std::to_string(*in.warp_specialised_setting) : std::string("unset"));
 }
 
 // The plan of the call `in` describes, for its operation `op`.
@@ -92,8 +97,15 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     // The wgmma forward-direction passes form W where each warpgroup takes 64 of its keys.
     const bool passes_form_w = plan.wgmma && in.K / plan.warpgroups == 64;
     EXPECT_EQ(plan.passes_form_w, passes_form_w);
-    EXPECT_EQ(plan.prepare_writes_t_beta_decay, passes_form_w && in.op == Operation::chunk_forward)
-        << "T diag(beta e^gamma) is written for the forward pass alone, which forms W from it";
+    // The warp-specialised forward: built for K = 128, 128 columns of V a CTA (two warpgroups) and whole sequences;
+    // it writes no P, so not where a saved buffer (which holds P) is filled; only where DELTATRAIN_CUDA_WS_FORWARD=1
+    // asks for it, until it is measured.
+    EXPECT_EQ(plan.forward_warp_specialised, plan.wgmma && in.op == Operation::chunk_forward && in.K == 128 &&
+                                                 in.V % 128 == 0 && plan.segments == 1 && plan.warpgroups == 2 &&
+                                                 !in.keeps_saved && in.warp_specialised_setting.value_or(false));
+    EXPECT_EQ(plan.prepare_writes_t_beta_decay,
+              passes_form_w && in.op == Operation::chunk_forward && !plan.forward_warp_specialised)
+        << "T diag(beta e^gamma) is written for the two-warpgroup forward pass alone, which forms W from it";
     EXPECT_EQ(plan.prepare_forms_w,
               !passes_form_w || (in.op == Operation::chunk_backward && !plan.fused_backward))
         << "prepare writes W exactly where a pass reads it: the mma.sync passes, the wgmma passes whose warpgroups "
@@ -180,8 +192,9 @@ std::array<std::pair<const char*, const Region*>, 8> kept_regions(const Layout& 
 TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
   int offered = 0;
   for (int trial = 0; trial < 5000; ++trial) {
-    const PlanInputs in = random_inputs();
+    PlanInputs in = random_inputs();
     if (in.op == Operation::recurrent) continue;
+    in.keeps_saved = true;  // the forward's plan where it fills the buffer, as backend.cpp's saved_layout asks it
     SCOPED_TRACE(describe(in));
     const ExecutionPlan forward = plan_of(in, Operation::chunk_forward), backward = plan_of(in, Operation::chunk_backward);
     ASSERT_EQ(forward.wgmma, backward.wgmma) << "both operations of a call take the same kind of state passes";
@@ -253,6 +266,12 @@ PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences
   return in;
 }
 
+// The plan of `in` with DELTATRAIN_CUDA_WS_FORWARD=1.
+ExecutionPlan with_ws_setting(PlanInputs in) {
+  in.warp_specialised_setting = true;
+  return plan_execution(in);
+}
+
 TEST(CudaPlanAnchors, H200Choices) {
   // 32 heads x 2 column blocks = 64 units of one sequence: two segments (132 / 64) in the forward ...
   const ExecutionPlan long_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768));
@@ -263,10 +282,26 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(backward.paired);
   EXPECT_EQ(backward.segments, 1);
   EXPECT_FALSE(backward.late_prepare);
-  // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments.
+  // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments. Asked for (DELTATRAIN_CUDA_WS_FORWARD=1),
+  // a forward that keeps no saved buffer takes the warp-specialised pass; the training forward (which keeps one) and
+  // every forward unasked the two-warpgroup one.
   const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
   EXPECT_EQ(filled.warpgroups, 2);
   EXPECT_EQ(filled.segments, 1);
+  EXPECT_FALSE(filled.forward_warp_specialised);
+  PlanInputs asked = anchor(Operation::chunk_forward, 32, 4, 8192);
+  asked.warp_specialised_setting = true;
+  const ExecutionPlan inference = plan_execution(asked);
+  EXPECT_TRUE(inference.forward_warp_specialised);
+  EXPECT_FALSE(inference.prepare_writes_t_beta_decay || inference.prepare_forms_w);
+  asked.keeps_saved = true;
+  EXPECT_EQ(plan_execution(asked), filled);
+  EXPECT_FALSE(with_ws_setting(anchor(Operation::chunk_forward, 32, 1, 32768)).forward_warp_specialised) << "segments";
+  // Its workspace holds neither P nor T diag(beta e^gamma): the pass forms both from Q, K, T diag(beta) and the gates.
+  const Problem inference_call = problem_of(asked, Operation::chunk_forward);
+  const WorkspaceLayout inference_workspace = plan_workspace(inference_call, false, 4 * 128, false, inference);
+  EXPECT_EQ(inference_workspace.p.bytes + inference_workspace.t_beta_decay.bytes, 0u);
+  EXPECT_GT(plan_workspace(inference_call, false, 4 * 128, false, filled).p.bytes, 0u);
   // The fused backward unasked where its CTAs fill their waves to 60%: eight sequences of 32 heads (256 CTAs, two
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
   // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
@@ -310,7 +345,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   // backward skips prepare: where both form W in their passes (the fused backward of two warpgroups) and where both
   // read prepare's (one warpgroup: segments, the paired passes); not for the unfused backward of two warpgroups,
   // whose reverse pass reads prepare's W where the forward's prepare writes T diag(beta e^gamma) instead.
-  auto forward_of = [](const PlanInputs& in) { return plan_of(in, Operation::chunk_forward); };
+  auto forward_of = [](PlanInputs in) {  // that fills the buffer
+    in.keeps_saved = true;
+    return plan_of(in, Operation::chunk_forward);
+  };
   EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
   EXPECT_TRUE(
       forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));

@@ -89,6 +89,10 @@ std::vector<Case> cases() {
   // Enough (sequence, head, 64 columns) units to fill an H100 or H200 by themselves: the Hopper state passes
   // run two warpgroups per CTA here.
   all.push_back({"bf16_many_heads", fixed(8, 100, 8, 32, 128, 128), DType::bf16});
+  // The same fill over packed sequences, an empty one among them, with the L2 norm, GVA and states: the forward
+  // without a saved buffer runs the warp-specialised pass on an H200 (bench/NOTES.md), the others the two-warpgroup one.
+  all.push_back({"f16_many_heads_varlen_l2norm", packed({300, 0, 64, 1, 130}, 8, 32, 128, 256), DType::f16,
+                 DType::f32, true, true, true});
   // Few long sequences over few heads: on a GPU with the Hopper state pass these run in segments.
   all.push_back({"bf16_long_few_heads", fixed(1, 4000, 1, 2, 128, 128), DType::bf16});
   // Ten chunks over one head: the forward runs two segments, the second started from the first's end with

@@ -1,0 +1,40 @@
+// What the Hopper state passes (state_hopper.cu) and the warp-specialised forward pass (state_forward_ws_hopper.cu)
+// share beyond the wgmma primitives.
+#pragma once
+
+#include "sequential.cuh"
+#include "wgmma.cuh"
+
+namespace deltatrain::gdn::cuda {
+
+// state (64 x K) += a (64 x 64 tokens, the warpgroup's operand) * tile (64 tokens x K, MN-major).
+template <class E, int K, class KeyTile>
+__device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const WarpOperand<E, kChunk>& a,
+                                             KeyTile tile) {
+#pragma unroll
+  for (int kb = 0; kb < kChunk / 16; ++kb) {
+#pragma unroll
+    for (int nb = 0; nb < K / 64; ++nb) {
+      wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&state[0][8 * nb]), a.frag[kb],
+                              mn_major(tile, 16 * kb, 64 * nb));
+    }
+  }
+}
+
+
+// W = T diag(beta e^gamma) K of a chunk, the warpgroup's 64 key columns from key0, formed from T diag(beta) (its rows by
+// ldmatrix, scaled by e^gamma in registers: a second rounding, W's error +0.06% on the grid) and the chunk's key tile;
+// issued, not committed. m0: the warp's 16 rows of the warpgroup's 64.
+template <class E, class KeyTile>
+__device__ __forceinline__ void issue_w_from_t_beta(float (&w)[8][4], AddressableSwizzledTile<E, kChunk, kChunk> t_beta,
+                                                    const float* gate_in, KeyTile keys, int key0, int m0) {
+  WarpOperand<E, kChunk> a(nullptr);
+#pragma unroll
+  for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(a.frag[kb], plain(t_beta), m0, 16 * kb);
+  a.scale_columns(gate_in, 1.f);
+  wgmma_fence();
+#pragma unroll
+  for (int kb = 0; kb < kChunk / 16; ++kb) wgmma_64x64x16<E, true>(w, a.frag[kb], mn_major(keys, 16 * kb, key0), kb > 0);
+}
+
+}  // namespace deltatrain::gdn::cuda
