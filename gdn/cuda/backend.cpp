@@ -86,9 +86,8 @@ int current_multiprocessors() {
   return 0;
 }
 
-// The plan of `kernel`'s operation `op` from its shape (in the kernels' head dims) and the calling thread's device;
-// keeps_saved: a forward that fills the caller's saved buffer.
-cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int64_t chunks, bool keeps_saved) {
+// The plan of `kernel`'s operation `op` from its shape (in the kernels' head dims) and the calling thread's device.
+cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int64_t chunks) {
   if (op == Operation::recurrent) return {};
   static const char* const wgmma_setting = std::getenv("DELTATRAIN_CUDA_WGMMA");  // read once
   static const char* const fused_setting = std::getenv("DELTATRAIN_CUDA_FUSED_BACKWARD");
@@ -106,7 +105,6 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int
   in.wgmma_allowed = switch_setting("DELTATRAIN_CUDA_WGMMA", wgmma_setting);
   in.wgmma_device = in.wgmma_allowed && cuda::wgmma_device_ready();
   in.fused_backward_setting = optional_switch_setting("DELTATRAIN_CUDA_FUSED_BACKWARD", fused_setting);
-  in.keeps_saved = keeps_saved;
   in.warp_specialised_setting = optional_switch_setting("DELTATRAIN_CUDA_WS_FORWARD", warp_specialised_setting);
   return cuda::plan_execution(in);
 }
@@ -124,8 +122,8 @@ std::optional<Problem> padded_problem(const Problem& p) {
 // Where a call's chunk_forward and chunk_backward keep what the backward's prepare writes, in the caller's saved
 // buffer (ForwardOutputs::saved), from both operations' plans on the calling thread's device.
 cuda::SavedLayout saved_layout(const Problem& kernel, std::int64_t chunks) {
-  return cuda::plan_saved(kernel, execution_plan(kernel, Operation::chunk_forward, chunks, true),
-                          execution_plan(kernel, Operation::chunk_backward, chunks, false));
+  return cuda::plan_saved(kernel, execution_plan(kernel, Operation::chunk_forward, chunks),
+                          execution_plan(kernel, Operation::chunk_backward, chunks));
 }
 
 // One call's launch context: device, stream, workspace and the kernels' parameter block, in the kernels' head
@@ -182,9 +180,8 @@ struct Call {
         kernel(padded_copy ? *padded_copy : p), padded(padded_copy.has_value()) {
     const bool upload = p.varlen && in.cu_seqlens->device.type == DeviceType::cpu;
     const std::int64_t chunks = count_chunks(p);
-    const bool keeps_saved = saved_buffer && saved_buffer->numel() > 0;
-    const cuda::ExecutionPlan plan = execution_plan(kernel, p.op, chunks, keeps_saved);
-    if (keeps_saved) {
+    const cuda::ExecutionPlan plan = execution_plan(kernel, p.op, chunks);
+    if (saved_buffer && saved_buffer->numel() > 0) {
       saved = saved_layout(kernel, chunks);
       saved_base = static_cast<char*>(saved_buffer->data);
     }

@@ -35,8 +35,6 @@ struct PlanInputs {
   // DELTATRAIN_CUDA_FUSED_BACKWARD (optional_switch_setting): true, the fused backward wherever it applies;
   // unset, the plan's rule (where its CTAs fill their waves); false, never.
   std::optional<bool> fused_backward_setting;
-  // A chunk_forward that fills the caller's saved buffer for its backward (ForwardOutputs::saved)
-  bool keeps_saved = false;
   // DELTATRAIN_CUDA_WS_FORWARD: true, the warp-specialised forward pass wherever it applies; unset, the plan's rule
   // (never, until it is measured on a GPU); false, never.
   std::optional<bool> warp_specialised_setting;
@@ -63,9 +61,9 @@ struct ExecutionPlan {
   // fused backward, GVA groups of one or two value heads: the fused kernel finishes dq and dk itself (the group's
   // sum, a pair of CTAs in a cluster, the L2 norm's backward and the cast) instead of input_grad_kernel after it
   bool fused_input_grads = false;
-  // wgmma, forward, K = 128, V a multiple of 128, no segments, no saved buffer: the state pass on three warpgroups,
-  // the third forming P and the output (state_forward_ws_hopper.cu), so prepare writes neither P nor
-  // T diag(beta e^gamma)
+  // wgmma, forward, K = 128, V a multiple of 128, no segments: the state pass on three warpgroups, the third forming P
+  // and the output (state_forward_ws_hopper.cu), so prepare writes T diag(beta e^gamma) for none and P only for a
+  // saved buffer (the backward reads prepare's P, whose bits a backward without the buffer forms again)
   bool forward_warp_specialised = false;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };
@@ -77,9 +75,8 @@ ExecutionPlan plan_execution(const PlanInputs& in);
 // prepare. The forward's prepare writes T, T diag(beta) and U wherever their pointers are set, whatever its own plan
 // (both operations of a call take the same kind of state passes, so the same one of those two); but one launch forms
 // W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT).
-// The warp-specialised forward writes no P: it is planned only where no saved buffer is asked for.
 constexpr bool forward_fills_backward_prepare(const ExecutionPlan& forward, const ExecutionPlan& backward) {
-  return !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay) && !forward.forward_warp_specialised;
+  return !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay);
 }
 
 }  // namespace deltatrain::gdn::cuda

@@ -300,7 +300,8 @@ __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
 }
 
 // kFormsP: P is formed here and written (p.p), which every pass reads but the warp-specialised forward (it forms P
-// itself); without it neither Q nor its product with K is touched.
+// itself; its prepare writes P only into a saved buffer, for the backward); without it neither Q nor its product with
+// K is touched.
 template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT, bool kFormsP>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
@@ -452,7 +453,7 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
       const DecayedT decayed = decayed_t_of(p);
       if constexpr (kWgmmaShape) {
         if (decayed == DecayedT::itself) return record.template operator()<DecayedT::itself>();
-        if constexpr (kChunks == PrepareChunks::all && K == 128) {  // the warp-specialised forward's (one run)
+        if constexpr (kChunks == PrepareChunks::all && K == 128) {  // the warp-specialised forward's, unsaved
           if (decayed == DecayedT::none && p.p == nullptr) return record.template operator()<DecayedT::none, false>();
         }
         if (decayed == DecayedT::none) return record.template operator()<DecayedT::none>();

@@ -55,7 +55,6 @@ class CudaPlan : public SeededTest {
     in.wgmma_allowed = pick(0, 3) != 0;
     const std::int64_t fused = pick(0, 2);  // DELTATRAIN_CUDA_FUSED_BACKWARD unset, 1 or 0
     if (fused != 0) in.fused_backward_setting = fused == 1;
-    in.keeps_saved = pick(0, 1) == 1;
     const std::int64_t warp_specialised = pick(0, 2);  // DELTATRAIN_CUDA_WS_FORWARD unset, 1 or 0
     if (warp_specialised != 0) in.warp_specialised_setting = warp_specialised == 1;
     return in;
@@ -69,7 +68,7 @@ std::string describe(const PlanInputs& in) {
          std::to_string(in.multiprocessors) + " SMs, wgmma device " + std::to_string(in.wgmma_device) +
          ", allowed " + std::to_string(in.wgmma_allowed) + ", fused backward setting " +
          (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset")) +
-         ", keeps saved " + std::to_string(in.keeps_saved) + ", warp-specialised forward setting " +
+         ", warp-specialised forward setting " +
          (in.warp_specialised_setting ? std::to_string(*in.warp_specialised_setting) : std::string("unset"));
 }
 
@@ -98,11 +97,10 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     const bool passes_form_w = plan.wgmma && in.K / plan.warpgroups == 64;
     EXPECT_EQ(plan.passes_form_w, passes_form_w);
     // The warp-specialised forward: built for K = 128, 128 columns of V a CTA (two warpgroups) and whole sequences;
-    // it writes no P, so not where a saved buffer (which holds P) is filled; only where DELTATRAIN_CUDA_WS_FORWARD=1
-    // asks for it, until it is measured.
+    // only where DELTATRAIN_CUDA_WS_FORWARD=1 asks for it, until it is measured.
     EXPECT_EQ(plan.forward_warp_specialised, plan.wgmma && in.op == Operation::chunk_forward && in.K == 128 &&
                                                  in.V % 128 == 0 && plan.segments == 1 && plan.warpgroups == 2 &&
-                                                 !in.keeps_saved && in.warp_specialised_setting.value_or(false));
+                                                 in.warp_specialised_setting.value_or(false));
     EXPECT_EQ(plan.prepare_writes_t_beta_decay,
               passes_form_w && in.op == Operation::chunk_forward && !plan.forward_warp_specialised)
         << "T diag(beta e^gamma) is written for the two-warpgroup forward pass alone, which forms W from it";
@@ -192,9 +190,8 @@ std::array<std::pair<const char*, const Region*>, 8> kept_regions(const Layout& 
 TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
   int offered = 0;
   for (int trial = 0; trial < 5000; ++trial) {
-    PlanInputs in = random_inputs();
+    const PlanInputs in = random_inputs();
     if (in.op == Operation::recurrent) continue;
-    in.keeps_saved = true;  // the forward's plan where it fills the buffer, as backend.cpp's saved_layout asks it
     SCOPED_TRACE(describe(in));
     const ExecutionPlan forward = plan_of(in, Operation::chunk_forward), backward = plan_of(in, Operation::chunk_backward);
     ASSERT_EQ(forward.wgmma, backward.wgmma) << "both operations of a call take the same kind of state passes";
@@ -282,26 +279,24 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(backward.paired);
   EXPECT_EQ(backward.segments, 1);
   EXPECT_FALSE(backward.late_prepare);
-  // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments. Asked for (DELTATRAIN_CUDA_WS_FORWARD=1),
-  // a forward that keeps no saved buffer takes the warp-specialised pass; the training forward (which keeps one) and
-  // every forward unasked the two-warpgroup one.
+  // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments; asked for
+  // (DELTATRAIN_CUDA_WS_FORWARD=1), the warp-specialised forward pass, which forms P and W itself.
   const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
   EXPECT_EQ(filled.warpgroups, 2);
   EXPECT_EQ(filled.segments, 1);
   EXPECT_FALSE(filled.forward_warp_specialised);
-  PlanInputs asked = anchor(Operation::chunk_forward, 32, 4, 8192);
-  asked.warp_specialised_setting = true;
-  const ExecutionPlan inference = plan_execution(asked);
-  EXPECT_TRUE(inference.forward_warp_specialised);
-  EXPECT_FALSE(inference.prepare_writes_t_beta_decay || inference.prepare_forms_w);
-  asked.keeps_saved = true;
-  EXPECT_EQ(plan_execution(asked), filled);
+  const ExecutionPlan specialised = with_ws_setting(anchor(Operation::chunk_forward, 32, 4, 8192));
+  EXPECT_TRUE(specialised.forward_warp_specialised);
+  EXPECT_FALSE(specialised.prepare_writes_t_beta_decay || specialised.prepare_forms_w);
   EXPECT_FALSE(with_ws_setting(anchor(Operation::chunk_forward, 32, 1, 32768)).forward_warp_specialised) << "segments";
-  // Its workspace holds neither P nor T diag(beta e^gamma): the pass forms both from Q, K, T diag(beta) and the gates.
-  const Problem inference_call = problem_of(asked, Operation::chunk_forward);
-  const WorkspaceLayout inference_workspace = plan_workspace(inference_call, false, 4 * 128, false, inference);
-  EXPECT_EQ(inference_workspace.p.bytes + inference_workspace.t_beta_decay.bytes, 0u);
-  EXPECT_GT(plan_workspace(inference_call, false, 4 * 128, false, filled).p.bytes, 0u);
+  // Its workspace holds neither P nor T diag(beta e^gamma); with a saved buffer prepare writes P there alone.
+  const Problem forward_call = problem_of(anchor(Operation::chunk_forward, 32, 4, 8192), Operation::chunk_forward);
+  const WorkspaceLayout unsaved = plan_workspace(forward_call, false, 4 * 128, false, specialised);
+  EXPECT_EQ(unsaved.p.bytes + unsaved.t_beta_decay.bytes, 0u);
+  EXPECT_GT(plan_workspace(forward_call, false, 4 * 128, false, filled).p.bytes, 0u);
+  const SavedLayout kept = plan_saved(forward_call, specialised, plan_execution(anchor(Operation::chunk_backward, 32, 4, 8192)));
+  EXPECT_GT(kept.p.bytes, 0u);
+  EXPECT_EQ(plan_workspace(forward_call, false, 4 * 128, false, specialised, kept).p.bytes, 0u);
   // The fused backward unasked where its CTAs fill their waves to 60%: eight sequences of 32 heads (256 CTAs, two
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
   // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
@@ -345,10 +340,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   // backward skips prepare: where both form W in their passes (the fused backward of two warpgroups) and where both
   // read prepare's (one warpgroup: segments, the paired passes); not for the unfused backward of two warpgroups,
   // whose reverse pass reads prepare's W where the forward's prepare writes T diag(beta e^gamma) instead.
-  auto forward_of = [](PlanInputs in) {  // that fills the buffer
-    in.keeps_saved = true;
-    return plan_of(in, Operation::chunk_forward);
-  };
+  auto forward_of = [](const PlanInputs& in) { return plan_of(in, Operation::chunk_forward); };
   EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
   EXPECT_TRUE(
       forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));
@@ -359,6 +351,13 @@ TEST(CudaPlanAnchors, H200Choices) {
     return in;
   }();
   EXPECT_FALSE(forward_fills_backward_prepare(forward_of(unfused), plan_execution(unfused)));
+  // The warp-specialised forward's prepare writes no T diag(beta e^gamma), so it fills W for that reverse pass too:
+  // 656 bytes a token and value head, as with one warpgroup.
+  const ExecutionPlan specialised_forward = with_ws_setting(anchor(Operation::chunk_forward, 32, 8, 4096));
+  EXPECT_TRUE(forward_fills_backward_prepare(specialised_forward, plan_execution(unfused)));
+  const Problem unfused_call = problem_of(unfused, Operation::chunk_backward);
+  EXPECT_EQ(plan_saved(unfused_call, specialised_forward, plan_execution(unfused)).bytes,
+            656u * static_cast<std::size_t>(unfused_call.tokens() * unfused_call.HV));
   // Its size per token and value head (docs/cuda-backend.md): gamma (8), both gates (4 + 4), P, T and T diag(beta)
   // (128 each at bf16), and W (256) where the backward's prepare forms it.
   auto saved_per_token_head = [&](const PlanInputs& in) {

@@ -89,8 +89,8 @@ std::vector<Case> cases() {
   // Enough (sequence, head, 64 columns) units to fill an H100 or H200 by themselves: the Hopper state passes
   // run two warpgroups per CTA here.
   all.push_back({"bf16_many_heads", fixed(8, 100, 8, 32, 128, 128), DType::bf16});
-  // The same fill over packed sequences, an empty one among them, with the L2 norm, GVA and states: the forward
-  // without a saved buffer runs the warp-specialised pass on an H200 (bench/NOTES.md), the others the two-warpgroup one.
+  // The same fill over packed sequences, an empty one among them, with the L2 norm, GVA, states and V = 256 (two CTAs
+  // a head): with DELTATRAIN_CUDA_WS_FORWARD=1 its forward takes the warp-specialised pass.
   all.push_back({"f16_many_heads_varlen_l2norm", packed({300, 0, 64, 1, 130}, 8, 32, 128, 256), DType::f16,
                  DType::f32, true, true, true});
   // Few long sequences over few heads: on a GPU with the Hopper state pass these run in segments.
