@@ -62,8 +62,8 @@ struct ExecutionPlan {
   // sum, a pair of CTAs in a cluster, the L2 norm's backward and the cast) instead of input_grad_kernel after it
   bool fused_input_grads = false;
   // wgmma, forward, K = 128, V a multiple of 128, no segments: the state pass on three warpgroups, the third forming P
-  // and the output (state_forward_ws_hopper.cu), so prepare writes T diag(beta e^gamma) for none and P only for a
-  // saved buffer (the backward reads prepare's P, whose bits a backward without the buffer forms again)
+  // (in prepare's bits; into a saved buffer where there is one) and the output (state_forward_ws_hopper.cu), so
+  // prepare writes neither P nor T diag(beta e^gamma)
   bool forward_warp_specialised = false;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };

@@ -299,9 +299,9 @@ __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
   }
 }
 
-// kFormsP: P is formed here and written (p.p), which every pass reads but the warp-specialised forward (it forms P
-// itself; its prepare writes P only into a saved buffer, for the backward); without it neither Q nor its product with
-// K is touched.
+// kFormsP: P is formed here and written (p.p), which every pass reads but the warp-specialised forward: that forms P
+// itself, in the same bits, and writes it where a saved buffer keeps it. Without it neither Q nor its product with K is
+// touched.
 template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT, bool kFormsP>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
@@ -453,8 +453,11 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
       const DecayedT decayed = decayed_t_of(p);
       if constexpr (kWgmmaShape) {
         if (decayed == DecayedT::itself) return record.template operator()<DecayedT::itself>();
-        if constexpr (kChunks == PrepareChunks::all && K == 128) {  // the warp-specialised forward's, unsaved
-          if (decayed == DecayedT::none && p.p == nullptr) return record.template operator()<DecayedT::none, false>();
+        if constexpr (kChunks == PrepareChunks::all && K == 128) {  // the warp-specialised forward's (one run)
+          if (p.warp_specialised) {
+            if (decayed == DecayedT::none) return record.template operator()<DecayedT::none, false>();
+            return record.template operator()<DecayedT::w, false>();  // W for a saved buffer (the unfused backward)
+          }
         }
         if (decayed == DecayedT::none) return record.template operator()<DecayedT::none>();
       }

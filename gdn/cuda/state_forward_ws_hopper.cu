@@ -6,8 +6,10 @@
 //     Delta^T = V^T (T diag(beta))^T - S^T W^T,   S^T = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K,
 //     and the next chunk's W = T diag(beta e^gamma) K behind the update (from T diag(beta) and the gates); -S^T as it
 //     enters the chunk and Delta^T, rounded to 16 bits, go to shared memory for
-//   output (warpgroup 2): P = scale tril(Q K^T) * Gamma in registers (prepare neither forms nor stores it), then
-//     O = scale diag(e^gamma) Q S + P Delta, token-major, with Q, S^T and Delta^T read from shared memory.
+//   output (warpgroup 2): P = scale tril(Q K^T) * Gamma in registers (prepare forms none), then
+//     O = scale diag(e^gamma) Q S + P Delta, token-major, with Q, S^T and Delta^T read from shared memory. P is
+//     formed by prepare's own products (mma.sync, the same k order) and rounding, so that where a saved buffer keeps
+//     it for the backward (kSavesP) the backward reads the bits a backward without the buffer forms in its prepare.
 // The chain's step keeps only its own products (the chain itself and W's), and prepare loses Q K^T and P's stores and
 // T diag(beta e^gamma)'s. The roles meet at named barriers, per chunk: the state tile full and free, the Delta tile full
 // and free; the output warpgroup runs up to a step behind the chain and holds it up only where it falls further behind.
@@ -223,8 +225,9 @@ struct Chain : WsCta<E> {
   }
 };
 
-// Warpgroup 2: P and O, thread `tid` of 128; warp w holds O's tokens 16 w...
-template <class E>
+// Warpgroup 2: P and O, thread `tid` of 128; warp w holds O's tokens 16 w... kSavesP: P also goes to p.p (a saved
+// buffer's region, token-major [tokens, HV, C]).
+template <class E, bool kSavesP>
 struct Output : WsCta<E> {
   using L = WsSmem<E>;
   using WsCta<E>::smem, WsCta<E>::p, WsCta<E>::hv, WsCta<E>::h, WsCta<E>::chunks;
@@ -272,20 +275,22 @@ struct Output : WsCta<E> {
       fence_for_wgmma();
       sync();
 
-      // P = scale tril(Q K^T) * Gamma, as the A operand of O's P Delta.
+      // P = scale tril(Q K^T) * Gamma as prepare forms it (the same products, k in order, and the same rounding), as the
+      // A operand of O's P Delta.
       float qk[1][kChunk / 8][4];
-      wgmma_fence();
-      wgmma_ss_product<E, false, false, kKeys / 16>(
-          qk[0], [&](int k0) { return k_major(q_tile(stage), k0); }, [&](int k0) { return k_major(k_tile(), k0); },
-          false);
-      wgmma_commit_and_wait();
-      hold(qk[0]);
-      sync();  // every warp's products have read K
+      zero(qk);
+      warp_mma(qk, plain(q_tile(stage)), m0, transposed(k_tile()), 0, 0, kKeys);
+      sync();  // every warp has read K
       if (j + 1 < count) issue_keys(j + 1);
       cp_async_commit();
       for_each_decay<1, kChunk / 8>(gamma(stage), m0, 0, [&](int r, int c, float decay, FragmentIndex at) {
         at(qk) = r >= c ? p.scale * at(qk) * decay : 0.f;
       });
+      if constexpr (kSavesP) {
+        const std::int64_t chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
+        store_pairs(qk, static_cast<E*>(p.p) + (static_cast<std::int64_t>(info.start + m0) * p.HV + hv) * kChunk,
+                    chunk_stride, info.length - m0);
+      }
       WarpOperand<E, kChunk> p_operand(nullptr);
       p_operand.set(qk, 1.f);
 
@@ -323,7 +328,7 @@ struct Output : WsCta<E> {
   }
 };
 
-template <class E>
+template <class E, bool kSavesP>
 __global__ void __launch_bounds__(kThreads, 1) state_forward_ws_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
   extern __shared__ __align__(16) char smem_raw[];
@@ -332,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_ws_hopper_kernel(Pa
     Chain<E>(smem_raw, p).run();
   } else {
     lower_registers<kOutputRegisters>();
-    Output<E>(smem_raw, p).run();
+    Output<E, kSavesP>(smem_raw, p).run();
   }
 #endif
 }
@@ -343,9 +348,12 @@ bool launch_state_forward_ws_hopper(const Params& p, DType io, KernelSequence& k
   if (!p.warp_specialised) return false;  // the plan chooses it only for 16-bit inputs, K = 128, V % 128 == 0
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K == kKeys) {
-      launch<state_forward_ws_hopper_kernel<E>>("gdn state_forward_ws_hopper_kernel",
-                                                dim3(p.sequences, p.HV, p.V / kBlockColumns), dim3(kThreads),
-                                                WsSmem<E>::bytes, kernels);
+      auto record = [&]<bool kSavesP>() {
+        launch<state_forward_ws_hopper_kernel<E, kSavesP>>("gdn state_forward_ws_hopper_kernel",
+                                                           dim3(p.sequences, p.HV, p.V / kBlockColumns),
+                                                           dim3(kThreads), WsSmem<E>::bytes, kernels);
+      };
+      p.p != nullptr ? record.template operator()<true>() : record.template operator()<false>();
     }
   });
   return true;
