@@ -175,14 +175,7 @@ struct Chain : WsCta<E> {
       for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(values.frag[kb], transposed(column_tile(stage)), m0, 16 * kb);
       float delta[1][kChunk / 8][4];
       wgmma_fence();
-#pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb) {
-        wgmma_64x64x16<E, false>(delta[0], values.frag[kb], k_major(t_beta_tile(stage), 16 * kb), kb > 0);
-      }
-#pragma unroll
-      for (int kb = 0; kb < kKeys / 16; ++kb) {
-        wgmma_64x64x16<E, false>(delta[0], neg_state.frag[kb], k_major(w_tile(stage), 16 * kb));
-      }
+      issue_delta(delta[0], values, true, neg_state, t_beta_tile(stage), w_tile(stage));
       wgmma_commit();
       // -S^T for the output's Q S while Delta's products run (they only read neg_state's registers).
       named_barrier_sync(kStateFree, kThreads);

@@ -292,16 +292,7 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     // Delta first and O's state term in a group of its own behind it: Delta's elementwise work (the decay,
     // its two operands) runs while the tensor cores form S^T Q^T, and O's scaling while they update S.
     wgmma_fence();
-    if (!pass.transition_rows) {
-#pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb) {
-        wgmma_64x64x16<E, false>(delta[0], values.frag[kb], k_major(pass.t_beta_tile(stage), 16 * kb), kb > 0);
-      }
-    }
-#pragma unroll
-    for (int kb = 0; kb < K / 16; ++kb) {
-      wgmma_64x64x16<E, false>(delta[0], neg_state.frag[kb], k_major(pass.key_tile(stage, 0), 16 * kb));
-    }
+    issue_delta(delta[0], values, !pass.transition_rows, neg_state, pass.t_beta_tile(stage), pass.key_tile(stage, 0));
     wgmma_commit();
     if constexpr (kQueries) {
 #pragma unroll

@@ -22,6 +22,22 @@ __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const 
 }
 
 
+// Delta^T = V^T (T diag(beta))^T - S^T W^T, the forward step's first group (issued, not committed): U^T's products from
+// V^T's fragments (where the rows have values: not rows of M, which start from zero) and the state's, -S^T's fragments
+// against the W tile.
+template <class E, int K, class ChunkTileT, class KeyTileT>
+__device__ __forceinline__ void issue_delta(float (&delta)[8][4], const WarpOperand<E, kChunk>& values, bool with_values,
+                                            const WarpOperand<E, K>& neg_state, ChunkTileT t_beta, KeyTileT w) {
+  if (with_values) {
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) {
+      wgmma_64x64x16<E, false>(delta, values.frag[kb], k_major(t_beta, 16 * kb), kb > 0);
+    }
+  }
+#pragma unroll
+  for (int kb = 0; kb < K / 16; ++kb) wgmma_64x64x16<E, false>(delta, neg_state.frag[kb], k_major(w, 16 * kb));
+}
+
 // W = T diag(beta e^gamma) K of a chunk, the warpgroup's 64 key columns from key0, formed from T diag(beta) (its rows by
 // ldmatrix, scaled by e^gamma in registers: a second rounding, W's error +0.06% on the grid) and the chunk's key tile;
 // issued, not committed. m0: the warp's 16 rows of the warpgroup's 64.
