@@ -122,7 +122,7 @@ std::optional<Problem> padded_problem(const Problem& p) {
 // Where a call's chunk_forward and chunk_backward keep what the backward's prepare writes, in the caller's saved
 // buffer (ForwardOutputs::saved), from both operations' plans on the calling thread's device.
 cuda::SavedLayout saved_layout(const Problem& kernel, std::int64_t chunks) {
-  return cuda::plan_saved(kernel, execution_plan(kernel, Operation::chunk_forward, chunks),
+  return cuda::plan_saved(kernel, chunks, execution_plan(kernel, Operation::chunk_forward, chunks),
                           execution_plan(kernel, Operation::chunk_backward, chunks));
 }
 
@@ -257,8 +257,8 @@ struct Call {
     k.t = region(layout.t, saved.t);
     k.t_beta = region(layout.t_beta, saved.t_beta);
     k.t_beta_decay = region(layout.t_beta_decay);
-    k.states = region(layout.states);
-    k.delta = region(layout.delta);
+    k.states = region(layout.states, saved.states);
+    k.delta = region(layout.delta, saved.delta);
     k.dstates = region(layout.dstates);
     k.ddelta = region(layout.ddelta);
     k.dw = region(layout.dw);
@@ -389,12 +389,14 @@ class CudaBackend final : public Backend {
     if (grads_out.dh0) k.dh0 = static_cast<float*>(call.output(grads_out.dh0->data, copy.dh0));
     cuda::KernelSequence kernels;
     call.prepare(p, kernels);
+    // Where the forward kept the states entering each chunk and Delta in the saved buffer, nothing recomputes them.
+    const bool recompute = call.saved.states.bytes == 0;
     if (k.fused_backward) {
-      cuda::launch_state_forward(k, p.io_dtype, true, kernels);
+      if (recompute) cuda::launch_state_forward(k, p.io_dtype, true, kernels);
       cuda::launch_backward_segment_starts(k, p.io_dtype, kernels);
       cuda::launch_fused_backward(k, p.io_dtype, kernels);
     } else {
-      cuda::launch_backward_state_passes(k, p.io_dtype, kernels);
+      cuda::launch_backward_state_passes(k, p.io_dtype, recompute, kernels);
       cuda::launch_chunk_grad(k, p.io_dtype, kernels);
       cuda::launch_wy_grad(k, p.io_dtype, kernels);
     }

@@ -63,9 +63,9 @@ bool launch_state_forward_ws_hopper(const Params& p, DType io, KernelSequence& k
 void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
 // The same pass with wgmma, as launch_state_forward_hopper.
 bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels);
-// Both sequential passes of the backward: the recompute, then the reverse pass, or the two in one launch
-// where the plan paired them (p.paired).
-void launch_backward_state_passes(const Params& p, DType io, KernelSequence& kernels);
+// Both sequential passes of the backward: the recompute (unless the forward kept what it writes: `recompute` false,
+// never where they are paired), then the reverse pass, or the two in one launch where the plan paired them (p.paired).
+void launch_backward_state_passes(const Params& p, DType io, bool recompute, KernelSequence& kernels);
 // The paired launch with wgmma where p.paired; false otherwise, recording nothing.
 bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: dq, dk (state and intra-chunk parts), dv, dW, the U-part of dT, partial dgamma and dbeta.

@@ -20,7 +20,8 @@ struct Packer {
 
 }  // namespace
 
-SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, const ExecutionPlan& backward) {
+SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& forward,
+                       const ExecutionPlan& backward) {
   SavedLayout saved;
   if (!forward_fills_backward_prepare(forward, backward)) return saved;
   const Packer take{saved.bytes};
@@ -37,6 +38,11 @@ SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, con
   }
   take(saved.p, token_heads * C * io);
   take(saved.t, token_heads * C * io);
+  if (forward_keeps_states(forward, backward)) {
+    const auto V = static_cast<std::size_t>(problem.V);
+    take(saved.states, static_cast<std::size_t>(chunks * problem.HV) * V * static_cast<std::size_t>(problem.K) * io);
+    take(saved.delta, token_heads * V * io);
+  }
   return saved;
 }
 
@@ -103,8 +109,8 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   }
   if (problem.op != Operation::chunk_backward) return layout;
   take_unless_saved(layout.t, saved.t, tokens * HV * C * io);
-  take(layout.states, n_chunks * HV * V * K * io);
-  take(layout.delta, tokens * HV * V * io);
+  take_unless_saved(layout.states, saved.states, n_chunks * HV * V * K * io);
+  take_unless_saved(layout.delta, saved.delta, tokens * HV * V * io);
   if (plan.fused_backward) {
     if (!plan.fused_input_grads) {
       take(layout.dq_head, tokens * HV * K * f32);

@@ -363,9 +363,9 @@ void launch_state_backward(const Params& p, DType io, KernelSequence& kernels) {
   });
 }
 
-void launch_backward_state_passes(const Params& p, DType io, KernelSequence& kernels) {
+void launch_backward_state_passes(const Params& p, DType io, bool recompute, KernelSequence& kernels) {
   if (launch_state_passes_paired_hopper(p, io, kernels)) return;
-  launch_state_forward(p, io, true, kernels);
+  if (recompute) launch_state_forward(p, io, true, kernels);
   launch_state_backward(p, io, kernels);
 }
 

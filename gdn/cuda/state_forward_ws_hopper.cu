@@ -7,9 +7,11 @@
 //     and the next chunk's W = T diag(beta e^gamma) K behind the update (from T diag(beta) and the gates); -S^T as it
 //     enters the chunk and Delta^T, rounded to 16 bits, go to shared memory for
 //   output (warpgroup 2): P = scale tril(Q K^T) * Gamma in registers (prepare forms none), then
-//     O = scale diag(e^gamma) Q S + P Delta, token-major, with Q, S^T and Delta^T read from shared memory. P is
-//     formed by prepare's own products (mma.sync, the same k order) and rounding, so that where a saved buffer keeps
-//     it for the backward (kSavesP) the backward reads the bits a backward without the buffer forms in its prepare.
+//     O = scale diag(e^gamma) Q S + P Delta, token-major, with Q, S^T and Delta^T read from shared memory. Where a
+//     saved buffer keeps them for the backward (kSaves), it also writes P and, from the two tiles, the state entering
+//     each chunk and Delta, so that the backward runs neither prepare nor its recompute pass. Each is the bits the
+//     backward would form itself: P by prepare's own products (mma.sync, the same k order) and rounding, S and Delta
+//     by the recompute pass's steps (the chain's are the same instructions).
 // The chain's step keeps only its own products (the chain itself and W's), and prepare loses Q K^T and P's stores and
 // T diag(beta e^gamma)'s. The roles meet at named barriers, per chunk: the state tile full and free, the Delta tile full
 // and free; the output warpgroup runs up to a step behind the chain and holds it up only where it falls further behind.
@@ -218,9 +220,9 @@ struct Chain : WsCta<E> {
   }
 };
 
-// Warpgroup 2: P and O, thread `tid` of 128; warp w holds O's tokens 16 w... kSavesP: P also goes to p.p (a saved
-// buffer's region, token-major [tokens, HV, C]).
-template <class E, bool kSavesP>
+// Warpgroup 2: P and O, thread `tid` of 128; warp w holds O's tokens 16 w... kSaves: P, the states and Delta also go to
+// p.p, p.states and p.delta (a saved buffer's regions).
+template <class E, bool kSaves>
 struct Output : WsCta<E> {
   using L = WsSmem<E>;
   using WsCta<E>::smem, WsCta<E>::p, WsCta<E>::hv, WsCta<E>::h, WsCta<E>::chunks;
@@ -244,6 +246,41 @@ struct Output : WsCta<E> {
   }
   __device__ void issue_keys(int j) const {
     load_chunk_rows<kWarpgroup>(k_tile(), keys<E>(p), p.H, h, kKeys, 0, chunks[j], tid);
+  }
+
+  // The state entering chunk j as the CTA's rows of its block of the per-chunk [chunks, HV, V, K] states, from the
+  // tile of -S^T (negating a 16-bit float, its sign bit, is exact), in 16-byte pieces of rows.
+  __device__ void save_state(int j) const {
+    constexpr std::uint32_t kSignBits = 0x80008000u;  // of both halves of a 32-bit word
+    constexpr int kVectorsPerRow = kKeys / 8;
+    const auto tile = this->state_tile();
+    E* rows = static_cast<E*>(p.states) +
+              ((static_cast<std::int64_t>(chunks.first + j) * p.HV + hv) * p.V + this->column0) * kKeys;
+#pragma unroll 4
+    for (int i = tid; i < kBlockColumns * kVectorsPerRow; i += kWarpgroup) {
+      const int r = i / kVectorsPerRow, c = i % kVectorsPerRow * 8;
+      uint4 x = *reinterpret_cast<const uint4*>(&tile(r, c));
+      x = {x.x ^ kSignBits, x.y ^ kSignBits, x.z ^ kSignBits, x.w ^ kSignBits};
+      *reinterpret_cast<uint4*>(rows + r * kKeys + c) = x;
+    }
+  }
+  // Delta, token-major [tokens, HV, V], the warp's 16 tokens: the Delta^T tile read transposed by ldmatrix into A
+  // fragments (rows g and g + 8, columns 2t, 2t + 1 and 8 more), a pair of columns a store.
+  __device__ void save_delta(const ChunkInfo& info) const {
+    const auto tile = this->delta_tile();
+    const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
+    E* rows = static_cast<E*>(p.delta) + (static_cast<std::int64_t>(info.start + m0) * p.HV + hv) * p.V + this->column0;
+    const int g = (tid & 31) >> 2, t = tid & 3;
+#pragma unroll
+    for (int block = 0; block < kBlockColumns / 16; ++block) {
+      std::uint32_t a[4];
+      load_a16(a, transposed(tile), m0, 16 * block);
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int r = g + 8 * (b & 1), c = 16 * block + 8 * (b >> 1) + 2 * t;
+        if (m0 + r < info.length) *reinterpret_cast<std::uint32_t*>(rows + r * token_stride + c) = a[b];
+      }
+    }
   }
 
   __device__ void run() const {
@@ -279,7 +316,7 @@ struct Output : WsCta<E> {
       for_each_decay<1, kChunk / 8>(gamma(stage), m0, 0, [&](int r, int c, float decay, FragmentIndex at) {
         at(qk) = r >= c ? p.scale * at(qk) * decay : 0.f;
       });
-      if constexpr (kSavesP) {
+      if constexpr (kSaves) {
         const std::int64_t chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
         store_pairs(qk, static_cast<E*>(p.p) + (static_cast<std::int64_t>(info.start + m0) * p.HV + hv) * kChunk,
                     chunk_stride, info.length - m0);
@@ -298,7 +335,11 @@ struct Output : WsCta<E> {
         wgmma_ss_product<E, false, false, kKeys / 16>(
             o[0], [&](int k0) { return k_major(q_tile(stage), k0); },
             [&](int k0) { return k_major(this->state_tile(), k0, kWgmmaColumns * half); }, false);
-        wgmma_commit_and_wait();
+        wgmma_commit();
+        if constexpr (kSaves) {
+          if (half == 0) save_state(j);  // while the products read the same tile
+        }
+        wgmma_wait();
         hold(o[0]);
         if (half == 1 && j + 1 < count) named_barrier_arrive(kStateFree, kThreads);
         for_each(o, m0, 0, [&](int r, int, float& x) { x *= -p.scale * gates_in[r]; });
@@ -309,7 +350,11 @@ struct Output : WsCta<E> {
           wgmma_64x64x16<E, false>(o[0], p_operand.frag[kb],
                                    k_major(this->delta_tile(), 16 * kb, kWgmmaColumns * half));
         }
-        wgmma_commit_and_wait();
+        wgmma_commit();
+        if constexpr (kSaves) {
+          if (half == 0) save_delta(info);
+        }
+        wgmma_wait();
         hold(o[0]);
         if (half == 1 && j + 1 < count) named_barrier_arrive(kDeltaFree, kThreads);
         store_pairs(o, o_rows + kWgmmaColumns * half, token_stride, info.length - m0);
@@ -321,7 +366,7 @@ struct Output : WsCta<E> {
   }
 };
 
-template <class E, bool kSavesP>
+template <class E, bool kSaves>
 __global__ void __launch_bounds__(kThreads, 1) state_forward_ws_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
   extern __shared__ __align__(16) char smem_raw[];
@@ -330,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_ws_hopper_kernel(Pa
     Chain<E>(smem_raw, p).run();
   } else {
     lower_registers<kOutputRegisters>();
-    Output<E, kSavesP>(smem_raw, p).run();
+    Output<E, kSaves>(smem_raw, p).run();
   }
 #endif
 }
@@ -341,11 +386,12 @@ bool launch_state_forward_ws_hopper(const Params& p, DType io, KernelSequence& k
   if (!p.warp_specialised) return false;  // the plan chooses it only for 16-bit inputs, K = 128, V % 128 == 0
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K == kKeys) {
-      auto record = [&]<bool kSavesP>() {
-        launch<state_forward_ws_hopper_kernel<E, kSavesP>>("gdn state_forward_ws_hopper_kernel",
+      auto record = [&]<bool kSaves>() {
+        launch<state_forward_ws_hopper_kernel<E, kSaves>>("gdn state_forward_ws_hopper_kernel",
                                                            dim3(p.sequences, p.HV, p.V / kBlockColumns),
                                                            dim3(kThreads), WsSmem<E>::bytes, kernels);
       };
+      // A saved buffer holds P, the states and Delta together (plan.h's forward_keeps_states).
       p.p != nullptr ? record.template operator()<true>() : record.template operator()<false>();
     }
   });

@@ -22,6 +22,7 @@ namespace {
 
 using cuda::ExecutionPlan;
 using cuda::forward_fills_backward_prepare;
+using cuda::forward_keeps_states;
 using cuda::kWgmmaColumns;
 using cuda::plan_execution;
 using cuda::plan_saved;
@@ -177,11 +178,13 @@ Problem problem_of(const PlanInputs& in, Operation op) {
   return p;
 }
 
-// The regions a saved buffer may hold, with their names, in a layout of either kind.
+// The regions a saved buffer may hold, with their names, in a layout of either kind: prepare's outputs, then the
+// recompute pass's (the states and Delta, which the warp-specialised forward keeps).
+constexpr std::size_t kPrepareRegions = 8, kKeptRegions = 10;
 template <class Layout>
-std::array<std::pair<const char*, const Region*>, 8> kept_regions(const Layout& l) {
+std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(const Layout& l) {
   return {{{"gamma", &l.gamma}, {"gate_in", &l.gate_in}, {"gate_out", &l.gate_out}, {"w", &l.w}, {"u", &l.u},
-           {"p", &l.p}, {"t", &l.t}, {"t_beta", &l.t_beta}}};
+           {"p", &l.p}, {"t", &l.t}, {"t_beta", &l.t_beta}, {"states", &l.states}, {"delta", &l.delta}}};
 }
 
 // The forward's saved buffer holds exactly what the backward's workspace would hold of prepare's outputs, so that the
@@ -197,10 +200,10 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     ASSERT_EQ(forward.wgmma, backward.wgmma) << "both operations of a call take the same kind of state passes";
     const Problem forward_call = problem_of(in, Operation::chunk_forward);
     const Problem backward_call = problem_of(in, Operation::chunk_backward);
-    const SavedLayout saved = plan_saved(backward_call, forward, backward);
-    const SavedLayout from_forward = plan_saved(forward_call, forward, backward);
+    const SavedLayout saved = plan_saved(backward_call, in.chunks, forward, backward);
+    const SavedLayout from_forward = plan_saved(forward_call, in.chunks, forward, backward);
     ASSERT_EQ(saved.bytes, from_forward.bytes) << "both operations lay the buffer out alike";
-    for (std::size_t i = 0; i < 8; ++i) {
+    for (std::size_t i = 0; i < kKeptRegions; ++i) {
       EXPECT_EQ(kept_regions(saved)[i].second->offset, kept_regions(from_forward)[i].second->offset);
     }
     if (!forward_fills_backward_prepare(forward, backward)) {
@@ -211,11 +214,17 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     const WorkspaceLayout alone = plan_workspace(backward_call, false, in.chunks, false, backward);
     const WorkspaceLayout beside = plan_workspace(backward_call, false, in.chunks, false, backward, saved);
     EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes) << "the backward's workspace gives up exactly the buffer's regions";
+    // The states and Delta where the warp-specialised forward keeps them (for a backward that recomputes them in a
+    // pass of its own: not paired, no segments), and then the backward recomputes nothing.
+    const bool keeps_states = forward_keeps_states(forward, backward);
+    EXPECT_EQ(keeps_states, forward.forward_warp_specialised);
     std::vector<Region> taken;
-    for (std::size_t i = 0; i < 8; ++i) {
+    for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
-      EXPECT_EQ(kept->bytes, kept_regions(alone)[i].second->bytes) << "the buffer holds what the workspace would";
+      const bool holds = i < kPrepareRegions || keeps_states;
+      EXPECT_EQ(kept->bytes, holds ? kept_regions(alone)[i].second->bytes : 0u)
+          << "the buffer holds what the workspace would";
       if (kept->bytes == 0) continue;
       EXPECT_EQ(kept_regions(beside)[i].second->bytes, 0u);
       EXPECT_EQ(kept->offset % 256, 0u);
@@ -227,9 +236,12 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
 
     const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
     // What the forward itself uses, in kept_regions' order: gamma, both gates, W where its prepare forms it, U on the
-    // mma.sync passes, P, not T, T diag(beta) on the wgmma passes.
-    const bool forward_uses[8] = {true, true, true, forward.prepare_forms_w, !forward.wgmma, true, false, forward.wgmma};
-    for (std::size_t i = 0; i < 8; ++i) {
+    // mma.sync passes, P, not T, T diag(beta) on the wgmma passes, and the states and Delta in the warp-specialised
+    // pass (which writes them into the buffer alone).
+    const bool specialised = forward.forward_warp_specialised;
+    const bool forward_uses[kKeptRegions] = {true, true,  true,          forward.prepare_forms_w, !forward.wgmma,
+                                             true, false, forward.wgmma, specialised,             specialised};
+    for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
       const bool in_workspace = kept_regions(forward_workspace)[i].second->bytes > 0;
@@ -294,8 +306,13 @@ TEST(CudaPlanAnchors, H200Choices) {
   const WorkspaceLayout unsaved = plan_workspace(forward_call, false, 4 * 128, false, specialised);
   EXPECT_EQ(unsaved.p.bytes + unsaved.t_beta_decay.bytes, 0u);
   EXPECT_GT(plan_workspace(forward_call, false, 4 * 128, false, filled).p.bytes, 0u);
-  const SavedLayout kept = plan_saved(forward_call, specialised, plan_execution(anchor(Operation::chunk_backward, 32, 4, 8192)));
+  // With a saved buffer the pass writes P there, and the states and Delta the backward's recompute would: 768 bytes a
+  // token and value head more, and the backward runs no recompute.
+  const ExecutionPlan fused_backward = plan_execution(anchor(Operation::chunk_backward, 32, 4, 8192));
+  EXPECT_TRUE(forward_keeps_states(specialised, fused_backward));
+  const SavedLayout kept = plan_saved(forward_call, 4 * 128, specialised, fused_backward);
   EXPECT_GT(kept.p.bytes, 0u);
+  EXPECT_EQ(kept.bytes, (400u + 768u) * static_cast<std::size_t>(forward_call.tokens() * forward_call.HV));
   EXPECT_EQ(plan_workspace(forward_call, false, 4 * 128, false, specialised, kept).p.bytes, 0u);
   // The fused backward unasked where its CTAs fill their waves to 60%: eight sequences of 32 heads (256 CTAs, two
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
@@ -352,17 +369,18 @@ TEST(CudaPlanAnchors, H200Choices) {
   }();
   EXPECT_FALSE(forward_fills_backward_prepare(forward_of(unfused), plan_execution(unfused)));
   // The warp-specialised forward's prepare writes no T diag(beta e^gamma), so it fills W for that reverse pass too:
-  // 656 bytes a token and value head, as with one warpgroup.
+  // 656 bytes a token and value head, as with one warpgroup, and the states and Delta (768) for its chunk_grad.
   const ExecutionPlan specialised_forward = with_ws_setting(anchor(Operation::chunk_forward, 32, 8, 4096));
   EXPECT_TRUE(forward_fills_backward_prepare(specialised_forward, plan_execution(unfused)));
   const Problem unfused_call = problem_of(unfused, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(unfused_call, specialised_forward, plan_execution(unfused)).bytes,
-            656u * static_cast<std::size_t>(unfused_call.tokens() * unfused_call.HV));
+  EXPECT_EQ(plan_saved(unfused_call, unfused.chunks, specialised_forward, plan_execution(unfused)).bytes,
+            (656u + 768u) * static_cast<std::size_t>(unfused_call.tokens() * unfused_call.HV));
   // Its size per token and value head (docs/cuda-backend.md): gamma (8), both gates (4 + 4), P, T and T diag(beta)
   // (128 each at bf16), and W (256) where the backward's prepare forms it.
   auto saved_per_token_head = [&](const PlanInputs& in) {
     const Problem call = problem_of(in, Operation::chunk_backward);
-    return plan_saved(call, forward_of(in), plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
+    return plan_saved(call, in.chunks, forward_of(in), plan_execution(in)).bytes /
+           static_cast<std::size_t>(call.tokens() * call.HV);
   };
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096)), 400u) << "the 0.8B model's layers";
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096)), 400u);
@@ -383,7 +401,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(forward_fills_backward_prepare(mma_sync, mma_sync_backward))
       << "the mma.sync passes of both read W and U from prepare";
   const Problem forced_call = problem_of(forced, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(forced_call, mma_sync, mma_sync_backward).bytes,
+  EXPECT_EQ(plan_saved(forced_call, forced.chunks, mma_sync, mma_sync_backward).bytes,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
       << "W and U (256 bytes each) where the wgmma passes keep T diag(beta)";
 }
