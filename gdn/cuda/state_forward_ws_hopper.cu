@@ -27,7 +27,6 @@
 namespace deltatrain::gdn::cuda {
 namespace {
 
-constexpr int kWarpgroup = 128;
 constexpr int kKeys = 128;                             // K
 constexpr int kBlockColumns = 2 * kWgmmaColumns;       // of V per CTA: the chain's two warpgroups
 constexpr int kChainThreads = 2 * kWarpgroup;
@@ -50,8 +49,6 @@ enum Barrier : int {
   kDeltaFull = 5,
   kDeltaFree = 6,
 };
-
-__host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
 // Offsets from a 1024-byte aligned base (the swizzled tiles' alignment). Chain stage: W (formed there a chunk ahead), K,
 // T diag(beta), the CTA's 128 columns of V and the gates e^gamma, e^(gamma_last - gamma). Output stage: Q, gamma and

@@ -43,10 +43,7 @@
 namespace deltatrain::gdn::cuda {
 namespace {
 
-constexpr int kWarpgroup = 128;
 constexpr int kColumns = kWgmmaColumns;  // of V per warpgroup: the wgmma row count
-
-__host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
 enum class Pass { forward, recompute, backward, segment_ends };
 

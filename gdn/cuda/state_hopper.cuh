@@ -7,6 +7,10 @@
 
 namespace deltatrain::gdn::cuda {
 
+inline constexpr int kWarpgroup = 128;  // threads
+
+__host__ __device__ constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
+
 // state (64 x K) += a (64 x 64 tokens, the warpgroup's operand) * tile (64 tokens x K, MN-major).
 template <class E, int K, class KeyTile>
 __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const WarpOperand<E, kChunk>& a,
