@@ -52,8 +52,9 @@
 #                                        bench/gdn_ab.py's comparison: OUT/gdn-ab.md and OUT/gdn-ab.json (every
 #                                        run's rows with it); each run's log in OUT/runs.log
 #   bench/gpu/gpu.sh step-ab OUT ROUNDS ARGS...
-#                                        binaries with a baseline (GPU_BASELINE holding a model_step_benchmark):
-#                                        model_step_benchmark_base and model_step_benchmark ARGS in turn, ROUNDS
+#                                        binaries with a baseline (GPU_BASELINE holding a model_step_benchmark, or
+#                                        the same binary with AB_BASE_ENV=NAME=VALUE set, as for ab):
+#                                        the baseline and model_step_benchmark ARGS in turn, ROUNDS
 #                                        times each, then bench/model_step_ab.py's comparison: OUT/model-step-ab.md
 #                                        and .json (every run in it), e.g. ARGS = --sequences 8 --seq-len 4096
 #                                        --steps 4 --warmup 2
@@ -369,25 +370,32 @@ pack_base() {
 # The model's training step with the baseline binary and the change's in turn (base first); each run's JSON in a
 # scratch folder, the comparison (which holds them all) and the runs' log in OUT.
 step_ab() {
-  local out=$1 rounds=$2 scratch=/tmp/deltatrain-step-ab round binary
+  local out=$1 rounds=$2 scratch=/tmp/deltatrain-step-ab base_env=${AB_BASE_ENV:-} round side binary
   shift 2
   [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: step-ab ROUNDS must be a positive integer, got '$rounds'" >&2; return 2; }
   mkdir -p "$out"
   setup "$out" >>"$out/runs.log" 2>&1 || { echo "gpu.sh: step-ab's setup failed (OUT/runs.log)" >&2; return 1; }
-  [ -x "$ROOT/bin/model_step_benchmark" ] && [ -x "$ROOT/bin/model_step_benchmark_base" ] ||
-    { echo "gpu.sh: step-ab needs model_step_benchmark in GPU_BINARIES and in GPU_BASELINE (make gpu-bundle)" >&2
+  [ -x "$ROOT/bin/model_step_benchmark" ] && { [ -x "$ROOT/bin/model_step_benchmark_base" ] || [ -n "$base_env" ]; } ||
+    { echo "gpu.sh: step-ab needs model_step_benchmark in GPU_BINARIES and a baseline: in GPU_BASELINE" \
+           "(make gpu-bundle) or AB_BASE_ENV=NAME=VALUE" >&2
       return 1; }
   rm -rf "$scratch"
   mkdir -p "$scratch"
   for ((round = 1; round <= rounds; ++round)); do
-    for binary in model_step_benchmark_base model_step_benchmark; do
-      echo "== $binary, round $round" >>"$out/runs.log"
-      "$ROOT/bin/$binary" "$@" --json "$scratch/$binary-$round.json" >>"$out/runs.log" 2>&1 ||
-        { echo "gpu.sh: $binary failed in round $round (OUT/runs.log)" >&2; return 1; }
+    for side in base new; do
+      local settings=()
+      binary=model_step_benchmark
+      if [ "$side" = base ]; then
+        [ -x "$ROOT/bin/model_step_benchmark_base" ] && binary=model_step_benchmark_base
+        read -r -a settings <<<"$base_env"
+      fi
+      echo "== $side ($binary), round $round ${settings[*]}" >>"$out/runs.log"
+      ( [ ${#settings[@]} -eq 0 ] || export "${settings[@]}"
+        "$ROOT/bin/$binary" "$@" --json "$scratch/$side-$round.json" ) >>"$out/runs.log" 2>&1 ||
+        { echo "gpu.sh: the $side run of round $round failed (OUT/runs.log)" >&2; return 1; }
     done
   done
-  python3 bench/model_step_ab.py --base "$scratch"/model_step_benchmark_base-*.json \
-    --new "$scratch"/model_step_benchmark-[0-9]*.json --out "$out"
+  python3 bench/model_step_ab.py --base "$scratch"/base-*.json --new "$scratch"/new-*.json --out "$out"
 }
 
 case ${1:-} in
