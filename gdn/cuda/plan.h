@@ -70,17 +70,19 @@ struct ExecutionPlan {
 
 ExecutionPlan plan_execution(const PlanInputs& in);
 
-// Whether a chunk_forward planned as `forward` fills, for the chunk_backward of the same call planned as `backward`,
-// everything the backward's prepare would write, so that the backward may read it from ForwardOutputs::saved and skip
-// prepare. The forward's prepare writes T, T diag(beta) and U wherever their pointers are set, whatever its own plan
-// (both operations of a call take the same kind of state passes, so the same one of those two); but one launch forms
-// W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT).
 // The warp-specialised forward also keeps the state entering each chunk and Delta, which its output warpgroup holds in
 // shared memory anyway, so that the backward skips its recompute pass: for a backward whose recompute is a pass of its
 // own over whole sequences (not paired, no segments), which is what the same call's shape gives it; else nothing.
 constexpr bool forward_keeps_states(const ExecutionPlan& forward, const ExecutionPlan& backward) {
   return forward.forward_warp_specialised && backward.wgmma && !backward.paired && backward.segments == 1;
 }
+
+// Whether a chunk_forward planned as `forward` fills, for the chunk_backward of the same call planned as `backward`,
+// everything the backward's prepare would write, so that the backward may read it from ForwardOutputs::saved and skip
+// prepare. The forward's prepare writes T, T diag(beta) and U wherever their pointers are set, whatever its own plan
+// (both operations of a call take the same kind of state passes, so the same one of those two); but one launch forms
+// W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT). A warp-specialised forward fills it only where it
+// also keeps the states: its pass writes P, the states and Delta into the buffer together.
 constexpr bool forward_fills_backward_prepare(const ExecutionPlan& forward, const ExecutionPlan& backward) {
   return !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay) &&
          (!forward.forward_warp_specialised || forward_keeps_states(forward, backward));

@@ -25,7 +25,6 @@ __device__ __forceinline__ void update_state(float (&state)[1][K / 8][4], const 
   }
 }
 
-
 // Delta^T = V^T (T diag(beta))^T - S^T W^T, the forward step's first group (issued, not committed): U^T's products from
 // V^T's fragments (where the rows have values: not rows of M, which start from zero) and the state's, -S^T's fragments
 // against the W tile.
