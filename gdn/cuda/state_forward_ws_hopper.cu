@@ -154,10 +154,12 @@ struct Chain : WsCta<E> {
 #pragma unroll 1
     for (int j = 0; j < count; ++j) {
       const int stage = j % L::stages, next_stage = (j + 1) % L::stages;
-      cp_async_wait<L::stages - 1>();
-      fence_for_wgmma();
-      sync();
-      if (j == 0) {  // nothing formed the first chunk's W a step ahead
+      // Chunk j's copies landed, and its W was stored and fenced, before the previous step's last barrier; the first
+      // chunk waits for its copies here and forms its W, which nothing formed a step ahead.
+      if (j == 0) {
+        cp_async_wait<L::stages - 1>();
+        fence_for_wgmma();
+        sync();
         float w[1][8][4];
         issue_w(stage, w);
         wgmma_wait();
@@ -176,9 +178,10 @@ struct Chain : WsCta<E> {
       wgmma_fence();
       issue_delta(delta[0], values, true, neg_state, t_beta_tile(stage), w_tile(stage));
       wgmma_commit();
-      // -S^T for the output's Q S while Delta's products run (they only read neg_state's registers).
+      // -S^T for the output's Q S while Delta's products run, rounded again from the state's registers (the same bits
+      // as neg_state's): a wgmma's A registers must not be touched before the wait that covers it.
       named_barrier_sync(kStateFree, kThreads);
-      neg_state.store(plain(this->state_tile()), m0);
+      store_accumulator(state, plain(this->state_tile()), m0, 0, [](float x, int, int) { return -x; });
       fence_for_wgmma();
       named_barrier_arrive(kStateFull, kThreads);
       wgmma_wait();
@@ -209,7 +212,8 @@ struct Chain : WsCta<E> {
       wgmma_wait();
       hold(state[0]);
       if (next) store_w(next_stage, next_w);
-      sync();  // the stage is read, and the next W stored
+      fence_for_wgmma();  // the next W, for the next step's products
+      sync();             // the stage is read, and the next W stored
       if (j + L::stages < count) issue(j + L::stages, stage);
       cp_async_commit();
     }
@@ -313,7 +317,7 @@ struct Output : WsCta<E> {
       for_each_decay<1, kChunk / 8>(gamma(stage), m0, 0, [&](int r, int c, float decay, FragmentIndex at) {
         at(qk) = r >= c ? p.scale * at(qk) * decay : 0.f;
       });
-      if constexpr (kSaves) {
+      if (kSaves && this->column0 == 0) {  // P is per head: where V = 256 the head's first CTA writes it
         const std::int64_t chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
         store_pairs(qk, static_cast<E*>(p.p) + (static_cast<std::int64_t>(info.start + m0) * p.HV + hv) * kChunk,
                     chunk_stride, info.length - m0);
