@@ -61,9 +61,9 @@ struct ExecutionPlan {
   // fused backward, GVA groups of one or two value heads: the fused kernel finishes dq and dk itself (the group's
   // sum, a pair of CTAs in a cluster, the L2 norm's backward and the cast) instead of input_grad_kernel after it
   bool fused_input_grads = false;
-  // wgmma, forward, K = 128, V a multiple of 128, no segments: the state pass on three warpgroups, the third forming P
-  // (in prepare's bits; into a saved buffer where there is one) and the output (state_forward_ws_hopper.cu), so
-  // prepare writes neither P nor T diag(beta e^gamma)
+  // wgmma, forward, K = 128, no segments: the state pass with one more warpgroup, which forms P (in prepare's bits; into
+  // a saved buffer where there is one) and the output (state_forward_ws_hopper.cu), so prepare writes no P, nor
+  // T diag(beta e^gamma) where the chain's two warpgroups form W
   bool forward_warp_specialised = false;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };
@@ -81,11 +81,10 @@ constexpr bool forward_keeps_states(const ExecutionPlan& forward, const Executio
 // everything the backward's prepare would write, so that the backward may read it from ForwardOutputs::saved and skip
 // prepare. The forward's prepare writes T, T diag(beta) and U wherever their pointers are set, whatever its own plan
 // (both operations of a call take the same kind of state passes, so the same one of those two); but one launch forms
-// W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT). A warp-specialised forward fills it only where it
-// also keeps the states: its pass writes P, the states and Delta into the buffer together.
+// W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT). (A warp-specialised forward's pass writes P
+// there, and the states and Delta where forward_keeps_states.)
 constexpr bool forward_fills_backward_prepare(const ExecutionPlan& forward, const ExecutionPlan& backward) {
-  return !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay) &&
-         (!forward.forward_warp_specialised || forward_keeps_states(forward, backward));
+  return !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay);
 }
 
 }  // namespace deltatrain::gdn::cuda

@@ -1,22 +1,25 @@
-// The forward state pass with its output on a warpgroup of its own (sm_90a): K = 128, V a multiple of 128, each
-// sequence in one run (plan.h's forward_warp_specialised). state_hopper.cu's two-warpgroup forward CTA forms, per chunk,
-// Delta, the state's update and the output in the same warpgroups, and reads P from prepare. Here, per (sequence, value
-// head, 128 columns of V), three warpgroups share the chunk (FlashQLA's fused forward splits its CTA the same way):
-//   chain (warpgroups 0 and 1, 64 columns of V each, S^T in float32 registers as in state_hopper.cu):
-//     Delta^T = V^T (T diag(beta))^T - S^T W^T,   S^T = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K,
-//     and the next chunk's W = T diag(beta e^gamma) K behind the update (from T diag(beta) and the gates); -S^T as it
+// The forward state pass with its output on a warpgroup of its own (sm_90a): K = 128, each sequence in one run (plan.h's
+// forward_warp_specialised). state_hopper.cu's forward CTA forms, per chunk, Delta, the state's update and the output in
+// the same warpgroups, and reads P from prepare. Here, per (sequence, value head, 64 G columns of V), G + 1 warpgroups
+// share the chunk (FlashQLA's fused forward splits its CTA the same way), G = 2 or 1 as the plan's warpgroups:
+//   chain (warpgroups 0..G-1, 64 columns of V each, S^T in float32 registers as in state_hopper.cu):
+//     Delta^T = V^T (T diag(beta))^T - S^T W^T,   S^T = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K;
+//     with G = 2 each warpgroup also forms 64 keys of the next chunk's W = T diag(beta e^gamma) K behind the update
+//     (from T diag(beta) and the gates), with G = 1 (all 128 keys would spill) it reads prepare's W; -S^T as it
 //     enters the chunk and Delta^T, rounded to 16 bits, go to shared memory for
-//   output (warpgroup 2): P = scale tril(Q K^T) * Gamma in registers (prepare forms none), then
+//   output (warpgroup G): P = scale tril(Q K^T) * Gamma in registers (prepare forms none), then
 //     O = scale diag(e^gamma) Q S + P Delta, token-major, with Q, S^T and Delta^T read from shared memory. Where a
 //     saved buffer keeps them for the backward (kSaves), it also writes P and, from the two tiles, the state entering
 //     each chunk and Delta, so that the backward runs neither prepare nor its recompute pass. Each is the bits the
 //     backward would form itself: P by prepare's own products (mma.sync, the same k order) and rounding, S and Delta
-//     by the recompute pass's steps (the chain's are the same instructions).
-// The chain's step keeps only its own products (the chain itself and W's), and prepare loses Q K^T and P's stores and
-// T diag(beta e^gamma)'s. The roles meet at named barriers, per chunk: the state tile full and free, the Delta tile full
-// and free; the output warpgroup runs up to a step behind the chain and holds it up only where it falls further behind.
-// Each role copies its own chunk tiles (cp.async, two stages; the output's K tile one, free once P is formed) behind a
-// barrier of its own. setmaxnreg moves registers from the output warpgroup (P's operand and half of O) to the chain's.
+//     by the recompute pass's steps (the chain's are the same instructions). The states and Delta are written where
+//     the buffer has room for them (plan.h's forward_keeps_states).
+// The chain's step keeps only its own products (the chain itself and W's), and prepare loses Q K^T and P's stores (and
+// with G = 2 T diag(beta e^gamma)'s). The roles meet at named barriers, per chunk: the state tile full and free, the
+// Delta tile full and free; the output warpgroup runs up to a step behind the chain and holds it up only where it
+// falls further behind. Each role copies its own chunk tiles (cp.async, two stages; the output's K tile one, free once P
+// is formed) behind a barrier of its own. With G = 2, setmaxnreg moves registers from the output warpgroup (P's operand
+// and a 64-column half of O) to the chain's; with G = 1 every thread may take 255.
 #include <cuda_runtime_api.h>
 
 #include "dispatch.cuh"
@@ -27,18 +30,24 @@
 namespace deltatrain::gdn::cuda {
 namespace {
 
-constexpr int kKeys = 128;                             // K
-constexpr int kBlockColumns = 2 * kWgmmaColumns;       // of V per CTA: the chain's two warpgroups
-constexpr int kChainThreads = 2 * kWarpgroup;
-constexpr int kThreads = kChainThreads + kWarpgroup;  // the output warpgroup last
-// Registers per thread after the hand-over. The launch gives each thread 168 (65536 / 384, in steps of 8), and a raise
-// waits until lowers have given back what it takes, so 2 x chain + output <= 3 x 168. At 200 a chain thread's products
-// serialise (ptxas C7512); at 88 the output's copy addresses spill, loop-invariant (~10 L1 loads a chunk), where it
-// holds one 64-column half of O (32) and P's operand (16).
-constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-constexpr int kChainRegisters = 208;
-constexpr int kOutputRegisters = 88;
-static_assert(2 * kChainRegisters + kOutputRegisters <= 3 * kLaunchRegisters);
+constexpr int kKeys = 128;  // K
+
+// The CTA of a chain of G warpgroups and the output warpgroup after them.
+template <int G>
+struct WsShape {
+  static constexpr int kBlockColumns = G * kWgmmaColumns;  // of V
+  static constexpr int kChainThreads = G * kWarpgroup;
+  static constexpr int kThreads = kChainThreads + kWarpgroup;
+  static constexpr bool kFormsW = wgmma_pass_forms_w(kKeys, G);
+  // G = 2: registers per thread after the hand-over. The launch gives each thread 168 (65536 / 384, in steps of 8),
+  // and a raise waits until lowers have given back what it takes, so 2 x chain + output <= 3 x 168. At 200 a chain
+  // thread's products serialise (ptxas C7512); at 88 the output's copy addresses spill, loop-invariant (~10 L1 loads
+  // a chunk), where it holds one 64-column half of O (32) and P's operand (16).
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kChainRegisters = 208;
+  static constexpr int kOutputRegisters = 88;
+  static_assert(G == 1 || G * kChainRegisters + kOutputRegisters <= (G + 1) * kLaunchRegisters);
+};
 
 // Named barriers (0 is __syncthreads, which this kernel does not use once the roles part).
 enum Barrier : int {
@@ -50,12 +59,13 @@ enum Barrier : int {
   kDeltaFree = 6,
 };
 
-// Offsets from a 1024-byte aligned base (the swizzled tiles' alignment). Chain stage: W (formed there a chunk ahead), K,
-// T diag(beta), the CTA's 128 columns of V and the gates e^gamma, e^(gamma_last - gamma). Output stage: Q, gamma and
-// the gates. Then the output's K tile, -S^T ([column of V][key]) and Delta^T ([column of V][token]), each the B operand
-// of one of O's products (K-major).
-template <class E>
+// Offsets from a 1024-byte aligned base (the swizzled tiles' alignment). Chain stage: W (formed there a chunk ahead, or
+// prepare's), K, T diag(beta), the CTA's columns of V and the gates e^gamma, e^(gamma_last - gamma). Output stage: Q,
+// gamma and the gates. Then the output's K tile, -S^T ([column of V][key]) and Delta^T ([column of V][token]), each
+// the B operand of one of O's products (K-major).
+template <class E, int G>
 struct WsSmem {
+  static constexpr int kBlockColumns = WsShape<G>::kBlockColumns;
   using KeyTile = SwizzledTile<E, kChunk, kKeys>;  // [token][key]
   using ChunkTile = SwizzledTile<E, kChunk, kChunk>;
   using ColumnTile = Tile<E, kChunk, kBlockColumns>;
@@ -79,16 +89,18 @@ struct WsSmem {
 };
 
 // What both roles share: the CTA's place and shared memory.
-template <class E>
+template <class E, int G>
 struct WsCta {
-  using L = WsSmem<E>;
+  using L = WsSmem<E, G>;
+  using Shape = WsShape<G>;
   char* smem;
   const Params& p;
   int n, hv, h, column0;
   SequenceChunks chunks;
 
   __device__ WsCta(char* smem_raw, const Params& params)
-      : p(params), n(blockIdx.x), hv(blockIdx.y), h(blockIdx.y / params.group), column0(blockIdx.z * kBlockColumns),
+      : p(params), n(blockIdx.x), hv(blockIdx.y), h(blockIdx.y / params.group),
+        column0(blockIdx.z * Shape::kBlockColumns),
         chunks(params, blockIdx.x) {
     const int raw = static_cast<int>(smem_address(smem_raw));
     smem = smem_raw + (round_up(raw, 1024) - raw);
@@ -97,20 +109,22 @@ struct WsCta {
   __device__ AddressableSwizzledTile<E, ROWS, COLS> swizzled(int at) const {
     return swizzled_tile<E, ROWS, COLS>(smem + at);
   }
-  __device__ auto state_tile() const { return swizzled<kBlockColumns, kKeys>(L::state_at); }
-  __device__ auto delta_tile() const { return swizzled<kBlockColumns, kChunk>(L::delta_at); }
+  __device__ auto state_tile() const { return swizzled<Shape::kBlockColumns, kKeys>(L::state_at); }
+  __device__ auto delta_tile() const { return swizzled<Shape::kBlockColumns, kChunk>(L::delta_at); }
 };
 
-// Warpgroups 0 and 1: the state's chain, thread `tid` of 256; warp w holds rows 16 w.. of the CTA's S^T.
-template <class E>
-struct Chain : WsCta<E> {
-  using L = WsSmem<E>;
-  using WsCta<E>::smem, WsCta<E>::p, WsCta<E>::hv, WsCta<E>::h, WsCta<E>::chunks;
+// Warpgroups 0..G-1: the state's chain, thread `tid` of 128 G; warp w holds rows 16 w.. of the CTA's S^T.
+template <class E, int G>
+struct Chain : WsCta<E, G> {
+  using L = WsSmem<E, G>;
+  using Shape = WsShape<G>;
+  static constexpr int kChainThreads = Shape::kChainThreads, kThreads = Shape::kThreads;
+  using WsCta<E, G>::smem, WsCta<E, G>::p, WsCta<E, G>::hv, WsCta<E, G>::h, WsCta<E, G>::chunks;
   int tid, m0;
   StateRows at;
 
   __device__ Chain(char* smem_raw, const Params& params)
-      : WsCta<E>(smem_raw, params), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)), at{this->column0 + m0, 0} {}
+      : WsCta<E, G>(smem_raw, params), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)), at{this->column0 + m0, 0} {}
 
   __device__ int stage_at(int stage) const { return stage * L::chain_stage_bytes; }
   __device__ auto w_tile(int stage) const { return this->template swizzled<kChunk, kKeys>(stage_at(stage)); }
@@ -127,6 +141,9 @@ struct Chain : WsCta<E> {
 
   __device__ void issue(int j, int stage) const {
     const ChunkInfo info = chunks[j];
+    if constexpr (!Shape::kFormsW) {
+      load_chunk_rows<kChainThreads>(w_tile(stage), static_cast<const E*>(p.w), p.HV, hv, kKeys, 0, info, tid);
+    }
     load_chunk_rows<kChainThreads>(k_tile(stage), keys<E>(p), p.H, h, kKeys, 0, info, tid);
     load_chunk_rows<kChainThreads>(t_beta_tile(stage), static_cast<const E*>(p.t_beta), p.HV, hv, kChunk, 0, info, tid);
     load_chunk_rows<kChainThreads>(column_tile(stage), p.v, p.HV, hv, p.V, this->column0, info, tid);
@@ -154,12 +171,14 @@ struct Chain : WsCta<E> {
 #pragma unroll 1
     for (int j = 0; j < count; ++j) {
       const int stage = j % L::stages, next_stage = (j + 1) % L::stages;
-      // Chunk j's copies landed, and its W was stored and fenced, before the previous step's last barrier; the first
-      // chunk waits for its copies here and forms its W, which nothing formed a step ahead.
-      if (j == 0) {
+      // Where the chain forms W, chunk j's copies landed and its W was stored and fenced before the previous step's last
+      // barrier; the first chunk waits for its copies here and forms its W, which nothing formed a step ahead.
+      if (j == 0 || !Shape::kFormsW) {
         cp_async_wait<L::stages - 1>();
         fence_for_wgmma();
         sync();
+      }
+      if (Shape::kFormsW && j == 0) {
         float w[1][8][4];
         issue_w(stage, w);
         wgmma_wait();
@@ -202,7 +221,7 @@ struct Chain : WsCta<E> {
       named_barrier_arrive(kDeltaFull, kThreads);
       // The next chunk's W, queued behind the update: it needs the next chunk's copies, not the state.
       float next_w[1][8][4];
-      const bool next = j + 1 < count;
+      const bool next = Shape::kFormsW && j + 1 < count;
       if (next) {
         cp_async_wait<0>();
         fence_for_wgmma();
@@ -211,9 +230,11 @@ struct Chain : WsCta<E> {
       }
       wgmma_wait();
       hold(state[0]);
-      if (next) store_w(next_stage, next_w);
-      fence_for_wgmma();  // the next W, for the next step's products
-      sync();             // the stage is read, and the next W stored
+      if (next) {
+        store_w(next_stage, next_w);
+        fence_for_wgmma();  // for the next step's products
+      }
+      sync();  // the stage is read, and the next W stored
       if (j + L::stages < count) issue(j + L::stages, stage);
       cp_async_commit();
     }
@@ -221,16 +242,18 @@ struct Chain : WsCta<E> {
   }
 };
 
-// Warpgroup 2: P and O, thread `tid` of 128; warp w holds O's tokens 16 w... kSaves: P, the states and Delta also go to
-// p.p, p.states and p.delta (a saved buffer's regions).
-template <class E, bool kSaves>
-struct Output : WsCta<E> {
-  using L = WsSmem<E>;
-  using WsCta<E>::smem, WsCta<E>::p, WsCta<E>::hv, WsCta<E>::h, WsCta<E>::chunks;
+// Warpgroup G: P and O, thread `tid` of 128; warp w holds O's tokens 16 w... kSaves: P also goes to p.p (a saved
+// buffer's region), and the states and Delta to p.states and p.delta where the buffer holds them.
+template <class E, int G, bool kSaves>
+struct Output : WsCta<E, G> {
+  using L = WsSmem<E, G>;
+  using Shape = WsShape<G>;
+  static constexpr int kBlockColumns = Shape::kBlockColumns;
+  using WsCta<E, G>::smem, WsCta<E, G>::p, WsCta<E, G>::hv, WsCta<E, G>::h, WsCta<E, G>::chunks;
   int tid, m0;
 
   __device__ Output(char* smem_raw, const Params& params)
-      : WsCta<E>(smem_raw, params), tid(threadIdx.x - kChainThreads), m0(16 * (tid / 32)) {}
+      : WsCta<E, G>(smem_raw, params), tid(threadIdx.x - Shape::kChainThreads), m0(16 * (tid / 32)) {}
 
   __device__ int stage_at(int stage) const { return L::outputs_at + stage * L::output_stage_bytes; }
   __device__ auto q_tile(int stage) const { return this->template swizzled<kChunk, kKeys>(stage_at(stage)); }
@@ -288,6 +311,8 @@ struct Output : WsCta<E> {
     const int count = chunks.count;
     if (count == 0) return;  // an empty sequence: the chain meets none of the barriers either
     const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
+    constexpr int kThreads = Shape::kThreads;
+    const bool keeps_states = kSaves && p.states != nullptr;
     // The first chunk's tiles are free.
     named_barrier_arrive(kStateFree, kThreads);
     named_barrier_arrive(kDeltaFree, kThreads);
@@ -325,24 +350,22 @@ struct Output : WsCta<E> {
       WarpOperand<E, kChunk> p_operand(nullptr);
       p_operand.set(qk, 1.f);
 
-      // O in two halves of 64 columns: -scale e^gamma (Q (-S)) + P Delta.
+      // O in G pieces of 64 columns: -scale e^gamma (Q (-S)) + P Delta.
       const float* gates_in = gate_in(stage);
       E* o_rows = static_cast<E*>(p.o) + (static_cast<std::int64_t>(info.start + m0) * p.HV + hv) * p.V + this->column0;
       named_barrier_sync(kStateFull, kThreads);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < G; ++half) {
         float o[1][8][4];
         wgmma_fence();
         wgmma_ss_product<E, false, false, kKeys / 16>(
             o[0], [&](int k0) { return k_major(q_tile(stage), k0); },
             [&](int k0) { return k_major(this->state_tile(), k0, kWgmmaColumns * half); }, false);
         wgmma_commit();
-        if constexpr (kSaves) {
-          if (half == 0) save_state(j);  // while the products read the same tile
-        }
+        if (keeps_states && half == 0) save_state(j);  // while the products read the same tile
         wgmma_wait();
         hold(o[0]);
-        if (half == 1 && j + 1 < count) named_barrier_arrive(kStateFree, kThreads);
+        if (half == G - 1 && j + 1 < count) named_barrier_arrive(kStateFree, kThreads);
         for_each(o, m0, 0, [&](int r, int, float& x) { x *= -p.scale * gates_in[r]; });
         if (half == 0) named_barrier_sync(kDeltaFull, kThreads);
         wgmma_fence();
@@ -352,12 +375,10 @@ struct Output : WsCta<E> {
                                    k_major(this->delta_tile(), 16 * kb, kWgmmaColumns * half));
         }
         wgmma_commit();
-        if constexpr (kSaves) {
-          if (half == 0) save_delta(info);
-        }
+        if (keeps_states && half == 0) save_delta(info);
         wgmma_wait();
         hold(o[0]);
-        if (half == 1 && j + 1 < count) named_barrier_arrive(kDeltaFree, kThreads);
+        if (half == G - 1 && j + 1 < count) named_barrier_arrive(kDeltaFree, kThreads);
         store_pairs(o, o_rows + kWgmmaColumns * half, token_stride, info.length - m0);
       }
       sync();  // every warp's products have read the stage's Q, and its gates
@@ -367,16 +388,17 @@ struct Output : WsCta<E> {
   }
 };
 
-template <class E, bool kSaves>
-__global__ void __launch_bounds__(kThreads, 1) state_forward_ws_hopper_kernel(Params p) {
+template <class E, int G, bool kSaves>
+__global__ void __launch_bounds__(WsShape<G>::kThreads, 1) state_forward_ws_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
+  using Shape = WsShape<G>;
   extern __shared__ __align__(16) char smem_raw[];
-  if (threadIdx.x < kChainThreads) {
-    raise_registers<kChainRegisters>();
-    Chain<E>(smem_raw, p).run();
+  if (threadIdx.x < Shape::kChainThreads) {
+    if constexpr (G == 2) raise_registers<Shape::kChainRegisters>();
+    Chain<E, G>(smem_raw, p).run();
   } else {
-    lower_registers<kOutputRegisters>();
-    Output<E, kSaves>(smem_raw, p).run();
+    if constexpr (G == 2) lower_registers<Shape::kOutputRegisters>();
+    Output<E, G, kSaves>(smem_raw, p).run();
   }
 #endif
 }
@@ -384,16 +406,19 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_ws_hopper_kernel(Pa
 }  // namespace
 
 bool launch_state_forward_ws_hopper(const Params& p, DType io, KernelSequence& kernels) {
-  if (!p.warp_specialised) return false;  // the plan chooses it only for 16-bit inputs, K = 128, V % 128 == 0
+  if (!p.warp_specialised) return false;  // the plan chooses it only for 16-bit inputs, K = 128, no segments
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K == kKeys) {
-      auto record = [&]<bool kSaves>() {
-        launch<state_forward_ws_hopper_kernel<E, kSaves>>("gdn state_forward_ws_hopper_kernel",
-                                                           dim3(p.sequences, p.HV, p.V / kBlockColumns),
-                                                           dim3(kThreads), WsSmem<E>::bytes, kernels);
+      auto record = [&]<int G, bool kSaves>() {
+        using Shape = WsShape<G>;
+        launch<state_forward_ws_hopper_kernel<E, G, kSaves>>(
+            "gdn state_forward_ws_hopper_kernel", dim3(p.sequences, p.HV, p.V / Shape::kBlockColumns),
+            dim3(Shape::kThreads), WsSmem<E, G>::bytes, kernels);
       };
-      // A saved buffer holds P, the states and Delta together (plan.h's forward_keeps_states).
-      p.p != nullptr ? record.template operator()<true>() : record.template operator()<false>();
+      auto with_saves = [&]<int G>() {
+        p.p != nullptr ? record.template operator()<G, true>() : record.template operator()<G, false>();
+      };
+      p.warpgroups == 2 ? with_saves.template operator()<2>() : with_saves.template operator()<1>();
     }
   });
   return true;
