@@ -229,8 +229,8 @@ sanitize() {
     echo "compute-sanitizer $3 exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$2.log" | tail -1)"
   }
   # The warp-specialised forward's warpgroups and their named barriers (synccheck: barriers every thread meets), with
-  # a chain of two (the first two) and of one, with a saved buffer where the forward keeps the states, and without.
-  local ws='Grid/CudaVsReference.ChunkedForward/bf16_many_heads:Grid/CudaVsReference.ChunkedForward/f16_many_heads_varlen_l2norm:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.BackwardFromSavedForward/bf16_many_heads'
+  # a chain of two (the first two) and of one, with a saved buffer holding P alone, or P and the states, and none.
+  local ws='Grid/CudaVsReference.ChunkedForward/bf16_many_heads:Grid/CudaVsReference.ChunkedForward/f16_many_heads_varlen_l2norm:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.BackwardFromSavedForward/bf16_many_heads:Grid/CudaVsReference.BackwardFromSavedForward/bf16_one_warpgroup_units'
   for tool in memcheck racecheck; do
     run_sanitizer "$tool" "$tool" "$tool" "$small"
     DELTATRAIN_CUDA_FUSED_BACKWARD=1 run_sanitizer "$tool" "$tool-fused" "$tool (fused backward)" "$fused"

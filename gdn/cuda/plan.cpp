@@ -94,7 +94,7 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
     // pass still reads it.
     plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
     plan.forward_warp_specialised = warp_specialised_forward_applies(in, plan);
-    // The warp-specialised pass forms W from T diag(beta): its chain's registers, without O's, have room for it.
+    // The warp-specialised pass's chain of two forms W from T diag(beta): its registers, without O's, have room for it.
     plan.prepare_writes_t_beta_decay =
         plan.passes_form_w && in.op == Operation::chunk_forward && !plan.forward_warp_specialised;
     plan.prepare_forms_w = (in.op == Operation::chunk_backward && !plan.fused_backward) || !plan.passes_form_w;

@@ -456,7 +456,7 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
         if constexpr (kChunks == PrepareChunks::all && K == 128) {  // the warp-specialised forward's (one run)
           if (p.warp_specialised) {
             if (decayed == DecayedT::none) return record.template operator()<DecayedT::none, false>();
-            return record.template operator()<DecayedT::w, false>();  // W for a saved buffer (the unfused backward)
+            return record.template operator()<DecayedT::w, false>();  // for a chain of one, or a saved buffer
           }
         }
         if (decayed == DecayedT::none) return record.template operator()<DecayedT::none>();

@@ -9,7 +9,7 @@
 //     enters the chunk and Delta^T, rounded to 16 bits, go to shared memory for
 //   output (warpgroup G): P = scale tril(Q K^T) * Gamma in registers (prepare forms none), then
 //     O = scale diag(e^gamma) Q S + P Delta, token-major, with Q, S^T and Delta^T read from shared memory. Where a
-//     saved buffer keeps them for the backward (kSaves), it also writes P and, from the two tiles, the state entering
+//     saved buffer keeps them for the backward (kSaved), it also writes P and, from the two tiles, the state entering
 //     each chunk and Delta, so that the backward runs neither prepare nor its recompute pass. Each is the bits the
 //     backward would form itself: P by prepare's own products (mma.sync, the same k order) and rounding, S and Delta
 //     by the recompute pass's steps (the chain's are the same instructions). The states and Delta are written where
@@ -242,9 +242,13 @@ struct Chain : WsCta<E, G> {
   }
 };
 
-// Warpgroup G: P and O, thread `tid` of 128; warp w holds O's tokens 16 w... kSaves: P also goes to p.p (a saved
-// buffer's region), and the states and Delta to p.states and p.delta where the buffer holds them.
-template <class E, int G, bool kSaves>
+// What the pass writes into the caller's saved buffer besides its outputs (a template argument, so that each kernel
+// carries only its own stores): nothing, P (p.p), or P, the states and Delta (p.p, p.states, p.delta), as the buffer's
+// layout holds them (layout.cpp's plan_saved: P wherever there is a buffer, the others where forward_keeps_states).
+enum class Saved { nothing, p, p_and_states };
+
+// Warpgroup G: P and O, thread `tid` of 128; warp w holds O's tokens 16 w...
+template <class E, int G, Saved kSaved>
 struct Output : WsCta<E, G> {
   using L = WsSmem<E, G>;
   using Shape = WsShape<G>;
@@ -312,7 +316,7 @@ struct Output : WsCta<E, G> {
     if (count == 0) return;  // an empty sequence: the chain meets none of the barriers either
     const std::int64_t token_stride = static_cast<std::int64_t>(p.HV) * p.V;
     constexpr int kThreads = Shape::kThreads;
-    const bool keeps_states = kSaves && p.states != nullptr;
+    constexpr bool kSavesP = kSaved != Saved::nothing, kSavesStates = kSaved == Saved::p_and_states;
     // The first chunk's tiles are free.
     named_barrier_arrive(kStateFree, kThreads);
     named_barrier_arrive(kDeltaFree, kThreads);
@@ -342,7 +346,7 @@ struct Output : WsCta<E, G> {
       for_each_decay<1, kChunk / 8>(gamma(stage), m0, 0, [&](int r, int c, float decay, FragmentIndex at) {
         at(qk) = r >= c ? p.scale * at(qk) * decay : 0.f;
       });
-      if (kSaves && this->column0 == 0) {  // P is per head: where V = 256 the head's first CTA writes it
+      if (kSavesP && this->column0 == 0) {  // P is per head: where a head has more CTAs, the first writes it
         const std::int64_t chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
         store_pairs(qk, static_cast<E*>(p.p) + (static_cast<std::int64_t>(info.start + m0) * p.HV + hv) * kChunk,
                     chunk_stride, info.length - m0);
@@ -362,7 +366,7 @@ struct Output : WsCta<E, G> {
             o[0], [&](int k0) { return k_major(q_tile(stage), k0); },
             [&](int k0) { return k_major(this->state_tile(), k0, kWgmmaColumns * half); }, false);
         wgmma_commit();
-        if (keeps_states && half == 0) save_state(j);  // while the products read the same tile
+        if (kSavesStates && half == 0) save_state(j);  // while the products read the same tile
         wgmma_wait();
         hold(o[0]);
         if (half == G - 1 && j + 1 < count) named_barrier_arrive(kStateFree, kThreads);
@@ -375,7 +379,7 @@ struct Output : WsCta<E, G> {
                                    k_major(this->delta_tile(), 16 * kb, kWgmmaColumns * half));
         }
         wgmma_commit();
-        if (keeps_states && half == 0) save_delta(info);
+        if (kSavesStates && half == 0) save_delta(info);
         wgmma_wait();
         hold(o[0]);
         if (half == G - 1 && j + 1 < count) named_barrier_arrive(kDeltaFree, kThreads);
@@ -388,7 +392,7 @@ struct Output : WsCta<E, G> {
   }
 };
 
-template <class E, int G, bool kSaves>
+template <class E, int G, Saved kSaved>
 __global__ void __launch_bounds__(WsShape<G>::kThreads, 1) state_forward_ws_hopper_kernel(Params p) {
 #ifdef DELTATRAIN_WGMMA
   using Shape = WsShape<G>;
@@ -398,7 +402,7 @@ __global__ void __launch_bounds__(WsShape<G>::kThreads, 1) state_forward_ws_hopp
     Chain<E, G>(smem_raw, p).run();
   } else {
     if constexpr (G == 2) lower_registers<Shape::kOutputRegisters>();
-    Output<E, G, kSaves>(smem_raw, p).run();
+    Output<E, G, kSaved>(smem_raw, p).run();
   }
 #endif
 }
@@ -409,16 +413,19 @@ bool launch_state_forward_ws_hopper(const Params& p, DType io, KernelSequence& k
   if (!p.warp_specialised) return false;  // the plan chooses it only for 16-bit inputs, K = 128, no segments
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K == kKeys) {
-      auto record = [&]<int G, bool kSaves>() {
+      auto record = [&]<int G, Saved kSaved>() {
         using Shape = WsShape<G>;
-        launch<state_forward_ws_hopper_kernel<E, G, kSaves>>(
+        launch<state_forward_ws_hopper_kernel<E, G, kSaved>>(
             "gdn state_forward_ws_hopper_kernel", dim3(p.sequences, p.HV, p.V / Shape::kBlockColumns),
             dim3(Shape::kThreads), WsSmem<E, G>::bytes, kernels);
       };
-      auto with_saves = [&]<int G>() {
-        p.p != nullptr ? record.template operator()<G, true>() : record.template operator()<G, false>();
+      // The saved buffer's regions as its layout set them: P with any buffer, the states and Delta beside it or not.
+      auto with_saved = [&]<int G>() {
+        if (p.p == nullptr) return record.template operator()<G, Saved::nothing>();
+        if (p.states == nullptr) return record.template operator()<G, Saved::p>();
+        record.template operator()<G, Saved::p_and_states>();
       };
-      p.warpgroups == 2 ? with_saves.template operator()<2>() : with_saves.template operator()<1>();
+      p.warpgroups == 2 ? with_saved.template operator()<2>() : with_saved.template operator()<1>();
     }
   });
   return true;
