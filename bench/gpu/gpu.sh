@@ -313,30 +313,46 @@ disk() {
 # comparison, which holds every run's rows, and the runs' log come back in OUT (a device call returns 8 files).
 # The baseline is module_base.tar.xz where packed, else the same module with AB_BASE_ENV (NAME=VALUE ...) set,
 # for a change that a switch turns off (e.g. AB_BASE_ENV=DELTATRAIN_CUDA_OUTPUT_WARPGROUP=0).
-ab() {
-  local out=$1 rounds=$2 scratch=/tmp/deltatrain-ab base_env=${AB_BASE_ENV:-} round side
-  shift 2
-  [ -f "$BUNDLE/module.tar.xz" ] && { [ -f "$BUNDLE/module_base.tar.xz" ] || [ -n "$base_env" ]; } ||
-    { echo "gpu.sh: ab needs $BUNDLE/module.tar.xz and a baseline: module_base.tar.xz (GPU_BASELINE_MODULE=FILE" \
-           "make gpu-bundle) or AB_BASE_ENV=NAME=VALUE" >&2
-      return 1; }
-  [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: ab ROUNDS must be a positive integer, got '$rounds'" >&2; return 2; }
-  mkdir -p "$out"
-  rm -rf "$scratch"
+# check_rounds VERB ROUNDS: ROUNDS is a positive integer, or a message naming the verb and status 2.
+check_rounds() {
+  [[ "$2" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: $1 ROUNDS must be a positive integer, got '$2'" >&2; return 2; }
+}
+
+# alternate OUT ROUNDS RUN: `RUN SIDE ROUND` for the baseline (SIDE base, with AB_BASE_ENV's NAME=VALUE settings
+# exported) and the change (new) in turn, ROUNDS times each, every run's output in OUT/runs.log; stops at a failed run.
+alternate() {
+  local out=$1 rounds=$2 run=$3 round side settings
   for ((round = 1; round <= rounds; ++round)); do
     for side in base new; do
-      local archive=$BUNDLE/module.tar.xz settings=()
-      if [ "$side" = base ]; then
-        [ -f "$BUNDLE/module_base.tar.xz" ] && archive=$BUNDLE/module_base.tar.xz
-        read -r -a settings <<<"$base_env"
-      fi
+      settings=()
+      [ "$side" = base ] && read -r -a settings <<<"${AB_BASE_ENV:-}"
       echo "== $side, round $round ${settings[*]}" >>"$out/runs.log"
       ( [ ${#settings[@]} -eq 0 ] || export "${settings[@]}"
-        MODULE=$archive python_script "$scratch/$side-$round" bench/gdn_h200.py --out "$scratch/$side-$round" \
-          --commit "$side" --ours-only "$@" ) >>"$out/runs.log" 2>&1 ||
+        "$run" "$side" "$round" ) >>"$out/runs.log" 2>&1 ||
         { echo "gpu.sh: the $side run of round $round failed (OUT/runs.log)" >&2; return 1; }
     done
   done
+}
+
+ab() {
+  local out=$1 rounds=$2 scratch=/tmp/deltatrain-ab
+  shift 2
+  local args=("$@")
+  check_rounds ab "$rounds" || return
+  [ -f "$BUNDLE/module.tar.xz" ] && { [ -f "$BUNDLE/module_base.tar.xz" ] || [ -n "${AB_BASE_ENV:-}" ]; } ||
+    { echo "gpu.sh: ab needs $BUNDLE/module.tar.xz and a baseline: module_base.tar.xz (GPU_BASELINE_MODULE=FILE" \
+           "make gpu-bundle) or AB_BASE_ENV=NAME=VALUE" >&2
+      return 1; }
+  # One run of the grid: the baseline's module where there is one.
+  ab_run() {
+    local archive=$BUNDLE/module.tar.xz
+    [ "$1" = base ] && [ -f "$BUNDLE/module_base.tar.xz" ] && archive=$BUNDLE/module_base.tar.xz
+    MODULE=$archive python_script "$scratch/$1-$2" bench/gdn_h200.py --out "$scratch/$1-$2" --commit "$1" --ours-only \
+      "${args[@]}"
+  }
+  mkdir -p "$out"
+  rm -rf "$scratch"
+  alternate "$out" "$rounds" ab_run || return
   python3 bench/gdn_ab.py --base "$scratch"/base-*/gdn-h200-ours.json --new "$scratch"/new-*/gdn-h200-ours.json \
     --out "$out"
 }
@@ -371,31 +387,25 @@ pack_base() {
 # The model's training step with the baseline binary and the change's in turn (base first); each run's JSON in a
 # scratch folder, the comparison (which holds them all) and the runs' log in OUT.
 step_ab() {
-  local out=$1 rounds=$2 scratch=/tmp/deltatrain-step-ab base_env=${AB_BASE_ENV:-} round side binary
+  local out=$1 rounds=$2 scratch=/tmp/deltatrain-step-ab
   shift 2
-  [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "gpu.sh: step-ab ROUNDS must be a positive integer, got '$rounds'" >&2; return 2; }
+  local args=("$@")
+  check_rounds step-ab "$rounds" || return
   mkdir -p "$out"
   setup "$out" >>"$out/runs.log" 2>&1 || { echo "gpu.sh: step-ab's setup failed (OUT/runs.log)" >&2; return 1; }
-  [ -x "$ROOT/bin/model_step_benchmark" ] && { [ -x "$ROOT/bin/model_step_benchmark_base" ] || [ -n "$base_env" ]; } ||
+  [ -x "$ROOT/bin/model_step_benchmark" ] && { [ -x "$ROOT/bin/model_step_benchmark_base" ] || [ -n "${AB_BASE_ENV:-}" ]; } ||
     { echo "gpu.sh: step-ab needs model_step_benchmark in GPU_BINARIES and a baseline: in GPU_BASELINE" \
            "(make gpu-bundle) or AB_BASE_ENV=NAME=VALUE" >&2
       return 1; }
+  # One training-step run: the baseline's binary where there is one.
+  step_run() {
+    local binary=model_step_benchmark
+    [ "$1" = base ] && [ -x "$ROOT/bin/model_step_benchmark_base" ] && binary=model_step_benchmark_base
+    "$ROOT/bin/$binary" "${args[@]}" --json "$scratch/$1-$2.json"
+  }
   rm -rf "$scratch"
   mkdir -p "$scratch"
-  for ((round = 1; round <= rounds; ++round)); do
-    for side in base new; do
-      local settings=()
-      binary=model_step_benchmark
-      if [ "$side" = base ]; then
-        [ -x "$ROOT/bin/model_step_benchmark_base" ] && binary=model_step_benchmark_base
-        read -r -a settings <<<"$base_env"
-      fi
-      echo "== $side ($binary), round $round ${settings[*]}" >>"$out/runs.log"
-      ( [ ${#settings[@]} -eq 0 ] || export "${settings[@]}"
-        "$ROOT/bin/$binary" "$@" --json "$scratch/$side-$round.json" ) >>"$out/runs.log" 2>&1 ||
-        { echo "gpu.sh: the $side run of round $round failed (OUT/runs.log)" >&2; return 1; }
-    done
-  done
+  alternate "$out" "$rounds" step_run || return
   python3 bench/model_step_ab.py --base "$scratch"/base-*.json --new "$scratch"/new-*.json --out "$out"
 }
 
