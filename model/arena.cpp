@@ -1,9 +1,6 @@
 #include "arena.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <new>
 #include <string>
 #include <utility>
 
@@ -23,45 +20,6 @@ std::size_t min_chunk(Device device) { return device.type == DeviceType::cpu ? s
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
 }  // namespace
-
-void* device_allocate(std::size_t bytes, Device device) {
-  if (device.type == DeviceType::cpu) {
-    void* p = std::aligned_alloc(kAlignment, round_up(bytes));
-    if (p == nullptr) throw std::bad_alloc();
-    return p;
-  }
-#ifdef DELTATRAIN_WITH_CUDA
-  void* p = nullptr;
-  cuda_check(cudaSetDevice(device.index), "cudaSetDevice");
-  cuda_check(cudaMalloc(&p, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes of model activations").c_str());
-  return p;
-#else
-  throw Unavailable("model memory on " + device_name(device), "this build has no CUDA");
-#endif
-}
-
-void device_free(void* p, Device device) {
-  if (device.type == DeviceType::cpu) {
-    std::free(p);
-    return;
-  }
-#ifdef DELTATRAIN_WITH_CUDA
-  cudaFree(p);  // in a destructor: nothing to do about a failure
-#endif
-}
-
-void device_memset_zero(void* data, std::size_t bytes, Device device, void* stream) {
-  if (device.type == DeviceType::cpu) {
-    std::memset(data, 0, bytes);
-    return;
-  }
-#ifdef DELTATRAIN_WITH_CUDA
-  cuda_check(cudaMemsetAsync(data, 0, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
-#else
-  throw Unavailable("memory on " + device_name(device), "this build has no CUDA");
-#endif
-}
-
 
 Arena::~Arena() {
   for (const Chunk& c : chunks_) {
@@ -84,7 +42,7 @@ TensorView Arena::allocate(DType dtype, std::initializer_list<std::int64_t> shap
   if (chunk_ == chunks_.size()) {
     const std::size_t last = chunks_.empty() ? 0 : chunks_.back().bytes;
     const std::size_t size = std::max({bytes, min_chunk(device_), 2 * last});
-    void* data = allocator_ != nullptr ? allocator_->allocate(size, "model activations") : device_allocate(size, device_);
+    void* data = allocator_ != nullptr ? allocator_->allocate(size, "model activations") : device_allocate(size, device_, "model activations");
     chunks_.push_back({data, size});
     offset_ = 0;
   }
@@ -177,46 +135,6 @@ DeviceStream::~DeviceStream() {
   const CudaDeviceGuard guard(device_.index);
   cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // a destructor reports nothing: best effort
   cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-#endif
-}
-
-namespace {
-
-// The three copies below: memcpy on the CPU; on a GPU queued on `stream`, the direction taken from the addresses
-// (unified addressing), so host memory may be pageable or pinned.
-void copy_bytes(void* dst, const void* src, std::size_t bytes, Device device, void* stream, const char* call) {
-  if (bytes == 0) return;
-  if (device.type == DeviceType::cpu) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#ifdef DELTATRAIN_WITH_CUDA
-  const CudaDeviceGuard guard(device.index);
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), call);
-#else
-  throw Unavailable(std::string(call) + " on " + device_name(device), "this build has no CUDA");
-#endif
-}
-
-}  // namespace
-
-void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream) {
-  copy_bytes(device_dst, host_src, bytes, device, stream, "cudaMemcpyAsync (host to device)");
-}
-
-void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Device device, void* stream) {
-  copy_bytes(host_dst, device_src, bytes, device, stream, "cudaMemcpyAsync (device to host)");
-}
-
-void copy_on_device(void* dst, const void* src, std::size_t bytes, Device device, void* stream) {
-  copy_bytes(dst, src, bytes, device, stream, "cudaMemcpyAsync (device to device)");
-}
-
-void synchronize(Device device, void* stream) {
-  if (device.type == DeviceType::cpu) return;
-#ifdef DELTATRAIN_WITH_CUDA
-  const CudaDeviceGuard guard(device.index);
-  cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 #endif
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "deltatrain/core/allocator.h"
+#include "deltatrain/core/device_memory.h"
 #include "deltatrain/core/tensor.h"
 
 namespace deltatrain::model {
@@ -84,17 +85,5 @@ class DeviceStream {
   Device device_;
   void* stream_ = nullptr;
 };
-
-// Plain allocations on a device (host memory for the CPU), 256-byte aligned; Failure naming the bytes.
-void* device_allocate(std::size_t bytes, Device device);
-void device_free(void* data, Device device);
-void device_memset_zero(void* data, std::size_t bytes, Device device, void* stream);
-
-// Copies between host memory and the model's device (a plain memcpy on the CPU), ordered on `stream`. They make
-// `device` current for the call, so a thread of any current device may use them (a checkpoint's writer does).
-void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes, Device device, void* stream);
-void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes, Device device, void* stream);
-void copy_on_device(void* dst, const void* src, std::size_t bytes, Device device, void* stream);
-void synchronize(Device device, void* stream);  // waits for the stream's work (nothing on the CPU)
 
 }  // namespace deltatrain::model

@@ -6,9 +6,9 @@
 namespace deltatrain::model {
 
 DeviceParams::DeviceParams(const ParamStore& host, Device device) : host_(host), device_(device) {
-  params_ = device_allocate(host.param_buffer().nbytes(), device);
+  params_ = device_allocate(host.param_buffer().nbytes(), device, "model parameters");
   try {
-    grads_ = device_allocate(host.grad_buffer().nbytes(), device);
+    grads_ = device_allocate(host.grad_buffer().nbytes(), device, "model gradients");
   } catch (...) {
     device_free(params_, device);
     throw;
@@ -39,18 +39,18 @@ TensorLookup DeviceParams::grads() const {
 
 void DeviceParams::upload(const ParamStore& host, void* stream) {
   const TensorView buffer = host.param_buffer();
-  copy_to_device(params_, buffer.data, buffer.nbytes(), device_, stream);
+  copy_bytes(params_, buffer.data, buffer.nbytes(), device_, stream);
   synchronize(device_, stream);  // the host store may change once this returns
 }
 
 void DeviceParams::download_grads(const ParamStore& host, void* stream) const {
   const TensorView buffer = host.grad_buffer();
-  copy_to_host(buffer.data, grads_, buffer.nbytes(), device_, stream);
+  copy_bytes(buffer.data, grads_, buffer.nbytes(), device_, stream);
   synchronize(device_, stream);
 }
 
 void DeviceParams::zero_grads(void* stream) {
-  device_memset_zero(grads_, host_.grad_buffer().nbytes(), device_, stream);
+  zero_bytes(grads_, host_.grad_buffer().nbytes(), device_, stream);
 }
 
 }  // namespace deltatrain::model

@@ -10,7 +10,7 @@
 
 #include "deltatrain/core/bfloat16.h"
 #include "deltatrain/core/error.h"
-#include "arena.h"  // copy_to_host, synchronize: the device side of a streamed save
+#include "deltatrain/core/device_memory.h"  // the device side of a streamed save
 #include "deltatrain/optim/safetensors.h"
 #include "optim/file_io.h"
 
@@ -232,7 +232,7 @@ void save_hf_model(const fs::path& dir, const Config& config, const TensorLookup
       }
       tensors.push_back({infos[i].name, file_dtype, infos[i].shape, nullptr,
                          [view](std::uint64_t offset, std::size_t bytes, void* staging) {
-                           copy_to_host(staging, static_cast<const std::byte*>(view.data) + offset, bytes,
+                           copy_bytes(staging, static_cast<const std::byte*>(view.data) + offset, bytes,
                                         view.device, nullptr);
                            synchronize(view.device, nullptr);
                          }});

@@ -447,7 +447,7 @@ void Model::Impl::upload_index_arrays(std::span<const IndexUpload> arrays) {
     offset += padded(host->size());
   }
   // From pageable memory the driver stages the bytes before returning, so index_staging may change after.
-  copy_to_device(block.data, index_staging.data(), total * sizeof(std::int32_t), options.device, options.stream);
+  copy_bytes(block.data, index_staging.data(), total * sizeof(std::int32_t), options.device, options.stream);
 }
 
 // The batch on the host (validation, CPU kernels, the GDN operator's schedule) and, on a GPU, on the device; with
@@ -486,8 +486,8 @@ void Model::Impl::load_batch(const Batch& batch, bool for_loss) {
   // host-visible sibling, logprobs' host vector (converted back after the loss).
   std::vector<float> weights32(weights.begin(), weights.end());
   weight_values = memory.allocate(DType::f32, {T});
-  copy_to_device(weight_values.data, weights32.data(), weights32.size() * sizeof(float), device, options.stream);
-  model::synchronize(device, options.stream);  // weights32 is a local
+  copy_bytes(weight_values.data, weights32.data(), weights32.size() * sizeof(float), device, options.stream);
+  deltatrain::synchronize(device, options.stream);  // weights32 is a local
   logprob_values = memory.allocate(options.batch_invariant ? DType::f64 : DType::f32, {T});
 }
 
@@ -830,13 +830,13 @@ double Model::Impl::loss(bool want_grad) {
     if (on_host) return;
     const TensorView values = vector_slice(logprob_values, begin, end - begin);
     if (values.dtype == DType::f64) {
-      copy_to_host(logprobs.data() + begin, values.data, (end - begin) * sizeof(double), options.device, options.stream);
-      model::synchronize(options.device, options.stream);
+      copy_bytes(logprobs.data() + begin, values.data, (end - begin) * sizeof(double), options.device, options.stream);
+      deltatrain::synchronize(options.device, options.stream);
       return;
     }
     staged.resize(static_cast<std::size_t>(end - begin));
-    copy_to_host(staged.data(), values.data, staged.size() * sizeof(float), options.device, options.stream);
-    model::synchronize(options.device, options.stream);
+    copy_bytes(staged.data(), values.data, staged.size() * sizeof(float), options.device, options.stream);
+    deltatrain::synchronize(options.device, options.stream);
     std::copy(staged.begin(), staged.end(), logprobs.begin() + begin);
   };
   double total = 0;
@@ -863,8 +863,8 @@ double Model::Impl::loss(bool want_grad) {
       }
       if (want_grad && !on_host) {
         staged.assign(weights.begin() + begin, weights.begin() + end);
-        copy_to_device(chunk_weights.data, staged.data(), staged.size() * sizeof(float), options.device, options.stream);
-        model::synchronize(options.device, options.stream);  // staged is reused by the next chunk
+        copy_bytes(chunk_weights.data, staged.data(), staged.size() * sizeof(float), options.device, options.stream);
+        deltatrain::synchronize(options.device, options.stream);  // staged is reused by the next chunk
       }
       if (want_grad) ops->cross_entropy(chunk_logits, chunk_targets, chunk_weights, chunk_logprobs, true);
     } else {
@@ -910,7 +910,7 @@ void Model::backward() {
   m.ops->embedding_backward(m.grads.embedding, m.token_ids, dx);
 }
 
-void Model::synchronize() const { model::synchronize(impl_->options.device, impl_->options.stream); }
+void Model::synchronize() const { deltatrain::synchronize(impl_->options.device, impl_->options.stream); }
 
 std::span<const double> Model::token_logprobs() const { return impl_->logprobs; }
 
@@ -995,8 +995,8 @@ void Model::Impl::logits_to_host(const TensorView& logits, std::span<double> out
     return;
   }
   std::vector<std::uint16_t> bits(n);
-  copy_to_host(bits.data(), logits.data, n * sizeof(std::uint16_t), options.device, options.stream);
-  model::synchronize(options.device, options.stream);
+  copy_bytes(bits.data(), logits.data, n * sizeof(std::uint16_t), options.device, options.stream);
+  deltatrain::synchronize(options.device, options.stream);
   std::transform(bits.begin(), bits.end(), out.begin(), [](std::uint16_t b) { return double(bf16_to_float(b)); });
 }
 
@@ -1120,7 +1120,7 @@ void Model::Impl::decode(std::span<const std::int32_t> tokens, const std::int32_
   }
   m.upload_inference();
   if (device_tokens != nullptr) {
-    copy_on_device(const_cast<std::int32_t*>(m.token_ids.device), device_tokens, N * sizeof(std::int32_t),
+    copy_bytes(const_cast<std::int32_t*>(m.token_ids.device), device_tokens, N * sizeof(std::int32_t),
                    m.options.device, m.options.stream);
   }
   s.state = &state;

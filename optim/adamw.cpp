@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "deltatrain/core/device_memory.h"
 #include "deltatrain/core/error.h"
 #include "memory.h"
 #include "shard_math.h"
@@ -145,7 +146,7 @@ void DistributedAdamW::for_each_shard(const std::function<void(int, const Bucket
 }
 
 void DistributedAdamW::zero_grad() {
-  for (const DeviceBuffer& grads : buffers_->grads) fill_zero(grads.data(), grads.device(), grads.bytes(), stream_);
+  for (const DeviceBuffer& grads : buffers_->grads) zero_bytes(grads.data(), grads.bytes(), grads.device(), stream_);
 }
 
 void DistributedAdamW::initialize_from_params() {
@@ -160,7 +161,7 @@ void DistributedAdamW::initialize_from_params() {
   for (int b = 0; b < static_cast<int>(layout_.buffers.size()); ++b) {
     for (StateTensor moment : {StateTensor::exp_avg, StateTensor::exp_avg_sq}) {
       const DeviceBuffer& state = buffers_->of(moment, b);
-      fill_zero(state.data(), device, state.bytes(), stream_);
+      zero_bytes(state.data(), state.bytes(), device, stream_);
     }
   }
   step_ = 0;
@@ -219,7 +220,8 @@ double DistributedAdamW::grad_norm() const {
   if (!buffers_->stepped) throw StateError("optim: grad_norm() before the first step()");
   double sum_squares = 0;
   const int buffers = static_cast<int>(layout_.buffers.size());
-  copy_to_host(&sum_squares, buffers_->total(buffers), sizeof sum_squares, group_.device(), stream_);
+  copy_bytes(&sum_squares, buffers_->total(buffers), sizeof sum_squares, group_.device(), stream_);
+  synchronize(group_.device(), stream_);
   return std::sqrt(sum_squares) / group_.size();
 }
 
@@ -250,7 +252,8 @@ std::vector<float> DistributedAdamW::gather_state(StateTensor tensor) const {
                         full.as<float>() + bucket.offset, layout_.shard_numel(bucket), DType::f32, stream_);
     }
     std::vector<float> host(buffer.numel);
-    copy_to_host(host.data(), full.data(), full.bytes(), group_.device(), stream_);
+    copy_bytes(host.data(), full.data(), full.bytes(), group_.device(), stream_);
+    synchronize(group_.device(), stream_);
     for (const ParamSlot& s : buffer.params) {
       gathered.insert(gathered.end(), host.begin() + s.offset, host.begin() + s.offset + s.numel);
     }

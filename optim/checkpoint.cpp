@@ -9,6 +9,7 @@
 #include <set>
 #include <string_view>
 
+#include "deltatrain/core/device_memory.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/optim/digest.h"
 #include "deltatrain/optim/safetensors.h"
@@ -476,7 +477,8 @@ fs::path save_checkpoint(const DistributedAdamW& optimizer, const fs::path& root
           } else {
             tensor.read = [shard, device = local.device, stream = optimizer.stream()](
                               std::uint64_t offset, std::size_t bytes, void* staging) {
-              copy_to_host(staging, shard + offset, bytes, device, stream);
+              copy_bytes(staging, shard + offset, bytes, device, stream);
+              synchronize(device, stream);
             };
           }
           tensors.push_back(std::move(tensor));
@@ -629,8 +631,8 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
           const Placement& placement = placements[p];
           const std::uint64_t from = std::max(offset, placement.bytes.begin);
           const std::uint64_t to = std::min(end, placement.bytes.end);
-          copy_from_host_async(placement.target + (from - placement.bytes.begin), device, data + (from - offset),
-                               to - from, optimizer.stream());
+          copy_bytes(placement.target + (from - placement.bytes.begin), data + (from - offset), to - from, device,
+                     optimizer.stream());
         }
       };
       read_chunked(file, read);
@@ -641,9 +643,10 @@ void load_checkpoint(DistributedAdamW& optimizer, const fs::path& path, const Lo
   for (std::size_t b = 0; b < layout.buffers.size(); ++b) {
     for (std::size_t t = 0; t < std::size(kStateTensors); ++t) {
       const TensorView local = optimizer.local_state(kStateTensors[t], static_cast<int>(b));
-      copy_on_device(local.data, staged[b * 3 + t].data(), local.nbytes(), device, optimizer.stream());
+      copy_bytes(local.data, staged[b * 3 + t].data(), local.nbytes(), device, optimizer.stream());
     }
   }
+  synchronize(device, optimizer.stream());  // before the staged buffers go
   optimizer.restore_step(metadata.step);
   optimizer.set_config(metadata.config);
   optimizer.sync_params_from_main();

@@ -4,6 +4,7 @@
 #include <array>
 #include <future>
 
+#include "deltatrain/core/device_memory.h"
 #include "deltatrain/core/error.h"
 #include "memory.h"
 
@@ -36,14 +37,14 @@ void read_chunked(const File& file, const ChunkedRead& read) {
     file.read_exact(buffer, bytes, chunks[i].begin);
     // The last chunk's hash and copies end before this one's start: then its buffer is free for the next read.
     if (hashed.valid()) hashed.get();
-    wait_for_copies(read.device, read.stream);
+    synchronize(read.device, read.stream);
     if (read.digest != nullptr) {
       hashed = std::async(std::launch::async, [digest = read.digest, buffer, bytes] { digest->update(buffer, bytes); });
     }
     if (read.deliver) read.deliver(chunks[i].begin, buffer, bytes);
   }
   if (hashed.valid()) hashed.get();
-  wait_for_copies(read.device, read.stream);
+  synchronize(read.device, read.stream);
 }
 
 }  // namespace deltatrain::optim

@@ -25,7 +25,7 @@ struct ChunkedRead {
   std::size_t chunk_bytes = kDefaultChunkBytes;
   PieceDigest* digest = nullptr;  // when given, updated with every byte read, in order
   // Called on this thread for each chunk read, with the chunk's offset in the file. It may enqueue copies out
-  // of `data` to `device` on `stream` (copy_from_host_async): they are waited for before the buffer is reused.
+  // of `data` to `device` on `stream` (queued with copy_bytes): they are waited for before the buffer is reused.
   std::function<void(std::uint64_t offset, const char* data, std::size_t bytes)> deliver = {};
   Device device{};
   void* stream = nullptr;

@@ -5,7 +5,7 @@
 #include <new>
 #include <utility>
 
-#include "cuda_calls.h"
+#include "deltatrain/core/device_memory.h"
 #include "deltatrain/core/error.h"
 
 namespace deltatrain::optim {
@@ -20,32 +20,21 @@ constexpr std::size_t kHostAlignment = 64;
 DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes, Allocator* allocator)
     : device_(device), allocator_(allocator), bytes_(bytes) {
   if (bytes == 0) return;
-  if (allocator != nullptr) {
-    if (allocator->device() != device) {
-      throw InvalidArgument("allocator", "allocates on " + device_name(allocator->device()) + ", the buffer belongs on " +
-                                             device_name(device));
-    }
-    data_ = allocator->allocate(bytes, "optimizer buffer");
-    fill_zero(data_, device, bytes, nullptr);
-    return;
+  if (allocator != nullptr && allocator->device() != device) {
+    throw InvalidArgument("allocator", "allocates on " + device_name(allocator->device()) + ", the buffer belongs on " +
+                                           device_name(device));
   }
-  if (device.type == DeviceType::cpu) {
-    data_ = std::aligned_alloc(kHostAlignment, (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
-    if (data_ == nullptr) throw std::bad_alloc();
-    std::memset(data_, 0, bytes);
-    return;
-  }
-  data_ = cuda_alloc(device.index, bytes);
+  data_ = allocator != nullptr ? allocator->allocate(bytes, "optimizer buffer")
+                               : device_allocate(bytes, device, "optimizer buffer");
+  zero_bytes(data_, bytes, device, nullptr);  // the legacy stream: ordered before the optimizer's (blocking) stream
 }
 
 DeviceBuffer::~DeviceBuffer() {
   if (data_ == nullptr) return;
   if (allocator_ != nullptr) {
     allocator_->deallocate(data_);
-  } else if (device_.type == DeviceType::cpu) {
-    std::free(data_);
   } else {
-    cuda_free(data_);
+    device_free(data_, device_);
   }
 }
 
@@ -68,7 +57,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 
 StagingBuffer::StagingBuffer(std::size_t bytes, bool page_locked) : bytes_(bytes) {
   if (bytes == 0) return;
-  if (page_locked) data_ = static_cast<char*>(cuda_host_alloc(bytes));
+  if (page_locked) data_ = static_cast<char*>(page_locked_allocate(bytes));
   page_locked_ = data_ != nullptr;
   if (data_ == nullptr) {
     const std::size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
@@ -79,54 +68,10 @@ StagingBuffer::StagingBuffer(std::size_t bytes, bool page_locked) : bytes_(bytes
 
 StagingBuffer::~StagingBuffer() {
   if (page_locked_) {
-    cuda_host_free(data_);  // waits for the device, so no copy still reads it
+    page_locked_free(data_);
   } else {
     std::free(data_);
   }
-}
-
-void copy_to_host(void* host, const void* source, std::size_t bytes, Device source_device, void* stream) {
-  if (source_device.type == DeviceType::cpu) {
-    std::memcpy(host, source, bytes);
-    return;
-  }
-  cuda_copy(host, source, bytes, stream);
-}
-
-void copy_from_host(void* target, Device target_device, const void* host, std::size_t bytes, void* stream) {
-  if (target_device.type == DeviceType::cpu) {
-    std::memcpy(target, host, bytes);
-    return;
-  }
-  cuda_copy(target, host, bytes, stream);
-}
-
-void copy_from_host_async(void* target, Device target_device, const void* host, std::size_t bytes, void* stream) {
-  if (target_device.type == DeviceType::cpu) {
-    std::memcpy(target, host, bytes);
-    return;
-  }
-  cuda_copy_async(target, host, bytes, stream);
-}
-
-void wait_for_copies(Device device, void* stream) {
-  if (device.type != DeviceType::cpu) cuda_synchronize(stream);
-}
-
-void copy_on_device(void* target, const void* source, std::size_t bytes, Device device, void* stream) {
-  if (device.type == DeviceType::cpu) {
-    std::memcpy(target, source, bytes);
-    return;
-  }
-  cuda_copy(target, source, bytes, stream);
-}
-
-void fill_zero(void* target, Device device, std::size_t bytes, void* stream) {
-  if (device.type == DeviceType::cpu) {
-    std::memset(target, 0, bytes);
-    return;
-  }
-  cuda_zero(target, bytes, stream);
 }
 
 }  // namespace deltatrain::optim

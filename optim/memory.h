@@ -1,5 +1,5 @@
-// Owning flat memory on the optimizer's device (host, or one GPU), and copies to and from the host.
-// Device copies are enqueued on the caller's stream and waited for: their callers need the bytes now.
+// Owning flat memory on the optimizer's device (host, or one GPU), and host staging memory for the way between
+// files and a device. The copies themselves are core's (deltatrain/core/device_memory.h).
 #pragma once
 
 #include <cstddef>
@@ -53,15 +53,5 @@ class StagingBuffer {
   std::size_t bytes_ = 0;
   bool page_locked_ = false;
 };
-
-void copy_to_host(void* host, const void* source, std::size_t bytes, Device source_device, void* stream);
-void copy_from_host(void* target, Device target_device, const void* host, std::size_t bytes, void* stream);
-// Enqueued on `stream` for a GPU target and not waited for: call wait_for_copies before `host` is reused
-// (a host target is copied at once).
-void copy_from_host_async(void* target, Device target_device, const void* host, std::size_t bytes, void* stream);
-void wait_for_copies(Device device, void* stream);
-// Both buffers on `device`.
-void copy_on_device(void* target, const void* source, std::size_t bytes, Device device, void* stream);
-void fill_zero(void* target, Device device, std::size_t bytes, void* stream);
 
 }  // namespace deltatrain::optim

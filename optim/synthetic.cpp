@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 
+#include "deltatrain/core/device_memory.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/optim/checkpoint.h"
 #include "memory.h"
@@ -18,7 +19,8 @@ constexpr const char* kNames[] = {"layer1.weight", "layer1.bias", "layer2.weight
 std::vector<float> read_param(const DistributedAdamW& optimizer, const char* name) {
   const TensorView view = optimizer.param(name);
   std::vector<char> bytes(view.nbytes());
-  copy_to_host(bytes.data(), view.data, bytes.size(), view.device, optimizer.stream());
+  copy_bytes(bytes.data(), view.data, bytes.size(), view.device, optimizer.stream());
+  synchronize(view.device, optimizer.stream());
   std::vector<float> values(view.numel());
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (view.dtype == DType::bf16) {
@@ -43,7 +45,8 @@ void write_param(DistributedAdamW& optimizer, const char* name, const std::vecto
       std::memcpy(bytes.data() + i * sizeof(float), &values[i], sizeof(float));
     }
   }
-  copy_from_host(view.data, view.device, bytes.data(), bytes.size(), optimizer.stream());
+  copy_bytes(view.data, bytes.data(), bytes.size(), view.device, optimizer.stream());
+  synchronize(view.device, optimizer.stream());  // bytes is a local
 }
 
 }  // namespace
@@ -162,7 +165,8 @@ double SyntheticRegression::forward_backward(DistributedAdamW& optimizer) const 
   const double loss = evaluate(read_weights(optimizer), first, last, &grad);
   for (int p = 0; p < 4; ++p) {
     const TensorView view = optimizer.grad(kNames[p]);
-    copy_from_host(view.data, view.device, grad.tensors[p].data(), view.nbytes(), optimizer.stream());
+    copy_bytes(view.data, grad.tensors[p].data(), view.nbytes(), view.device, optimizer.stream());
+    synchronize(view.device, optimizer.stream());  // grad is a local
   }
   return loss;
 }

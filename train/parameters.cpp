@@ -1,7 +1,7 @@
 #include "deltatrain/train/parameters.h"
 
 #include "deltatrain/core/error.h"
-#include "optim/memory.h"
+#include "deltatrain/core/device_memory.h"
 
 namespace deltatrain::train {
 
@@ -19,8 +19,9 @@ void start_from(optim::DistributedAdamW& optimizer, const model::ParamStore& hos
     if (from.dtype != to.dtype || from.nbytes() != to.nbytes()) {
       throw InvalidArgument("host", "parameter " + info.name + " does not match the optimizer's (dtype or shape)");
     }
-    optim::copy_from_host(to.data, to.device, from.data, from.nbytes(), nullptr);
+    copy_bytes(to.data, from.data, from.nbytes(), to.device, nullptr);
   }
+  synchronize(optimizer.group().device(), nullptr);
   optimizer.initialize_from_params();
 }
 
@@ -28,8 +29,9 @@ std::unique_ptr<model::ParamStore> host_params(const optim::DistributedAdamW& op
   auto host = std::make_unique<model::ParamStore>(config, param_dtype(optimizer.group().device()));
   for (const model::ParamInfo& info : host->infos()) {
     const TensorView from = optimizer.param(info.name), to = host->param(info.name);
-    optim::copy_to_host(to.data, from.data, to.nbytes(), from.device, nullptr);
+    copy_bytes(to.data, from.data, to.nbytes(), from.device, nullptr);
   }
+  synchronize(optimizer.group().device(), nullptr);
   return host;
 }
 
