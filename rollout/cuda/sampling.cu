@@ -260,6 +260,19 @@ class RowKernel {
     return k == c.key ? c.keep_at_cut : 0;
   }
 
+  // The top-k cut's walk from the highest bucket (of groups, or of one group's keys) down: the bucket that holds the
+  // k-th token, with the counts and masses of the buckets above it added to `above` and `mass`.
+  static __device__ int walk_down_to(long long k, const unsigned* counts, const double* masses, int top, long long& above,
+                                     double& mass) {
+    int bucket = top;
+    while (above + counts[bucket] < k) {
+      above += counts[bucket];
+      mass += masses[bucket];
+      --bucket;
+    }
+    return bucket;
+  }
+
   __device__ void select_top_k() {
     const long long k = r_.top_k;
     if (threadIdx.x == 0) s_.cut = {false, 0, 0, 0};
@@ -275,12 +288,7 @@ class RowKernel {
     if (threadIdx.x == 0) {
       long long above = 0;
       double mass = 0;
-      int g = kGroups - 1;
-      while (above + s_.group_count[g] < k) {
-        above += s_.group_count[g];
-        mass += s_.group_mass[g];
-        --g;
-      }
+      const int g = walk_down_to(k, s_.group_count, s_.group_mass, kGroups - 1, above, mass);
       s_.top_k_group = g;
       s_.count_above = above;
       s_.mass_above = mass;
@@ -296,12 +304,7 @@ class RowKernel {
     if (threadIdx.x == 0) {
       long long above = s_.count_above;
       double mass = 0;
-      int low = kGroupKeys - 1;
-      while (above + s_.key_count[low] < k) {
-        above += s_.key_count[low];
-        mass += s_.key_mass[low];
-        --low;
-      }
+      const int low = walk_down_to(k, s_.key_count, s_.key_mass, kGroupKeys - 1, above, mass);
       const unsigned cut_key = (static_cast<unsigned>(group) << 8) | static_cast<unsigned>(low);
       const long long keep = k - above;
       const double group_mass = mass + keep * weight(cut_key);

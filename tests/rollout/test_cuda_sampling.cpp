@@ -64,6 +64,30 @@ class DeviceBuffer {
   void* data_ = nullptr;
 };
 
+// N x V bfloat16 logits on the GPU and the same values widened to float64 on the host, each sampled by its own
+// BatchSampler (the GPU's keeps its workspace from call to call).
+class LogitsOnBoth {
+ public:
+  LogitsOnBoth(const std::vector<std::uint16_t>& bits, std::int64_t N, std::int64_t V)
+      : N_(N), V_(V), device_(bits.size() * sizeof(std::uint16_t)), widened_(bits.size()) {
+    cuda_check(cudaMemcpy(device_.data(), bits.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice),
+               "cudaMemcpy");
+    std::transform(bits.begin(), bits.end(), widened_.begin(), [](std::uint16_t b) { return double(bf16_to_float(b)); });
+  }
+  std::vector<Sample> sample_on_gpu(const std::vector<RowSampling>& rows) {
+    return gpu_.sample(TensorView::contiguous(device_.data(), DType::bf16, {N_, V_}, kGpu), rows);
+  }
+  std::vector<Sample> sample_on_cpu(const std::vector<RowSampling>& rows) {
+    return cpu_.sample(TensorView::contiguous(widened_.data(), DType::f64, {N_, V_}), rows);
+  }
+
+ private:
+  std::int64_t N_, V_;
+  DeviceBuffer device_;
+  std::vector<double> widened_;
+  BatchSampler gpu_, cpu_;
+};
+
 // Row n's logits: normal with a scale that varies by row (flat to peaked), as bfloat16, with ties planted: the
 // row's maximum repeated at a few random places, a run of one value copied over ~2% of the row (so top-k and
 // top-p cuts land inside runs of equal values), and +0 / -0.
@@ -126,21 +150,14 @@ std::vector<Request> random_requests(std::mt19937_64& rng, std::int64_t vocab, s
 // Every mode by row (mode(n + N)), every other row wanting the untempered log-probability; or, `greedy`, every row
 // greedy without it (the GPU's greedy_rows path).
 void expect_gpu_equals_cpu(std::mt19937_64& rng, std::int64_t N, std::int64_t V, bool greedy = false) {
-  const std::vector<std::uint16_t> bits = random_bf16_logits(rng, N, V);
-  std::vector<double> widened(bits.size());
-  std::transform(bits.begin(), bits.end(), widened.begin(), [](std::uint16_t b) { return double(bf16_to_float(b)); });
+  LogitsOnBoth logits(random_bf16_logits(rng, N, V), N, V);
   std::vector<RowSampling> rows(N);
   const std::uint64_t seed = rng();
   for (std::int64_t n = 0; n < N; ++n)
     rows[n] = greedy ? RowSampling{{.temperature = 0}, uniform(seed, n, 0), false}
                      : RowSampling{mode(n + N, V), uniform(seed, n, 0), n % 2 == 1};
 
-  DeviceBuffer logits(bits.size() * sizeof(std::uint16_t));
-  cuda_check(cudaMemcpy(logits.data(), bits.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice),
-             "cudaMemcpy");
-  BatchSampler gpu, cpu;
-  const std::vector<Sample> on_gpu = gpu.sample(TensorView::contiguous(logits.data(), DType::bf16, {N, V}, kGpu), rows);
-  const std::vector<Sample> on_cpu = cpu.sample(TensorView::contiguous(widened.data(), DType::f64, {N, V}), rows);
+  const std::vector<Sample> on_gpu = logits.sample_on_gpu(rows), on_cpu = logits.sample_on_cpu(rows);
   ASSERT_EQ(on_gpu.size(), std::size_t(N));
   for (std::int64_t n = 0; n < N; ++n) {
     const SamplingParams& p = rows[n].params;
@@ -155,7 +172,7 @@ void expect_gpu_equals_cpu(std::mt19937_64& rng, std::int64_t N, std::int64_t V,
         << where;
   }
   // Calls after the first reuse the workspace: a second call on the same rows gives the same samples.
-  const std::vector<Sample> again = gpu.sample(TensorView::contiguous(logits.data(), DType::bf16, {N, V}, kGpu), rows);
+  const std::vector<Sample> again = logits.sample_on_gpu(rows);
   for (std::int64_t n = 0; n < N; ++n) EXPECT_EQ(again[n].token, on_gpu[n].token) << "row " << n;
 }
 
@@ -187,16 +204,10 @@ TEST_F(CudaSamplingTest, GreedyBatchesSpreadOverBlocksEqualTheCpuArgmax) {
 TEST_F(CudaSamplingTest, AllEqualLogitsKeepTheLowestIds) {
   SKIP_WITHOUT_GPU();
   const std::int64_t N = 12, V = 10007;
-  std::vector<std::uint16_t> bits(N * V, float_to_bf16(1.5f));
-  std::vector<double> widened(N * V, 1.5);
+  LogitsOnBoth logits(std::vector<std::uint16_t>(N * V, float_to_bf16(1.5f)), N, V);
   std::vector<RowSampling> rows(N);
   for (std::int64_t n = 0; n < N; ++n) rows[n] = {mode(n, V), uniform(seed_, n, 1), true};
-  DeviceBuffer logits(bits.size() * sizeof(std::uint16_t));
-  cuda_check(cudaMemcpy(logits.data(), bits.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice),
-             "cudaMemcpy");
-  BatchSampler gpu, cpu;
-  const std::vector<Sample> on_gpu = gpu.sample(TensorView::contiguous(logits.data(), DType::bf16, {N, V}, kGpu), rows);
-  const std::vector<Sample> on_cpu = cpu.sample(TensorView::contiguous(widened.data(), DType::f64, {N, V}), rows);
+  const std::vector<Sample> on_gpu = logits.sample_on_gpu(rows), on_cpu = logits.sample_on_cpu(rows);
   for (std::int64_t n = 0; n < N; ++n) {
     EXPECT_EQ(on_gpu[n].token, on_cpu[n].token) << "row " << n;
     EXPECT_NEAR(on_gpu[n].logprob, on_cpu[n].logprob, 1e-12) << "row " << n;
