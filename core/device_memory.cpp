@@ -59,7 +59,8 @@ void copy_bytes(void* target, const void* source, std::size_t bytes, Device devi
   }
 #ifdef DELTATRAIN_WITH_CUDA
   const CudaDeviceGuard guard(device.index);
-  cuda_check(cudaMemcpyAsync(target, source, bytes, cudaMemcpyDefault, as_stream(stream)), "cudaMemcpyAsync");
+  cuda_check(cudaMemcpyAsync(target, source, bytes, cudaMemcpyDefault, as_stream(stream)),
+             ("cudaMemcpyAsync of " + std::to_string(bytes) + " bytes").c_str());
 #else
   unavailable("a copy", device);
 #endif
@@ -73,7 +74,8 @@ void zero_bytes(void* target, std::size_t bytes, Device device, [[maybe_unused]]
   }
 #ifdef DELTATRAIN_WITH_CUDA
   const CudaDeviceGuard guard(device.index);
-  cuda_check(cudaMemsetAsync(target, 0, bytes, as_stream(stream)), "cudaMemsetAsync");
+  cuda_check(cudaMemsetAsync(target, 0, bytes, as_stream(stream)),
+             ("cudaMemsetAsync of " + std::to_string(bytes) + " bytes").c_str());
 #else
   unavailable("a fill", device);
 #endif

@@ -26,16 +26,24 @@ DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes, Allocator* allocato
   }
   data_ = allocator != nullptr ? allocator->allocate(bytes, "optimizer buffer")
                                : device_allocate(bytes, device, "optimizer buffer");
-  zero_bytes(data_, bytes, device, nullptr);  // the legacy stream: ordered before the optimizer's (blocking) stream
+  try {
+    zero_bytes(data_, bytes, device, nullptr);  // the legacy stream: ordered before the optimizer's (blocking) stream
+  } catch (...) {
+    release();  // a constructor that throws runs no destructor
+    throw;
+  }
 }
 
-DeviceBuffer::~DeviceBuffer() {
+DeviceBuffer::~DeviceBuffer() { release(); }
+
+void DeviceBuffer::release() noexcept {
   if (data_ == nullptr) return;
   if (allocator_ != nullptr) {
     allocator_->deallocate(data_);
   } else {
     device_free(data_, device_);
   }
+  data_ = nullptr;
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept

@@ -29,6 +29,8 @@ class DeviceBuffer {
   Device device() const { return device_; }
 
  private:
+  void release() noexcept;
+
   Device device_{};
   Allocator* allocator_ = nullptr;
   void* data_ = nullptr;

@@ -12,8 +12,8 @@
 
 namespace deltatrain {
 
-// At least `bytes`, 256-byte aligned (cuBLASLt and vectorised kernels want aligned operands), uninitialised.
-// `what` names the memory in the error (OutOfMemory is a Failure naming the bytes).
+// At least `bytes`, 256-byte aligned (cuBLASLt and vectorised kernels want aligned operands), uninitialised. A
+// failure is a Failure naming the bytes and `what` (std::bad_alloc on the CPU).
 void* device_allocate(std::size_t bytes, Device device, const char* what);
 void device_free(void* data, Device device) noexcept;  // of device_allocate; null is ignored
 
