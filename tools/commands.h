@@ -2,8 +2,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+
+#include "deltatrain/model/config.h"
 
 namespace deltatrain::tools {
+
+// The model config a command's --config names (model::load_config), a refusal naming that flag. Defined in model.cpp.
+model::Config load_config_flag(const std::string& config);
 
 void add_info_command(CLI::App& app);
 void add_bench_gdn_command(CLI::App& bench);

@@ -52,7 +52,7 @@ std::vector<std::int32_t> parse_ids(const std::string& text) {
 
 void generate(const GenerateArgs& args) {
   const DType dtype = args.dtype == "float64" ? DType::f64 : DType::f32;
-  const model::Config config = model::load_config(args.config);
+  const model::Config config = load_config_flag(args.config);
   model::ParamStore store(config, dtype);
   model::load_hf_weights(args.weights, config, store.params());
 

@@ -54,15 +54,20 @@ std::string quoted_list(const std::vector<std::string>& names) {
   return text;
 }
 
+// The parsed commands, the app first and the deepest subcommand (the one that ran) last.
+std::vector<const CLI::App*> parsed_commands(const CLI::App& app) {
+  std::vector<const CLI::App*> commands{&app};
+  while (!commands.back()->get_subcommands().empty()) commands.push_back(commands.back()->get_subcommands().front());
+  return commands;
+}
+
 // After a parse error: for each argument the deepest parsed command did not take, the subcommand or option
 // it was probably meant to be. CLI11 says only that an argument was not expected.
 void suggest_corrections(const CLI::App& app) {
-  const CLI::App* command = &app;
-  std::string path = app.get_name();
-  while (!command->get_subcommands().empty()) {
-    command = command->get_subcommands().front();
-    path += " " + command->get_name();
-  }
+  const std::vector<const CLI::App*> commands = parsed_commands(app);
+  const CLI::App* command = commands.back();
+  std::string path;
+  for (const CLI::App* c : commands) path += (path.empty() ? "" : " ") + c->get_name();
   std::vector<std::string> subcommands, options;
   for (const CLI::App* sub : command->get_subcommands([](const CLI::App*) { return true; })) {
     subcommands.push_back(sub->get_name());
@@ -84,6 +89,18 @@ void suggest_corrections(const CLI::App& app) {
                    quoted_list(subcommands).c_str());
     }
   }
+}
+
+// A refusal from the library names the value by its option's name without dashes (`steps`, `save-every`, `config`) or
+// by a field (`max_batch`); where the command that ran has a flag of that name, the message names it as the user
+// typed it (`--steps`).
+std::string naming_the_flag(const CLI::App& app, const deltatrain::InvalidArgument& error) {
+  const std::string& argument = error.argument();
+  if (argument.empty() || argument[0] == '-') return error.what();  // a command's own check, already a flag
+  std::string flag = "--" + argument;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  if (parsed_commands(app).back()->get_option_no_throw(flag) == nullptr) return error.what();
+  return deltatrain::InvalidArgument(flag, error.rule()).what();
 }
 
 }  // namespace
@@ -108,6 +125,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() != 0) suggest_corrections(app);
     return app.exit(e);
+  } catch (const deltatrain::InvalidArgument& e) {
+    std::fprintf(stderr, "deltatrain: %s\n", naming_the_flag(app, e).c_str());
+    return 1;
   } catch (const deltatrain::Error& e) {
     std::fprintf(stderr, "deltatrain: %s\n", e.what());
     return 1;

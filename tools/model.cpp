@@ -44,7 +44,7 @@ std::string grouped(std::int64_t n) {  // 752393024 -> "752,393,024"
 
 void info(const InfoArgs& args) {
   if (args.seq_len < 1) throw InvalidArgument("--seq-len", "must be at least 1; got " + std::to_string(args.seq_len));
-  const model::Config c = model::load_config(args.config);
+  const model::Config c = load_config_flag(args.config);
   const std::vector<model::ParamInfo> infos = model::param_infos(c);
 
   int linear_layers = 0, full_layers = 0;
@@ -133,7 +133,7 @@ struct CheckArgs {
 
 // Prints each check with its error and tolerance; a failed check fails the command.
 void check(const CheckArgs& args) {
-  const model::Config config = model::load_config(args.config);
+  const model::Config config = load_config_flag(args.config);
   model::CheckOptions options;
   options.seed = args.seed;
   options.sequence_lengths = args.lengths;
@@ -158,6 +158,15 @@ void check(const CheckArgs& args) {
 }
 
 }  // namespace
+
+model::Config load_config_flag(const std::string& config) {
+  try {
+    return model::load_config(config);
+  } catch (const InvalidArgument& e) {
+    if (e.argument() != "name_or_path") throw;  // a field of the config.json it read, which the error names
+    throw InvalidArgument("config", e.rule());
+  }
+}
 
 void add_model_command(CLI::App& parent) {
   CLI::App* model_command = parent.add_subcommand("model", "the hybrid GDN model");

@@ -194,7 +194,7 @@ class Reporter : public rl::Observer {
 
 rl::RlOptions make_options(const RlArgs& args) {
   rl::RlOptions o;
-  o.config = model::load_config(args.config);
+  o.config = load_config_flag(args.config);
   o.init = args.init;
   o.task = args.task;
   o.prompts_per_step = args.prompts_per_step;

@@ -182,7 +182,7 @@ class Reporter : public train::Observer {
 
 train::TrainOptions make_options(const TrainArgs& args) {
   train::TrainOptions o;
-  o.config = model::load_config(args.config);
+  o.config = load_config_flag(args.config);
   o.data = args.data;
   o.steps = args.steps;
   o.tokens_per_step = args.tokens_per_step;

@@ -1,12 +1,14 @@
-"""The command line's own behaviour: --version, "did you mean" for mistyped subcommands and options, and
-`bench gdn --pass both` running both passes as its help says.
+"""The command line's own behaviour: --version, "did you mean" for mistyped subcommands and options, refusals that
+name the flag, and `bench gdn --pass both` running both passes as its help says.
 
     python cli_check.py DELTATRAIN_BINARY
 """
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 
 def run(binary, *args):
@@ -40,6 +42,21 @@ def main(binary, version):
                  "--repeat", "1", "--sgemm-size", "0", "--pass", "both", "--json")
     passes = [row["pass"] for row in json.loads(result.stdout)["results"]] if result.returncode == 0 else []
     expect(passes == ["fwd", "bwd"], "bench gdn --pass both runs fwd and bwd", result)
+    # The library's refusals name the flag as typed where the command has one; a config.json's field keeps its name.
+    refusals = [
+        (["model", "info", "--config", "nowhere-such"], "invalid argument '--config': must be a preset"),
+        (["rl", "--config", "tiny", "--steps", "-3"], "invalid argument '--steps': must be >= 0, got -3"),
+        (["rl", "--config", "tiny", "--task", "juggling"], "invalid argument '--task': no task is called 'juggling'"),
+    ]
+    with tempfile.TemporaryDirectory() as directory:
+        config = os.path.join(directory, "config.json")
+        with open(config, "w") as f:
+            json.dump({"hidden_size": 64}, f)
+        refusals.append((["model", "info", "--config", config], "invalid argument 'model_type': in " + config))
+        for args, message in refusals:
+            result = run(binary, *args)
+            expect(result.returncode == 1 and message in result.stderr, f"{' '.join(args)}: {message}", result)
+
     result = run(binary, "bench", "gdn", "--pass", "sideways")
     expect(result.returncode == 1 and "--pass" in result.stderr and "fwd, bwd or both" in result.stderr,
            "bench gdn --pass sideways is refused naming the flag", result)

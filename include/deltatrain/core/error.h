@@ -19,9 +19,10 @@ class InvalidArgument : public Error {
  public:
   InvalidArgument(const std::string& argument, const std::string& rule);
   const std::string& argument() const { return argument_; }
+  const std::string& rule() const { return rule_; }
 
  private:
-  std::string argument_;
+  std::string argument_, rule_;
 };
 
 // A backend or facility cannot serve this call here (maps to Python RuntimeError).
