@@ -73,7 +73,7 @@ cd "$(dirname "$0")/../.."
 # BUNDLE=DIR packs into or runs from another folder, so that one call can carry and test several builds
 # (e.g. the commits of a branch to bisect: binaries.tar.xz alone is ~18 MB, three fit a transfer).
 BUNDLE=${BUNDLE:-.device-build/gpu}
-GPU_BINARIES=${GPU_BINARIES:-test_train_mpi test_cuda_ops test_cuda_model test_gdn_cuda test_cuda_sampling test_memsaver \
+GPU_BINARIES=${GPU_BINARIES:-test_core test_train_mpi test_cuda_ops test_cuda_model test_gdn_cuda test_cuda_sampling test_memsaver \
   rollout_benchmark model_step_benchmark gemm_candidates attention_benchmark bench_gdn_cuda_host state_bandwidth}
 ROOT=/tmp/deltatrain-gpu
 ANCHORS=${ANCHORS:-.device-build/anchors.tar.xz}
