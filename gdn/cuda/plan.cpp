@@ -37,7 +37,7 @@ bool warp_specialised_forward_applies(const PlanInputs& in, const ExecutionPlan&
 
 // Prepare's CTA for a pair of value heads (prepare.cu) is built for the wgmma passes (which form U themselves: U's
 // staging would overwrite the K the second head needs) at K = 128, over GVA groups of an even size. It halves the CTAs an
-// SM holds (82 KB of shared memory against 49) for half the products and copies a head, so it runs only where asked
+// SM holds (89 KiB of shared memory against 53) for half the products and copies a head, so it runs only where asked
 // (DELTATRAIN_CUDA_PREPARE_PAIRS=1) until it is measured on a GPU (bench/NOTES.md, "Prepare for a pair of value heads").
 bool prepare_pairs_apply(const PlanInputs& in) {
   return in.K == 128 && in.group % 2 == 0 && in.prepare_pairs_setting.value_or(false);

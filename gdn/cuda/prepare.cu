@@ -187,7 +187,7 @@ constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column 
 // diagonal blocks, 16 -> 32 and 32 -> 64, each
 //   T_21 = -T_22 (A_21 T_11)
 // as two 3xTF32 tensor-core products (about float32 accuracy) with A_21 T_11 in `scratch` at T's
-// coordinates; T_21 replaces A_21 once the first product has read it. Four barriers; above the diagonal
+// coordinates; T_21 replaces A_21 once the first product has read it. Five barriers; above the diagonal
 // blocks the tile keeps A's zeros. With two heads, warps 4-7 invert the second head's as warps 0-3 the first's.
 template <int kHeads>
 __device__ void invert_unit_lower(const Tile<float, kChunk, kChunk> (&tiles)[kHeads],
@@ -505,8 +505,8 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
     };
     // A CTA for two value heads where the plan pairs them (plan.h's prepare_heads: the wgmma passes at K = 128).
     auto record = [&]<DecayedT kDecayedT, bool kFormsP = true>() {
-      if constexpr (kWgmmaShape && K == 128) {
-        if (p.prepare_heads == 2) return record_heads.template operator()<kDecayedT, kFormsP, 2>();
+      if constexpr (kWgmmaShape && K == 128) {  // U's staging would overwrite the pair's K: the plan pairs no U
+        if (p.prepare_heads == 2 && p.u == nullptr) return record_heads.template operator()<kDecayedT, kFormsP, 2>();
       }
       record_heads.template operator()<kDecayedT, kFormsP, 1>();
     };
