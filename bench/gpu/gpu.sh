@@ -207,12 +207,6 @@ tests() {
   # The warp-specialised forward pass wherever it applies (as tests/gdn_cuda/CMakeLists.txt).
   DELTATRAIN_CUDA_WS_FORWARD=1 run_test "$out" test_gdn_cuda-ws-forward "$ROOT/bin/test_gdn_cuda" \
     --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*' || failed=1
-  # Prepare for pairs of value heads wherever it applies, and with the warp-specialised forward, whose prepare forms no P
-  # (as tests/gdn_cuda/CMakeLists.txt).
-  DELTATRAIN_CUDA_PREPARE_PAIRS=1 run_test "$out" test_gdn_cuda-prepare-pairs "$ROOT/bin/test_gdn_cuda" \
-    --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*' || failed=1
-  DELTATRAIN_CUDA_PREPARE_PAIRS=1 DELTATRAIN_CUDA_WS_FORWARD=1 run_test "$out" test_gdn_cuda-prepare-pairs-ws \
-    "$ROOT/bin/test_gdn_cuda" --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*' || failed=1
   # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
   DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
     --gtest_filter='*Attention*' || failed=1
@@ -243,14 +237,6 @@ sanitize() {
   done
   for tool in memcheck racecheck synccheck; do
     DELTATRAIN_CUDA_WS_FORWARD=1 run_sanitizer "$tool" "$tool-ws" "$tool (warp-specialised forward)" "$ws"
-  done
-  # Prepare for pairs of value heads: two heads' inverses on the two halves of the warps between the same barriers
-  # (groups of two and four, segments with a late prepare, and the warp-specialised forward's prepare without P).
-  local pairs='Grid/CudaVsReference.*/bfloat16_K128_gva_l2norm:Grid/CudaVsReference.*/bf16_long_few_heads:Grid/CudaVsReference.ChunkedForward/bf16_gates_bf16'
-  for tool in memcheck racecheck synccheck; do
-    DELTATRAIN_CUDA_PREPARE_PAIRS=1 run_sanitizer "$tool" "$tool-pairs" "$tool (prepare pairs)" "$pairs"
-    DELTATRAIN_CUDA_PREPARE_PAIRS=1 DELTATRAIN_CUDA_WS_FORWARD=1 run_sanitizer "$tool" "$tool-pairs-ws" \
-      "$tool (prepare pairs, warp-specialised forward)" "$ws"
   done
 }
 

@@ -92,7 +92,6 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int
   static const char* const wgmma_setting = std::getenv("DELTATRAIN_CUDA_WGMMA");  // read once
   static const char* const fused_setting = std::getenv("DELTATRAIN_CUDA_FUSED_BACKWARD");
   static const char* const warp_specialised_setting = std::getenv("DELTATRAIN_CUDA_WS_FORWARD");
-  static const char* const prepare_pairs_setting = std::getenv("DELTATRAIN_CUDA_PREPARE_PAIRS");
   cuda::PlanInputs in;
   in.op = op;
   in.io = kernel.io_dtype;
@@ -107,7 +106,6 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int
   in.wgmma_device = in.wgmma_allowed && cuda::wgmma_device_ready();
   in.fused_backward_setting = optional_switch_setting("DELTATRAIN_CUDA_FUSED_BACKWARD", fused_setting);
   in.warp_specialised_setting = optional_switch_setting("DELTATRAIN_CUDA_WS_FORWARD", warp_specialised_setting);
-  in.prepare_pairs_setting = optional_switch_setting("DELTATRAIN_CUDA_PREPARE_PAIRS", prepare_pairs_setting);
   return cuda::plan_execution(in);
 }
 
@@ -206,7 +204,6 @@ struct Call {
     k.paired = plan.paired;
     k.warp_specialised = plan.forward_warp_specialised;
     k.late_prepare = plan.late_prepare;
-    k.prepare_heads = plan.prepare_heads;
     k.warp_pairs = plan.warp_pairs;
     k.fused_backward = plan.fused_backward;
     k.fused_input_grads = plan.fused_input_grads;

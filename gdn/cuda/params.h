@@ -27,7 +27,6 @@ struct Params {
   bool paired = false;  // the backward's two wgmma passes in one launch
   bool warp_specialised = false;  // the forward's state pass is state_forward_ws_hopper_kernel (and forms P)
   bool late_prepare = false;  // prepare's launch skips the last segment's chunks; a second one beside the ends pass
-  int prepare_heads = 1;      // value heads per prepare CTA (a pair of a GVA group shares K and Q)
   int warp_pairs = 2;   // per CTA of the mma.sync passes (state.cu)
   bool fused_backward = false;  // the backward after the recompute pass is fused_backward_kernel
   bool fused_input_grads = false;  // which also finishes dq and dk (GVA groups of 1 or 2; no input_grad_kernel)

@@ -35,14 +35,6 @@ bool warp_specialised_forward_applies(const PlanInputs& in, const ExecutionPlan&
          in.warp_specialised_setting.value_or(false);
 }
 
-// Prepare's CTA for a pair of value heads (prepare.cu) is built for the wgmma passes (which form U themselves: U's
-// staging would overwrite the K the second head needs) at K = 128, over GVA groups of an even size. It halves the CTAs an
-// SM holds (89 KiB of shared memory against 53) for half the products and copies a head, so it runs only where asked
-// (DELTATRAIN_CUDA_PREPARE_PAIRS=1) until it is measured on a GPU (bench/NOTES.md, "Prepare for a pair of value heads").
-bool prepare_pairs_apply(const PlanInputs& in) {
-  return in.K == 128 && in.group % 2 == 0 && in.prepare_pairs_setting.value_or(false);
-}
-
 ExecutionPlan plan_wgmma(const PlanInputs& in) {
   if (fused_backward_applies(in)) {
     PlanInputs recompute = in;  // its one state pass is planned as the forward's, less the late prepare
@@ -102,7 +94,6 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
     // pass still reads it.
     plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
     plan.forward_warp_specialised = warp_specialised_forward_applies(in, plan);
-    plan.prepare_heads = prepare_pairs_apply(in) ? 2 : 1;
     // The warp-specialised pass's chain of two forms W from T diag(beta): its registers, without O's, have room for it.
     plan.prepare_writes_t_beta_decay =
         plan.passes_form_w && in.op == Operation::chunk_forward && !plan.forward_warp_specialised;

@@ -38,9 +38,6 @@ struct PlanInputs {
   // DELTATRAIN_CUDA_WS_FORWARD: true, the warp-specialised forward pass wherever it applies; unset, the plan's rule
   // (never, until it is measured on a GPU); false, never.
   std::optional<bool> warp_specialised_setting;
-  // DELTATRAIN_CUDA_PREPARE_PAIRS: true, prepare takes two value heads of a GVA group a CTA wherever it applies; unset,
-  // the plan's rule (never, until it is measured on a GPU); false, never.
-  std::optional<bool> prepare_pairs_setting;
 };
 
 struct ExecutionPlan {
@@ -68,9 +65,6 @@ struct ExecutionPlan {
   // a saved buffer where there is one) and the output (state_forward_ws_hopper.cu), so prepare writes no P, nor
   // T diag(beta e^gamma) where the chain's two warpgroups form W
   bool forward_warp_specialised = false;
-  // wgmma, K = 128, GVA groups of an even size: value heads per prepare CTA, 1 or 2 (a pair of the same group, which
-  // shares K and Q: both loaded, and K K^T and Q K^T formed, once for the two; prepare.cu)
-  int prepare_heads = 1;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };
 

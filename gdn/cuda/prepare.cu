@@ -4,9 +4,6 @@
 //   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
 //   mma.sync passes or T diag(beta) for the wgmma passes, which form U themselves (state_hopper.cu), as they form W
 //   where the plan says so (passes_form_w; the forward pass from T diag(beta e^gamma), which prepare then writes).
-// K K^T and Q K^T do not depend on the value head, only their gating does: where the plan says so (prepare_heads), a
-// CTA takes two value heads of a GVA group, loads their K and Q once, forms the two products once, and runs the two
-// heads' inverses side by side on its two halves of warps. Each head's results are the bits a CTA of its own forms.
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
@@ -150,7 +147,7 @@ __global__ void __launch_bounds__(kStartThreads, 4) start_kernel(Params p) {
   }
 }
 
-template <class E, int K, int kHeads = 1>
+template <class E, int K>
 struct PrepareSmem {
   using KeyTile = Tile<E, kChunk, K>;
   using ChunkTile = Tile<E, kChunk, kChunk>;
@@ -158,45 +155,35 @@ struct PrepareSmem {
   // V comes in blocks of up to 128 columns (at most K, so that U's staging fits in K's region).
   static constexpr int kMaxVBlock = K < 128 ? K : 128;
   using VTile = Tile<E, kChunk, kMaxVBlock>;
-  // Regions reused as their contents die: K, until W's product; per head, its Q region (Q itself in the first), then
-  // the inverse's intermediate products, then T diag(beta e^gamma) and T diag(beta); per head, A, inverted in place into
-  // T, then W's staging, then blocks of V (the mma.sync passes' U, which is staged in K's region). The vectors are
-  // [head][token].
-  static constexpr int kQRegion = std::max({KeyTile::kBytes, FloatTile::kBytes, 2 * ChunkTile::kBytes});
-  static constexpr int kARegion = std::max({FloatTile::kBytes, KeyTile::kBytes, VTile::kBytes});
+  // Three regions, each reused as its contents die: K, until W's product; Q, then the inverse's
+  // intermediate products, then T diag(beta e^gamma) and T diag(beta); A, inverted in place into T, then
+  // W's staging, then blocks of V (the mma.sync passes' U, which is staged in K's region).
   static constexpr int k = 0;
   static constexpr int q = k + KeyTile::kBytes;
-  static constexpr int t_beta_decay = q;  // of head h: + h kQRegion, as t_beta and scratch
+  static constexpr int t_beta_decay = q;
   static constexpr int t_beta = q + ChunkTile::kBytes;
-  static constexpr int a = q + kHeads * kQRegion;  // of head h: + h kARegion
-  static constexpr int gamma = a + kHeads * kARegion;
-  static constexpr int beta = gamma + kHeads * kChunk * 8;  // gamma is hi + lo (chunk.cuh)
-  static constexpr int beta_decay = beta + kHeads * kChunk * 4;  // beta e^gamma
-  static constexpr int bytes = beta_decay + kHeads * kChunk * 4;
-  static_assert(gamma % 16 == 0 && kChunk * 8 % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
+  static constexpr int a = q + std::max({KeyTile::kBytes, FloatTile::kBytes, 2 * ChunkTile::kBytes});
+  static constexpr int gamma = a + std::max({FloatTile::kBytes, KeyTile::kBytes, VTile::kBytes});
+  static constexpr int beta = gamma + kChunk * 8;  // gamma is hi + lo (chunk.cuh)
+  static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
+  static constexpr int bytes = beta_decay + kChunk * 4;
+  static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
   // CTAs per SM that shared memory admits on sm_90 (228 KiB, 1 KiB reserved per CTA), at most four: the
   // register budget the kernel is compiled for. The kernel is a chain of short steps between barriers, so
   // more CTAs per SM hide more of it (K = 128 fits four in 54 KB).
   static constexpr int ctas_per_sm = 228 * 1024 / (bytes + 1024) < 4 ? 228 * 1024 / (bytes + 1024) : 4;
 };
 
-constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
-
 // T = (I + A)^-1 for strictly lower-triangular A (64 x 64, float32), in place, by doubling: the four
 // 16 x 16 diagonal blocks by forward substitution (one lane a column), then two merges of neighbouring
 // diagonal blocks, 16 -> 32 and 32 -> 64, each
 //   T_21 = -T_22 (A_21 T_11)
 // as two 3xTF32 tensor-core products (about float32 accuracy) with A_21 T_11 in `scratch` at T's
-// coordinates; T_21 replaces A_21 once the first product has read it. Five barriers; above the diagonal
-// blocks the tile keeps A's zeros. With two heads, warps 4-7 invert the second head's as warps 0-3 the first's.
-template <int kHeads>
-__device__ void invert_unit_lower(const Tile<float, kChunk, kChunk> (&tiles)[kHeads],
-                                  const Tile<float, kChunk, kChunk> (&scratches)[kHeads]) {
-  static_assert(kPrepareThreads == 256 && (kHeads == 1 || kHeads == 2), "four warps a head's inverse");
-  const int lane = threadIdx.x & 31;
-  const int warp = kHeads == 1 ? threadIdx.x / 32 : threadIdx.x / 32 % 4;  // within the head's warps
-  const Tile<float, kChunk, kChunk> t = tiles[kHeads == 1 ? 0 : threadIdx.x / 128];
-  const Tile<float, kChunk, kChunk> scratch = scratches[kHeads == 1 ? 0 : threadIdx.x / 128];
+// coordinates; T_21 replaces A_21 once the first product has read it. Four barriers; above the diagonal
+// blocks the tile keeps A's zeros.
+template <int NTHREADS>
+__device__ void invert_unit_lower(Tile<float, kChunk, kChunk> t, Tile<float, kChunk, kChunk> scratch) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (warp < 4 && lane < 16) {
     const int base = 16 * warp;
     float column[16];
@@ -242,6 +229,8 @@ __device__ __forceinline__ void store4(E* dst, float a, float b, float c, float 
   *reinterpret_cast<Run<E, 4>*>(dst) = pack_run<E>(x);
 }
 
+constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
+
 // What prepare makes of T diag(beta e^gamma) (the plan's prepare_forms_w and prepare_writes_t_beta_decay): W for the
 // passes that read it, the matrix itself for the wgmma forward pass, which forms W from it, or nothing where the
 // passes form W from T diag(beta). A template argument, so that each kernel carries only its own stores: as runtime
@@ -254,18 +243,15 @@ DecayedT decayed_t_of(const Params& p) {  // from the pointers the plan's worksp
 // The end of prepare, once T diag(beta e^gamma) (for W) and T diag(beta) are in shared memory:
 //   W = (T diag(beta e^gamma)) K  where a pass reads it and, for the mma.sync passes, U = (T diag(beta)) V,
 // each staged and stored with 16-byte rows: W in A's dead region, U in K's once W is formed, with V in
-// blocks of kVBlock columns in A's region. T is lower triangular, so rows m0.. need k < m0 + 16. For the CTA's head
-// `head` (value head hv), in its regions; U only where a CTA takes one head (plan.h: prepare_heads).
-template <class E, int K, int kVBlock, DecayedT kDecayedT, int kHeads>
-__device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, int head, int hv, int tid) {
-  using L = PrepareSmem<E, K, kHeads>;
+// blocks of kVBlock columns in A's region. T is lower triangular, so rows m0.. need k < m0 + 16.
+template <class E, int K, int kVBlock, DecayedT kDecayedT>
+__device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, int hv, int tid) {
+  using L = PrepareSmem<E, K>;
   using VTile = Tile<E, kChunk, kVBlock>;
   static_assert(VTile::kBytes <= L::KeyTile::kBytes && kVBlock <= L::kMaxVBlock);
-  const int a_at = L::a + head * L::kARegion, q_at = head * L::kQRegion;
-  const typename L::KeyTile k_tile{smem_at<E>(smem, L::k)}, w_stage{smem_at<E>(smem, a_at)};
-  const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay + q_at)};
-  const typename L::ChunkTile tb_tile{smem_at<E>(smem, L::t_beta + q_at)};
-  const VTile v_tile{smem_at<E>(smem, a_at)}, u_stage{smem_at<E>(smem, L::k)};
+  const typename L::KeyTile k_tile{smem_at<E>(smem, L::k)}, w_stage{smem_at<E>(smem, L::a)};
+  const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
+  const VTile v_tile{smem_at<E>(smem, L::a)}, u_stage{smem_at<E>(smem, L::k)};
   const int warp = tid / 32, m0 = 16 * (warp % 4), n_half = warp / 4;
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
@@ -283,8 +269,7 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
                                 static_cast<std::int64_t>(p.HV) * K, rows, tid);
   }
 
-  // The wgmma passes form U themselves; U's staging would overwrite the K a second head still needs.
-  if (kHeads > 1 || p.u == nullptr) return;
+  if (p.u == nullptr) return;  // the wgmma passes form U themselves
   const std::int64_t v_row = (t0 * p.HV + hv) * p.V, v_stride = static_cast<std::int64_t>(p.HV) * p.V;
 #pragma unroll 1
   for (int vb = 0; vb < p.V; vb += kVBlock) {
@@ -316,25 +301,20 @@ __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
 
 // kFormsP: P is formed here and written (p.p), which every pass reads but the warp-specialised forward: that forms P
 // itself, in the same bits, and writes it where a saved buffer keeps it. Without it neither Q nor its product with K is
-// touched. kHeads: the value heads of a GVA group the CTA takes (1, or 2: blockIdx.y's pair), which share K and Q.
-template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT, bool kFormsP, int kHeads>
-__global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K, kHeads>::ctas_per_sm) prepare_kernel(Params p) {
-  using L = PrepareSmem<E, K, kHeads>;
+// touched.
+template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT, bool kFormsP>
+__global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
+  using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
   const typename L::KeyTile q_tile{smem_at<E>(smem, L::q)}, k_tile{smem_at<E>(smem, L::k)};
-  float2* gamma = smem_at<float2>(smem, L::gamma);  // [head][token], as beta and beta_decay
+  const typename L::FloatTile a_tile{smem_at<float>(smem, L::a)}, scratch{smem_at<float>(smem, L::q)};
+  const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay)}, tb_tile{smem_at<E>(smem, L::t_beta)};
+  float2* gamma = smem_at<float2>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
   float* beta_decay = smem_at<float>(smem, L::beta_decay);
-  __shared__ double first_half[kHeads];  // the sum of the chunk's first 32 gates
-  // Head j's A (then T) and the inverse's scratch in its Q region.
-  typename L::FloatTile a_tiles[kHeads], scratches[kHeads];
-#pragma unroll
-  for (int j = 0; j < kHeads; ++j) {
-    a_tiles[j] = {smem_at<float>(smem, L::a + j * L::kARegion)};
-    scratches[j] = {smem_at<float>(smem, L::q + j * L::kQRegion)};
-  }
+  __shared__ double first_half;  // the sum of the chunk's first 32 gates
 
-  const int hv0 = blockIdx.y * kHeads, h = hv0 / p.group, tid = threadIdx.x, warp = tid / 32;
+  const int hv = blockIdx.y, h = hv / p.group, tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n_half = 32 * (warp / 4);
   const ChunkInfo chunk = p.chunk_table[blockIdx.x];
   if (!covers<kChunks>(p, blockIdx.x, chunk)) return;  // the whole CTA, before any barrier
@@ -342,131 +322,97 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K, kHeads>::ct
   const int rows = chunk.length;
 
   // The gates are read first: the scan below waits on them, and their loads then overlap the copies' issue.
-  // Rows past the chunk's end take g = 0 (the scan adds nothing) and beta = 0. Threads 64 j.. take head j's rows.
-  const int head = kHeads == 1 ? 0 : tid / kChunk, row = kHeads == 1 ? tid : tid % kChunk;
-  const bool gate_thread = tid < kHeads * kChunk;
+  // Rows past the chunk's end take g = 0 (the scan adds nothing) and beta = 0.
   float g = 0.f;
-  if (gate_thread && row < rows) {
-    const std::int64_t index = (t0 + row) * p.HV + hv0 + head;
+  if (tid < kChunk && tid < rows) {
+    const std::int64_t index = (t0 + tid) * p.HV + hv;
     g = clamp_gate(load_gate<E>(p.g, index, p.g_float));
     beta[tid] = load_gate<E>(p.beta, index, p.beta_float);
-  } else if (gate_thread) {
+  } else if (tid < kChunk) {
     beta[tid] = 0.f;
   }
   if constexpr (kFormsP) load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
   load_chunk_rows<kPrepareThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
   cp_async_commit();
 
-  // Gate cumsum in float64 (chunk.cuh says why): two warps scan a head's 32 rows each.
+  // Gate cumsum in float64 (chunk.cuh says why): two warps scan 32 rows each.
   double cumulative = g;
-  if (gate_thread) {
+  if (tid < kChunk) {
 #pragma unroll
     for (int offset = 1; offset < 32; offset <<= 1) {
       const double y = __shfl_up_sync(0xffffffffu, cumulative, offset);
       if ((tid & 31) >= offset) cumulative += y;
     }
-    if (row == 31) first_half[head] = cumulative;
+    if (tid == 31) first_half = cumulative;
   }
   __syncthreads();
-  if (gate_thread && row >= 32) cumulative += first_half[head];
-  if (gate_thread) gamma[tid] = split_sum(cumulative);
+  if (tid >= 32 && tid < kChunk) cumulative += first_half;
+  if (tid < kChunk) gamma[tid] = split_sum(cumulative);
   __syncthreads();
-  if (gate_thread) {
+  if (tid < kChunk) {
     const float decay = __expf(static_cast<float>(cumulative));
     beta_decay[tid] = beta[tid] * decay;
-    if (row < rows) {
-      const std::int64_t at = static_cast<std::int64_t>(hv0 + head) * p.tokens + t0 + row;
+    if (tid < rows) {
+      const std::int64_t at = static_cast<std::int64_t>(hv) * p.tokens + t0 + tid;
       p.gamma[at] = gamma[tid];
       p.gate_in[at] = decay;
-      p.gate_out[at] = chunk_decay(gamma[head * kChunk + rows - 1], gamma[tid]);
+      p.gate_out[at] = chunk_decay(gamma[rows - 1], gamma[tid]);
     }
   }
 
   cp_async_wait<0>();
   __syncthreads();
 
-  // Per chunk and head, rows of a [tokens, HV, C] tensor (P, T, T diag(beta)); head j's start at + j kChunk.
-  const std::int64_t chunk_row = (t0 * p.HV + hv0) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
+  // Per chunk and head, rows of a [tokens, HV, C] tensor (P, T, T diag(beta)).
+  const std::int64_t chunk_row = (t0 * p.HV + hv) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
   {
-    // The products, then A = strict_tril(diag(beta) (K K^T) * Gamma), P = scale tril(Q K^T) * Gamma with each head's
-    // gates: the first head's of a pair from copies, the last's in place.
     float kk[1][4][4], qk[1][4][4];
-    constexpr int kCopies = kHeads > 1 ? kHeads - 1 : 1;
-    float kk_copy[kCopies][1][4][4], qk_copy[kCopies][1][4][4];
     zero(kk);
     zero(qk);
-    auto gate = [&](float (&a)[1][4][4], float (&q)[1][4][4], int j) {
-      const float* head_beta = beta + j * kChunk;
-      for_each_decay<1, 4>(gamma + j * kChunk, m0, n_half, [&](int r, int c, float decay, FragmentIndex at) {
-        const float x = head_beta[r] * at(a) * decay, y = p.scale * at(q) * decay;
-        at(a) = r > c ? x : 0.f;
-        at(q) = r >= c ? y : 0.f;
-      });
-    };
-    if constexpr (kHeads > 1) {
-      zero(kk_copy[0]);
-      zero(qk_copy[0]);
-    }
     if (n_half < m0 + 16) {  // the two warps whose tile lies wholly above the diagonal keep their zeros
       warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
       if constexpr (kFormsP) warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
-      if constexpr (kHeads > 1) {
-        for_each(kk_copy[0], kk, 0, 0, [](int, int, float& x, float& raw) { x = raw; });
-        for_each(qk_copy[0], qk, 0, 0, [](int, int, float& x, float& raw) { x = raw; });
-        gate(kk_copy[0], qk_copy[0], 0);
-      }
-      gate(kk, qk, kHeads - 1);
+      // A = strict_tril(diag(beta) (K K^T) * Gamma), P = scale tril(Q K^T) * Gamma.
+      for_each_decay<1, 4>(gamma, m0, n_half, [&](int r, int c, float decay, FragmentIndex at) {
+        const float a = beta[r] * at(kk) * decay, q = p.scale * at(qk) * decay;
+        at(kk) = r > c ? a : 0.f;
+        at(qk) = r >= c ? q : 0.f;
+      });
     }
-#pragma unroll
-    for (int j = 0; j < kHeads; ++j) {
-      float(&a)[1][4][4] = j == kHeads - 1 ? kk : kk_copy[0];
-      float(&q)[1][4][4] = j == kHeads - 1 ? qk : qk_copy[0];
-      store_pairs(a, &a_tiles[j](m0, n_half), L::FloatTile::kLd);
-      if constexpr (kFormsP) {
-        store_pairs(q, static_cast<E*>(p.p) + chunk_row + j * kChunk + m0 * chunk_stride + n_half, chunk_stride,
-                    rows - m0);
-      }
+    store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
+    if constexpr (kFormsP) {
+      store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
     }
   }
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
-  invert_unit_lower<kHeads>(a_tiles, scratches);
+  invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
   // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's
   // dead region; T diag(beta), T diag(beta e^gamma) where the forward pass forms W from it, and (for the backward) T
   // to global memory as they are formed. Each thread converts runs of four columns, writing the zeros above T's
   // diagonal blocks.
-#pragma unroll
-  for (int j = 0; j < kHeads; ++j) {
-    const typename L::FloatTile& t_tile = a_tiles[j];
-    const typename L::ChunkTile tbd_tile{smem_at<E>(smem, L::t_beta_decay + j * L::kQRegion)};
-    const typename L::ChunkTile tb_tile{smem_at<E>(smem, L::t_beta + j * L::kQRegion)};
-    const float *head_beta = beta + j * kChunk, *head_beta_decay = beta_decay + j * kChunk;
-    for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
-      const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;
-      const bool in_blocks = c < (r / 16 + 1) * 16;
-      const float4 x = in_blocks ? *reinterpret_cast<const float4*>(&t_tile(r, c)) : float4{0.f, 0.f, 0.f, 0.f};
-      const float4 b = *reinterpret_cast<const float4*>(&head_beta[c]);
-      const float4 bd = *reinterpret_cast<const float4*>(&head_beta_decay[c]);
-      if constexpr (kDecayedT == DecayedT::w) store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
-      if (p.u != nullptr) store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);  // only U reads it
-      if (r < rows) {
-        const std::int64_t at = chunk_row + j * kChunk + r * chunk_stride + c;
-        if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
-        if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);
-        if constexpr (kDecayedT == DecayedT::itself) {
-          store4(static_cast<E*>(p.t_beta_decay) + at, x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
-        }
+  const typename L::FloatTile& t_tile = a_tile;
+  for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
+    const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;
+    const bool in_blocks = c < (r / 16 + 1) * 16;
+    const float4 x = in_blocks ? *reinterpret_cast<const float4*>(&t_tile(r, c)) : float4{0.f, 0.f, 0.f, 0.f};
+    const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
+    if constexpr (kDecayedT == DecayedT::w) store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
+    if (p.u != nullptr) store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);  // only U reads it
+    if (r < rows) {
+      const std::int64_t at = chunk_row + r * chunk_stride + c;
+      if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
+      if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);
+      if constexpr (kDecayedT == DecayedT::itself) {
+        store4(static_cast<E*>(p.t_beta_decay) + at, x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
       }
     }
   }
   __syncthreads();  // T diag(beta e^gamma) is complete and T read: A's region stages W
-#pragma unroll
-  for (int j = 0; j < kHeads; ++j) {
-    if (L::kMaxVBlock == 128 && p.V % 128 == 0) {
-      write_w_u<E, K, L::kMaxVBlock, kDecayedT, kHeads>(p, smem, chunk, j, hv0 + j, tid);
-    } else {
-      write_w_u<E, K, 64, kDecayedT, kHeads>(p, smem, chunk, j, hv0 + j, tid);
-    }
+  if (L::kMaxVBlock == 128 && p.V % 128 == 0) {
+    write_w_u<E, K, L::kMaxVBlock, kDecayedT>(p, smem, chunk, hv, tid);
+  } else {
+    write_w_u<E, K, 64, kDecayedT>(p, smem, chunk, hv, tid);
   }
 }
 
@@ -498,17 +444,10 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
   int index = -1;
   dispatch(io, p.K, [&]<class E, int K>() {
     constexpr bool kWgmmaShape = sizeof(E) == 2 && K <= 128;
-    auto record_heads = [&]<DecayedT kDecayedT, bool kFormsP, int kHeads>() {
-      const char* name = kChunks == PrepareChunks::all ? "gdn prepare_kernel" : "gdn prepare_kernel (segments)";
-      index = launch<prepare_kernel<E, K, kChunks, kDecayedT, kFormsP, kHeads>>(
-          name, dim3(p.chunks, p.HV / kHeads), dim3(kPrepareThreads), PrepareSmem<E, K, kHeads>::bytes, kernels, after);
-    };
-    // A CTA for two value heads where the plan pairs them (plan.h's prepare_heads: the wgmma passes at K = 128).
     auto record = [&]<DecayedT kDecayedT, bool kFormsP = true>() {
-      if constexpr (kWgmmaShape && K == 128) {  // U's staging would overwrite the pair's K: the plan pairs no U
-        if (p.prepare_heads == 2 && p.u == nullptr) return record_heads.template operator()<kDecayedT, kFormsP, 2>();
-      }
-      record_heads.template operator()<kDecayedT, kFormsP, 1>();
+      const char* name = kChunks == PrepareChunks::all ? "gdn prepare_kernel" : "gdn prepare_kernel (segments)";
+      index = launch<prepare_kernel<E, K, kChunks, kDecayedT, kFormsP>>(
+          name, dim3(p.chunks, p.HV), dim3(kPrepareThreads), PrepareSmem<E, K>::bytes, kernels, after);
     };
     if constexpr (kChunks == PrepareChunks::all || kWgmmaShape) {
       const DecayedT decayed = decayed_t_of(p);

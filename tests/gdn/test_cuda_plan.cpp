@@ -58,8 +58,6 @@ class CudaPlan : public SeededTest {
     if (fused != 0) in.fused_backward_setting = fused == 1;
     const std::int64_t warp_specialised = pick(0, 2);  // DELTATRAIN_CUDA_WS_FORWARD unset, 1 or 0
     if (warp_specialised != 0) in.warp_specialised_setting = warp_specialised == 1;
-    const std::int64_t prepare_pairs = pick(0, 2);  // DELTATRAIN_CUDA_PREPARE_PAIRS unset, 1 or 0
-    if (prepare_pairs != 0) in.prepare_pairs_setting = prepare_pairs == 1;
     return in;
   }
 };
@@ -72,9 +70,7 @@ std::string describe(const PlanInputs& in) {
          ", allowed " + std::to_string(in.wgmma_allowed) + ", fused backward setting " +
          (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset")) +
          ", warp-specialised forward setting " +
-         (in.warp_specialised_setting ? std::to_string(*in.warp_specialised_setting) : std::string("unset")) +
-         ", prepare pairs setting " +
-         (in.prepare_pairs_setting ? std::to_string(*in.prepare_pairs_setting) : std::string("unset"));
+         (in.warp_specialised_setting ? std::to_string(*in.warp_specialised_setting) : std::string("unset"));
 }
 
 // The plan of the call `in` describes, for its operation `op`.
@@ -105,11 +101,6 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     // where DELTATRAIN_CUDA_WS_FORWARD=1 asks for it, until it is measured.
     EXPECT_EQ(plan.forward_warp_specialised, plan.wgmma && in.op == Operation::chunk_forward && in.K == 128 &&
                                                  plan.segments == 1 && in.warp_specialised_setting.value_or(false));
-    // Prepare's CTA for a pair of value heads: wgmma passes (none reads U, whose staging would overwrite the pair's K),
-    // K = 128, GVA groups of an even size; only where DELTATRAIN_CUDA_PREPARE_PAIRS=1 asks for it, until measured.
-    EXPECT_EQ(plan.prepare_heads,
-              plan.wgmma && in.K == 128 && in.group % 2 == 0 && in.prepare_pairs_setting.value_or(false) ? 2 : 1);
-    EXPECT_EQ(in.value_heads % plan.prepare_heads, 0) << "the launch's grid takes the heads a pair at a time";
     EXPECT_EQ(plan.prepare_writes_t_beta_decay,
               passes_form_w && in.op == Operation::chunk_forward && !plan.forward_warp_specialised)
         << "T diag(beta e^gamma) is written for the two-warpgroup forward pass alone, which forms W from it";
@@ -312,16 +303,6 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(specialised.forward_warp_specialised);
   EXPECT_FALSE(specialised.prepare_writes_t_beta_decay || specialised.prepare_forms_w);
   EXPECT_FALSE(with_ws_setting(anchor(Operation::chunk_forward, 32, 1, 32768)).forward_warp_specialised) << "segments";
-  // Prepare for pairs of value heads only where DELTATRAIN_CUDA_PREPARE_PAIRS=1 asks: then on the anchors' groups of two
-  // and four (16/32 and 16/64 heads), not on the 0.8B model's groups of one (16/16).
-  EXPECT_EQ(filled.prepare_heads, 1);
-  for (const auto& [value_heads, paired] : {std::pair{32, true}, {64, true}, {16, false}}) {
-    PlanInputs in = anchor(Operation::chunk_forward, value_heads, 4, 8192);
-    in.prepare_pairs_setting = true;
-    EXPECT_EQ(plan_execution(in).prepare_heads, paired ? 2 : 1) << value_heads << " value heads";
-    in.op = Operation::chunk_backward;
-    EXPECT_EQ(plan_execution(in).prepare_heads, paired ? 2 : 1) << value_heads << " value heads, backward";
-  }
   // 64 heads of one sequence: 128 units, just under the SMs, one warpgroup a CTA and no segments; the chain then reads
   // prepare's W (one warpgroup holding all 128 keys of W would spill).
   const ExecutionPlan one_chain = with_ws_setting(anchor(Operation::chunk_forward, 64, 1, 32768));
