@@ -36,7 +36,7 @@ struct PlanInputs {
   // unset, the plan's rule (where its CTAs fill their waves); false, never.
   std::optional<bool> fused_backward_setting;
   // DELTATRAIN_CUDA_WS_FORWARD: true, the warp-specialised forward pass wherever it applies; unset, the plan's rule
-  // (never, until it is measured on a GPU); false, never.
+  // (never: measured slower on the H200, bench/NOTES.md); false, never.
   std::optional<bool> warp_specialised_setting;
 };
 
