@@ -30,8 +30,8 @@
 #                                        then the GDN tests again on the mma.sync passes (DELTATRAIN_CUDA_WGMMA=0)
 #                                        and the backward ones with the fused backward forced on and off
 #                                        (DELTATRAIN_CUDA_FUSED_BACKWARD=1, then 0)
-#   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck and racecheck on small GDN cases and a
-#                                        segmented one
+#   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck, racecheck and synccheck on small GDN
+#                                        cases and a segmented one
 #   bench/gpu/gpu.sh python OUT SCRIPT ARGS...
 #                                        module and/or binaries (and $ANCHORS, default .device-build/anchors.tar.xz, fla
 #                                        and FlashQLA from ../shared/tools/anchor_site.sh, when carried): a Python script with
@@ -204,9 +204,6 @@ tests() {
   # And nowhere: the unfused wgmma backward of the calls the plan fuses (as tests/gdn_cuda/CMakeLists.txt).
   DELTATRAIN_CUDA_FUSED_BACKWARD=0 run_test "$out" test_gdn_cuda-unfused-backward "$ROOT/bin/test_gdn_cuda" \
     --gtest_filter="$backward" || failed=1
-  # The warp-specialised forward pass wherever it applies (as tests/gdn_cuda/CMakeLists.txt).
-  DELTATRAIN_CUDA_WS_FORWARD=1 run_test "$out" test_gdn_cuda-ws-forward "$ROOT/bin/test_gdn_cuda" \
-    --gtest_filter='Grid/CudaVsReference.*:CudaBackend.*' || failed=1
   # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
   DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
     --gtest_filter='*Attention*' || failed=1
@@ -228,16 +225,13 @@ sanitize() {
     status=$?
     echo "compute-sanitizer $3 exit $status: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$2.log" | tail -1)"
   }
-  # The warp-specialised forward's warpgroups and their named barriers (synccheck: barriers every thread meets), with
-  # a chain of two (the first two) and of one, with a saved buffer holding P alone, or P and the states, and none.
-  local ws='Grid/CudaVsReference.ChunkedForward/bf16_many_heads:Grid/CudaVsReference.ChunkedForward/f16_many_heads_varlen_l2norm:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.BackwardFromSavedForward/bf16_many_heads:Grid/CudaVsReference.BackwardFromSavedForward/bf16_one_warpgroup_units'
   for tool in memcheck racecheck; do
     run_sanitizer "$tool" "$tool" "$tool" "$small"
     DELTATRAIN_CUDA_FUSED_BACKWARD=1 run_sanitizer "$tool" "$tool-fused" "$tool (fused backward)" "$fused"
   done
-  for tool in memcheck racecheck synccheck; do
-    DELTATRAIN_CUDA_WS_FORWARD=1 run_sanitizer "$tool" "$tool-ws" "$tool (warp-specialised forward)" "$ws"
-  done
+  # Barriers every thread meets, the named ones of the mma.sync passes' warp pairs too.
+  run_sanitizer synccheck synccheck synccheck "$small"
+  DELTATRAIN_CUDA_WGMMA=0 run_sanitizer synccheck synccheck-mma-sync "synccheck (mma.sync passes)" "$small"
 }
 
 # MODULE (default the bundle's module.tar.xz) is the Python module archive the script imports.

@@ -2,11 +2,11 @@
 (bench/gdn_h200.py's cells and inputs, through deltatrain.torch and autograd, with and without the in-kernel L2 norm)
 under the environment this process runs in, each output tensor written as a SHA-256 of its bytes; then a comparison
 of two such files. For a change that claims the same bits as the path it replaces (a switch such as
-DELTATRAIN_CUDA_WS_FORWARD for the backward's gradients, or two builds of the module), which the GPU tests, comparing
-each path with the fp64 reference within a tolerance, do not show.
+DELTATRAIN_CUDA_FUSED_BACKWARD where two backward forms should agree, or two builds of the module), which the GPU
+tests, comparing each path with the fp64 reference within a tolerance, do not show.
 
-    DELTATRAIN_CUDA_WS_FORWARD=0 python3 bench/gpu/same_bits.py run A.json [--only 12 13 14]
-    DELTATRAIN_CUDA_WS_FORWARD=1 python3 bench/gpu/same_bits.py run B.json [--only 12 13 14]
+    python3 bench/gpu/same_bits.py run A.json [--only 12 13 14]              (with the module before the change)
+    python3 bench/gpu/same_bits.py run B.json [--only 12 13 14]              (with the module after it)
     python3 bench/gpu/same_bits.py compare A.json B.json    (exit 1 where a tensor differs)
 """
 
@@ -17,7 +17,7 @@ import os
 import sys
 
 OUTPUTS = {"fwd": ("o", "ht"), "bwd": ("dq", "dk", "dv", "dg", "dbeta", "dh0")}
-SETTINGS = ("DELTATRAIN_CUDA_WS_FORWARD", "DELTATRAIN_CUDA_FUSED_BACKWARD", "DELTATRAIN_CUDA_WGMMA")
+SETTINGS = ("DELTATRAIN_CUDA_FUSED_BACKWARD", "DELTATRAIN_CUDA_WGMMA")
 
 
 def digest(tensor):

@@ -91,7 +91,6 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int
   if (op == Operation::recurrent) return {};
   static const char* const wgmma_setting = std::getenv("DELTATRAIN_CUDA_WGMMA");  // read once
   static const char* const fused_setting = std::getenv("DELTATRAIN_CUDA_FUSED_BACKWARD");
-  static const char* const warp_specialised_setting = std::getenv("DELTATRAIN_CUDA_WS_FORWARD");
   cuda::PlanInputs in;
   in.op = op;
   in.io = kernel.io_dtype;
@@ -105,7 +104,6 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int
   in.wgmma_allowed = switch_setting("DELTATRAIN_CUDA_WGMMA", wgmma_setting);
   in.wgmma_device = in.wgmma_allowed && cuda::wgmma_device_ready();
   in.fused_backward_setting = optional_switch_setting("DELTATRAIN_CUDA_FUSED_BACKWARD", fused_setting);
-  in.warp_specialised_setting = optional_switch_setting("DELTATRAIN_CUDA_WS_FORWARD", warp_specialised_setting);
   return cuda::plan_execution(in);
 }
 
@@ -122,7 +120,7 @@ std::optional<Problem> padded_problem(const Problem& p) {
 // Where a call's chunk_forward and chunk_backward keep what the backward's prepare writes, in the caller's saved
 // buffer (ForwardOutputs::saved), from both operations' plans on the calling thread's device.
 cuda::SavedLayout saved_layout(const Problem& kernel, std::int64_t chunks) {
-  return cuda::plan_saved(kernel, chunks, execution_plan(kernel, Operation::chunk_forward, chunks),
+  return cuda::plan_saved(kernel, execution_plan(kernel, Operation::chunk_forward, chunks),
                           execution_plan(kernel, Operation::chunk_backward, chunks));
 }
 
@@ -202,7 +200,6 @@ struct Call {
     k.segments = plan.segments;
     k.warpgroups = plan.warpgroups;
     k.paired = plan.paired;
-    k.warp_specialised = plan.forward_warp_specialised;
     k.late_prepare = plan.late_prepare;
     k.warp_pairs = plan.warp_pairs;
     k.fused_backward = plan.fused_backward;
@@ -257,8 +254,8 @@ struct Call {
     k.t = region(layout.t, saved.t);
     k.t_beta = region(layout.t_beta, saved.t_beta);
     k.t_beta_decay = region(layout.t_beta_decay);
-    k.states = region(layout.states, saved.states);
-    k.delta = region(layout.delta, saved.delta);
+    k.states = region(layout.states);
+    k.delta = region(layout.delta);
     k.dstates = region(layout.dstates);
     k.ddelta = region(layout.ddelta);
     k.dw = region(layout.dw);
@@ -389,14 +386,12 @@ class CudaBackend final : public Backend {
     if (grads_out.dh0) k.dh0 = static_cast<float*>(call.output(grads_out.dh0->data, copy.dh0));
     cuda::KernelSequence kernels;
     call.prepare(p, kernels);
-    // Where the forward kept the states entering each chunk and Delta in the saved buffer, nothing recomputes them.
-    const bool recompute = call.saved.states.bytes == 0;
     if (k.fused_backward) {
-      if (recompute) cuda::launch_state_forward(k, p.io_dtype, true, kernels);
+      cuda::launch_state_forward(k, p.io_dtype, true, kernels);
       cuda::launch_backward_segment_starts(k, p.io_dtype, kernels);
       cuda::launch_fused_backward(k, p.io_dtype, kernels);
     } else {
-      cuda::launch_backward_state_passes(k, p.io_dtype, recompute, kernels);
+      cuda::launch_backward_state_passes(k, p.io_dtype, kernels);
       cuda::launch_chunk_grad(k, p.io_dtype, kernels);
       cuda::launch_wy_grad(k, p.io_dtype, kernels);
     }

@@ -39,9 +39,9 @@ void launch_start(const Params& p, DType io, KernelSequence& kernels);
 // The chunks a launch of prepare covers: all of them, or (p.late_prepare) those of every segment but the
 // last, and then the last segment's.
 enum class PrepareChunks { all, before_last_segment, last_segment };
-// gamma, P (but for the warp-specialised forward, whose pass forms it), W where p.w is set, T diag(beta e^gamma) where
-// p.t_beta_decay is set, U where p.u is set, T diag(beta) where p.t_beta is set, and T for the backward (p.t): for every
-// chunk, or where p.late_prepare for every segment's but the last.
+// gamma, P, W where p.w is set, T diag(beta e^gamma) where p.t_beta_decay is set, U where p.u is set, T diag(beta)
+// where p.t_beta is set, and T for the backward (p.t): for every chunk, or where p.late_prepare for every segment's
+// but the last.
 void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // Where p.late_prepare, the same for the last segment's chunks, after kernel `after` (the first prepare),
 // so that it may run beside the segment ends pass; returns its index.
@@ -56,16 +56,13 @@ bool wgmma_device_ready();
 // The same pass with wgmma (state_hopper.cu) where the call's plan chose it (p.wgmma); false where not,
 // recording nothing.
 bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, KernelSequence& kernels);
-// The forward's pass with its output on a warpgroup of its own (state_forward_ws_hopper.cu) where the plan chose it
-// (p.warp_specialised); false where not, recording nothing.
-bool launch_state_forward_ws_hopper(const Params& p, DType io, KernelSequence& kernels);
 // The reverse sequential pass: the state gradient after each chunk, ddelta and dh0.
 void launch_state_backward(const Params& p, DType io, KernelSequence& kernels);
 // The same pass with wgmma, as launch_state_forward_hopper.
 bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& kernels);
-// Both sequential passes of the backward: the recompute (unless the forward kept what it writes: `recompute` false,
-// never where they are paired), then the reverse pass, or the two in one launch where the plan paired them (p.paired).
-void launch_backward_state_passes(const Params& p, DType io, bool recompute, KernelSequence& kernels);
+// Both sequential passes of the backward: the recompute, then the reverse pass, or the two in one launch
+// where the plan paired them (p.paired).
+void launch_backward_state_passes(const Params& p, DType io, KernelSequence& kernels);
 // The paired launch with wgmma where p.paired; false otherwise, recording nothing.
 bool launch_state_passes_paired_hopper(const Params& p, DType io, KernelSequence& kernels);
 // Per chunk: dq, dk (state and intra-chunk parts), dv, dW, the U-part of dT, partial dgamma and dbeta.

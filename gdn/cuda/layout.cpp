@@ -20,8 +20,7 @@ struct Packer {
 
 }  // namespace
 
-SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& forward,
-                       const ExecutionPlan& backward) {
+SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, const ExecutionPlan& backward) {
   SavedLayout saved;
   if (!forward_fills_backward_prepare(forward, backward)) return saved;
   const Packer take{saved.bytes};
@@ -38,11 +37,6 @@ SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const Execut
   }
   take(saved.p, token_heads * C * io);
   take(saved.t, token_heads * C * io);
-  if (forward_keeps_states(forward, backward)) {
-    const auto V = static_cast<std::size_t>(problem.V);
-    take(saved.states, static_cast<std::size_t>(chunks * problem.HV) * V * static_cast<std::size_t>(problem.K) * io);
-    take(saved.delta, token_heads * V * io);
-  }
   return saved;
 }
 
@@ -100,7 +94,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   } else {
     take_unless_saved(layout.u, saved.u, tokens * HV * V * io);
   }
-  if (!plan.forward_warp_specialised) take_unless_saved(layout.p, saved.p, tokens * HV * C * io);
+  take_unless_saved(layout.p, saved.p, tokens * HV * C * io);
   if (plan.segments > 1) {
     const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(plan.segments);
     take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
@@ -109,8 +103,8 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   }
   if (problem.op != Operation::chunk_backward) return layout;
   take_unless_saved(layout.t, saved.t, tokens * HV * C * io);
-  take_unless_saved(layout.states, saved.states, n_chunks * HV * V * K * io);
-  take_unless_saved(layout.delta, saved.delta, tokens * HV * V * io);
+  take(layout.states, n_chunks * HV * V * K * io);
+  take(layout.delta, tokens * HV * V * io);
   if (plan.fused_backward) {
     if (!plan.fused_input_grads) {
       take(layout.dq_head, tokens * HV * K * f32);

@@ -18,19 +18,16 @@ struct Region {
 
 // What the backward's prepare writes, kept between a call's chunk_forward and its chunk_backward in the caller's
 // ForwardOutputs::saved (gdn.h) instead of the workspace: the forward's prepare fills it and the backward skips
-// prepare; and where the forward keeps them (forward_keeps_states), the states entering each chunk and Delta, which the
-// backward's recompute pass would write, so that the backward skips that pass too. Laid out from both plans, so that
-// both operations of a call agree on it; 0 bytes where the forward cannot fill it (forward_fills_backward_prepare).
+// prepare. Laid out from both plans, so that both operations of a call agree on it; 0 bytes where the forward
+// cannot fill it (forward_fills_backward_prepare).
 struct SavedLayout {
   Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
-  Region states, delta;
   std::size_t bytes = 0;
 };
 
-// problem: the call in the kernels' head dims (either operation), of `chunks` chunks; forward, backward: the plans of
-// the call's chunk_forward and chunk_backward.
-SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& forward,
-                       const ExecutionPlan& backward);
+// problem: the call in the kernels' head dims (either operation); forward, backward: the plans of the call's
+// chunk_forward and chunk_backward.
+SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, const ExecutionPlan& backward);
 
 // Byte offsets of the regions of one call's workspace (see Params for their shapes).
 struct WorkspaceLayout {

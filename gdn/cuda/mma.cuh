@@ -593,14 +593,10 @@ __device__ __forceinline__ void cp_async_8(void* smem, const void* global, bool 
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(smem)), "l"(global),
                "r"(valid ? 8 : 0));
 }
-// Named barriers (0 is __syncthreads'): `threads` of the block, a multiple of 32, meet at barrier `id`. sync waits
-// until all have arrived; arrive counts this thread without waiting (a producer's half of a hand-over, whose
-// consumer syncs). Both order this thread's earlier shared-memory accesses before the barrier completes.
+// Named barriers (0 is __syncthreads'): `threads` of the block, a multiple of 32, meet at barrier `id` and wait until
+// all have arrived. Orders this thread's earlier shared-memory accesses before the barrier completes.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -26,15 +26,6 @@ bool fused_backward_applies(const PlanInputs& in) {
   return 10 * units >= 6 * wave_slots;
 }
 
-// The warp-specialised forward (state_forward_ws_hopper.cu) is built for K = 128 over whole sequences, its chain of
-// the warpgroups the plan gives a CTA. Whether the forward keeps a saved buffer does not enter: a forward's outputs are
-// the same bits with the buffer and without. It runs only where asked (DELTATRAIN_CUDA_WS_FORWARD=1): on the H200 its
-// pass measured ~3.2x the two-warpgroup pass's (bench/NOTES.md, "The warp-specialised forward, measured").
-bool warp_specialised_forward_applies(const PlanInputs& in, const ExecutionPlan& plan) {
-  return in.op == Operation::chunk_forward && in.K == 128 && plan.segments == 1 &&
-         in.warp_specialised_setting.value_or(false);
-}
-
 ExecutionPlan plan_wgmma(const PlanInputs& in) {
   if (fused_backward_applies(in)) {
     PlanInputs recompute = in;  // its one state pass is planned as the forward's, less the late prepare
@@ -93,10 +84,7 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
     // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass"). The unfused backward's reverse
     // pass still reads it.
     plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
-    plan.forward_warp_specialised = warp_specialised_forward_applies(in, plan);
-    // The warp-specialised pass's chain of two forms W from T diag(beta): its registers, without O's, have room for it.
-    plan.prepare_writes_t_beta_decay =
-        plan.passes_form_w && in.op == Operation::chunk_forward && !plan.forward_warp_specialised;
+    plan.prepare_writes_t_beta_decay = plan.passes_form_w && in.op == Operation::chunk_forward;
     plan.prepare_forms_w = (in.op == Operation::chunk_backward && !plan.fused_backward) || !plan.passes_form_w;
     return plan;
   }

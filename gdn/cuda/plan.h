@@ -35,9 +35,6 @@ struct PlanInputs {
   // DELTATRAIN_CUDA_FUSED_BACKWARD (optional_switch_setting): true, the fused backward wherever it applies;
   // unset, the plan's rule (where its CTAs fill their waves); false, never.
   std::optional<bool> fused_backward_setting;
-  // DELTATRAIN_CUDA_WS_FORWARD: true, the warp-specialised forward pass wherever it applies; unset, the plan's rule
-  // (never: measured slower on the H200, bench/NOTES.md); false, never.
-  std::optional<bool> warp_specialised_setting;
 };
 
 struct ExecutionPlan {
@@ -61,28 +58,16 @@ struct ExecutionPlan {
   // fused backward, GVA groups of one or two value heads: the fused kernel finishes dq and dk itself (the group's
   // sum, a pair of CTAs in a cluster, the L2 norm's backward and the cast) instead of input_grad_kernel after it
   bool fused_input_grads = false;
-  // wgmma, forward, K = 128, no segments: the state pass with one more warpgroup, which forms P (in prepare's bits; into
-  // a saved buffer where there is one) and the output (state_forward_ws_hopper.cu), so prepare writes no P, nor
-  // T diag(beta e^gamma) where the chain's two warpgroups form W
-  bool forward_warp_specialised = false;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };
 
 ExecutionPlan plan_execution(const PlanInputs& in);
 
-// The warp-specialised forward also keeps the state entering each chunk and Delta, which its output warpgroup holds in
-// shared memory anyway, so that the backward skips its recompute pass: for a backward whose recompute is a pass of its
-// own over whole sequences (not paired, no segments), which is what the same call's shape gives it; else nothing.
-constexpr bool forward_keeps_states(const ExecutionPlan& forward, const ExecutionPlan& backward) {
-  return forward.forward_warp_specialised && backward.wgmma && !backward.paired && backward.segments == 1;
-}
-
 // Whether a chunk_forward planned as `forward` fills, for the chunk_backward of the same call planned as `backward`,
 // everything the backward's prepare would write, so that the backward may read it from ForwardOutputs::saved and skip
 // prepare. The forward's prepare writes T, T diag(beta) and U wherever their pointers are set, whatever its own plan
 // (both operations of a call take the same kind of state passes, so the same one of those two); but one launch forms
-// W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT). (A warp-specialised forward's pass writes P
-// there, and the states and Delta where forward_keeps_states.)
+// W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT).
 constexpr bool forward_fills_backward_prepare(const ExecutionPlan& forward, const ExecutionPlan& backward) {
   return !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay);
 }

@@ -299,10 +299,7 @@ __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
   }
 }
 
-// kFormsP: P is formed here and written (p.p), which every pass reads but the warp-specialised forward: that forms P
-// itself, in the same bits, and writes it where a saved buffer keeps it. Without it neither Q nor its product with K is
-// touched.
-template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT, bool kFormsP>
+template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
@@ -331,7 +328,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   } else if (tid < kChunk) {
     beta[tid] = 0.f;
   }
-  if constexpr (kFormsP) load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
+  load_chunk_rows<kPrepareThreads>(q_tile, queries<E>(p), p.H, h, K, 0, chunk, tid);
   load_chunk_rows<kPrepareThreads>(k_tile, keys<E>(p), p.H, h, K, 0, chunk, tid);
   cp_async_commit();
 
@@ -371,7 +368,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     zero(qk);
     if (n_half < m0 + 16) {  // the two warps whose tile lies wholly above the diagonal keep their zeros
       warp_mma(kk, plain(k_tile), m0, transposed(k_tile), n_half, 0, K);
-      if constexpr (kFormsP) warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
+      warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
       // A = strict_tril(diag(beta) (K K^T) * Gamma), P = scale tril(Q K^T) * Gamma.
       for_each_decay<1, 4>(gamma, m0, n_half, [&](int r, int c, float decay, FragmentIndex at) {
         const float a = beta[r] * at(kk) * decay, q = p.scale * at(qk) * decay;
@@ -380,9 +377,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
       });
     }
     store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
-    if constexpr (kFormsP) {
-      store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
-    }
+    store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
   }
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
@@ -444,21 +439,15 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
   int index = -1;
   dispatch(io, p.K, [&]<class E, int K>() {
     constexpr bool kWgmmaShape = sizeof(E) == 2 && K <= 128;
-    auto record = [&]<DecayedT kDecayedT, bool kFormsP = true>() {
+    auto record = [&]<DecayedT kDecayedT>() {
       const char* name = kChunks == PrepareChunks::all ? "gdn prepare_kernel" : "gdn prepare_kernel (segments)";
-      index = launch<prepare_kernel<E, K, kChunks, kDecayedT, kFormsP>>(
-          name, dim3(p.chunks, p.HV), dim3(kPrepareThreads), PrepareSmem<E, K>::bytes, kernels, after);
+      index = launch<prepare_kernel<E, K, kChunks, kDecayedT>>(name, dim3(p.chunks, p.HV), dim3(kPrepareThreads),
+                                                               PrepareSmem<E, K>::bytes, kernels, after);
     };
     if constexpr (kChunks == PrepareChunks::all || kWgmmaShape) {
       const DecayedT decayed = decayed_t_of(p);
       if constexpr (kWgmmaShape) {
         if (decayed == DecayedT::itself) return record.template operator()<DecayedT::itself>();
-        if constexpr (kChunks == PrepareChunks::all && K == 128) {  // the warp-specialised forward's (one run)
-          if (p.warp_specialised) {
-            if (decayed == DecayedT::none) return record.template operator()<DecayedT::none, false>();
-            return record.template operator()<DecayedT::w, false>();  // for a chain of one, or a saved buffer
-          }
-        }
         if (decayed == DecayedT::none) return record.template operator()<DecayedT::none>();
       }
       record.template operator()<DecayedT::w>();

@@ -347,7 +347,6 @@ void launch_backward(const Params& p, KernelSequence& kernels) {
 }  // namespace
 
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels) {
-  if (!recompute && launch_state_forward_ws_hopper(p, io, kernels)) return;
   if (launch_state_forward_hopper(p, io, recompute, kernels)) return;
   dispatch(io, p.K, [&]<class E, int K>() {
     with_groups<E>(p, [&]<int kGroups>() {
@@ -363,9 +362,9 @@ void launch_state_backward(const Params& p, DType io, KernelSequence& kernels) {
   });
 }
 
-void launch_backward_state_passes(const Params& p, DType io, bool recompute, KernelSequence& kernels) {
+void launch_backward_state_passes(const Params& p, DType io, KernelSequence& kernels) {
   if (launch_state_passes_paired_hopper(p, io, kernels)) return;
-  if (recompute) launch_state_forward(p, io, true, kernels);
+  launch_state_forward(p, io, true, kernels);
   launch_state_backward(p, io, kernels);
 }
 

@@ -1,5 +1,5 @@
-// What the Hopper state passes (state_hopper.cu) and the warp-specialised forward pass (state_forward_ws_hopper.cu)
-// share beyond the wgmma primitives.
+// The steps the Hopper state passes (state_hopper.cu) are built from, beyond the wgmma primitives: the state's update,
+// Delta's first group and W from T diag(beta).
 #pragma once
 
 #include "sequential.cuh"

@@ -218,23 +218,6 @@ __device__ __forceinline__ void wgmma_ss_product(float (&acc)[NT][4], Descriptor
   }
 }
 
-// ---- register reallocation (sm_90a) ----
-// A warp-specialised kernel launches with an even share of the register file per thread and then moves registers
-// between its warpgroups: every warp of a warpgroup executes one of these together; kRegisters is a multiple of 8 in
-// [24, 256], and the raises must fit what the lowers gave back. ptxas allocates the code after each for that count.
-template <int kRegisters>
-__device__ __forceinline__ void raise_registers() {
-#ifdef DELTATRAIN_WGMMA
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-#endif
-}
-template <int kRegisters>
-__device__ __forceinline__ void lower_registers() {
-#ifdef DELTATRAIN_WGMMA
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-#endif
-}
-
 // ---- thread block clusters (sm_90) ----
 // The cluster barrier: every thread of every CTA in the cluster arrives, then waits, in turn (a thread arrives
 // again only after its wait). .aligned: all threads of a warp execute each together.

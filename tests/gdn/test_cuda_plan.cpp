@@ -22,7 +22,6 @@ namespace {
 
 using cuda::ExecutionPlan;
 using cuda::forward_fills_backward_prepare;
-using cuda::forward_keeps_states;
 using cuda::kWgmmaColumns;
 using cuda::plan_execution;
 using cuda::plan_saved;
@@ -56,8 +55,6 @@ class CudaPlan : public SeededTest {
     in.wgmma_allowed = pick(0, 3) != 0;
     const std::int64_t fused = pick(0, 2);  // DELTATRAIN_CUDA_FUSED_BACKWARD unset, 1 or 0
     if (fused != 0) in.fused_backward_setting = fused == 1;
-    const std::int64_t warp_specialised = pick(0, 2);  // DELTATRAIN_CUDA_WS_FORWARD unset, 1 or 0
-    if (warp_specialised != 0) in.warp_specialised_setting = warp_specialised == 1;
     return in;
   }
 };
@@ -68,9 +65,7 @@ std::string describe(const PlanInputs& in) {
          std::to_string(in.value_heads) + " value heads in groups of " + std::to_string(in.group) + ", " + std::to_string(in.chunks) + " chunks, " +
          std::to_string(in.multiprocessors) + " SMs, wgmma device " + std::to_string(in.wgmma_device) +
          ", allowed " + std::to_string(in.wgmma_allowed) + ", fused backward setting " +
-         (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset")) +
-         ", warp-specialised forward setting " +
-         (in.warp_specialised_setting ? std::to_string(*in.warp_specialised_setting) : std::string("unset"));
+         (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset"));
 }
 
 // The plan of the call `in` describes, for its operation `op`.
@@ -97,13 +92,8 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     // The wgmma forward-direction passes form W where each warpgroup takes 64 of its keys.
     const bool passes_form_w = plan.wgmma && in.K / plan.warpgroups == 64;
     EXPECT_EQ(plan.passes_form_w, passes_form_w);
-    // The warp-specialised forward: built for K = 128 and whole sequences, a chain of the plan's warpgroups; only
-    // where DELTATRAIN_CUDA_WS_FORWARD=1 asks for it (measured slower than the pass it replaces).
-    EXPECT_EQ(plan.forward_warp_specialised, plan.wgmma && in.op == Operation::chunk_forward && in.K == 128 &&
-                                                 plan.segments == 1 && in.warp_specialised_setting.value_or(false));
-    EXPECT_EQ(plan.prepare_writes_t_beta_decay,
-              passes_form_w && in.op == Operation::chunk_forward && !plan.forward_warp_specialised)
-        << "T diag(beta e^gamma) is written for the two-warpgroup forward pass alone, which forms W from it";
+    EXPECT_EQ(plan.prepare_writes_t_beta_decay, passes_form_w && in.op == Operation::chunk_forward)
+        << "T diag(beta e^gamma) is written for the forward pass alone, which forms W from it";
     EXPECT_EQ(plan.prepare_forms_w,
               !passes_form_w || (in.op == Operation::chunk_backward && !plan.fused_backward))
         << "prepare writes W exactly where a pass reads it: the mma.sync passes, the wgmma passes whose warpgroups "
@@ -177,13 +167,11 @@ Problem problem_of(const PlanInputs& in, Operation op) {
   return p;
 }
 
-// The regions a saved buffer may hold, with their names, in a layout of either kind: prepare's outputs, then the
-// recompute pass's (the states and Delta, which the warp-specialised forward keeps).
-constexpr std::size_t kPrepareRegions = 8, kKeptRegions = 10;
+// The regions a saved buffer may hold, with their names, in a layout of either kind.
 template <class Layout>
-std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(const Layout& l) {
+std::array<std::pair<const char*, const Region*>, 8> kept_regions(const Layout& l) {
   return {{{"gamma", &l.gamma}, {"gate_in", &l.gate_in}, {"gate_out", &l.gate_out}, {"w", &l.w}, {"u", &l.u},
-           {"p", &l.p}, {"t", &l.t}, {"t_beta", &l.t_beta}, {"states", &l.states}, {"delta", &l.delta}}};
+           {"p", &l.p}, {"t", &l.t}, {"t_beta", &l.t_beta}}};
 }
 
 // The forward's saved buffer holds exactly what the backward's workspace would hold of prepare's outputs, so that the
@@ -199,10 +187,10 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     ASSERT_EQ(forward.wgmma, backward.wgmma) << "both operations of a call take the same kind of state passes";
     const Problem forward_call = problem_of(in, Operation::chunk_forward);
     const Problem backward_call = problem_of(in, Operation::chunk_backward);
-    const SavedLayout saved = plan_saved(backward_call, in.chunks, forward, backward);
-    const SavedLayout from_forward = plan_saved(forward_call, in.chunks, forward, backward);
+    const SavedLayout saved = plan_saved(backward_call, forward, backward);
+    const SavedLayout from_forward = plan_saved(forward_call, forward, backward);
     ASSERT_EQ(saved.bytes, from_forward.bytes) << "both operations lay the buffer out alike";
-    for (std::size_t i = 0; i < kKeptRegions; ++i) {
+    for (std::size_t i = 0; i < 8; ++i) {
       EXPECT_EQ(kept_regions(saved)[i].second->offset, kept_regions(from_forward)[i].second->offset);
     }
     if (!forward_fills_backward_prepare(forward, backward)) {
@@ -213,21 +201,11 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     const WorkspaceLayout alone = plan_workspace(backward_call, false, in.chunks, false, backward);
     const WorkspaceLayout beside = plan_workspace(backward_call, false, in.chunks, false, backward, saved);
     EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes) << "the backward's workspace gives up exactly the buffer's regions";
-    // The states and Delta where the warp-specialised forward keeps them (for a backward that recomputes them in a
-    // pass of its own: not paired, no segments), and then the backward recomputes nothing.
-    const bool keeps_states = forward_keeps_states(forward, backward);
-    if (keeps_states) {
-      EXPECT_TRUE(forward.forward_warp_specialised);
-      EXPECT_FALSE(backward.paired) << "the recompute the buffer replaces is a pass of its own";
-      EXPECT_EQ(backward.segments, 1);
-    }
     std::vector<Region> taken;
-    for (std::size_t i = 0; i < kKeptRegions; ++i) {
+    for (std::size_t i = 0; i < 8; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
-      const bool holds = i < kPrepareRegions || keeps_states;
-      EXPECT_EQ(kept->bytes, holds ? kept_regions(alone)[i].second->bytes : 0u)
-          << "the buffer holds what the workspace would";
+      EXPECT_EQ(kept->bytes, kept_regions(alone)[i].second->bytes) << "the buffer holds what the workspace would";
       if (kept->bytes == 0) continue;
       EXPECT_EQ(kept_regions(beside)[i].second->bytes, 0u);
       EXPECT_EQ(kept->offset % 256, 0u);
@@ -239,11 +217,9 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
 
     const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
     // What the forward itself uses, in kept_regions' order: gamma, both gates, W where its prepare forms it, U on the
-    // mma.sync passes, P, not T, T diag(beta) on the wgmma passes, and the states and Delta in the warp-specialised
-    // pass (which writes them into the buffer alone).
-    const bool forward_uses[kKeptRegions] = {true, true,  true,          forward.prepare_forms_w, !forward.wgmma,
-                                             true, false, forward.wgmma, keeps_states,            keeps_states};
-    for (std::size_t i = 0; i < kKeptRegions; ++i) {
+    // mma.sync passes, P, not T, T diag(beta) on the wgmma passes.
+    const bool forward_uses[8] = {true, true, true, forward.prepare_forms_w, !forward.wgmma, true, false, forward.wgmma};
+    for (std::size_t i = 0; i < 8; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
       const bool in_workspace = kept_regions(forward_workspace)[i].second->bytes > 0;
@@ -277,12 +253,6 @@ PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences
   return in;
 }
 
-// The plan of `in` with DELTATRAIN_CUDA_WS_FORWARD=1.
-ExecutionPlan with_ws_setting(PlanInputs in) {
-  in.warp_specialised_setting = true;
-  return plan_execution(in);
-}
-
 TEST(CudaPlanAnchors, H200Choices) {
   // 32 heads x 2 column blocks = 64 units of one sequence: two segments (132 / 64) in the forward ...
   const ExecutionPlan long_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768));
@@ -293,36 +263,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(backward.paired);
   EXPECT_EQ(backward.segments, 1);
   EXPECT_FALSE(backward.late_prepare);
-  // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments; asked for
-  // (DELTATRAIN_CUDA_WS_FORWARD=1), the warp-specialised forward pass, which forms P and W itself.
+  // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments.
   const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
   EXPECT_EQ(filled.warpgroups, 2);
   EXPECT_EQ(filled.segments, 1);
-  EXPECT_FALSE(filled.forward_warp_specialised);
-  const ExecutionPlan specialised = with_ws_setting(anchor(Operation::chunk_forward, 32, 4, 8192));
-  EXPECT_TRUE(specialised.forward_warp_specialised);
-  EXPECT_FALSE(specialised.prepare_writes_t_beta_decay || specialised.prepare_forms_w);
-  EXPECT_FALSE(with_ws_setting(anchor(Operation::chunk_forward, 32, 1, 32768)).forward_warp_specialised) << "segments";
-  // 64 heads of one sequence: 128 units, just under the SMs, one warpgroup a CTA and no segments; the chain then reads
-  // prepare's W (one warpgroup holding all 128 keys of W would spill).
-  const ExecutionPlan one_chain = with_ws_setting(anchor(Operation::chunk_forward, 64, 1, 32768));
-  EXPECT_TRUE(one_chain.forward_warp_specialised);
-  EXPECT_EQ(one_chain.warpgroups, 1);
-  EXPECT_EQ(one_chain.segments, 1);
-  EXPECT_TRUE(one_chain.prepare_forms_w);
-  // Its workspace holds neither P nor T diag(beta e^gamma); with a saved buffer prepare writes P there alone.
-  const Problem forward_call = problem_of(anchor(Operation::chunk_forward, 32, 4, 8192), Operation::chunk_forward);
-  const WorkspaceLayout unsaved = plan_workspace(forward_call, false, 4 * 128, false, specialised);
-  EXPECT_EQ(unsaved.p.bytes + unsaved.t_beta_decay.bytes, 0u);
-  EXPECT_GT(plan_workspace(forward_call, false, 4 * 128, false, filled).p.bytes, 0u);
-  // With a saved buffer the pass writes P there, and the states and Delta the backward's recompute would: 768 bytes a
-  // token and value head more, and the backward runs no recompute.
-  const ExecutionPlan fused_backward = plan_execution(anchor(Operation::chunk_backward, 32, 4, 8192));
-  EXPECT_TRUE(forward_keeps_states(specialised, fused_backward));
-  const SavedLayout kept = plan_saved(forward_call, 4 * 128, specialised, fused_backward);
-  EXPECT_GT(kept.p.bytes, 0u);
-  EXPECT_EQ(kept.bytes, (400u + 768u) * static_cast<std::size_t>(forward_call.tokens() * forward_call.HV));
-  EXPECT_EQ(plan_workspace(forward_call, false, 4 * 128, false, specialised, kept).p.bytes, 0u);
   // The fused backward unasked where its CTAs fill their waves to 60%: eight sequences of 32 heads (256 CTAs, two
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
   // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
@@ -377,19 +321,11 @@ TEST(CudaPlanAnchors, H200Choices) {
     return in;
   }();
   EXPECT_FALSE(forward_fills_backward_prepare(forward_of(unfused), plan_execution(unfused)));
-  // The warp-specialised forward's prepare writes no T diag(beta e^gamma), so it fills W for that reverse pass too:
-  // 656 bytes a token and value head, as with one warpgroup, and the states and Delta (768) for its chunk_grad.
-  const ExecutionPlan specialised_forward = with_ws_setting(anchor(Operation::chunk_forward, 32, 8, 4096));
-  EXPECT_TRUE(forward_fills_backward_prepare(specialised_forward, plan_execution(unfused)));
-  const Problem unfused_call = problem_of(unfused, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(unfused_call, unfused.chunks, specialised_forward, plan_execution(unfused)).bytes,
-            (656u + 768u) * static_cast<std::size_t>(unfused_call.tokens() * unfused_call.HV));
   // Its size per token and value head (docs/cuda-backend.md): gamma (8), both gates (4 + 4), P, T and T diag(beta)
   // (128 each at bf16), and W (256) where the backward's prepare forms it.
   auto saved_per_token_head = [&](const PlanInputs& in) {
     const Problem call = problem_of(in, Operation::chunk_backward);
-    return plan_saved(call, in.chunks, forward_of(in), plan_execution(in)).bytes /
-           static_cast<std::size_t>(call.tokens() * call.HV);
+    return plan_saved(call, forward_of(in), plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
   };
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096)), 400u) << "the 0.8B model's layers";
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096)), 400u);
@@ -410,7 +346,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(forward_fills_backward_prepare(mma_sync, mma_sync_backward))
       << "the mma.sync passes of both read W and U from prepare";
   const Problem forced_call = problem_of(forced, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(forced_call, forced.chunks, mma_sync, mma_sync_backward).bytes,
+  EXPECT_EQ(plan_saved(forced_call, mma_sync, mma_sync_backward).bytes,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
       << "W and U (256 bytes each) where the wgmma passes keep T diag(beta)";
 }

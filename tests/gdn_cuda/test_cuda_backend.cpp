@@ -90,11 +90,11 @@ std::vector<Case> cases() {
   // run two warpgroups per CTA here.
   all.push_back({"bf16_many_heads", fixed(8, 100, 8, 32, 128, 128), DType::bf16});
   // The same fill over packed sequences, an empty one among them, with the L2 norm, GVA, states and V = 256 (two CTAs
-  // a head): with DELTATRAIN_CUDA_WS_FORWARD=1 its forward takes the warp-specialised pass.
+  // a head).
   all.push_back({"f16_many_heads_varlen_l2norm", packed({300, 0, 64, 1, 130}, 8, 32, 128, 256), DType::f16,
                  DType::f32, true, true, true});
   // 128 (sequence, head, 64 columns) units, just under an H200's SMs: one warpgroup a CTA, no segments, and a backward
-  // whose recompute is a pass of its own (not paired), so the warp-specialised forward's chain of one keeps the states.
+  // whose recompute is a pass of its own (not paired).
   all.push_back({"bf16_one_warpgroup_units", fixed(4, 100, 8, 32, 128, 64), DType::bf16});
   // Few long sequences over few heads: on a GPU with the Hopper state pass these run in segments.
   all.push_back({"bf16_long_few_heads", fixed(1, 4000, 1, 2, 128, 128), DType::bf16});
