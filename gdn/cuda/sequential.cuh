@@ -51,8 +51,10 @@ __device__ __forceinline__ const float* segment_start_rows(const Params& p, int 
 // Walks the chunks of a sequence (in order, or last to first) with `stages` chunks in flight:
 // issue(j, stage) starts chunk j's copies into a stage, body(j, stage) consumes them once they landed.
 // kAsyncProxy: the body reads the tiles with wgmma, which reads shared memory through the async proxy, so
-// each thread's copies are fenced for it before the barrier.
-template <int kStages, bool kReverse, bool kAsyncProxy = false, class Issue, class Body>
+// each thread's copies are fenced for it before the barrier. kBodyAwaitsNext: the body itself waits for the next
+// chunk's copies, fences them and synchronises (it forms something from them a step ahead), and fences what it writes
+// for the next step; then only the first chunk's step starts with a wait and a barrier.
+template <int kStages, bool kReverse, bool kAsyncProxy = false, bool kBodyAwaitsNext = false, class Issue, class Body>
 __device__ __forceinline__ void sequential_pass(int count, Issue&& issue, Body&& body) {
   auto chunk = [&](int i) { return kReverse ? count - 1 - i : i; };
   for (int s = 0; s < kStages; ++s) {
@@ -62,9 +64,11 @@ __device__ __forceinline__ void sequential_pass(int count, Issue&& issue, Body&&
 #pragma unroll 1
   for (int i = 0; i < count; ++i) {
     const int stage = i % kStages;
-    cp_async_wait<kStages - 1>();
-    if constexpr (kAsyncProxy) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    if (!kBodyAwaitsNext || i == 0) {
+      cp_async_wait<kStages - 1>();
+      if constexpr (kAsyncProxy) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+    }
     body(chunk(i), stage);
     __syncthreads();  // the stage is free
     if (i + kStages < count) issue(chunk(i + kStages), stage);

@@ -152,10 +152,11 @@ struct HopperPass {
   }
 
   // Walks the run's chunks in the pass's order with their tiles copied ahead: body(j, stage) once chunk j's
-  // tiles, with U or dO (`columns`), are in the stage.
+  // tiles, with U or dO (`columns`), are in the stage. Where the pass forms W a chunk ahead, its step has already
+  // awaited the next chunk's copies (await_next_chunk), so the walk adds no barrier of its own after the first step.
   template <class Body>
   __device__ void walk(const void* columns, Body&& body) const {
-    sequential_pass<2, kReverse, true>(chunks.count, [&](int j, int stage) { issue(j, stage, columns); }, body);
+    sequential_pass<2, kReverse, true, kFormsW>(chunks.count, [&](int j, int stage) { issue(j, stage, columns); }, body);
   }
   // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
   __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
@@ -335,7 +336,10 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     }
     wgmma_wait();
     hold(state[0]);
-    if (next) pass.store_w(next_stage, next_w);
+    if (next) {
+      pass.store_w(next_stage, next_w);
+      fence_for_wgmma();  // for the next step's products, behind the walk's barrier
+    }
     if constexpr (kQueries) {
       hold(out[0]);
       store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);
