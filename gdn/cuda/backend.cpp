@@ -239,12 +239,12 @@ struct Call {
 
     k.chunk_table = static_cast<cuda::ChunkInfo*>(region(layout.chunk_table));
     k.sequence_chunks = static_cast<int*>(region(layout.sequence_chunks));
-    k.q_normed = region(layout.q_normed);
-    k.k_normed = region(layout.k_normed);
-    k.q_rstd = static_cast<float*>(region(layout.q_rstd));
-    k.k_rstd = static_cast<float*>(region(layout.k_rstd));
-    // With a saved buffer the forward's prepare writes these there (T too, which the forward itself does not
-    // read), and the backward reads them from it.
+    // With a saved buffer the forward's start_kernel and prepare write these there (T too, which the forward itself
+    // does not read), and the backward reads them from it.
+    k.q_normed = region(layout.q_normed, saved.q_normed);
+    k.k_normed = region(layout.k_normed, saved.k_normed);
+    k.q_rstd = static_cast<float*>(region(layout.q_rstd, saved.q_rstd));
+    k.k_rstd = static_cast<float*>(region(layout.k_rstd, saved.k_rstd));
     k.gamma = static_cast<float2*>(region(layout.gamma, saved.gamma));
     k.gate_in = static_cast<float*>(region(layout.gate_in, saved.gate_in));
     k.gate_out = static_cast<float*>(region(layout.gate_out, saved.gate_out));
@@ -283,10 +283,11 @@ struct Call {
   }
 
   // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes. A backward with a
-  // saved buffer reads the transform from it.
+  // saved buffer reads the normed rows and the transform from it.
   void prepare(const Problem& p, cuda::KernelSequence& kernels) const {
-    cuda::launch_start(params, p.io_dtype, kernels);
-    if (p.op == Operation::chunk_backward && saved.bytes > 0) return;
+    const bool from_saved = p.op == Operation::chunk_backward && saved.bytes > 0;
+    cuda::launch_start(params, p.io_dtype, /*normalise=*/params.l2norm && !from_saved, kernels);
+    if (from_saved) return;
     cuda::launch_prepare(params, p.io_dtype, kernels);
   }
 };

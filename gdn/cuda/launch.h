@@ -34,8 +34,9 @@ struct MatrixBatch {
 void copy_padded(const void* src, MatrixBatch from, void* dst, MatrixBatch to, std::size_t element_bytes,
                  cudaStream_t stream);
 
-// The chunk schedule and, when p.l2norm, the L2 norm of q and k (one launch).
-void launch_start(const Params& p, DType io, KernelSequence& kernels);
+// The chunk schedule and, when `normalise`, the L2 norm of q and k into p.q_normed and p.k_normed (one launch; a
+// backward that reads them from the forward's saved buffer does not normalise again).
+void launch_start(const Params& p, DType io, bool normalise, KernelSequence& kernels);
 // The chunks a launch of prepare covers: all of them, or (p.late_prepare) those of every segment but the
 // last, and then the last segment's.
 enum class PrepareChunks { all, before_last_segment, last_segment };

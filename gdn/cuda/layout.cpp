@@ -37,6 +37,13 @@ SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, con
   }
   take(saved.p, token_heads * C * io);
   take(saved.t, token_heads * C * io);
+  if (problem.l2norm) {
+    const auto token_key_heads = static_cast<std::size_t>(problem.tokens() * problem.H);
+    take(saved.q_normed, token_key_heads * static_cast<std::size_t>(problem.K) * io);
+    take(saved.k_normed, token_key_heads * static_cast<std::size_t>(problem.K) * io);
+    take(saved.q_rstd, token_key_heads * sizeof(float));
+    take(saved.k_rstd, token_key_heads * sizeof(float));
+  }
   return saved;
 }
 
@@ -79,10 +86,10 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   take(layout.chunk_table, n_chunks * sizeof(ChunkInfo));
   take(layout.sequence_chunks, (problem.N + 1) * sizeof(int));
   if (problem.l2norm) {
-    take(layout.q_normed, tokens * H * K * io);
-    take(layout.k_normed, tokens * H * K * io);
-    take(layout.q_rstd, tokens * H * f32);
-    take(layout.k_rstd, tokens * H * f32);
+    take_unless_saved(layout.q_normed, saved.q_normed, tokens * H * K * io);
+    take_unless_saved(layout.k_normed, saved.k_normed, tokens * H * K * io);
+    take_unless_saved(layout.q_rstd, saved.q_rstd, tokens * H * f32);
+    take_unless_saved(layout.k_rstd, saved.k_rstd, tokens * H * f32);
   }
   take_unless_saved(layout.gamma, saved.gamma, tokens * HV * kGammaBytes);
   take_unless_saved(layout.gate_in, saved.gate_in, tokens * HV * f32);

@@ -424,9 +424,9 @@ cudaError_t probe_kernel_image() {
   return cudaFuncGetAttributes(&attributes, start_kernel<__nv_bfloat16, 128>);
 }
 
-void launch_start(const Params& p, DType io, KernelSequence& kernels) {
+void launch_start(const Params& p, DType io, bool normalise, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
-    const std::int64_t norm_blocks = p.l2norm ? (static_cast<std::int64_t>(p.tokens) * p.H + 7) / 8 : 0;
+    const std::int64_t norm_blocks = normalise ? (static_cast<std::int64_t>(p.tokens) * p.H + 7) / 8 : 0;
     launch<start_kernel<E, K>>("gdn start_kernel", dim3(static_cast<unsigned>(1 + norm_blocks)), dim3(kStartThreads), 0,
                                kernels);
   });

@@ -152,8 +152,9 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
 }
 
 // A call of `op` as a PlanInputs describes it, for the layouts: one row of whole chunks, H from the group.
-Problem problem_of(const PlanInputs& in, Operation op) {
+Problem problem_of(const PlanInputs& in, Operation op, bool l2norm = false) {
   Problem p;
+  p.l2norm = l2norm;
   p.op = op;
   p.B = 1;
   p.T = in.chunks * cuda::kChunk;
@@ -167,11 +168,23 @@ Problem problem_of(const PlanInputs& in, Operation op) {
   return p;
 }
 
-// The regions a saved buffer may hold, with their names, in a layout of either kind.
+// The regions a saved buffer may hold, with their names, in a layout of either kind: what prepare writes, then the L2
+// norm's rows and reciprocal norms that start_kernel writes.
+constexpr std::size_t kKeptRegions = 12;
 template <class Layout>
-std::array<std::pair<const char*, const Region*>, 8> kept_regions(const Layout& l) {
-  return {{{"gamma", &l.gamma}, {"gate_in", &l.gate_in}, {"gate_out", &l.gate_out}, {"w", &l.w}, {"u", &l.u},
-           {"p", &l.p}, {"t", &l.t}, {"t_beta", &l.t_beta}}};
+std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(const Layout& l) {
+  return {{{"gamma", &l.gamma},
+           {"gate_in", &l.gate_in},
+           {"gate_out", &l.gate_out},
+           {"w", &l.w},
+           {"u", &l.u},
+           {"p", &l.p},
+           {"t", &l.t},
+           {"t_beta", &l.t_beta},
+           {"q_normed", &l.q_normed},
+           {"k_normed", &l.k_normed},
+           {"q_rstd", &l.q_rstd},
+           {"k_rstd", &l.k_rstd}}};
 }
 
 // The forward's saved buffer holds exactly what the backward's workspace would hold of prepare's outputs, so that the
@@ -185,12 +198,13 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     SCOPED_TRACE(describe(in));
     const ExecutionPlan forward = plan_of(in, Operation::chunk_forward), backward = plan_of(in, Operation::chunk_backward);
     ASSERT_EQ(forward.wgmma, backward.wgmma) << "both operations of a call take the same kind of state passes";
-    const Problem forward_call = problem_of(in, Operation::chunk_forward);
-    const Problem backward_call = problem_of(in, Operation::chunk_backward);
+    const bool l2norm = trial % 2 == 0;
+    const Problem forward_call = problem_of(in, Operation::chunk_forward, l2norm);
+    const Problem backward_call = problem_of(in, Operation::chunk_backward, l2norm);
     const SavedLayout saved = plan_saved(backward_call, forward, backward);
     const SavedLayout from_forward = plan_saved(forward_call, forward, backward);
     ASSERT_EQ(saved.bytes, from_forward.bytes) << "both operations lay the buffer out alike";
-    for (std::size_t i = 0; i < 8; ++i) {
+    for (std::size_t i = 0; i < kKeptRegions; ++i) {
       EXPECT_EQ(kept_regions(saved)[i].second->offset, kept_regions(from_forward)[i].second->offset);
     }
     if (!forward_fills_backward_prepare(forward, backward)) {
@@ -202,7 +216,7 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     const WorkspaceLayout beside = plan_workspace(backward_call, false, in.chunks, false, backward, saved);
     EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes) << "the backward's workspace gives up exactly the buffer's regions";
     std::vector<Region> taken;
-    for (std::size_t i = 0; i < 8; ++i) {
+    for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
       EXPECT_EQ(kept->bytes, kept_regions(alone)[i].second->bytes) << "the buffer holds what the workspace would";
@@ -217,9 +231,11 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
 
     const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
     // What the forward itself uses, in kept_regions' order: gamma, both gates, W where its prepare forms it, U on the
-    // mma.sync passes, P, not T, T diag(beta) on the wgmma passes.
-    const bool forward_uses[8] = {true, true, true, forward.prepare_forms_w, !forward.wgmma, true, false, forward.wgmma};
-    for (std::size_t i = 0; i < 8; ++i) {
+    // mma.sync passes, P, not T, T diag(beta) on the wgmma passes, the L2 norm's rows and reciprocals where the call
+    // takes the norm.
+    const bool forward_uses[kKeptRegions] = {true, true,          true,   forward.prepare_forms_w, !forward.wgmma, true,
+                                             false, forward.wgmma, l2norm, l2norm,                  l2norm,         l2norm};
+    for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
       const bool in_workspace = kept_regions(forward_workspace)[i].second->bytes > 0;
@@ -230,6 +246,7 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
       }
     }
     EXPECT_GT(saved.t.bytes, 0u) << "the backward reads T, which only the buffer holds in a forward";
+    EXPECT_EQ(saved.q_normed.bytes > 0, l2norm) << "the backward normalises q and k again only without the buffer";
     if (saved.w.bytes > 0) {
       EXPECT_FALSE(forward.prepare_writes_t_beta_decay)
           << "the forward's prepare fills the buffer's W, so it cannot also write T diag(beta e^gamma) (DecayedT)";
@@ -322,15 +339,19 @@ TEST(CudaPlanAnchors, H200Choices) {
   }();
   EXPECT_FALSE(forward_fills_backward_prepare(forward_of(unfused), plan_execution(unfused)));
   // Its size per token and value head (docs/cuda-backend.md): gamma (8), both gates (4 + 4), P, T and T diag(beta)
-  // (128 each at bf16), and W (256) where the backward's prepare forms it.
-  auto saved_per_token_head = [&](const PlanInputs& in) {
-    const Problem call = problem_of(in, Operation::chunk_backward);
+  // (128 each at bf16), and W (256) where the backward's prepare forms it; with the L2 norm, per token and q/k head,
+  // the normed q and k (256 each) and their reciprocal norms (4 each).
+  auto saved_per_token_head = [&](const PlanInputs& in, bool l2norm) {
+    const Problem call = problem_of(in, Operation::chunk_backward, l2norm);
     return plan_saved(call, forward_of(in), plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
   };
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096)), 400u) << "the 0.8B model's layers";
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096)), 400u);
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 8192)), 656u) << "one warpgroup: W";
-  EXPECT_EQ(saved_per_token_head(unfused), 0u);
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), false), 400u);
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), true), 920u)
+      << "the 0.8B model's layers";
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), false), 400u);
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), true), 660u) << "two value heads a key head";
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 8192), false), 656u) << "one warpgroup: W";
+  EXPECT_EQ(saved_per_token_head(unfused, true), 0u);
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
   EXPECT_EQ(few.segments, 16);
