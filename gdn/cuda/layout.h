@@ -18,9 +18,9 @@ struct Region {
 
 // What the backward's start_kernel and prepare write, kept between a call's chunk_forward and its chunk_backward in
 // the caller's ForwardOutputs::saved (gdn.h) instead of the workspace: the forward's start_kernel and prepare fill it,
-// and the backward skips prepare and the L2 norm (its start_kernel only schedules the chunks). Laid out from both
-// plans, so that both operations of a call agree on it; 0 bytes where the forward cannot fill it
-// (forward_fills_backward_prepare).
+// and the backward skips prepare and the L2 norm (its start_kernel only schedules the chunks). Laid out from the
+// backward's plan alone, so that both operations of a call agree on it; 0 bytes where the forward cannot fill it
+// (forward_fills_backward_prepare, which asks both plans).
 struct SavedLayout {
   Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
   Region q_normed, k_normed, q_rstd, k_rstd;  // the L2 norm's rows and reciprocal norms, where the call takes it

@@ -187,9 +187,10 @@ std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(con
            {"k_rstd", &l.k_rstd}}};
 }
 
-// The forward's saved buffer holds exactly what the backward's workspace would hold of prepare's outputs, so that the
-// backward finds everything it reads; the forward finds every region it writes in the buffer or its workspace (T in
-// the buffer alone); the buffer's regions are disjoint and aligned; and there is none where the forward cannot fill it.
+// The forward's saved buffer holds exactly what the backward's workspace would hold of start_kernel's and prepare's
+// outputs, so that the backward finds everything it reads; the forward finds every region it writes in the buffer or
+// its workspace (T in the buffer alone); the buffer's regions are disjoint and aligned; and there is none where the
+// forward cannot fill it.
 TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
   int offered = 0;
   for (int trial = 0; trial < 5000; ++trial) {
