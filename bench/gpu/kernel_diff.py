@@ -12,7 +12,8 @@ a kernel whose spills grew is the first suspect when one gets slower (bench/NOTE
 Usage: python3 bench/gpu/kernel_diff.py --build build-state --base main gdn/cuda/state_hopper.cu [--match REGEX]
        [--rename PATTERN REPLACEMENT]   (applied to the base's kernel names, e.g. for a template argument added)
 
-cuobjdump comes from $CUOBJDUMP, PATH or the nvidia-cuda-cuobjdump wheel in .venv; c++filt demangles the names.
+cuobjdump comes from $CUOBJDUMP, PATH or the nvidia-cuda-cuobjdump wheel in .venv, and runs the nvdisasm beside it
+(the nvidia-cuda-nvdisasm wheel) or on PATH; c++filt demangles the names.
 """
 import argparse
 import glob
@@ -35,7 +36,8 @@ def find_cuobjdump():
                       *glob.glob(os.path.join(REPO, ".venv/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump"))]:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    sys.exit("kernel_diff: no cuobjdump (set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump into .venv)")
+    sys.exit("kernel_diff: no cuobjdump (set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm "
+             "into .venv)")
 
 
 def compile_command(build, source):
@@ -112,8 +114,10 @@ def digests_of_sass(text, exact=False):
 
 
 def sass_digests(cuobjdump, obj, arch, exact):
-    text = subprocess.run([cuobjdump, "-sass", "-arch", arch, obj], check=True, capture_output=True,
-                          text=True).stdout
+    # cuobjdump disassembles through nvdisasm, which the wheels install beside it but not on PATH.
+    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
+    text = subprocess.run([cuobjdump, "-sass", "-arch", arch, obj], check=True, capture_output=True, text=True,
+                          env=env).stdout
     return digests_of_sass(text, exact)
 
 
