@@ -51,6 +51,11 @@
 #                                        for a change a switch turns off) and the change's in turn, ROUNDS times each, then
 #                                        bench/gdn_ab.py's comparison: OUT/gdn-ab.md and OUT/gdn-ab.json (every
 #                                        run's rows with it); each run's log in OUT/runs.log
+#   bench/gpu/gpu.sh same-bits OUT ARGS...
+#                                        module and a baseline as for ab: bench/gpu/same_bits.py over the grid with the
+#                                        baseline, then with the change, then their comparison (OUT/same-bits.txt;
+#                                        status 1 where any output tensor differs), for a change that claims the
+#                                        baseline's bits
 #   bench/gpu/gpu.sh step-ab OUT ROUNDS ARGS...
 #                                        binaries with a baseline (GPU_BASELINE holding a model_step_benchmark, or
 #                                        the same binary with AB_BASE_ENV=NAME=VALUE set, as for ab):
@@ -328,27 +333,60 @@ alternate() {
   done
 }
 
+# require_baseline VERB: the bundle holds the change's module and a baseline for it (module_base.tar.xz, or the same
+# module with AB_BASE_ENV set), or a message naming the verb and status 1.
+require_baseline() {
+  [ -f "$BUNDLE/module.tar.xz" ] && { [ -f "$BUNDLE/module_base.tar.xz" ] || [ -n "${AB_BASE_ENV:-}" ]; } ||
+    { echo "gpu.sh: $1 needs $BUNDLE/module.tar.xz and a baseline: module_base.tar.xz (GPU_BASELINE_MODULE=FILE" \
+           "make gpu-bundle) or AB_BASE_ENV=NAME=VALUE" >&2
+      return 1; }
+}
+
+# side_module SIDE: the module archive a side of a comparison runs, the baseline's (base) where there is one.
+side_module() {
+  if [ "$1" = base ] && [ -f "$BUNDLE/module_base.tar.xz" ]; then
+    echo "$BUNDLE/module_base.tar.xz"
+  else
+    echo "$BUNDLE/module.tar.xz"
+  fi
+}
+
 ab() {
   local out=$1 rounds=$2 scratch=/tmp/deltatrain-ab
   shift 2
   local args=("$@")
   check_rounds ab "$rounds" || return
-  [ -f "$BUNDLE/module.tar.xz" ] && { [ -f "$BUNDLE/module_base.tar.xz" ] || [ -n "${AB_BASE_ENV:-}" ]; } ||
-    { echo "gpu.sh: ab needs $BUNDLE/module.tar.xz and a baseline: module_base.tar.xz (GPU_BASELINE_MODULE=FILE" \
-           "make gpu-bundle) or AB_BASE_ENV=NAME=VALUE" >&2
-      return 1; }
-  # One run of the grid: the baseline's module where there is one.
+  require_baseline ab || return
   ab_run() {
-    local archive=$BUNDLE/module.tar.xz
-    [ "$1" = base ] && [ -f "$BUNDLE/module_base.tar.xz" ] && archive=$BUNDLE/module_base.tar.xz
-    MODULE=$archive python_script "$scratch/$1-$2" bench/gdn_h200.py --out "$scratch/$1-$2" --commit "$1" --ours-only \
-      "${args[@]}"
+    MODULE=$(side_module "$1") python_script "$scratch/$1-$2" bench/gdn_h200.py --out "$scratch/$1-$2" --commit "$1" \
+      --ours-only "${args[@]}"
   }
   mkdir -p "$out"
   rm -rf "$scratch"
   alternate "$out" "$rounds" ab_run || return
   python3 bench/gdn_ab.py --base "$scratch"/base-*/gdn-h200-ours.json --new "$scratch"/new-*/gdn-h200-ours.json \
     --out "$out"
+}
+
+# Whether the change gives the baseline's bits on the anchor grid (bench/gpu/same_bits.py: every forward and backward
+# output hashed, with and without the L2 norm), for a change that claims to: the baseline (as for ab), then the change,
+# then the comparison, in OUT/same-bits.txt with both runs' hashes; status 1 where a tensor differs. ARGS go to
+# same_bits.py run (e.g. --only 12 13 14).
+same_bits() {
+  local out=$1 scratch=/tmp/deltatrain-same-bits
+  shift
+  local args=("$@")
+  require_baseline same-bits || return
+  bits_run() {
+    MODULE=$(side_module "$1") python_script "$scratch/$1" bench/gpu/same_bits.py run "$out/$1-bits.json" "${args[@]}"
+  }
+  mkdir -p "$out"
+  rm -rf "$scratch"
+  alternate "$out" 1 bits_run || return
+  python3 bench/gpu/same_bits.py compare "$out/base-bits.json" "$out/new-bits.json" >"$out/same-bits.txt"
+  local status=$?
+  cat "$out/same-bits.txt"
+  return $status
 }
 
 pack_base() {
@@ -410,11 +448,13 @@ case ${1:-} in
   sanitize) shift; sanitize "$@" ;;
   python) shift; python_script "$@" ;;
   ab) shift; ab "$@" ;;
+  same-bits) shift; same_bits "$@" ;;
   step-ab) shift; step_ab "$@" ;;
   rl | train) cli "$@" ;;
   exec) shift; run_binary "$@" ;;
   disk) shift; disk "$@" ;;
   *) echo "usage: $0 pack [BUILD] | pack-base REV | tests OUT | sanitize OUT | python OUT SCRIPT ARGS... | ab OUT ROUNDS ARGS... |" \
+          "same-bits OUT ARGS... |" \
           "step-ab OUT ROUNDS ARGS... | train OUT ARGS... |" \
           "rl OUT ARGS... | exec OUT BINARY ARGS... | disk OUT DIR" >&2
      exit 2 ;;
