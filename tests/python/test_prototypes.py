@@ -1,7 +1,7 @@
 """The float64 prototypes of the cuda backend's planned kernels (bench/prototypes/) on fresh random problems, so
 that the designs they check stay checked: the segmented forward, the gate-free fused forward and the one-product
-state chain against the token recurrence, the fused backward against the recurrence's reverse, and that reverse
-against central differences."""
+state chain against the token recurrence, the fused backward and the role split's stage schedule against the
+recurrence's reverse, and that reverse against central differences."""
 
 import os
 import sys
@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "prototypes"))
 import fused_backward  # noqa: E402
 import gate_free_forward  # noqa: E402
+import role_split_backward  # noqa: E402
 import segmented_state  # noqa: E402
 import transition_chain  # noqa: E402
 
@@ -48,6 +49,32 @@ def test_the_fused_backward_splits_over_value_columns_without_exchange(rng, case
         assert relative(parts[0][i] + parts[1][i], whole[i]) < 1e-10, name
     for i, name in ((2, "dv"), (5, "dh0")):
         assert relative(np.concatenate([part[i] for part in parts], axis=1), whole[i]) < 1e-10, name
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_role_split_schedule_computes_the_backward(rng, case):
+    """bench/NOTES.md's role split, run stage by stage (each role seeing the others' values only after a stage), gives
+    the recurrence's gradients; every step reads only what its role may; its shared tiles fit the SM."""
+    steps = role_split_backward.schedule(segmented_state.C, 128, 128)
+    assert role_split_backward.check_reads(steps) == []
+    tokens = 64 * int(rng.integers(1, 5)) + int(rng.integers(0, 64))
+    q, k, v, g, beta, h0, scale = segmented_state.problem(rng, tokens, 16, case, strong_decay=-30.0)
+    do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
+    expected = fused_backward.recurrence_backward(q, k, v, g, beta, h0, scale, do, dht)
+    got = role_split_backward.run(q, k, v, g, beta, h0, scale, do, dht, steps)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, expected):
+        assert relative(a, b) < 1e-10, name
+    life = role_split_backward.lifetimes(steps, segmented_state.C, 128, 128)
+    assert role_split_backward.peak_bytes(life, max(s.stage for s in steps)) + role_split_backward.VECTOR_BYTES <= \
+        role_split_backward.SMEM_BYTES
+
+
+def test_the_schedule_check_finds_a_read_of_another_roles_registers():
+    steps = role_split_backward.schedule(segmented_state.C, 128, 128)
+    k_s = next(s for s in steps if s.name.startswith("K S"))
+    steps.append(role_split_backward.Step(k_s.stage + 1, "K", "reads A's K S", ("ks",), (("x", "reg"),)))
+    errors = role_split_backward.check_reads(steps)
+    assert len(errors) == 1 and "A's registers" in errors[0]
 
 
 def test_the_reference_reverse_matches_central_differences(rng):
