@@ -151,20 +151,26 @@ def check_reference(rng):
     return worst
 
 
-def main():
-    rng = np.random.default_rng(0)
-    worst_reference = check_reference(rng)
+def worst_against_reverse(backward, rng, tokens, width):
+    """`backward(q, k, v, g, beta, h0, scale, do, dht)` against the recurrence's reverse on the three cases (tokens
+    chosen to end in a partial chunk); prints each case's errors and returns the largest."""
     worst = 0.0
     names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
     for case in ("anchors", "strong decay", "beta at 0 and 1"):
-        # a partial last chunk
-        q, k, v, g, beta, h0, scale = problem(rng, 64 * 5 + 23, 32, case, strong_decay=-30.0)
+        q, k, v, g, beta, h0, scale = problem(rng, tokens, width, case, strong_decay=-30.0)
         do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
         expected = recurrence_backward(q, k, v, g, beta, h0, scale, do, dht)
-        got = fused_backward(q, k, v, g, beta, h0, scale, do, dht)
+        got = backward(q, k, v, g, beta, h0, scale, do, dht)
         errors = [np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(got, expected)]
         print(f"{case:16s}: " + ", ".join(f"{n} {e:.2e}" for n, e in zip(names, errors)))
         worst = max(worst, *errors)
+    return worst
+
+
+def main():
+    rng = np.random.default_rng(0)
+    worst_reference = check_reference(rng)
+    worst = worst_against_reverse(fused_backward, rng, 64 * 5 + 23, 32)
     return 0 if worst < 1e-10 and worst_reference < 1e-6 else 1
 
 
