@@ -74,23 +74,35 @@ def chunk_forward_terms(Q, K, V, gates, b, S):
     return dict(Gamma=Gamma, E=E, D=D, Tu=Tu, T=T, KS=KS, corr=corr, delta=delta, QK=QK, P=QK * Gamma)
 
 
-def fused_backward(q, k, v, g, beta, h0, scale, do, dht):
-    tokens = len(q)
-    # pass 1: the states entering each chunk
-    starts, S = [], h0.copy()
-    for c0 in range(0, tokens, C):
-        starts.append(S)
+def recompute_pass(q, k, v, g, beta, h0):
+    """Pass 1, forward over chunks: per chunk, its first token, the state S entering it and its forward terms."""
+    chunks, S = [], h0.copy()
+    for c0 in range(0, len(q), C):
         f = chunk_forward_terms(q[c0:c0 + C], k[c0:c0 + C], v[c0:c0 + C], g[c0:c0 + C], beta[c0:c0 + C], S)
+        chunks.append((c0, S, f))
         S = f["E"][-1] * S + k[c0:c0 + C].T @ (f["D"][:, None] * f["delta"])
-    # pass 2: reverse over chunks, dS carried
+    return chunks
+
+
+def reverse_over_chunks(q, k, v, g, beta, h0, dht, chunk_backward):
+    """Pass 2's walk, last chunk to first with dS carried: chunk_backward(c0, S, f, dS') gives the chunk's dq, dk, dv,
+    dbeta, d gamma (the gradient of the gates' prefix sums, reverse-summed here within the chunk) and dS entering it.
+    Returns dq, dk, dv, dg, dbeta, dh0."""
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     dg, dbeta = np.zeros_like(g), np.zeros_like(beta)
     dS_next = dht.copy()
-    for index in reversed(range(len(starts))):
-        c0, S = index * C, starts[index]
-        Q, K, V, gates, b, dO = (x[c0:c0 + C] for x in (q, k, v, g, beta, do))
+    for c0, S, f in reversed(recompute_pass(q, k, v, g, beta, h0)):
+        dQ, dK, dV, db, d_gamma, dS_next = chunk_backward(c0, S, f, dS_next)
+        n = len(dQ)
+        dq[c0:c0 + n], dk[c0:c0 + n], dv[c0:c0 + n], dbeta[c0:c0 + n] = dQ, dK, dV, db
+        dg[c0:c0 + n] = np.cumsum(d_gamma[::-1])[::-1]
+    return dq, dk, dv, dg, dbeta, dS_next
+
+
+def fused_backward(q, k, v, g, beta, h0, scale, do, dht):
+    def chunk_backward(c0, S, f, dS_next):
+        Q, K, b, dO = (x[c0:c0 + C] for x in (q, k, beta, do))
         n = len(Q)
-        f = chunk_forward_terms(Q, K, V, gates, b, S)
         E, D, Gamma, T, Tu, delta, corr, KS = (f[x] for x in ("E", "D", "Gamma", "T", "Tu", "delta", "corr", "KS"))
         # the chain: K dS', then T^T, then K^T
         KdS = K @ dS_next
@@ -113,17 +125,16 @@ def fused_backward(q, k, v, g, beta, h0, scale, do, dht):
         db += np.sum(dA * KK, axis=1)                         # A = lower(diag(beta) K K^T, -1)
         dKK = b[:, None] * dA
         dK += dKK @ K + dKK.T @ K
-        # the gates: d gamma from E, Gamma, D and E_n, then the reverse sum within the chunk
+        # the gates: d gamma from E, Gamma, D and E_n (reverse_over_chunks sums it within the chunk)
         d_gamma = E * (scale * np.sum((Q @ S) * dO, axis=1) - np.sum(d_corr * KS, axis=1))
         dGamma = np.tril(dT * Tu + dP * f["QK"]) * Gamma
         d_gamma += dGamma.sum(axis=1) - dGamma.sum(axis=0)
         dD = D * np.sum(KdS * delta, axis=1)
         d_gamma -= dD
         d_gamma[n - 1] += dD.sum() + E[-1] * np.sum(S * dS_next)
-        dq[c0:c0 + n], dk[c0:c0 + n], dv[c0:c0 + n], dbeta[c0:c0 + n] = dQ, dK, dV, db
-        dg[c0:c0 + n] = np.cumsum(d_gamma[::-1])[::-1]
-        dS_next = dS
-    return dq, dk, dv, dg, dbeta, dS_next
+        return dQ, dK, dV, db, d_gamma, dS
+
+    return reverse_over_chunks(q, k, v, g, beta, h0, dht, chunk_backward)
 
 
 def check_reference(rng):

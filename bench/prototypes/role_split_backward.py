@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fused_backward import worst_against_reverse
-from gate_free_forward import between
+from fused_backward import reverse_over_chunks, worst_against_reverse
 from segmented_state import C
 
 SMEM_BYTES = 227 * 1024
@@ -111,7 +110,7 @@ def schedule(n, Kd, V):
         # stage 4: dK's inverse terms; the gates
         Step(4, "K", "dK += F K + F^T K", ("dk", "f", "k"), (("dk_out", "tile"),), macs=2 * n * Kd * n,
              fn=lambda v: dict(dk_out=v["dk"] + v["f"] @ v["k"] + v["f"].T @ v["k"])),
-        Step(4, "A", "dgamma from its parts, reverse-summed; dbeta", ("gp", "ga", "qdot", "corr_dot", "kds_dot", "sdot",
+        Step(4, "A", "dgamma from its parts; dbeta", ("gp", "ga", "qdot", "corr_dot", "kds_dot", "sdot",
                                                                      "db1", "db2"),
              (("dg", "reg"), ("db", "reg")), elems=2 * sq,
              fn=lambda v: dict(dg=_gates(v), db=v["db1"] + v["db2"])),
@@ -120,12 +119,12 @@ def schedule(n, Kd, V):
 
 
 def _gates(v):
-    """d gamma of the chunk, then its reverse cumulative sum (the prototype's, from the schedule's parts)."""
+    """d gamma of the chunk (the prototype's, from the schedule's parts; reverse_over_chunks sums it within the chunk)."""
     d_gamma = v["qdot"] - v["corr_dot"]
     d_gamma_matrix = v["gp"] + v["ga"]  # dGamma .* Gamma, lower
     d_gamma = d_gamma + d_gamma_matrix.sum(axis=1) - d_gamma_matrix.sum(axis=0) - v["kds_dot"]
     d_gamma[-1] += v["kds_dot"].sum() + v["E"][-1] * v["sdot"]
-    return np.cumsum(d_gamma[::-1])[::-1]
+    return d_gamma
 
 
 # The chunk's inputs and their tiles' bytes (bf16); the state S is K x V.
@@ -140,6 +139,7 @@ def produced_bytes(n, Kd, V):
                 f=2 * n * n, dk_out=2 * n * Kd)
 
 
+INPUTS = tuple(input_bytes(1, 1, 1))
 IN_PLACE = {"corr": "v"}  # a produced value that takes the tile of an input its own step reads last
 
 
@@ -147,7 +147,7 @@ def check_reads(steps):
     """Every read is the role's own value (registers, or a tile it wrote itself), a tile or vector another role wrote
     in an earlier stage, or an input. Returns the errors."""
     errors, written = [], {"dsn": ("S", "reg", -1)}
-    inputs = set(input_bytes(1, 1, 1)) | {"E", "D", "Gamma", "b", "scale"}
+    inputs = set(INPUTS) | {"E", "D", "Gamma", "b", "scale"}
     for step in sorted(steps, key=lambda s: s.stage):  # a role's steps of one stage run in the order listed
         for name in step.reads:
             if name in inputs:
@@ -172,9 +172,7 @@ def lifetimes(steps, n, Kd, V):
     """Per tile: (bytes, first stage live, last stage read); inputs live from stage 0 (loaded before it)."""
     stages = max(s.stage for s in steps)
     sizes = {**input_bytes(n, Kd, V), **produced_bytes(n, Kd, V)}
-    life = {}
-    for name, size in input_bytes(n, Kd, V).items():
-        life[name] = [size, 0, 0]
+    life = {name: [size, 0, 0] for name, size in input_bytes(n, Kd, V).items()}
     for step in steps:
         for name, where in step.writes:
             if where == "tile" and name not in IN_PLACE:
@@ -195,32 +193,12 @@ def peak_bytes(life, stages):
 
 
 def run(q, k, v, g, beta, h0, scale, do, dht, steps):
-    """The schedule in float64 over every chunk (reverse), with the recompute pass's S and Delta formed first."""
-    tokens = len(q)
-    starts, deltas, S = [], [], h0.copy()
-    for c0 in range(0, tokens, C):  # the recompute pass: S entering each chunk and Delta
-        Q, K, Vc, gates, b = q[c0:c0 + C], k[c0:c0 + C], v[c0:c0 + C], g[c0:c0 + C], beta[c0:c0 + C]
-        n = len(Q)
-        Gamma = np.exp(between(gates))
-        E = np.exp(np.cumsum(gates))
-        T = np.linalg.inv(np.eye(n) + np.tril(b[:, None] * (K @ K.T) * Gamma, -1))
-        delta = T @ (b[:, None] * (Vc - E[:, None] * (K @ S)))
-        starts.append(S)
-        deltas.append(delta)
-        S = E[-1] * S + K.T @ (np.exp(between(gates)[n - 1])[:, None] * delta)
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    dg, dbeta = np.zeros_like(g), np.zeros_like(beta)
-    dsn = dht.copy()
-    for index in reversed(range(len(starts))):
-        c0 = index * C
-        Q, K, Vc, gates, b, dO = (x[c0:c0 + C] for x in (q, k, v, g, beta, do))
-        n = len(Q)
-        log_gamma = between(gates)
-        Gamma = np.exp(log_gamma)
-        values = dict(q=Q, k=K, v=Vc, do=dO, delta=deltas[index], s=starts[index], dsn=dsn, b=b, scale=scale,
-                      Gamma=Gamma, E=np.exp(np.cumsum(gates)), D=np.exp(log_gamma[n - 1]),
-                      p=scale * np.tril(Q @ K.T) * Gamma,
-                      t=np.linalg.inv(np.eye(n) + np.tril(b[:, None] * (K @ K.T) * Gamma, -1)))
+    """The schedule in float64 over every chunk (reverse), from the recompute pass's S and Delta and prepare's P (with
+    scale) and gated T."""
+    def chunk_backward(c0, S, f, dsn):
+        Q, K, Vc, b, dO = (x[c0:c0 + C] for x in (q, k, v, beta, do))
+        values = dict(q=Q, k=K, v=Vc, do=dO, delta=f["delta"], s=S, dsn=dsn, b=b, scale=scale, Gamma=f["Gamma"],
+                      E=f["E"], D=f["D"], p=scale * f["P"], t=f["T"])
         for stage in range(max(s.stage for s in steps) + 1):
             # side by side: a role sees its own outputs of this stage, the others' only after it
             outputs = {role: {} for role in ROLES}
@@ -228,10 +206,9 @@ def run(q, k, v, g, beta, h0, scale, do, dht, steps):
                 outputs[step.role].update(step.fn({**values, **outputs[step.role]}))
             for role in ROLES:
                 values.update(outputs[role])
-        dq[c0:c0 + n], dk[c0:c0 + n], dv[c0:c0 + n] = values["dq"], values["dk_out"], values["dv"]
-        dg[c0:c0 + n], dbeta[c0:c0 + n] = values["dg"], values["db"]
-        dsn = values["ds"]
-    return dq, dk, dv, dg, dbeta, dsn
+        return values["dq"], values["dk_out"], values["dv"], values["db"], values["dg"], values["ds"]
+
+    return reverse_over_chunks(q, k, v, g, beta, h0, dht, chunk_backward)
 
 
 def report(steps, n=C, Kd=128, V=128):
@@ -267,9 +244,8 @@ def report(steps, n=C, Kd=128, V=128):
           f" alignment, of {SMEM_BYTES // 1024} KB")
     # An input's tile can take the next chunk's copy after its last reader; the copy must land before its first reader
     # in the next chunk. The window counts the stages in between (0: the copy is exposed).
-    first_read = {name: min(s.stage for s in steps if name in s.reads) for name in input_bytes(1, 1, 1)}
-    windows = {name: stages - last + first_read[name] for name, (size, first, last) in life.items()
-               if name in input_bytes(1, 1, 1)}
+    first_read = {name: min(s.stage for s in steps if name in s.reads) for name in INPUTS}
+    windows = {name: stages - life[name][2] + first_read[name] for name in INPUTS}
     print("refill windows (stages from an input's last reader to its first in the next chunk): "
           + ", ".join(f"{name} {w}" for name, w in windows.items()))
     return peak + VECTOR_BYTES <= SMEM_BYTES
