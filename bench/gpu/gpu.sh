@@ -29,7 +29,8 @@
 #   bench/gpu/gpu.sh tests OUT           binaries: every packed test_* executable (the trainer's GPU tests only),
 #                                        then the GDN tests again on the mma.sync passes (DELTATRAIN_CUDA_WGMMA=0)
 #                                        and the backward ones with the fused backward forced on and off
-#                                        (DELTATRAIN_CUDA_FUSED_BACKWARD=1, then 0)
+#                                        (DELTATRAIN_CUDA_FUSED_BACKWARD=1, then 0) and split by role
+#                                        (DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1)
 #   bench/gpu/gpu.sh sanitize OUT        binaries: compute-sanitizer memcheck, racecheck and synccheck on small GDN
 #                                        cases and a segmented one
 #   bench/gpu/gpu.sh python OUT SCRIPT ARGS...
@@ -209,6 +210,9 @@ tests() {
   # And nowhere: the unfused wgmma backward of the calls the plan fuses (as tests/gdn_cuda/CMakeLists.txt).
   DELTATRAIN_CUDA_FUSED_BACKWARD=0 run_test "$out" test_gdn_cuda-unfused-backward "$ROOT/bin/test_gdn_cuda" \
     --gtest_filter="$backward" || failed=1
+  # The fused backward split by role, wherever the fused one applies (as tests/gdn_cuda/CMakeLists.txt).
+  DELTATRAIN_CUDA_FUSED_BACKWARD=1 DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1 run_test "$out" \
+    test_gdn_cuda-role-split-backward "$ROOT/bin/test_gdn_cuda" --gtest_filter="$backward" || failed=1
   # The unfused attention that builds without cuDNN run (as the portable wheel does), on this GPU too.
   DELTATRAIN_CUDNN_ATTENTION=0 run_test "$out" test_cuda_ops-unfused-attention "$ROOT/bin/test_cuda_ops" \
     --gtest_filter='*Attention*' || failed=1
@@ -233,10 +237,14 @@ sanitize() {
   for tool in memcheck racecheck; do
     run_sanitizer "$tool" "$tool" "$tool" "$small"
     DELTATRAIN_CUDA_FUSED_BACKWARD=1 run_sanitizer "$tool" "$tool-fused" "$tool (fused backward)" "$fused"
+    DELTATRAIN_CUDA_FUSED_BACKWARD=1 DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1 \
+      run_sanitizer "$tool" "$tool-role-split" "$tool (role split backward)" "$fused"
   done
   # Barriers every thread meets, the named ones of the mma.sync passes' warp pairs too.
   run_sanitizer synccheck synccheck synccheck "$small"
   DELTATRAIN_CUDA_WGMMA=0 run_sanitizer synccheck synccheck-mma-sync "synccheck (mma.sync passes)" "$small"
+  DELTATRAIN_CUDA_FUSED_BACKWARD=1 DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1 \
+    run_sanitizer synccheck synccheck-role-split "synccheck (role split backward)" "$fused"
 }
 
 # MODULE (default the bundle's module.tar.xz) is the Python module archive the script imports.

@@ -51,65 +51,66 @@ class Step:
 
 
 def schedule(n, Kd, V):
-    """The steps of one chunk. Names in lower case are per-chunk values; `dsn` is dS' (carried), `ds` what becomes the
-    next chunk's dS'."""
+    """The steps of one chunk, as gdn/cuda/role_split_backward.cu runs them. Names in lower case are per-chunk values;
+    `dsn` is dS' (carried), `ds` what becomes the next chunk's dS'; `edcorr` holds -E dcorr, as the kernel's tile."""
     sq, sk, sv = n * n, n * Kd, n * V
     steps = [
-        # stage 0: the state's tile for the others, the independent products
-        Step(0, "S", "stage dS' as a bf16 tile; the state dot", ("dsn", "s"), (("dsn_tile", "tile"), ("sdot", "vec")),
+        # stage 0: the state's tile for the others; the square role's products that need neither K nor the chain
+        Step(0, "S", "stage dS' as a bf16 tile; E_n sum(S * dS')", ("dsn", "s"), (("dsn_tile", "tile"), ("sdot", "vec")),
              elems=2 * Kd * V, chain=True,
-             fn=lambda v: dict(dsn_tile=v["dsn"], sdot=np.sum(v["s"] * v["dsn"]))),
+             fn=lambda v: dict(dsn_tile=v["dsn"], sdot=v["E"][-1] * np.sum(v["s"] * v["dsn"]))),
         Step(0, "S", "dS = E_n dS'", ("dsn",), (("ds", "reg"),), elems=Kd * V,
              fn=lambda v: dict(ds=v["E"][-1] * v["dsn"])),
-        Step(0, "A", "dOD = dO Delta^T (dP / scale)", ("do", "delta"), (("dod", "reg"),), macs=n * n * V,
-             fn=lambda v: dict(dod=v["do"] @ v["delta"].T)),
-        Step(0, "K", "P^T dO", ("p", "do"), (("ptdo", "reg"),), macs=n * n * V,
-             fn=lambda v: dict(ptdo=v["p"].T @ v["do"])),
-        # stage 1: the chain's first product; dQ
-        Step(1, "K", "K dS'; dDelta = P^T dO + diag(D) K dS'; dD", ("k", "dsn_tile", "ptdo", "delta"),
-             (("ddelta", "tile"), ("kds_dot", "vec")), macs=n * Kd * V, elems=2 * sv, chain=True,
-             fn=lambda v: dict(ddelta=v["ptdo"] + v["D"][:, None] * (v["k"] @ v["dsn_tile"]),
-                               kds_dot=v["D"] * np.sum((v["k"] @ v["dsn_tile"]) * v["delta"], axis=1))),
+        Step(0, "A", "dP = dO Delta^T; M = scale lower(dP * Gamma) to its tile; the P gate term", ("do", "delta", "p"),
+             (("m", "tile"), ("gp", "reg")), macs=n * n * V, elems=2 * sq,
+             fn=lambda v: (lambda dod: dict(m=v["scale"] * np.tril(dod * v["Gamma"]), gp=np.tril(dod * v["p"])))(
+                 v["do"] @ v["delta"].T)),
+        Step(0, "A", "dQ = scale diag(E) dO S^T; its Q dots", ("do", "s", "q"), (("dq", "reg"), ("qdot", "reg")),
+             macs=n * Kd * V, elems=2 * sk,
+             fn=lambda v: (lambda dq: dict(dq=dq, qdot=np.sum(dq * v["q"], axis=1)))(
+                 v["scale"] * v["E"][:, None] * (v["do"] @ v["s"].T))),
+        # stage 1: the chain's first product
         Step(1, "S", "dS += scale Q^T diag(E) dO", ("q", "do", "ds"), (("ds", "reg"),), macs=Kd * V * n, elems=sv,
              fn=lambda v: dict(ds=v["ds"] + v["scale"] * v["q"].T @ (v["E"][:, None] * v["do"]))),
+        Step(1, "K", "dDelta = P^T dO + diag(D) K dS', half by half; dD", ("p", "do", "k", "dsn_tile", "delta"),
+             (("ddelta", "tile"), ("kds_dot", "vec")), macs=n * n * V + n * Kd * V, elems=2 * sv, chain=True,
+             fn=lambda v: dict(ddelta=v["p"].T @ v["do"] + v["D"][:, None] * (v["k"] @ v["dsn_tile"]),
+                               kds_dot=v["D"] * np.sum((v["k"] @ v["dsn_tile"]) * v["delta"], axis=1))),
+        Step(1, "A", "dQ += M K, out", ("dq", "m", "k"), (("dq", "reg"),), macs=n * Kd * n,
+             fn=lambda v: dict(dq=v["dq"] + v["m"] @ v["k"])),
         Step(1, "A", "K S; corr = V - diag(E) K S (in V's tile)", ("k", "s", "v"),
              (("ks", "reg"), ("corr", "tile")), macs=n * Kd * V, elems=sv,
              fn=lambda v: dict(ks=v["k"] @ v["s"], corr=v["v"] - v["E"][:, None] * (v["k"] @ v["s"]))),
-        Step(1, "A", "M = scale lower(dOD * Gamma); the P gate term", ("dod", "p"), (("m", "tile"), ("gp", "reg")),
-             elems=2 * sq,
-             fn=lambda v: dict(m=v["scale"] * np.tril(v["dod"] * v["Gamma"]), gp=np.tril(v["dod"] * v["p"]))),
-        Step(1, "A", "dQ = scale diag(E) dO S^T + M K; its Q dots", ("do", "s", "m", "k", "q"),
-             (("dq", "tile"), ("qdot", "reg")), macs=n * Kd * V + n * Kd * n, elems=2 * sk,
-             fn=lambda v: dict(dq=v["scale"] * v["E"][:, None] * (v["do"] @ v["s"].T) + v["m"] @ v["k"],
-                               qdot=v["scale"] * v["E"] * np.sum((v["do"] @ v["s"].T) * v["q"], axis=1))),
-        Step(2, "A", "K K^T", ("k",), (("kk", "reg"),), macs=n * n * Kd, fn=lambda v: dict(kk=v["k"] @ v["k"].T)),
         # stage 2: the chain's second product; dT
-        Step(2, "K", "T^T dDelta; dcorr = diag(beta) .; E dcorr; dV; rowsum(corr * T^T dDelta)",
+        Step(2, "K", "T^T dDelta; dcorr = diag(beta) .; -E dcorr and dV to tiles; rowsum(corr * T^T dDelta)",
              ("t", "ddelta", "corr"), (("edcorr", "tile"), ("dv", "tile"), ("db1", "vec")),
              macs=n * V * n, elems=3 * sv, chain=True,
-             fn=lambda v: dict(edcorr=v["E"][:, None] * v["b"][:, None] * (v["t"].T @ v["ddelta"]),
+             fn=lambda v: dict(edcorr=-v["E"][:, None] * v["b"][:, None] * (v["t"].T @ v["ddelta"]),
                                dv=v["b"][:, None] * (v["t"].T @ v["ddelta"]),
                                db1=np.sum(v["corr"] * (v["t"].T @ v["ddelta"]), axis=1))),
-        Step(2, "A", "dT = dDelta corr^T diag(beta)", ("ddelta", "corr"), (("dt", "reg"),), macs=n * n * V, elems=sq,
+        Step(2, "A", "K K^T", ("k",), (("kk", "reg"),), macs=n * n * Kd, fn=lambda v: dict(kk=v["k"] @ v["k"].T)),
+        Step(2, "A", "dT = dDelta corr^T diag(beta), to a tile in dDelta's", ("ddelta", "corr"), (("dt", "tile"),),
+             macs=n * n * V, elems=sq,
              fn=lambda v: dict(dt=(v["ddelta"] @ v["corr"].T) * v["b"][None, :])),
         # stage 3: the chain's last product; the inverse's backward; dK's state terms
-        Step(3, "S", "dS -= K^T diag(E) dcorr (the next chunk's dS')", ("k", "edcorr", "ds"), (("ds", "reg"),),
+        Step(3, "S", "dS += K^T (-E dcorr) (the next chunk's dS')", ("k", "edcorr", "ds"), (("ds", "reg"),),
              macs=Kd * V * n, chain=True,
-             fn=lambda v: dict(ds=v["ds"] - v["k"].T @ v["edcorr"])),
-        Step(3, "A", "dA = -T^T dT T^T (strictly lower); F = beta dA Gamma; the A gate term; dbeta's part; E dcorr.KS",
+             fn=lambda v: dict(ds=v["ds"] + v["k"].T @ v["edcorr"])),
+        Step(3, "A", "X = T^T dT, -dA = X T^T (strictly lower); F = beta dA Gamma (in dT's tile); the A gate term; "
+                     "dbeta's part; rowsum(-E dcorr * K S)",
              ("t", "dt", "kk", "edcorr", "ks"), (("f", "tile"), ("ga", "reg"), ("db2", "reg"), ("corr_dot", "reg")),
              macs=2 * n * n * n, elems=4 * sq + sv,
              fn=lambda v: (lambda da: dict(
                  f=v["b"][:, None] * da * v["Gamma"], ga=v["b"][:, None] * da * v["kk"] * v["Gamma"],
                  db2=np.sum(da * v["kk"] * v["Gamma"], axis=1),
                  corr_dot=np.sum(v["edcorr"] * v["ks"], axis=1)))(np.tril(-v["t"].T @ v["dt"] @ v["t"].T, -1))),
-        Step(3, "K", "dK = M^T Q - diag(E) dcorr S^T + diag(D) Delta dS'^T", ("m", "q", "edcorr", "s", "delta", "dsn_tile"),
-             (("dk", "reg"),), macs=n * Kd * n + 2 * n * Kd * V,
-             fn=lambda v: dict(dk=v["m"].T @ v["q"] - v["edcorr"] @ v["s"].T
-                               + v["D"][:, None] * (v["delta"] @ v["dsn_tile"].T))),
+        Step(3, "K", "dK = diag(D) Delta dS'^T + (-E dcorr) S^T + M^T Q; dV out",
+             ("delta", "dsn_tile", "edcorr", "s", "m", "q", "dv"), (("dk", "reg"),), macs=n * Kd * n + 2 * n * Kd * V,
+             fn=lambda v: dict(dk=v["D"][:, None] * (v["delta"] @ v["dsn_tile"].T) + v["edcorr"] @ v["s"].T
+                               + v["m"].T @ v["q"])),
         # stage 4: dK's inverse terms; the gates
-        Step(4, "K", "dK += F K + F^T K", ("dk", "f", "k"), (("dk_out", "tile"),), macs=2 * n * Kd * n,
-             fn=lambda v: dict(dk_out=v["dk"] + v["f"] @ v["k"] + v["f"].T @ v["k"])),
+        Step(4, "K", "dK += F K + F^T K, out", ("dk", "f", "k"), (("dk", "reg"),), macs=2 * n * Kd * n,
+             fn=lambda v: dict(dk=v["dk"] + v["f"] @ v["k"] + v["f"].T @ v["k"])),
         Step(4, "A", "dgamma from its parts; dbeta", ("gp", "ga", "qdot", "corr_dot", "kds_dot", "sdot",
                                                                      "db1", "db2"),
              (("dg", "reg"), ("db", "reg")), elems=2 * sq,
@@ -119,11 +120,12 @@ def schedule(n, Kd, V):
 
 
 def _gates(v):
-    """d gamma of the chunk (the prototype's, from the schedule's parts; reverse_over_chunks sums it within the chunk)."""
-    d_gamma = v["qdot"] - v["corr_dot"]
+    """d gamma of the chunk (the prototype's, from the schedule's parts; reverse_over_chunks sums it within the chunk).
+    corr_dot holds -E rowsum(dcorr * K S) and sdot E_n sum(S * dS'), as the kernel's partial sums do."""
+    d_gamma = v["qdot"] + v["corr_dot"]
     d_gamma_matrix = v["gp"] + v["ga"]  # dGamma .* Gamma, lower
     d_gamma = d_gamma + d_gamma_matrix.sum(axis=1) - d_gamma_matrix.sum(axis=0) - v["kds_dot"]
-    d_gamma[-1] += v["kds_dot"].sum() + v["E"][-1] * v["sdot"]
+    d_gamma[-1] += v["kds_dot"].sum() + v["sdot"]
     return d_gamma
 
 
@@ -134,13 +136,14 @@ def input_bytes(n, Kd, V):
 
 
 def produced_bytes(n, Kd, V):
-    # corr is written into V's tile (in place, by the step that reads V last)
-    return dict(dsn_tile=2 * Kd * V, ddelta=2 * n * V, m=2 * n * n, dq=2 * n * Kd, edcorr=2 * n * V, dv=2 * n * V,
-                f=2 * n * n, dk_out=2 * n * Kd)
+    # corr is written into V's tile (in place, by the step that reads V last); dT and F into dDelta's (IN_PLACE)
+    return dict(dsn_tile=2 * Kd * V, ddelta=2 * n * V, m=2 * n * n, edcorr=2 * n * V, dv=2 * n * V)
 
 
 INPUTS = tuple(input_bytes(1, 1, 1))
-IN_PLACE = {"corr": "v"}  # a produced value that takes the tile of an input its own step reads last
+# A produced value that takes the tile of a value its readers are done with: corr V's (the step that reads V last
+# writes it), dT and then F dDelta's (the kernel's dT^T and X side by side, F in dT^T's place).
+IN_PLACE = {"corr": "v", "dt": "ddelta", "f": "ddelta"}
 
 
 def check_reads(steps):
@@ -181,8 +184,7 @@ def lifetimes(steps, n, Kd, V):
         for name in step.reads:
             if name in life:
                 life[name][2] = max(life[name][2], step.stage)
-    for name in ("dq", "dv", "dk_out"):  # outputs: the producer's store warps drain them in the next stage
-        life[name][2] = min(stages, life[name][1] + 1)
+    life["dv"][2] = max(life["dv"][2], life["dv"][1] + 1)  # staged for the chain role's row stores a stage later
     for name, host in IN_PLACE.items():  # corr extends V's tile
         life[host][2] = max(life[host][2], max(s.stage for s in steps if name in s.reads))
     return life
@@ -206,7 +208,7 @@ def run(q, k, v, g, beta, h0, scale, do, dht, steps):
                 outputs[step.role].update(step.fn({**values, **outputs[step.role]}))
             for role in ROLES:
                 values.update(outputs[role])
-        return values["dq"], values["dk_out"], values["dv"], values["db"], values["dg"], values["ds"]
+        return values["dq"], values["dk"], values["dv"], values["db"], values["dg"], values["ds"]
 
     return reverse_over_chunks(q, k, v, g, beta, h0, dht, chunk_backward)
 

@@ -91,6 +91,7 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int
   if (op == Operation::recurrent) return {};
   static const char* const wgmma_setting = std::getenv("DELTATRAIN_CUDA_WGMMA");  // read once
   static const char* const fused_setting = std::getenv("DELTATRAIN_CUDA_FUSED_BACKWARD");
+  static const char* const role_split_setting = std::getenv("DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD");
   cuda::PlanInputs in;
   in.op = op;
   in.io = kernel.io_dtype;
@@ -104,6 +105,8 @@ cuda::ExecutionPlan execution_plan(const Problem& kernel, Operation op, std::int
   in.wgmma_allowed = switch_setting("DELTATRAIN_CUDA_WGMMA", wgmma_setting);
   in.wgmma_device = in.wgmma_allowed && cuda::wgmma_device_ready();
   in.fused_backward_setting = optional_switch_setting("DELTATRAIN_CUDA_FUSED_BACKWARD", fused_setting);
+  in.role_split_requested =
+      optional_switch_setting("DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD", role_split_setting).value_or(false);
   return cuda::plan_execution(in);
 }
 
@@ -204,6 +207,7 @@ struct Call {
     k.warp_pairs = plan.warp_pairs;
     k.fused_backward = plan.fused_backward;
     k.fused_input_grads = plan.fused_input_grads;
+    k.role_split = plan.role_split;
     k.scale = static_cast<float>(p.scale);
     k.l2norm = p.l2norm;
     if (upload) {
@@ -390,7 +394,11 @@ class CudaBackend final : public Backend {
     if (k.fused_backward) {
       cuda::launch_state_forward(k, p.io_dtype, true, kernels);
       cuda::launch_backward_segment_starts(k, p.io_dtype, kernels);
-      cuda::launch_fused_backward(k, p.io_dtype, kernels);
+      if (k.role_split) {
+        cuda::launch_role_split_backward(k, p.io_dtype, kernels);
+      } else {
+        cuda::launch_fused_backward(k, p.io_dtype, kernels);
+      }
     } else {
       cuda::launch_backward_state_passes(k, p.io_dtype, kernels);
       cuda::launch_chunk_grad(k, p.io_dtype, kernels);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "mma.cuh"
 #include "params.h"
@@ -24,11 +25,12 @@ __device__ __forceinline__ void store_gate(void* base, std::int64_t index, bool 
 }
 
 // dg of the chunk's rows from dgamma (shared memory, one float a row): row r's is the sum of dgamma over rows
-// rows-1 down to r, in that order, by thread r of the first `rows`.
+// rows-1 down to r, in that order, by the caller's thread r (`thread` counts from the first of its group) of the
+// first `rows`.
 template <class E>
 __device__ __forceinline__ void store_chunk_dg(const Params& p, const float* dgamma, std::int64_t t0, int rows,
-                                               int hv) {
-  const int r = threadIdx.x;
+                                               int hv, int thread) {
+  const int r = thread;
   if (r >= rows) return;
   float dg = 0.f;
   for (int c = rows - 1; c >= r; --c) dg += dgamma[c];
@@ -218,9 +220,12 @@ __device__ __forceinline__ void keep_half(float (&v)[N], int offset) {
 
 // The in-chunk decay terms of dgamma: a factor e^(gamma_i - gamma_j) on entry (i, j) of a 64 x 64 matrix X
 // gives X(i, j) to dgamma_i and -X(i, j) to dgamma_j, so row r gets rowsum(X)_r - colsum(X)_r. X is held by
-// 8 warps as 16 x 32 accumulators (warp w: rows m0 = 16 (w % 4), columns n0 = 32 (w / 4)); each warp writes
-// its partial sums to `parts` (6 x 64 floats: row sums per column half, then column sums per row block),
-// and decay_balance adds them up in a fixed order once the block has synchronised.
+// 8 warps as 16 x 32 accumulators (NT = 4; warp w: rows m0 = 16 (w % 4), columns n0 = 32 (w / 4)), or by one
+// warpgroup's 4 warps as 16 x 64 ones (NT = 8; rows m0 = 16 w, n0 = 0); each warp writes its partial sums to
+// `parts` (row sums per block of columns, then column sums per block of 16 rows: 6 x 64 floats for NT = 4,
+// 5 x 64 for NT = 8), and decay_balance<NT> adds them up in a fixed order once the warps have synchronised.
+template <int NT>
+inline constexpr int kColumnBlocks = kChunk / (8 * NT);
 // The sums over the 16 rows of a warp's 16 x 8 NT accumulator, per column: columns[n0 + c] = sum_r x(r, c).
 // The 8 lanes of a column pair (lane bits 2-4) reduce its 2 NT values by halving, each keeping a quarter of
 // them: 7 NT / 4 shuffles, against 6 NT for a butterfly per value, and lane group g ends with values
@@ -244,27 +249,36 @@ __device__ __forceinline__ void store_column_sums(const float (&x)[1][NT][4], fl
     columns[n0 + 8 * (at >> 1) + 2 * t + (at & 1)] = v[i];
   }
 }
-__device__ __forceinline__ void store_row_column_sums(const float (&x)[1][4][4], int m0, int n0, float* parts) {
+template <int NT>
+__device__ __forceinline__ void store_row_column_sums(const float (&x)[1][NT][4], int m0, int n0, float* parts) {
   float rows[2];
   row_sums(x, rows);
   store_row_pair(rows, parts, m0, n0);
-  store_column_sums(x, parts + 2 * kChunk + m0 * 4, n0);  // m0 / 16 * kChunk
+  store_column_sums(x, parts + kColumnBlocks<NT> * kChunk + m0 * 4, n0);  // m0 / 16 * kChunk
 }
+// The sum of parts[(kFirst + i) * 64 + r] over i < kBlocks, left to right.
+template <int kFirst, int... kBlock>
+__device__ __forceinline__ float sum_of_blocks(const float* parts, int r, std::integer_sequence<int, kBlock...>) {
+  return (... + parts[(kFirst + kBlock) * kChunk + r]);
+}
+template <int NT = 4>
 __device__ __forceinline__ float decay_balance(const float* parts, int r) {
-  return parts[r] + parts[kChunk + r] -
-         (parts[2 * kChunk + r] + parts[3 * kChunk + r] + parts[4 * kChunk + r] + parts[5 * kChunk + r]);
+  constexpr int kColumns = kColumnBlocks<NT>;
+  return sum_of_blocks<0>(parts, r, std::make_integer_sequence<int, kColumns>{}) -
+         sum_of_blocks<kColumns>(parts, r, std::make_integer_sequence<int, kChunk / 16>{});
 }
 
-// The WY inverse's backward from -dA = X T^T (X = T^T dT), by 8 warps holding 16 x 32 blocks (rows m0, columns
-// n0) of the chunk's 64 x 64 matrices: F = dA * diag(beta) Gamma (strictly lower) into f_tile (dK gets F K + F^T K);
-// E = dA * (K K^T) * Gamma, whose row sums (dbeta) go to e_sums and beta E's row and column sums (dgamma: beta E =
-// dA * A) to e_parts. minus_da and kk (the warp's blocks of -dA and K K^T) are consumed.
-template <class SquareT>
-__device__ __forceinline__ void inverse_backward(float (&minus_da)[1][4][4], float (&kk)[1][4][4], SquareT f_tile,
+// The WY inverse's backward from -dA = X T^T (X = T^T dT), by warps holding 16 x 8 NT blocks (rows m0, columns
+// n0) of the chunk's 64 x 64 matrices (decay_balance's two layouts): F = dA * diag(beta) Gamma (strictly lower) into
+// f_tile (dK gets F K + F^T K); E = dA * (K K^T) * Gamma, whose row sums (dbeta) go to e_sums (per block of columns)
+// and beta E's row and column sums (dgamma: beta E = dA * A) to e_parts. minus_da and kk (the warp's blocks of -dA
+// and K K^T) are consumed.
+template <int NT, class SquareT>
+__device__ __forceinline__ void inverse_backward(float (&minus_da)[1][NT][4], float (&kk)[1][NT][4], SquareT f_tile,
                                                  const float2* gamma, const float* beta, int m0, int n0,
                                                  float* e_sums, float* e_parts) {
-  float f[1][4][4];
-  for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
+  float f[1][NT][4];
+  for_each_decay<1, NT>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
     const float decay = r > c ? any_decay : 0.f;
     float &x = at(minus_da), &kdot = at(kk);
     at(f) = -x * beta[r] * decay;

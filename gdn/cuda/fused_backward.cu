@@ -540,7 +540,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
     }
     __syncthreads();  // every vector of the chunk is read but dgamma
     if (j > 0) load_chunk_gates(j - 1);
-    store_chunk_dg<E>(p, dgamma, t0, rows, hv);
+    store_chunk_dg<E>(p, dgamma, t0, rows, hv, threadIdx.x);
   }
   if constexpr (kPair) cluster_wait();  // the partner has read the last chunk's partial: this CTA may exit
   if (p.dh0 != nullptr && run == runs - 1) {

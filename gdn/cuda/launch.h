@@ -77,6 +77,8 @@ void launch_backward_segment_starts(const Params& p, DType io, KernelSequence& k
 // the chunks in reverse with the state gradient held: dv, dg, dbeta, dh0, and dq and dk (finished where
 // p.fused_input_grads, else per value head).
 void launch_fused_backward(const Params& p, DType io, KernelSequence& kernels);
+// The same work by role_split_backward_kernel (where p.role_split), dq and dk always per value head.
+void launch_role_split_backward(const Params& p, DType io, KernelSequence& kernels);
 // dq and dk from dq_head and dk_head: the GVA group summed (fused backward) and through the L2-norm backward;
 // without the fused backward only dq with the L2 norm (wy_grad writes dk, chunk_grad dq otherwise); nothing where
 // the fused backward finished them (p.fused_input_grads).

@@ -29,6 +29,7 @@ struct Params {
   int warp_pairs = 2;   // per CTA of the mma.sync passes (state.cu)
   bool fused_backward = false;  // the backward after the recompute pass is fused_backward_kernel
   bool fused_input_grads = false;  // which also finishes dq and dk (GVA groups of 1 or 2; no input_grad_kernel)
+  bool role_split = false;  // the fused backward is role_split_backward_kernel
   float scale = 1.f;
   bool l2norm = false;
 

@@ -36,7 +36,8 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     // A group's partial dq and dk meet in one CTA's registers, or a cluster pair's, without the float32 round trip
     // through memory: 1.07 GB at 16/32 heads, 8 x 4096 tokens, and input_grad_kernel's launch (bench/NOTES.md,
     // "dq and dk finished in the fused backward"). Larger groups would need larger clusters; they keep it.
-    plan.fused_input_grads = in.group == 1 || in.group == 2;
+    plan.role_split = in.role_split_requested;
+    plan.fused_input_grads = !plan.role_split && (in.group == 1 || in.group == 2);
     return plan;
   }
   ExecutionPlan plan;

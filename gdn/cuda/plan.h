@@ -35,6 +35,9 @@ struct PlanInputs {
   // DELTATRAIN_CUDA_FUSED_BACKWARD (optional_switch_setting): true, the fused backward wherever it applies;
   // unset, the plan's rule (where its CTAs fill their waves); false, never.
   std::optional<bool> fused_backward_setting;
+  // DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1: where the backward is fused, its kernel split by role (not yet measured, so
+  // never chosen unasked).
+  bool role_split_requested = false;
 };
 
 struct ExecutionPlan {
@@ -58,6 +61,9 @@ struct ExecutionPlan {
   // fused backward, GVA groups of one or two value heads: the fused kernel finishes dq and dk itself (the group's
   // sum, a pair of CTAs in a cluster, the L2 norm's backward and the cast) instead of input_grad_kernel after it
   bool fused_input_grads = false;
+  // fused backward: the kernel whose three warpgroups split each chunk's work by role (role_split_backward.cu) in
+  // place of fused_backward_kernel; it leaves dq and dk per value head for input_grad_kernel
+  bool role_split = false;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };
 

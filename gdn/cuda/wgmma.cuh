@@ -134,6 +134,22 @@ __device__ __forceinline__ void hold(float (&acc)[NT][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(acc[i][r])::"memory");
 }
 
+// Moves registers between warpgroups of a warp-specialised kernel (setmaxnreg, sm_90a): every warp of a warpgroup
+// executes one of these together; kRegisters is a multiple of 8 in [24, 256], and a raise waits until lowers have given
+// back what it takes. ptxas allocates the code after each for that count.
+template <int kRegisters>
+__device__ __forceinline__ void raise_registers() {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+template <int kRegisters>
+__device__ __forceinline__ void lower_registers() {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+
 // acc (64 x 64, this warp's rows) += A (64 x 16, this warp's fragment) * B (16 x 64 by descriptor), or
 // acc = A * B when `accumulate` is false. kTransposeB: B is stored MN-major.
 // The first product into a fresh accumulator should not accumulate rather than follow a zero fill: the

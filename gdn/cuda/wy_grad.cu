@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
       if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
     }
     __syncthreads();
-    store_chunk_dg<E>(p, dgamma, t0, rows, hv);
+    store_chunk_dg<E>(p, dgamma, t0, rows, hv, threadIdx.x);
     __syncthreads();  // this head's tiles and sums are read; the next head's may overwrite them
   }
   // dK is complete here. With the L2 norm it goes through its backward, dk = rstd (dk_hat - k_hat (k_hat .

@@ -55,6 +55,7 @@ class CudaPlan : public SeededTest {
     in.wgmma_allowed = pick(0, 3) != 0;
     const std::int64_t fused = pick(0, 2);  // DELTATRAIN_CUDA_FUSED_BACKWARD unset, 1 or 0
     if (fused != 0) in.fused_backward_setting = fused == 1;
+    in.role_split_requested = pick(0, 2) == 0;  // DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1 now and then
     return in;
   }
 };
@@ -65,7 +66,8 @@ std::string describe(const PlanInputs& in) {
          std::to_string(in.value_heads) + " value heads in groups of " + std::to_string(in.group) + ", " + std::to_string(in.chunks) + " chunks, " +
          std::to_string(in.multiprocessors) + " SMs, wgmma device " + std::to_string(in.wgmma_device) +
          ", allowed " + std::to_string(in.wgmma_allowed) + ", fused backward setting " +
-         (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset"));
+         (in.fused_backward_setting ? std::to_string(*in.fused_backward_setting) : std::string("unset")) +
+         ", role split requested " + std::to_string(in.role_split_requested);
 }
 
 // The plan of the call `in` describes, for its operation `op`.
@@ -105,7 +107,7 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       EXPECT_FALSE(plan.paired);
       const std::int64_t narrow_ctas = in.sequences * in.value_heads * (in.V / 32);
       EXPECT_EQ(plan.warp_pairs, in.io == DType::f32 || narrow_ctas <= in.multiprocessors ? 2 : 4);
-      EXPECT_FALSE(plan.fused_backward || plan.fused_input_grads);
+      EXPECT_FALSE(plan.fused_backward || plan.fused_input_grads || plan.role_split);
       continue;
     }
     const bool fused_fits = in.op == Operation::chunk_backward && in.K == 128 && in.V == 128;
@@ -121,10 +123,14 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       EXPECT_EQ(plan.segments, forward_plan.segments);
       EXPECT_EQ(plan.warpgroups, forward_plan.warpgroups);
       EXPECT_FALSE(plan.paired);
-      EXPECT_EQ(plan.fused_input_grads, in.group <= 2) << "dq and dk finished in one CTA or a cluster pair";
+      EXPECT_EQ(plan.role_split, in.role_split_requested) << "the fused backward split by role only when asked";
+      EXPECT_EQ(plan.fused_input_grads, in.group <= 2 && !plan.role_split)
+          << "dq and dk finished in one CTA or a cluster pair, except by the role split, which leaves them per value "
+             "head";
       continue;
     }
     EXPECT_FALSE(plan.fused_input_grads);
+    EXPECT_FALSE(plan.role_split) << "no fused backward to split";
     const std::int64_t units = in.sequences * in.value_heads * (in.V / kWgmmaColumns);
     if (units >= in.multiprocessors) {
       // Enough (sequence, head, columns) units to fill the GPU: no segments, two warpgroups where K = 128 and
@@ -316,6 +322,16 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(plan_execution(quartets).fused_backward);
   EXPECT_FALSE(plan_execution(quartets).fused_input_grads);
   EXPECT_FALSE(eight.paired || one.paired || one.late_prepare);
+  // DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1 splits a fused backward by role, which leaves dq and dk per value head; where
+  // the backward is not fused there is nothing to split.
+  PlanInputs split = anchor(Operation::chunk_backward, 32, 8, 4096);
+  split.role_split_requested = true;
+  EXPECT_TRUE(plan_execution(split).role_split);
+  EXPECT_FALSE(plan_execution(split).fused_input_grads);
+  EXPECT_FALSE(eight.role_split);
+  PlanInputs unfused_split = anchor(Operation::chunk_backward, 32, 1, 8192);
+  unfused_split.role_split_requested = true;
+  EXPECT_FALSE(plan_execution(unfused_split).role_split);
   // W is formed in the wgmma forward-direction passes of two warpgroups (64 keys each); prepare writes it where one
   // warpgroup takes all 128 keys (segments, the paired passes) and for the unfused backward's reverse pass.
   EXPECT_FALSE(eight.prepare_forms_w || filled.prepare_forms_w);

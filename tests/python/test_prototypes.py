@@ -1,8 +1,10 @@
 """The float64 prototypes of the cuda backend's planned kernels (bench/prototypes/) on fresh random problems, so
 that the designs they check stay checked: the segmented forward, the gate-free fused forward and the one-product
 state chain against the token recurrence, the fused backward and the role split's stage schedule against the
-recurrence's reverse, and that reverse against central differences."""
+recurrence's reverse, and that reverse against central differences; and the role split kernel's shared memory and
+barriers against a model of their order."""
 
+import dataclasses
 import os
 import sys
 
@@ -13,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", 
 import fused_backward  # noqa: E402
 import gate_free_forward  # noqa: E402
 import role_split_backward  # noqa: E402
+import role_split_sync  # noqa: E402
 import segmented_state  # noqa: E402
 import transition_chain  # noqa: E402
 
@@ -75,6 +78,34 @@ def test_the_schedule_check_finds_a_read_of_another_roles_registers():
     steps.append(role_split_backward.Step(k_s.stage + 1, "K", "reads A's K S", ("ks",), (("x", "reg"),)))
     errors = role_split_backward.check_reads(steps)
     assert len(errors) == 1 and "A's registers" in errors[0]
+
+
+def test_the_role_split_kernels_reads_each_see_their_own_chunks_values():
+    assert role_split_sync.hazards(role_split_sync.kernel_plan()) == []
+
+
+def _moved(predicate, **change):
+    return [dataclasses.replace(a, **change) if predicate(a) else a for a in role_split_sync.kernel_plan()]
+
+
+# Each a slip the kernel could make, and a hazard the model must report for it.
+SLIPS = {
+    "V's copy issued while corr is read": _moved(lambda a: a.kind == "copy" and a.region == "v", stage=2),
+    "dT^T stored before the square role's barrier": _moved(lambda a: a.kind == "write" and a.value == "dt", phase=0),
+    "K's copy issued a stage early": _moved(lambda a: a.kind == "copy" and a.region == "k", stage=4, chunk=-1),
+    "dS' staged in the stage that reads it": _moved(lambda a: a.kind == "write" and a.region == "ds", stage=1),
+    "F written over X": _moved(lambda a: a.kind == "write" and a.value == "f", region="ddelta.hi"),
+}
+
+
+@pytest.mark.parametrize("slip", SLIPS)
+def test_the_synchronisation_model_finds_a_slip(slip):
+    assert role_split_sync.hazards(SLIPS[slip]) != []
+
+
+def test_the_synchronisation_model_needs_the_wait_before_stage_one(monkeypatch):
+    monkeypatch.setattr(role_split_sync, "WAITS_BEFORE", (0,))
+    assert any("k (k)" in h for h in role_split_sync.hazards(role_split_sync.kernel_plan()))
 
 
 def test_the_reference_reverse_matches_central_differences(rng):

@@ -1,0 +1,621 @@
+// The fused backward split by role (sm_90a; plan.h's role_split): the same math as fused_backward.cu, from the same
+// inputs (prepare's P and T, the recompute pass's S and Delta), per (sequence, segment, value head), but its three
+// warpgroups take the chunk's work by role, FlashQLA's way, instead of each running the whole chain over its rows of
+// V. bench/prototypes/role_split_backward.py is the schedule, checked there in float64 against the recurrence's
+// reverse: a role reads another's values only from shared memory, after a stage barrier.
+//
+//   stage | state (warpgroup 0)           | chain (warpgroup 1)                  | square (warpgroup 2)
+//   0     | dS' to its tile, sum(S dS'),  | (nothing ready)                      | dP = dO Delta^T, M, G's sums;
+//         | dS = E_n dS'; K's copy        |                                      | dQ = scale diag(E) dO S^T, Q dots
+//   1     | dS += scale Q^T diag(E) dO    | dDelta^T = dO^T P + (dS'^T K^T)      | dQ += M K, out; K S;
+//         |                               | diag(D), D terms; dDelta to its tile | corr = V - diag(E) K S (V's tile)
+//   2     | copies: dO, P                 | tdd^T = dDelta^T T, dcorr = beta tdd,| K K^T, dT = dDelta corr^T diag(beta)
+//         |                               | dbeta's corr tdd; -E dcorr, dV tiles | (dT^T to a tile)
+//   3     | dS -= K^T diag(E) dcorr;      | dK = diag(D) Delta dS'^T + M^T Q     | X = T^T dT, -dA = X T^T, F, beta E,
+//         | copies: V                     |      - diag(E) dcorr S^T; dV out     | E's row sums; dgamma's E dcorr . K S
+//   4     | copies: Q, T, Delta, S, gates | dK += F K + F^T K, out               | dgamma, dbeta
+//
+// The chain works half by half of V's 128 rows; bench/prototypes/role_split_sync.py models the tiles' reuse, the copies
+// and the barriers, and finds every read seeing its own chunk's value.
+//
+// dS' (128 x 128 float32) lives in the state warpgroup's registers alone (two 64-row halves of S^T's layout, 128 a
+// thread); the chain's products follow it through two tiles (dS' at stage 0, -E dcorr at stage 2). Tiles are single-
+// buffered: each input's copy for the next chunk starts, from the state warpgroup (whose stages 2 and 4 carry no
+// products), once its last reader's stage has passed, and lands before its first reader's. dq and dk leave per value
+// head in float32 (input_grad_kernel sums the GVA group and takes the L2 norm's backward); dV, dg, dbeta and dh0 are
+// final here. Every sum runs in a fixed order: bitwise deterministic, as fused_backward.cu.
+#include <type_traits>
+
+#include "dispatch.cuh"
+#include "launch.h"
+#include "state_hopper.cuh"
+
+namespace deltatrain::gdn::cuda {
+namespace {
+
+constexpr int kRoles = 3;  // state, chain, square
+constexpr int kThreads = kRoles * kWarpgroup;
+constexpr int kKeys = 128, kValues = 128;  // K and V (plan.h's fused backward)
+// Registers a thread after the hand-over. The launch gives each 168 (65536 / 384 in steps of 8); raises wait for the
+// lower to give back what they take, so the three must fit 3 x 168. ptxas serialises every wgmma of the kernel (C7512)
+// where one role's cap is short of what its products hold in flight: the state role holds dS' (128) and dO^T's scaled
+// fragments (32), and serialised at 184; the chain, at most dDelta^T and K dS' of one half (64) and dDelta^T's
+// fragments (32), at 128; the square role holds K S (64) beside dQ (64) at stage 1. Spills left at these caps: ~140
+// bytes, nearly all of them the state role's copy addresses at stages 2 and 4, where it has no products.
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+constexpr int kStateRegisters = 200;
+constexpr int kSquareRegisters = 160;
+constexpr int kChainRegisters = 144;
+static_assert(kStateRegisters + kSquareRegisters + kChainRegisters <= kRoles * kLaunchRegisters);
+
+// Named barriers (0, __syncthreads', is not used).
+enum Barrier : int {
+  kStage = 1,       // all three warpgroups: a stage's inputs are in shared memory
+  kSquareOnly = 2,  // the square warpgroup's hand-overs within a stage
+};
+
+template <class E>
+struct RoleSplitSmem {
+  // a chunk's rows: K, Q, V, dO, Delta, dDelta, -E dcorr, dV
+  using Rows = AddressableSwizzledTile<E, kChunk, 128>;
+  using State = AddressableSwizzledTile<E, kValues, kKeys>;   // S^T, dS'^T
+  using Square = AddressableSwizzledTile<E, kChunk, kChunk>;  // P, T, M, dT^T, X, F
+  static constexpr int k = 0;  // each tile starts 1024-byte aligned
+  static constexpr int q = k + Rows::kBytes;
+  static constexpr int v_then_corr = q + Rows::kBytes;  // corr = V - diag(E) K S, written over V by the square role
+  static constexpr int d_o = v_then_corr + Rows::kBytes;
+  static constexpr int delta = d_o + Rows::kBytes;
+  static constexpr int p = delta + Rows::kBytes;
+  static constexpr int t = p + Square::kBytes;
+  static constexpr int s = t + Square::kBytes;
+  static constexpr int ds = s + State::kBytes;
+  // dDelta (stages 1-2), then dT^T and X side by side (stage 2-3), then F in dT^T's place (stages 3-4)
+  static constexpr int ddelta = ds + State::kBytes;
+  static constexpr int dt_then_f = ddelta;
+  static constexpr int x = ddelta + Square::kBytes;
+  static constexpr int m = ddelta + Rows::kBytes;
+  static constexpr int edcorr = m + Square::kBytes;  // -diag(E) dcorr, token-major
+  static constexpr int dv = edcorr + Rows::kBytes;    // dV, token-major, for 16-byte row stores
+  // The gates of the chunk: single-buffered, since nothing reads them at stage 4, when the next chunk's land.
+  static constexpr int gamma = dv + Rows::kBytes;  // hi + lo (chunk.cuh)
+  static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
+  static constexpr int gate_in = gamma + kChunk * 8;    // E
+  static constexpr int gate_out = gate_in + kChunk * 4;  // D
+  static constexpr int beta = gate_out + kChunk * 4;
+  // Per-token partial sums, each written in one stage by one role and read by the square role at stage 4.
+  static constexpr int state_dots = beta + kChunk * 4;        // [warp]: E_n sum(S * dS') over the warp's rows
+  static constexpr int delta_parts = state_dots + 4 * 4;      // [half][warp][64]: D rowsum(Delta * K dS')
+  static constexpr int beta_parts = delta_parts + 8 * kChunk * 4;  // [half][warp][64]: rowsum(corr * tdd)
+  static constexpr int g_parts = beta_parts + 8 * kChunk * 4;      // store_row_column_sums of G (NT = 8: 5 x 64)
+  static constexpr int e_parts = g_parts + 5 * kChunk * 4;         // the same of beta E
+  static constexpr int e_sums = e_parts + 5 * kChunk * 4;          // rowsum(E)
+  static constexpr int q_dots = e_sums + kChunk * 4;               // rowdot(scale E dO S^T, Q)
+  static constexpr int corr_dots = q_dots + kChunk * 4;            // rowdot(-E dcorr, K S)
+  static constexpr int dgamma = corr_dots + kChunk * 4;
+  static constexpr int scratch = dgamma + kChunk * 4;  // the square role's two warp sums of the D terms
+  // Dynamic shared memory is not promised 1024-byte alignment: the kernel rounds its start up.
+  static constexpr int bytes = scratch + 2 * 4 + 1024;
+  static_assert(bytes <= kSmemLimit);
+};
+
+// All three warpgroups meet: what any wrote to shared memory before it (generic stores, and the copies the caller has
+// waited for) is visible after it, to wgmma too.
+__device__ __forceinline__ void stage_barrier() {
+  fence_for_wgmma();
+  named_barrier_sync(kStage, kThreads);
+}
+__device__ __forceinline__ void square_barrier() {
+  fence_for_wgmma();
+  named_barrier_sync(kSquareOnly, kWarpgroup);
+}
+
+// x made opaque at this point of the program, so that what is computed from it (the copies' addresses from the
+// thread's index and the strides, the tiles' descriptors and element addresses from their shared address) is formed
+// where it is used, not hoisted out of the chunk loop into registers (the state role's hold dS').
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+__device__ __forceinline__ char* opaque(char* x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+// Columns 64 nb.. of a warp's 16 x 128 accumulator, as the 16 x 64 one a wgmma of N = 64 takes.
+__device__ __forceinline__ float (&columns_of(float (&acc)[1][16][4], int nb))[8][4] {
+  return *reinterpret_cast<float(*)[8][4]>(&acc[0][8 * nb]);
+}
+
+// acc (64 x 128, a warp's 16 rows) (+)= A * B over kSteps steps of 16 along k, B the 128 columns of an MN-major tile
+// (two wgmma of N = 64 a step): a(k0) gives A's descriptor, tile() the tile, formed at each use.
+template <class E, bool kTransposeA, int kSteps, class DescriptorA, class TileOf>
+__device__ __forceinline__ void product_over_128_columns(float (&acc)[1][16][4], DescriptorA&& a, TileOf&& tile,
+                                                         bool accumulate) {
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb) {
+    wgmma_ss_product<E, kTransposeA, true, kSteps>(
+        columns_of(acc, nb), a, [&](int k0) { return mn_major(tile(), k0, 64 * nb); }, accumulate);
+  }
+}
+
+// acc = A B^T (a warp's 16 rows of 64 x 8 NT), A's rows from a_row0 and B's from b_row0 of K-major tiles that a() and
+// b() form at each use, over the tiles' kCols / 16 steps of 16 along k.
+template <class E, int NT, class TileA, class TileB>
+__device__ __forceinline__ void rows_product(float (&acc)[NT][4], TileA&& a, TileB&& b, int a_row0 = 0,
+                                             int b_row0 = 0) {
+  constexpr int kSteps = std::remove_reference_t<decltype(a())>::kCols / 16;
+  wgmma_ss_product<E, false, false, kSteps>(
+      acc, [&](int k0) { return k_major(a(), k0, a_row0); }, [&](int k0) { return k_major(b(), k0, b_row0); }, false);
+}
+
+// What the roles share: the CTA's place in the grid and its tiles, each formed at its use (opaque).
+template <class E>
+struct Cta {
+  using L = RoleSplitSmem<E>;
+  using Rows = typename L::Rows;
+  using Square = typename L::Square;
+  using State = typename L::State;
+  const Params& p;
+  char* smem;
+  int runs, run, n, hv, h;
+  int tid, warp, m0;  // within the role's warpgroup; m0: the warp's first row of a 64-row block
+  SequenceChunks chunks;
+
+  __device__ Cta(char* smem_raw, const Params& params)
+      : p(params), runs(params.segments), run(blockIdx.x % params.segments), n(blockIdx.x / params.segments),
+        hv(blockIdx.y), h(blockIdx.y / params.group), tid(threadIdx.x % kWarpgroup), warp(tid / 32), m0(16 * warp),
+        chunks(SequenceChunks(params, blockIdx.x / params.segments)
+                   .segment(params.segments - 1 - blockIdx.x % params.segments, params.segments)) {
+    const int raw = static_cast<int>(smem_address(smem_raw));
+    smem = smem_raw + (round_up(raw, 1024) - raw);
+  }
+  template <int ROWS, int COLS>
+  __device__ AddressableSwizzledTile<E, ROWS, COLS> tile(int at) const {
+    return swizzled_tile<E, ROWS, COLS>(opaque(smem + at));
+  }
+  // A tile as the target of copies: the swizzled overload of load_rows_async, whose offsets are constants past the
+  // first row's (the element-addressed one computes each vector's swizzle, in registers the state role lacks).
+  template <int ROWS, int COLS>
+  __device__ SwizzledTile<E, ROWS, COLS> copy_target(int at) const {
+    return SwizzledTile<E, ROWS, COLS>{smem_address(opaque(smem + at))};
+  }
+  __device__ Rows rows(int at) const { return tile<kChunk, 128>(at); }
+  __device__ Square square(int at) const { return tile<kChunk, kChunk>(at); }
+  __device__ State state(int at) const { return tile<kValues, kKeys>(at); }
+  template <class T>
+  __device__ T* vector(int at) const {
+    return smem_at<T>(smem, at);
+  }
+  __device__ const float2* gamma() const { return vector<float2>(L::gamma); }
+  __device__ const float* gate_in() const { return vector<float>(L::gate_in); }
+  __device__ const float* gate_out() const { return vector<float>(L::gate_out); }
+  __device__ const float* beta() const { return vector<float>(L::beta); }
+};
+
+// Warpgroup 0: holds dS'^T (rows 16 w.. of each 64-row half for warp w) through the walk, and issues every copy.
+template <class E>
+struct StateRole : Cta<E> {
+  using L = RoleSplitSmem<E>;
+  using Cta<E>::p, Cta<E>::tid, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv, Cta<E>::h;
+  __device__ StateRole(char* smem_raw, const Params& params) : Cta<E>(smem_raw, params) {}
+
+  // Starts copying chunk j's rows of a token-major tensor [tokens, heads, COLS] (head `head`) into the tile at `at`.
+  template <int COLS>
+  __device__ void copy_rows(int at, const void* base, int heads, int head, int j) const {
+    load_chunk_rows<kWarpgroup>(this->template copy_target<kChunk, COLS>(at), base, opaque(heads), head, COLS, 0,
+                                chunks[j], opaque(tid));
+  }
+  // The copy groups, each issued once its tiles' last reader has passed (stages 2, 3 and 4 of the chunk after, in
+  // the walk; K's at stage 0 of its own chunk) and committed.
+  __device__ void issue_keys(int j) const {
+    copy_rows<kKeys>(L::k, keys<E>(p), p.H, h, j);
+    cp_async_commit();
+  }
+  __device__ void issue_do_p(int j) const {
+    copy_rows<kValues>(L::d_o, p.d_o, p.HV, hv, j);
+    copy_rows<kChunk>(L::p, p.p, p.HV, hv, j);
+    cp_async_commit();
+  }
+  __device__ void issue_values(int j) const {
+    copy_rows<kValues>(L::v_then_corr, p.v, p.HV, hv, j);
+    cp_async_commit();
+  }
+  __device__ void issue_rest(int j) const {
+    copy_rows<kKeys>(L::q, queries<E>(p), p.H, h, j);
+    copy_rows<kChunk>(L::t, p.t, p.HV, hv, j);
+    copy_rows<kValues>(L::delta, p.delta, p.HV, hv, j);
+    const std::int64_t state_row = (static_cast<std::int64_t>(chunks.first + j) * p.HV + hv) * kValues;
+    load_rows_async<kWarpgroup>(this->template copy_target<kValues, kKeys>(L::s),
+                                static_cast<const E*>(p.states) + state_row * kKeys, kKeys, kValues, opaque(tid));
+    const ChunkInfo chunk = chunks[j];
+    load_gamma_async(p, this->template vector<float2>(L::gamma), hv, chunk, opaque(tid));
+    load_gates_async(p, this->template vector<float>(L::gate_in), this->template vector<float>(L::gate_out), hv,
+                     chunk, opaque(tid));
+    cp_async_commit();
+    if (tid < kChunk) {  // beta's dtype varies: a plain load, visible after the next stage barrier
+      this->template vector<float>(L::beta)[tid] =
+          tid < chunk.length ? load_gate<E>(p.beta, (chunk.start + tid) * p.HV + hv, p.beta_float) : 0.f;
+    }
+  }
+
+  __device__ void walk() const {
+    float ds[2][kKeys / 8][4];  // dS'^T, then dS^T: half b holds rows 64 b + m0..
+    #pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const StateRows at{64 * b + m0, 0};
+      if (this->run == 0) {  // the final state's gradient, or the next segment's start that composed it
+        load_state(row_block(ds, b), p.dht, p, this->n, hv, at);
+      } else {
+        load_pairs(row_block(ds, b), segment_start_rows(p, this->n, this->run, hv) + at.v0 * kKeys, kKeys, 16);
+      }
+    }
+    const int count = chunks.count;
+    if (count > 0) {
+      issue_do_p(count - 1);
+      issue_values(count - 1);
+      issue_rest(count - 1);
+    }
+#pragma unroll 1
+    for (int j = count - 1; j >= 0; --j) {
+      const int m0 = opaque(this->m0);
+      cp_async_wait<0>();
+      stage_barrier();  // stage 0
+      issue_keys(j);
+      float dot = 0.f;  // sum(S * dS') over this thread's elements, in float32 from the registers
+      #pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        store_accumulator(row_block(ds, b), plain(this->state(L::ds)), 64 * b + m0, 0);
+        for_each_pair_with(row_block(ds, b), plain(this->state(L::s)), 64 * b + m0, 0,
+                           [&](int, int, float& lo, float& hi, float2 s) { dot += lo * s.x + hi * s.y; });
+      }
+      const float decay = this->gate_in()[kChunk - 1];  // E_n
+      dot = warp_sum(dot);
+      if ((tid & 31) == 0) this->template vector<float>(L::state_dots)[this->warp] = decay * dot;
+      for_each(ds, 0, 0, [&](int, int, float& x) { x *= decay; });
+      cp_async_wait<0>();
+      stage_barrier();  // stage 1: dS^T += scale dO^T diag(E) Q, dO^T's fragments scaled by column
+      {
+        WarpOperand<E, kChunk> d_o[2] = {WarpOperand<E, kChunk>(nullptr), WarpOperand<E, kChunk>(nullptr)};
+        #pragma unroll
+        for (int b = 0; b < 2; ++b) {
+#pragma unroll
+          for (int kb = 0; kb < kChunk / 16; ++kb) {
+            load_a16(d_o[b].frag[kb], transposed(this->rows(L::d_o)), 64 * b + m0, 16 * kb);
+          }
+          d_o[b].scale_columns(this->gate_in(), p.scale);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+#pragma unroll
+          for (int kb = 0; kb < kChunk / 16; ++kb) {
+#pragma unroll
+            for (int nb = 0; nb < kKeys / 64; ++nb) {
+              wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&ds[b][8 * nb]), d_o[b].frag[kb],
+                                      mn_major(this->rows(L::q), 16 * kb, 64 * nb));
+            }
+          }
+        }
+        wgmma_commit_and_wait();
+        hold(ds[0]);
+        hold(ds[1]);
+      }
+      stage_barrier();  // stage 2
+      if (j > 0) issue_do_p(j - 1);
+      stage_barrier();  // stage 3: dS^T += (-E dcorr)^T K, the next chunk's dS'^T
+      if (j > 0) issue_values(j - 1);
+      wgmma_fence();
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+#pragma unroll
+        for (int nb = 0; nb < kKeys / 64; ++nb) {
+          wgmma_ss_product<E, true, true, kChunk / 16>(
+              *reinterpret_cast<float(*)[8][4]>(&ds[b][8 * nb]),
+              [&](int k0) { return mn_major(this->rows(L::edcorr), k0, 64 * b); },
+              [&](int k0) { return mn_major(this->rows(L::k), k0, 64 * nb); }, true);
+        }
+      }
+      wgmma_commit_and_wait();
+      hold(ds[0]);
+      hold(ds[1]);
+      stage_barrier();  // stage 4
+      if (j > 0) issue_rest(j - 1);
+    }
+    if (p.dh0 != nullptr && this->run == this->runs - 1) {
+      #pragma unroll
+      for (int b = 0; b < 2; ++b) store_state(row_block(ds, b), p.dh0, p, this->n, hv, StateRows{64 * b + m0, 0});
+    }
+  }
+};
+
+// Warpgroup 1: the chain after dS' (K dS', dDelta, T^T dDelta, dcorr) over all 128 rows of V in two 64-row halves, and
+// dK.
+template <class E>
+struct ChainRole : Cta<E> {
+  using L = RoleSplitSmem<E>;
+  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv;
+  __device__ ChainRole(char* smem_raw, const Params& params) : Cta<E>(smem_raw, params) {}
+
+  __device__ void walk() const {
+#pragma unroll 1
+    for (int j = chunks.count - 1; j >= 0; --j) {
+      const ChunkInfo chunk = chunks[j];
+      const std::int64_t t0 = chunk.start;
+      const int m0 = opaque(this->m0);
+      stage_barrier();  // stage 0: nothing of this role's is ready (dS' is being staged)
+      stage_barrier();  // stage 1: dDelta^T = dO^T P + (dS'^T K^T) diag(D), half by half
+      WarpOperand<E, kChunk> ddelta_operand[2] = {WarpOperand<E, kChunk>(nullptr), WarpOperand<E, kChunk>(nullptr)};
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int v0 = 64 * b + m0;
+        float ddelta[1][kChunk / 8][4], kds[1][kChunk / 8][4];
+        wgmma_fence();
+        wgmma_ss_product<E, true, true, kChunk / 16>(
+            ddelta[0], [&](int k0) { return mn_major(this->rows(L::d_o), k0, 64 * b); },
+            [&](int k0) { return mn_major(this->square(L::p), k0, 0); }, false);
+        rows_product<E>(kds[0], [&] { return this->state(L::ds); }, [&] { return this->rows(L::k); }, 64 * b);
+        wgmma_commit_and_wait();
+        hold(ddelta[0]);
+        hold(kds[0]);
+        const float* gate_out = this->gate_out();
+        for_each(ddelta, kds, v0, 0, [&](int, int c, float& x, float& kd) { x += gate_out[c] * kd; });
+        // dgamma's D terms: D rowsum(Delta * K dS') per token, this warp's 16 rows of V
+        for_each_pair_with(kds, transposed(this->rows(L::delta)), v0, 0,
+                           [&](int, int c, float& lo, float& hi, float2 delta) {
+                             lo *= gate_out[c] * delta.x;
+                             hi *= gate_out[c + 1] * delta.y;
+                           });
+        store_column_sums(kds, this->template vector<float>(L::delta_parts) + (4 * b + warp) * kChunk, 0);
+        store_accumulator(ddelta, transposed(this->rows(L::ddelta)), v0, 0);  // for the square role's dT
+        ddelta_operand[b].set(ddelta, 1.f);
+      }
+      stage_barrier();  // stage 2: tdd^T = dDelta^T T; dcorr^T = tdd^T diag(beta), half by half
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int v0 = 64 * b + m0;
+        float tdd[1][kChunk / 8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < kChunk / 16; ++kb) {
+          wgmma_64x64x16<E, true>(tdd[0], ddelta_operand[b].frag[kb], mn_major(this->square(L::t), 16 * kb, 0),
+                                  kb > 0);
+        }
+        wgmma_commit_and_wait();
+        hold(tdd[0]);
+        {  // dbeta's rowsum(corr * tdd), corr from the square role's tile
+          float product[1][kChunk / 8][4];
+          for_each(product, tdd, v0, 0, [](int, int, float& x, float& y) { x = y; });
+          for_each_pair_with(product, transposed(this->rows(L::v_then_corr)), v0, 0,
+                             [](int, int, float& lo, float& hi, float2 corr) {
+                               lo *= corr.x;
+                               hi *= corr.y;
+                             });
+          store_column_sums(product, this->template vector<float>(L::beta_parts) + (4 * b + warp) * kChunk, 0);
+        }
+        const float *beta = this->beta(), *gate_in = this->gate_in();
+        for_each(tdd, v0, 0, [&](int, int c, float& x) { x *= beta[c]; });  // dcorr^T
+        store_accumulator(tdd, transposed(this->rows(L::edcorr)), v0, 0,
+                          [&](float x, int, int c) { return -gate_in[c] * x; });
+        store_accumulator(tdd, transposed(this->rows(L::dv)), v0, 0);
+      }
+      stage_barrier();  // stage 3: dK = diag(D) Delta dS'^T - diag(E) dcorr S^T + M^T Q
+      float dk[1][kKeys / 8][4];
+      wgmma_fence();
+      product_over_128_columns<E, false, kValues / 16>(
+          dk, [&](int k0) { return k_major(this->rows(L::delta), k0); }, [&] { return this->state(L::ds); }, false);
+      wgmma_commit_and_wait();
+      hold(dk[0]);
+      const float* gate_out = this->gate_out();
+      for_each(dk, m0, 0, [&](int r, int, float& x) { x *= gate_out[r]; });
+      wgmma_fence();
+      product_over_128_columns<E, false, kValues / 16>(
+          dk, [&](int k0) { return k_major(this->rows(L::edcorr), k0); }, [&] { return this->state(L::s); }, true);
+      product_over_128_columns<E, true, kChunk / 16>(
+          dk, [&](int k0) { return mn_major(this->square(L::m), k0, 0); }, [&] { return this->rows(L::q); }, true);
+      wgmma_commit();
+      // dV's rows beside the products (this warpgroup staged them at stage 2)
+      store_rows<kWarpgroup>(this->rows(L::dv), static_cast<E*>(p.dv) + (t0 * p.HV + hv) * kValues,
+                             static_cast<std::int64_t>(opaque(p.HV)) * kValues, chunk.length, opaque(tid));
+      wgmma_wait();
+      hold(dk[0]);
+      stage_barrier();  // stage 4: dK += F K + F^T K
+      wgmma_fence();
+      product_over_128_columns<E, false, kChunk / 16>(
+          dk, [&](int k0) { return k_major(this->square(L::dt_then_f), k0); }, [&] { return this->rows(L::k); }, true);
+      product_over_128_columns<E, true, kChunk / 16>(
+          dk, [&](int k0) { return mn_major(this->square(L::dt_then_f), k0, 0); },
+          [&] { return this->rows(L::k); }, true);
+      wgmma_commit_and_wait();
+      hold(dk[0]);
+      store_pairs(dk, p.dk_head + ((t0 + m0) * p.HV + hv) * kKeys, static_cast<std::int64_t>(opaque(p.HV)) * kKeys,
+                  chunk.length - m0);
+    }
+  }
+};
+
+// Warpgroup 2: the chunk's square work (dP, M, G, dT, the inverse's backward, K K^T), K S and corr, dQ, and the
+// per-token sums; warp w holds rows 16 w.. of each 64-row result.
+template <class E>
+struct SquareRole : Cta<E> {
+  using L = RoleSplitSmem<E>;
+  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv;
+  __device__ SquareRole(char* smem_raw, const Params& params) : Cta<E>(smem_raw, params) {}
+
+  __device__ float* sums(int at) const { return this->template vector<float>(at); }
+
+  __device__ void walk() const {
+#pragma unroll 1
+    for (int j = chunks.count - 1; j >= 0; --j) {
+      const ChunkInfo chunk = chunks[j];
+      const std::int64_t t0 = chunk.start;
+      const int m0 = opaque(this->m0);
+      stage_barrier();  // stage 0: dP = dO Delta^T; M; G's sums; dQ's state term and its Q dots
+      float dq[1][kKeys / 8][4];
+      {
+        float dp[1][kChunk / 8][4];
+        wgmma_fence();
+        rows_product<E>(dp[0], [&] { return this->rows(L::d_o); }, [&] { return this->rows(L::delta); });
+        product_over_128_columns<E, false, kValues / 16>(
+            dq, [&](int k0) { return k_major(this->rows(L::d_o), k0); }, [&] { return this->state(L::s); }, false);
+        wgmma_commit_and_wait();
+        hold(dp[0]);
+        hold(dq[0]);
+        float m[1][kChunk / 8][4];
+        for_each_decay<1, kChunk / 8>(this->gamma(), m0, 0, [&](int r, int c, float decay, FragmentIndex at) {
+          at(m) = r >= c ? at(dp) * p.scale * decay : 0.f;
+        });
+        store_accumulator(m, plain(this->square(L::m)), m0, 0);
+        // G = dP * P below the diagonal (fused_backward.cu says why not on it)
+        for_each_pair_with(dp, plain(this->square(L::p)), m0, 0, [](int r, int c, float& lo, float& hi, float2 pv) {
+          lo = r > c ? lo * pv.x : 0.f;
+          hi = r > c + 1 ? hi * pv.y : 0.f;
+        });
+        store_row_column_sums(dp, m0, 0, sums(L::g_parts));
+      }
+      {
+        const float* gate_in = this->gate_in();
+        for_each(dq, m0, 0, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
+        float dots[2];
+        row_dots(dq, this->rows(L::q), m0, 0, dots);
+        store_row_pair(dots, sums(L::q_dots), m0, 0);
+      }
+      stage_barrier();  // stage 1: dQ += M K, out; K S; corr = V - diag(E) K S over V
+      float ks[1][kValues / 8][4];
+      wgmma_fence();
+      product_over_128_columns<E, false, kChunk / 16>(
+          dq, [&](int k0) { return k_major(this->square(L::m), k0); }, [&] { return this->rows(L::k); }, true);
+#pragma unroll
+      for (int nb = 0; nb < kValues / 64; ++nb) {
+        rows_product<E>(columns_of(ks, nb), [&] { return this->rows(L::k); }, [&] { return this->state(L::s); }, 0,
+                        64 * nb);
+      }
+      wgmma_commit_and_wait();
+      hold(dq[0]);
+      hold(ks[0]);
+      store_pairs(dq, p.dq_head + ((t0 + m0) * p.HV + hv) * kKeys, static_cast<std::int64_t>(opaque(p.HV)) * kKeys,
+                  chunk.length - m0);
+      {
+        const float* gate_in = this->gate_in();
+#pragma unroll
+        for (int kb = 0; kb < kValues / 16; ++kb) {  // 16 columns at a time, K S kept for stage 3
+          float block[1][2][4];
+          for_each(block, column_block<2>(ks, 2 * kb), m0, 16 * kb, [](int, int, float& x, float& y) { x = y; });
+          for_each_pair_with(block, plain(this->rows(L::v_then_corr)), m0, 16 * kb,
+                             [&](int r, int, float& lo, float& hi, float2 v) {
+                               lo = v.x - gate_in[r] * lo;
+                               hi = v.y - gate_in[r] * hi;
+                             });
+          store_accumulator(block, plain(this->rows(L::v_then_corr)), m0, 16 * kb);
+        }
+      }
+      stage_barrier();  // stage 2: K K^T; dT = dDelta corr^T diag(beta), transposed into its tile
+      float kk[1][kChunk / 8][4];
+      {
+        float dt[1][kChunk / 8][4];
+        wgmma_fence();
+        rows_product<E>(kk[0], [&] { return this->rows(L::k); }, [&] { return this->rows(L::k); });
+        rows_product<E>(dt[0], [&] { return this->rows(L::ddelta); }, [&] { return this->rows(L::v_then_corr); });
+        wgmma_commit_and_wait();
+        hold(kk[0]);
+        hold(dt[0]);
+        const float* beta = this->beta();
+        for_each(dt, m0, 0, [&](int, int c, float& x) { x *= beta[c]; });
+        square_barrier();  // every warp's product has read dDelta, whose tile dT^T takes
+        store_accumulator(dt, transposed(this->square(L::dt_then_f)), m0, 0);
+      }
+      stage_barrier();  // stage 3: X = T^T dT; -dA = X T^T; the inverse's backward; E dcorr . K S
+      {
+        float x[1][kChunk / 8][4];
+        wgmma_fence();
+        wgmma_ss_product<E, true, false, kChunk / 16>(
+            x[0], [&](int k0) { return mn_major(this->square(L::t), k0, 0); },
+            [&](int k0) { return k_major(this->square(L::dt_then_f), k0); }, false);
+        wgmma_commit_and_wait();
+        hold(x[0]);
+        store_accumulator(x, plain(this->square(L::x)), m0, 0);
+      }
+      {
+        float dots[2];
+        row_dots(ks, this->rows(L::edcorr), m0, 0, dots);
+        store_row_pair(dots, sums(L::corr_dots), m0, 0);
+      }
+      square_barrier();  // X complete; dT^T read, so F may take its tile
+      {
+        float minus_da[1][kChunk / 8][4];
+        wgmma_fence();
+        rows_product<E>(minus_da[0], [&] { return this->square(L::x); }, [&] { return this->square(L::t); });
+        wgmma_commit_and_wait();
+        hold(minus_da[0]);
+        inverse_backward(minus_da, kk, this->square(L::dt_then_f), this->gamma(), this->beta(), m0, 0, sums(L::e_sums),
+                         sums(L::e_parts));
+      }
+      stage_barrier();  // stage 4
+      per_token_sums(chunk, t0);
+    }
+  }
+
+  // dgamma and dbeta of the chunk's rows from the roles' partial sums, in a fixed order; dg reverse-summed.
+  __device__ void per_token_sums(const ChunkInfo& chunk, std::int64_t t0) const {
+    const int rows = chunk.length, last_row = rows - 1, r = tid;
+    auto over_parts = [&](int at, int r) {  // [half][warp][64], in that order
+      const float* parts = sums(at);
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += parts[i * kChunk + r];
+      return sum;
+    };
+    // The state path's own decay: each row's D term lands on the chunk's last row (less the last row's own, whose D
+    // is 1 and cancels exactly), with E_n sum(S * dS').
+    const float d_term = r < last_row ? over_parts(L::delta_parts, r) : 0.f;
+    const float d_terms = warp_sum(d_term);  // rows 0-31 and 32-63, by warps 0 and 1
+    float* scratch = sums(L::scratch);
+    if ((tid & 31) == 0 && warp < 2) scratch[warp] = d_terms;
+    square_barrier();
+    if (r < kChunk) {
+      const float* state_dots = sums(L::state_dots);
+      const float last_row_terms =
+          scratch[0] + scratch[1] + (state_dots[0] + state_dots[1] + state_dots[2] + state_dots[3]);
+      float dg = sums(L::q_dots)[r] + sums(L::corr_dots)[r] + decay_balance<8>(sums(L::g_parts), r) +
+                 decay_balance<8>(sums(L::e_parts), r);
+      dg += r == last_row ? last_row_terms : -d_term;
+      sums(L::dgamma)[r] = r < rows ? dg : 0.f;
+      const float db = sums(L::e_sums)[r] + over_parts(L::beta_parts, r);
+      if (r < rows) store_gate<E>(p.dbeta, (t0 + r) * p.HV + hv, p.beta_float, db);
+    }
+    square_barrier();  // dgamma
+    store_chunk_dg<E>(p, sums(L::dgamma), t0, rows, hv, tid);
+  }
+};
+
+template <class E>
+__global__ void __launch_bounds__(kThreads, 1) role_split_backward_kernel(Params p) {
+#ifdef DELTATRAIN_WGMMA
+  extern __shared__ __align__(16) char smem_raw[];
+  switch (threadIdx.x / kWarpgroup) {
+    case 0:
+      raise_registers<kStateRegisters>();
+      StateRole<E>(smem_raw, p).walk();
+      break;
+    case 1:
+      lower_registers<kChainRegisters>();
+      ChainRole<E>(smem_raw, p).walk();
+      break;
+    default:
+      raise_registers<kSquareRegisters>();
+      SquareRole<E>(smem_raw, p).walk();
+  }
+#endif
+}
+
+}  // namespace
+
+void launch_role_split_backward(const Params& p, DType io, KernelSequence& kernels) {
+  dispatch(io, p.K, [&]<class E, int K>() {
+    if constexpr (sizeof(E) == 2 && K == kKeys) {  // where plan_execution splits the fused backward by role
+      launch<role_split_backward_kernel<E>>("gdn role_split_backward_kernel", dim3(p.sequences * p.segments, p.HV),
+                                            dim3(kThreads), RoleSplitSmem<E>::bytes, kernels);
+    }
+  });
+}
+
+}  // namespace deltatrain::gdn::cuda
