@@ -55,7 +55,7 @@ def schedule(n, Kd, V):
     `dsn` is dS' (carried), `ds` what becomes the next chunk's dS'; `edcorr` holds -E dcorr, as the kernel's tile."""
     sq, sk, sv = n * n, n * Kd, n * V
     steps = [
-        # stage 0: the state's tile for the others; the square role's products that need neither K nor the chain
+        # stage 0: the state's tile for the others; dP and M
         Step(0, "S", "stage dS' as a bf16 tile; E_n sum(S * dS')", ("dsn", "s"), (("dsn_tile", "tile"), ("sdot", "vec")),
              elems=2 * Kd * V, chain=True,
              fn=lambda v: dict(dsn_tile=v["dsn"], sdot=v["E"][-1] * np.sum(v["s"] * v["dsn"]))),
@@ -65,10 +65,6 @@ def schedule(n, Kd, V):
              (("m", "tile"), ("gp", "reg")), macs=n * n * V, elems=2 * sq,
              fn=lambda v: (lambda dod: dict(m=v["scale"] * np.tril(dod * v["Gamma"]), gp=np.tril(dod * v["p"])))(
                  v["do"] @ v["delta"].T)),
-        Step(0, "A", "dQ = scale diag(E) dO S^T; its Q dots", ("do", "s", "q"), (("dq", "reg"), ("qdot", "reg")),
-             macs=n * Kd * V, elems=2 * sk,
-             fn=lambda v: (lambda dq: dict(dq=dq, qdot=np.sum(dq * v["q"], axis=1)))(
-                 v["scale"] * v["E"][:, None] * (v["do"] @ v["s"].T))),
         # stage 1: the chain's first product
         Step(1, "S", "dS += scale Q^T diag(E) dO", ("q", "do", "ds"), (("ds", "reg"),), macs=Kd * V * n, elems=sv,
              fn=lambda v: dict(ds=v["ds"] + v["scale"] * v["q"].T @ (v["E"][:, None] * v["do"]))),
@@ -76,8 +72,6 @@ def schedule(n, Kd, V):
              (("ddelta", "tile"), ("kds_dot", "vec")), macs=n * n * V + n * Kd * V, elems=2 * sv, chain=True,
              fn=lambda v: dict(ddelta=v["p"].T @ v["do"] + v["D"][:, None] * (v["k"] @ v["dsn_tile"]),
                                kds_dot=v["D"] * np.sum((v["k"] @ v["dsn_tile"]) * v["delta"], axis=1))),
-        Step(1, "A", "dQ += M K, out", ("dq", "m", "k"), (("dq", "reg"),), macs=n * Kd * n,
-             fn=lambda v: dict(dq=v["dq"] + v["m"] @ v["k"])),
         Step(1, "A", "K S; corr = V - diag(E) K S (in V's tile)", ("k", "s", "v"),
              (("ks", "reg"), ("corr", "tile")), macs=n * Kd * V, elems=sv,
              fn=lambda v: dict(ks=v["k"] @ v["s"], corr=v["v"] - v["E"][:, None] * (v["k"] @ v["s"]))),
@@ -104,6 +98,10 @@ def schedule(n, Kd, V):
                  f=v["b"][:, None] * da * v["Gamma"], ga=v["b"][:, None] * da * v["kk"] * v["Gamma"],
                  db2=np.sum(da * v["kk"] * v["Gamma"], axis=1),
                  corr_dot=np.sum(v["edcorr"] * v["ks"], axis=1)))(np.tril(-v["t"].T @ v["dt"] @ v["t"].T, -1))),
+        Step(3, "A", "dQ = scale diag(E) dO S^T, its Q dots; + M K", ("do", "s", "q", "m", "k"),
+             (("dq", "reg"), ("qdot", "reg")), macs=n * Kd * V + n * Kd * n, elems=2 * sk,
+             fn=lambda v: (lambda dq: dict(dq=dq + v["m"] @ v["k"], qdot=np.sum(dq * v["q"], axis=1)))(
+                 v["scale"] * v["E"][:, None] * (v["do"] @ v["s"].T))),
         Step(3, "K", "dK = diag(D) Delta dS'^T + (-E dcorr) S^T + M^T Q; dV out",
              ("delta", "dsn_tile", "edcorr", "s", "m", "q", "dv"), (("dk", "reg"),), macs=n * Kd * n + 2 * n * Kd * V,
              fn=lambda v: dict(dk=v["D"][:, None] * (v["delta"] @ v["dsn_tile"].T) + v["edcorr"] @ v["s"].T

@@ -36,21 +36,33 @@ class Access:
     private: bool = False  # each warp reads or writes only its own rows
 
 
-def kernel_plan():
-    """The kernel's accesses of one chunk, role by role."""
+# Who finishes dq and dk (the kernel's InputGrads), and for a cluster pair each rank's plan.
+PLANS = (("per_value_head", 0), ("this_cta", 0), ("cluster_pair", 0), ("cluster_pair", 1))
+# Phases of stage 4 around the cluster pair's exchange: the partials are written before every thread of both CTAs
+# meets (PUBLISH), and the partner reads them after it.
+PUBLISH, PARTNER_READS = 8, 9
+# The stage of the next chunk whose barrier every thread of a cluster pair passes only after the partner's arrival
+# that follows its reads (PairExchange::before_overwrite): the first that writes the exchange tiles again.
+OVERWRITE_WAIT_STAGE = 2
+
+
+def kernel_plan(mode="cluster_pair", rank=0):
+    """The kernel's accesses of one chunk, role by role, where `mode` finishes dq and dk (`rank`: of a cluster pair)."""
     R = lambda stage, role, region, value, phase=0, private=False: Access(stage, role, phase, "read", region, value,
                                                                           0, private)
     W = lambda stage, role, region, value, phase=0, private=False: Access(stage, role, phase, "write", region, value,
                                                                           0, private)
     copy = lambda stage, region, chunk=-1: Access(stage, "S", 0, "copy", region, region, chunk)
-    return [
-        # S: dS' to its tile, the state dot; the copies
-        copy(0, "k", chunk=0),
+    pair = mode == "cluster_pair"
+    plan = [
+        # S: dS' to its tile, the state dot; the copies (Q's at stage 0 of its own chunk where rank 0 of a cluster pair
+        # finishes dq at stage 4)
+        copy(0, "k", chunk=0), *([copy(0, "q", chunk=0)] if pair else [copy(4, "q")]),
         W(0, "S", "ds", "dsn", private=True), R(0, "S", "s", "s"), R(0, "S", "gate_in", "gate_in"),
         R(1, "S", "do", "do"), R(1, "S", "q", "q"), R(1, "S", "gate_in", "gate_in"),
-        copy(2, "do"), copy(2, "p"),
+        copy(2, "p"),
         copy(3, "v"), R(3, "S", "edcorr", "edcorr"), R(3, "S", "k", "k"),
-        *[copy(4, region) for region in ("q", "t", "delta", "s", "gamma", "gate_in", "gate_out")],
+        *[copy(4, region) for region in ("do", "t", "delta", "s", "gamma", "gate_in", "gate_out")],
         Access(4, "S", 0, "write", "beta", "beta", -1),  # a plain load and store: beta's dtype varies
         # K: the chain and dK
         R(1, "K", "do", "do"), R(1, "K", "p", "p"), R(1, "K", "ds", "dsn"), R(1, "K", "k", "k"),
@@ -59,11 +71,11 @@ def kernel_plan():
         W(2, "K", "edcorr", "edcorr", private=True), W(2, "K", "dv", "dv", private=True),
         R(3, "K", "delta", "delta"), R(3, "K", "ds", "dsn"), R(3, "K", "edcorr", "edcorr"), R(3, "K", "s", "s"),
         R(3, "K", "m", "m"), R(3, "K", "q", "q"), R(3, "K", "gate_out", "gate_out"), R(3, "K", "dv", "dv"),
-        R(4, "K", "ddelta.lo", "f"), R(4, "K", "k", "k"),
+        R(4, "K", "ddelta.lo", "f"), R(4, "K", "k", "k"),  # F K + F^T K; the norm's backward of dk
         # A: the square work, K S and corr (over V, each warp its rows), dQ
-        R(0, "A", "do", "do"), R(0, "A", "delta", "delta"), R(0, "A", "s", "s"), R(0, "A", "gamma", "gamma"),
-        R(0, "A", "p", "p"), R(0, "A", "gate_in", "gate_in"), R(0, "A", "q", "q"), W(0, "A", "m", "m", private=True),
-        R(1, "A", "m", "m"), R(1, "A", "k", "k"), R(1, "A", "s", "s"), R(1, "A", "gate_in", "gate_in"),
+        R(0, "A", "do", "do"), R(0, "A", "delta", "delta"), R(0, "A", "gamma", "gamma"), R(0, "A", "p", "p"),
+        W(0, "A", "m", "m", private=True),
+        R(1, "A", "k", "k"), R(1, "A", "s", "s"), R(1, "A", "gate_in", "gate_in"),
         R(1, "A", "v", "v", private=True), W(1, "A", "v", "corr", private=True),
         R(2, "A", "k", "k"), R(2, "A", "ddelta", "ddelta"), R(2, "A", "v", "corr"), R(2, "A", "beta", "beta"),
         W(2, "A", "ddelta.lo", "dt", phase=1, private=True),  # after the square role's barrier
@@ -71,16 +83,27 @@ def kernel_plan():
         R(3, "A", "edcorr", "edcorr"),
         R(3, "A", "ddelta.hi", "x", phase=1), R(3, "A", "t", "t", phase=1), R(3, "A", "gamma", "gamma", phase=1),
         R(3, "A", "beta", "beta", phase=1), W(3, "A", "ddelta.lo", "f", phase=1, private=True),
+        *[R(3, "A", region, region, phase=1) for region in ("do", "s", "q", "m", "k", "gate_in")],  # dQ
         # the per-token partial sums, each a vector written by one role and summed by A at stage 4
         W(0, "S", "state_dots", "state_dots", private=True), W(1, "K", "delta_parts", "delta_parts", private=True),
         W(2, "K", "beta_parts", "beta_parts", private=True), W(0, "A", "g_parts", "g_parts", private=True),
-        W(0, "A", "q_dots", "q_dots", private=True), W(3, "A", "corr_dots", "corr_dots", private=True),
+        W(3, "A", "q_dots", "q_dots", phase=1, private=True), W(3, "A", "corr_dots", "corr_dots", private=True),
         W(3, "A", "e_sums", "e_sums", phase=1, private=True), W(3, "A", "e_parts", "e_parts", phase=1, private=True),
         R(4, "A", "delta_parts", "delta_parts"), W(4, "A", "scratch", "scratch", private=True),
         *[R(4, "A", region, region, phase=1) for region in ("scratch", "state_dots", "q_dots", "corr_dots",
                                                              "g_parts", "e_parts", "e_sums", "beta_parts")],
         W(4, "A", "dgamma", "dgamma", phase=1, private=True), R(4, "A", "dgamma", "dgamma", phase=2),
     ]
+    if pair:
+        # The CTA's partial over its -E dcorr and dV tiles (rank 0's dK by K, rank 1's dQ by A), the partner's read of
+        # them, and this rank's norm backward of what it finishes (rank 0 dq, rank 1 dk) from its own Q or K tile.
+        writer, finisher, tile = ("K", "A", "q") if rank == 0 else ("A", "K", "k")
+        plan += [W(4, writer, half, "partial", phase=PUBLISH, private=True) for half in ("edcorr", "dv")]
+        plan += [Access(4, "partner", PARTNER_READS, "read", half, "partial") for half in ("edcorr", "dv")]
+        plan += [R(4, finisher, tile, tile, phase=PARTNER_READS)]
+    elif mode == "this_cta":
+        plan += [R(3, "A", "q", "q", phase=1)]
+    return plan
 
 
 def expand(plan, chunks):
@@ -112,6 +135,13 @@ def copy_lands_by(step, a):
 def ordered_before(x, y):
     """Whether access x (with its walk step) is ordered before access y."""
     (sx, ax), (sy, ay) = x, y
+    # The partner CTA is ordered with this one only by the cluster barriers: every thread meets at stage 4 after the
+    # partials are written (PUBLISH), and waits, before the barrier of the next chunk's stage 2, for the partner's
+    # arrival after its reads.
+    if ax.role == "partner":
+        return sy > sx + 1 or (sy == sx + 1 and ay.stage >= OVERWRITE_WAIT_STAGE)
+    if ay.role == "partner":
+        return sx < sy or (sx == sy and (ax.stage < 4 or ax.phase <= PUBLISH))
     if ax.kind == "copy":
         return copy_lands_by(sx, ax) <= position(sy, ay)
     if ay.kind == "copy":  # ordered before the issue: an earlier stage, or earlier in S's own program
@@ -182,11 +212,15 @@ def describe(e):
 
 
 def main():
-    found = hazards(kernel_plan())
-    for h in found:
-        print("hazard:", h)
-    print(f"{len(found)} hazards in the kernel's plan")
-    return 1 if found else 0
+    failed = False
+    for mode, rank in PLANS:
+        found = hazards(kernel_plan(mode, rank))
+        for h in found:
+            print(f"hazard ({mode}, rank {rank}):", h)
+        print(f"{len(found)} hazards in the kernel's plan where dq and dk are finished {mode}"
+              + (f", rank {rank}" if mode == "cluster_pair" else ""))
+        failed = failed or bool(found)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-// Host-side helpers of the kernel launchers: one template instance per (io dtype, head dim), and the recording
-// of a launch that raises the dynamic shared-memory limit once per device.
+// Host-side helpers of the kernel launchers: one template instance per (io dtype, head dim), the recording of a
+// launch that raises the dynamic shared-memory limit once per device, and the fused backwards' choice of kernel.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -88,6 +88,23 @@ void dispatch(DType io, int K, F&& f) {
       return;
     default:
       return;
+  }
+}
+
+// Launches the one of a fused backward's kernels that finishes dq and dk as the call's plan says (input_grads_of):
+// per value head, in the CTA, or in a cluster pair (its own kernel, with the cluster's dimensions).
+template <auto kPerValueHead, auto kThisCta, auto kClusterPair>
+void launch_by_input_grads(const Params& p, const char* name, const char* pair_name, dim3 grid, dim3 block, int smem,
+                           KernelSequence& kernels) {
+  switch (input_grads_of(p)) {
+    case InputGrads::per_value_head:
+      launch<kPerValueHead>(name, grid, block, smem, kernels);
+      break;
+    case InputGrads::this_cta:
+      launch<kThisCta>(name, grid, block, smem, kernels);
+      break;
+    case InputGrads::cluster_pair:
+      launch<kClusterPair>(pair_name, grid, block, smem, kernels);
   }
 }
 

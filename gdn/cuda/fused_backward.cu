@@ -32,11 +32,6 @@ namespace {
 constexpr int kFusedThreads = 256;  // 2 warpgroups of 64 value rows in the chain; 16 x 32 or 16 x 64 blocks over V
 constexpr int kFusedWarps = kFusedThreads / 32;
 
-// Who finishes dq and dk (ExecutionPlan::fused_input_grads): input_grad_kernel from float32 rows per value head
-// (any GVA group), this CTA (a group of one), or the cluster of a group's two CTAs, rank 0 (value head 2h) summing
-// dQ and rank 1 dK, each taking the partner's partial from its shared memory.
-enum class InputGrads { per_value_head, this_cta, cluster_pair };
-
 // The tile with its shared address made opaque at this point of the program, so that the wgmma descriptors formed
 // from it are formed here, at their use, and not hoisted out of the chunk loop as loop invariants (about a
 // hundred of them, two registers each, which spilled).
@@ -566,14 +561,9 @@ void launch_fused_backward(const Params& p, DType io, KernelSequence& kernels) {
     if constexpr (sizeof(E) == 2 && K == 128) {  // where plan_execution fuses
       const dim3 grid(p.sequences * p.segments, p.HV), block(kFusedThreads);
       constexpr int smem = FusedBackwardSmem<E>::bytes;
-      if (!p.fused_input_grads) {
-        launch<fused_backward_kernel<E, InputGrads::per_value_head>>("gdn fused_backward_kernel", grid, block, smem,
-                                                                     kernels);
-      } else if (p.group == 1) {
-        launch<fused_backward_kernel<E, InputGrads::this_cta>>("gdn fused_backward_kernel", grid, block, smem, kernels);
-      } else {  // plan_execution finishes dq and dk here for groups of one or two
-        launch<fused_backward_pair_kernel<E>>("gdn fused_backward_pair_kernel", grid, block, smem, kernels);
-      }
+      launch_by_input_grads<fused_backward_kernel<E, InputGrads::per_value_head>,
+                            fused_backward_kernel<E, InputGrads::this_cta>, fused_backward_pair_kernel<E>>(
+          p, "gdn fused_backward_kernel", "gdn fused_backward_pair_kernel", grid, block, smem, kernels);
     }
   });
 }

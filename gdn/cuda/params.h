@@ -94,4 +94,13 @@ struct Params {
   float* segment_starts = nullptr;       // [N, segments, HV, V, K]: S^T entering each segment
 };
 
+// Who finishes dq and dk after the fused backward (fused_backward.cu, role_split_backward.cu): input_grad_kernel from
+// float32 rows per value head (any GVA group), the CTA itself (a group of one), or the cluster of a group's two CTAs,
+// rank 0 (value head 2h) summing dQ and rank 1 dK, each taking the partner's partial from its shared memory.
+enum class InputGrads { per_value_head, this_cta, cluster_pair };
+inline InputGrads input_grads_of(const Params& p) {
+  if (!p.fused_input_grads) return InputGrads::per_value_head;
+  return p.group == 1 ? InputGrads::this_cta : InputGrads::cluster_pair;  // the plan finishes them for groups of 1, 2
+}
+
 }  // namespace deltatrain::gdn::cuda

@@ -37,7 +37,7 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     // through memory: 1.07 GB at 16/32 heads, 8 x 4096 tokens, and input_grad_kernel's launch (bench/NOTES.md,
     // "dq and dk finished in the fused backward"). Larger groups would need larger clusters; they keep it.
     plan.role_split = in.role_split_requested;
-    plan.fused_input_grads = !plan.role_split && (in.group == 1 || in.group == 2);
+    plan.fused_input_grads = in.group == 1 || in.group == 2;
     return plan;
   }
   ExecutionPlan plan;

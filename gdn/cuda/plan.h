@@ -62,7 +62,7 @@ struct ExecutionPlan {
   // sum, a pair of CTAs in a cluster, the L2 norm's backward and the cast) instead of input_grad_kernel after it
   bool fused_input_grads = false;
   // fused backward: the kernel whose three warpgroups split each chunk's work by role (role_split_backward.cu) in
-  // place of fused_backward_kernel; it leaves dq and dk per value head for input_grad_kernel
+  // place of fused_backward.cu's (which finishes dq and dk as fused_input_grads says, as they do)
   bool role_split = false;
   friend bool operator==(const ExecutionPlan&, const ExecutionPlan&) = default;
 };

@@ -5,15 +5,17 @@
 // reverse: a role reads another's values only from shared memory, after a stage barrier.
 //
 //   stage | state (warpgroup 0)           | chain (warpgroup 1)                  | square (warpgroup 2)
-//   0     | dS' to its tile, sum(S dS'),  | (nothing ready)                      | dP = dO Delta^T, M, G's sums;
-//         | dS = E_n dS'; K's copy        |                                      | dQ = scale diag(E) dO S^T, Q dots
-//   1     | dS += scale Q^T diag(E) dO    | dDelta^T = dO^T P + (dS'^T K^T)      | dQ += M K, out; K S;
-//         |                               | diag(D), D terms; dDelta to its tile | corr = V - diag(E) K S (V's tile)
-//   2     | copies: dO, P                 | tdd^T = dDelta^T T, dcorr = beta tdd,| K K^T, dT = dDelta corr^T diag(beta)
+//   0     | dS' to its tile, sum(S dS'),  | (nothing ready)                      | dP = dO Delta^T, M, G's sums
+//         | dS = E_n dS'; K's copy        |                                      |
+//   1     | dS += scale Q^T diag(E) dO    | dDelta^T = dO^T P + (dS'^T K^T)      | K S; corr = V - diag(E) K S (in V's
+//         |                               | diag(D), D terms; dDelta to its tile | tile)
+//   2     | copies: P                     | tdd^T = dDelta^T T, dcorr = beta tdd,| K K^T, dT = dDelta corr^T diag(beta)
 //         |                               | dbeta's corr tdd; -E dcorr, dV tiles | (dT^T to a tile)
 //   3     | dS -= K^T diag(E) dcorr;      | dK = diag(D) Delta dS'^T + M^T Q     | X = T^T dT, -dA = X T^T, F, beta E,
-//         | copies: V                     |      - diag(E) dcorr S^T; dV out     | E's row sums; dgamma's E dcorr . K S
-//   4     | copies: Q, T, Delta, S, gates | dK += F K + F^T K, out               | dgamma, dbeta
+//         | copies: V                     |      - diag(E) dcorr S^T; dV out     | E's row sums, E dcorr . K S (dg);
+//         |                               |                                      | dQ = scale diag(E) dO S^T + M K
+//   4     | copies: Q, dO, T, Delta, S,   | dK += F K + F^T K, out               | dgamma, dbeta; dQ out
+//         | the gates                     |                                      |
 //
 // The chain works half by half of V's 128 rows; bench/prototypes/role_split_sync.py models the tiles' reuse, the copies
 // and the barriers, and finds every read seeing its own chunk's value.
@@ -21,9 +23,12 @@
 // dS' (128 x 128 float32) lives in the state warpgroup's registers alone (two 64-row halves of S^T's layout, 128 a
 // thread); the chain's products follow it through two tiles (dS' at stage 0, -E dcorr at stage 2). Tiles are single-
 // buffered: each input's copy for the next chunk starts, from the state warpgroup (whose stages 2 and 4 carry no
-// products), once its last reader's stage has passed, and lands before its first reader's. dq and dk leave per value
-// head in float32 (input_grad_kernel sums the GVA group and takes the L2 norm's backward); dV, dg, dbeta and dh0 are
-// final here. Every sum runs in a fixed order: bitwise deterministic, as fused_backward.cu.
+// products), once its last reader's stage has passed, and lands before its first reader's. dq and dk are finished here
+// as in fused_backward.cu (InputGrads): the CTA's own for a GVA group of one, a cluster pair's for a group of two
+// (rank 0 sums dQ, rank 1 dK, each with the partner's partial, which stage 4 hands over through the -E dcorr and dV
+// tiles), else per value head in float32 for input_grad_kernel; where rank 0 finishes dq at stage 4, Q's copy waits
+// for the next chunk's stage 0. dV, dg, dbeta and dh0 are final here. Every sum runs in a fixed order: bitwise
+// deterministic, as fused_backward.cu.
 #include <type_traits>
 
 #include "dispatch.cuh"
@@ -40,12 +45,12 @@ constexpr int kKeys = 128, kValues = 128;  // K and V (plan.h's fused backward)
 // lower to give back what they take, so the three must fit 3 x 168. ptxas serialises every wgmma of the kernel (C7512)
 // where one role's cap is short of what its products hold in flight: the state role holds dS' (128) and dO^T's scaled
 // fragments (32), and serialised at 184; the chain, at most dDelta^T and K dS' of one half (64) and dDelta^T's
-// fragments (32), at 128; the square role holds K S (64) beside dQ (64) at stage 1. Spills left at these caps: ~140
-// bytes, nearly all of them the state role's copy addresses at stages 2 and 4, where it has no products.
+// fragments (32), at 128; the square role K S (64) beside K K^T and X (64) at stage 3, then dQ (64), at 152. At these
+// caps each kernel spills 100-220 bytes, spread over the roles' copy addresses and the finishing of dq and dk.
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-constexpr int kStateRegisters = 200;
+constexpr int kStateRegisters = 192;
 constexpr int kSquareRegisters = 160;
-constexpr int kChainRegisters = 144;
+constexpr int kChainRegisters = 152;
 static_assert(kStateRegisters + kSquareRegisters + kChainRegisters <= kRoles * kLaunchRegisters);
 
 // Named barriers (0, __syncthreads', is not used).
@@ -76,6 +81,10 @@ struct RoleSplitSmem {
   static constexpr int m = ddelta + Rows::kBytes;
   static constexpr int edcorr = m + Square::kBytes;  // -diag(E) dcorr, token-major
   static constexpr int dv = edcorr + Rows::kBytes;    // dV, token-major, for 16-byte row stores
+  // A cluster pair's float32 partial for the partner (rank 1's dQ, rank 0's dK) at stage 4, over the -E dcorr and dV
+  // tiles: their last readers are at stage 3, their next writer at stage 2 of the next chunk.
+  static constexpr int partner_partial = edcorr;
+  static_assert(dv == edcorr + Rows::kBytes && 2 * Rows::kBytes == kChunk * kKeys * 4, "64 x 128 float32 in the two");
   // The gates of the chunk: single-buffered, since nothing reads them at stage 4, when the next chunk's land.
   static constexpr int gamma = dv + Rows::kBytes;  // hi + lo (chunk.cuh)
   static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
@@ -148,6 +157,88 @@ __device__ __forceinline__ void rows_product(float (&acc)[NT][4], TileA&& a, Til
       acc, [&](int k0) { return k_major(a(), k0, a_row0); }, [&](int k0) { return k_major(b(), k0, b_row0); }, false);
 }
 
+// The cluster pair's hand-over of partial sums (InputGrads::cluster_pair; nothing otherwise). At stage 4 the writer
+// stores its partial over the exchange tiles, every thread of both CTAs meets (publish), the other rank reads it
+// through distributed shared memory and says so (read); stage 2 of the next chunk writes those tiles again only once
+// every thread has waited for the partner's read (before_overwrite). Arrive and wait alternate in every thread: one
+// arrive before the walk (begin), one wait after it (end), so that neither CTA exits while the other reads its tiles.
+template <InputGrads kInputGrads>
+struct PairExchange {
+  static constexpr bool kActive = kInputGrads == InputGrads::cluster_pair;
+  __device__ static void begin() {
+    if constexpr (kActive) cluster_arrive_relaxed();
+  }
+  __device__ static void before_overwrite() {
+    if constexpr (kActive) cluster_wait();
+  }
+  // kWrote: this thread stored part of the partial, which the arrive releases (it waits for every earlier access of
+  // the thread, so the state role, whose copies are in flight, arrives without).
+  template <bool kWrote>
+  __device__ static void publish() {
+    if constexpr (kActive) {
+      if constexpr (kWrote) {
+        cluster_arrive();
+      } else {
+        cluster_arrive_relaxed();
+      }
+      cluster_wait();
+    }
+  }
+  __device__ static void read() {
+    if constexpr (kActive) cluster_arrive_relaxed();
+  }
+  __device__ static void end() {
+    if constexpr (kActive) cluster_wait();
+  }
+};
+
+// A warp's 16 rows (all 128 keys) of a chunk's dq or dk from row m0, summed over the GVA group where it is: through the
+// L2 norm's backward dx = rstd (dx_hat - x_hat (x_hat . dx_hat)) where there is one (x_hat: the normalised rows the
+// products used, the Q or K tile; rstd: [tokens, H]), cast and stored as rows of out [tokens, H, K]. A warp holds
+// whole rows, so the dots need no other warp's.
+template <class E, class TileT>
+__device__ __forceinline__ void finish_input_grad(const Params& p, float (&grad)[1][16][4], TileT normalised,
+                                                  const float* rstd, void* out, std::int64_t t0, int rows, int m0,
+                                                  int h) {
+  if (p.l2norm) {
+    float dots[2];
+    row_dots(grad, normalised, m0, 0, dots);
+    const int r = m0 + (threadIdx.x & 31) / 4;
+    float scale[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      scale[half] = r + 8 * half < rows ? rstd[(t0 + r + 8 * half) * p.H + h] : 0.f;
+    }
+    for_each_pair_with(grad, plain(normalised), m0, 0, [&](int row, int, float& lo, float& hi, float2 x) {
+      const int half = row - m0 < 8 ? 0 : 1;
+      lo = scale[half] * (lo - x.x * dots[half]);
+      hi = scale[half] * (hi - x.y * dots[half]);
+    });
+  }
+  const std::int64_t stride = static_cast<std::int64_t>(p.H) * kKeys;
+  store_pairs(grad, static_cast<E*>(out) + (t0 + m0) * stride + h * kKeys, stride, rows - m0);
+}
+
+// This thread's values of a warpgroup's 64 x 128 accumulator in the exchange tiles ([16][threads] float4), and the
+// partner's added to them (two terms commute exactly: the sum does not depend on the rank that forms it).
+__device__ __forceinline__ void store_partial(const float (&acc)[1][16][4], float4* partial, int tid) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    partial[i * kWarpgroup + tid] = float4{acc[0][i][0], acc[0][i][1], acc[0][i][2], acc[0][i][3]};
+  }
+}
+__device__ __forceinline__ void add_partners_partial(float (&acc)[1][16][4], const float4* partial, int tid) {
+  const unsigned partner = cluster_rank() ^ 1;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float4 x = load_from_cluster_rank(&partial[i * kWarpgroup + tid], partner);
+    acc[0][i][0] += x.x;
+    acc[0][i][1] += x.y;
+    acc[0][i][2] += x.z;
+    acc[0][i][3] += x.w;
+  }
+}
+
 // What the roles share: the CTA's place in the grid and its tiles, each formed at its use (opaque).
 template <class E>
 struct Cta {
@@ -193,8 +284,12 @@ struct Cta {
 };
 
 // Warpgroup 0: holds dS'^T (rows 16 w.. of each 64-row half for warp w) through the walk, and issues every copy.
-template <class E>
+template <class E, InputGrads kInputGrads>
 struct StateRole : Cta<E> {
+  using Exchange = PairExchange<kInputGrads>;
+  // Q's tile is read to the end of stage 4 where rank 0 of a cluster pair finishes dq there (through the norm's
+  // backward); then its copy waits for the next chunk's stage 0, with K's.
+  static constexpr bool kLateQueries = kInputGrads == InputGrads::cluster_pair;
   using L = RoleSplitSmem<E>;
   using Cta<E>::p, Cta<E>::tid, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv, Cta<E>::h;
   __device__ StateRole(char* smem_raw, const Params& params) : Cta<E>(smem_raw, params) {}
@@ -206,13 +301,13 @@ struct StateRole : Cta<E> {
                                 chunks[j], opaque(tid));
   }
   // The copy groups, each issued once its tiles' last reader has passed (stages 2, 3 and 4 of the chunk after, in
-  // the walk; K's at stage 0 of its own chunk) and committed.
+  // the walk; K's, and Q's where kLateQueries, at stage 0 of their own chunk) and committed.
   __device__ void issue_keys(int j) const {
     copy_rows<kKeys>(L::k, keys<E>(p), p.H, h, j);
+    if constexpr (kLateQueries) copy_rows<kKeys>(L::q, queries<E>(p), p.H, h, j);
     cp_async_commit();
   }
-  __device__ void issue_do_p(int j) const {
-    copy_rows<kValues>(L::d_o, p.d_o, p.HV, hv, j);
+  __device__ void issue_p(int j) const {
     copy_rows<kChunk>(L::p, p.p, p.HV, hv, j);
     cp_async_commit();
   }
@@ -221,7 +316,8 @@ struct StateRole : Cta<E> {
     cp_async_commit();
   }
   __device__ void issue_rest(int j) const {
-    copy_rows<kKeys>(L::q, queries<E>(p), p.H, h, j);
+    if constexpr (!kLateQueries) copy_rows<kKeys>(L::q, queries<E>(p), p.H, h, j);
+    copy_rows<kValues>(L::d_o, p.d_o, p.HV, hv, j);
     copy_rows<kChunk>(L::t, p.t, p.HV, hv, j);
     copy_rows<kValues>(L::delta, p.delta, p.HV, hv, j);
     const std::int64_t state_row = (static_cast<std::int64_t>(chunks.first + j) * p.HV + hv) * kValues;
@@ -240,7 +336,7 @@ struct StateRole : Cta<E> {
 
   __device__ void walk() const {
     float ds[2][kKeys / 8][4];  // dS'^T, then dS^T: half b holds rows 64 b + m0..
-    #pragma unroll
+#pragma unroll
     for (int b = 0; b < 2; ++b) {
       const StateRows at{64 * b + m0, 0};
       if (this->run == 0) {  // the final state's gradient, or the next segment's start that composed it
@@ -251,10 +347,11 @@ struct StateRole : Cta<E> {
     }
     const int count = chunks.count;
     if (count > 0) {
-      issue_do_p(count - 1);
+      issue_p(count - 1);
       issue_values(count - 1);
       issue_rest(count - 1);
     }
+    Exchange::begin();
 #pragma unroll 1
     for (int j = count - 1; j >= 0; --j) {
       const int m0 = opaque(this->m0);
@@ -262,7 +359,7 @@ struct StateRole : Cta<E> {
       stage_barrier();  // stage 0
       issue_keys(j);
       float dot = 0.f;  // sum(S * dS') over this thread's elements, in float32 from the registers
-      #pragma unroll
+#pragma unroll
       for (int b = 0; b < 2; ++b) {
         store_accumulator(row_block(ds, b), plain(this->state(L::ds)), 64 * b + m0, 0);
         for_each_pair_with(row_block(ds, b), plain(this->state(L::s)), 64 * b + m0, 0,
@@ -276,7 +373,7 @@ struct StateRole : Cta<E> {
       stage_barrier();  // stage 1: dS^T += scale dO^T diag(E) Q, dO^T's fragments scaled by column
       {
         WarpOperand<E, kChunk> d_o[2] = {WarpOperand<E, kChunk>(nullptr), WarpOperand<E, kChunk>(nullptr)};
-        #pragma unroll
+#pragma unroll
         for (int b = 0; b < 2; ++b) {
 #pragma unroll
           for (int kb = 0; kb < kChunk / 16; ++kb) {
@@ -300,8 +397,9 @@ struct StateRole : Cta<E> {
         hold(ds[0]);
         hold(ds[1]);
       }
+      Exchange::before_overwrite();
       stage_barrier();  // stage 2
-      if (j > 0) issue_do_p(j - 1);
+      if (j > 0) issue_p(j - 1);
       stage_barrier();  // stage 3: dS^T += (-E dcorr)^T K, the next chunk's dS'^T
       if (j > 0) issue_values(j - 1);
       wgmma_fence();
@@ -320,9 +418,12 @@ struct StateRole : Cta<E> {
       hold(ds[1]);
       stage_barrier();  // stage 4
       if (j > 0) issue_rest(j - 1);
+      Exchange::template publish<false>();
+      Exchange::read();
     }
+    Exchange::end();
     if (p.dh0 != nullptr && this->run == this->runs - 1) {
-      #pragma unroll
+#pragma unroll
       for (int b = 0; b < 2; ++b) store_state(row_block(ds, b), p.dh0, p, this->n, hv, StateRows{64 * b + m0, 0});
     }
   }
@@ -330,13 +431,15 @@ struct StateRole : Cta<E> {
 
 // Warpgroup 1: the chain after dS' (K dS', dDelta, T^T dDelta, dcorr) over all 128 rows of V in two 64-row halves, and
 // dK.
-template <class E>
+template <class E, InputGrads kInputGrads>
 struct ChainRole : Cta<E> {
   using L = RoleSplitSmem<E>;
-  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv;
+  using Exchange = PairExchange<kInputGrads>;
+  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv, Cta<E>::h;
   __device__ ChainRole(char* smem_raw, const Params& params) : Cta<E>(smem_raw, params) {}
 
   __device__ void walk() const {
+    Exchange::begin();
 #pragma unroll 1
     for (int j = chunks.count - 1; j >= 0; --j) {
       const ChunkInfo chunk = chunks[j];
@@ -369,6 +472,7 @@ struct ChainRole : Cta<E> {
         store_accumulator(ddelta, transposed(this->rows(L::ddelta)), v0, 0);  // for the square role's dT
         ddelta_operand[b].set(ddelta, 1.f);
       }
+      Exchange::before_overwrite();
       stage_barrier();  // stage 2: tdd^T = dDelta^T T; dcorr^T = tdd^T diag(beta), half by half
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
@@ -427,39 +531,59 @@ struct ChainRole : Cta<E> {
           [&] { return this->rows(L::k); }, true);
       wgmma_commit_and_wait();
       hold(dk[0]);
+      finish_keys(dk, chunk, m0);
+    }
+    Exchange::end();
+  }
+
+  // dk of the chunk: per value head in float32, or finished here (a group of one), or by rank 1 of a cluster pair
+  // with rank 0's partial.
+  __device__ void finish_keys(float (&dk)[1][kKeys / 8][4], const ChunkInfo& chunk, int m0) const {
+    const std::int64_t t0 = chunk.start;
+    if constexpr (kInputGrads == InputGrads::per_value_head) {
       store_pairs(dk, p.dk_head + ((t0 + m0) * p.HV + hv) * kKeys, static_cast<std::int64_t>(opaque(p.HV)) * kKeys,
                   chunk.length - m0);
+    } else if constexpr (kInputGrads == InputGrads::this_cta) {
+      finish_input_grad<E>(p, dk, this->rows(L::k), p.k_rstd, p.dk, t0, chunk.length, m0, h);
+    } else {
+      float4* partial = this->template vector<float4>(L::partner_partial);
+      const bool sums_keys = cluster_rank() == 1;
+      if (!sums_keys) store_partial(dk, partial, tid);
+      Exchange::template publish<true>();
+      if (sums_keys) {
+        add_partners_partial(dk, partial, tid);
+        finish_input_grad<E>(p, dk, this->rows(L::k), p.k_rstd, p.dk, t0, chunk.length, m0, h);
+      }
+      Exchange::read();
     }
   }
 };
 
 // Warpgroup 2: the chunk's square work (dP, M, G, dT, the inverse's backward, K K^T), K S and corr, dQ, and the
 // per-token sums; warp w holds rows 16 w.. of each 64-row result.
-template <class E>
+template <class E, InputGrads kInputGrads>
 struct SquareRole : Cta<E> {
   using L = RoleSplitSmem<E>;
-  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv;
+  using Exchange = PairExchange<kInputGrads>;
+  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv, Cta<E>::h;
   __device__ SquareRole(char* smem_raw, const Params& params) : Cta<E>(smem_raw, params) {}
 
   __device__ float* sums(int at) const { return this->template vector<float>(at); }
 
   __device__ void walk() const {
+    Exchange::begin();
 #pragma unroll 1
     for (int j = chunks.count - 1; j >= 0; --j) {
       const ChunkInfo chunk = chunks[j];
       const std::int64_t t0 = chunk.start;
       const int m0 = opaque(this->m0);
-      stage_barrier();  // stage 0: dP = dO Delta^T; M; G's sums; dQ's state term and its Q dots
-      float dq[1][kKeys / 8][4];
+      stage_barrier();  // stage 0: dP = dO Delta^T; M; G's sums
       {
         float dp[1][kChunk / 8][4];
         wgmma_fence();
         rows_product<E>(dp[0], [&] { return this->rows(L::d_o); }, [&] { return this->rows(L::delta); });
-        product_over_128_columns<E, false, kValues / 16>(
-            dq, [&](int k0) { return k_major(this->rows(L::d_o), k0); }, [&] { return this->state(L::s); }, false);
         wgmma_commit_and_wait();
         hold(dp[0]);
-        hold(dq[0]);
         float m[1][kChunk / 8][4];
         for_each_decay<1, kChunk / 8>(this->gamma(), m0, 0, [&](int r, int c, float decay, FragmentIndex at) {
           at(m) = r >= c ? at(dp) * p.scale * decay : 0.f;
@@ -472,28 +596,16 @@ struct SquareRole : Cta<E> {
         });
         store_row_column_sums(dp, m0, 0, sums(L::g_parts));
       }
-      {
-        const float* gate_in = this->gate_in();
-        for_each(dq, m0, 0, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
-        float dots[2];
-        row_dots(dq, this->rows(L::q), m0, 0, dots);
-        store_row_pair(dots, sums(L::q_dots), m0, 0);
-      }
-      stage_barrier();  // stage 1: dQ += M K, out; K S; corr = V - diag(E) K S over V
+      stage_barrier();  // stage 1: K S; corr = V - diag(E) K S over V
       float ks[1][kValues / 8][4];
       wgmma_fence();
-      product_over_128_columns<E, false, kChunk / 16>(
-          dq, [&](int k0) { return k_major(this->square(L::m), k0); }, [&] { return this->rows(L::k); }, true);
 #pragma unroll
       for (int nb = 0; nb < kValues / 64; ++nb) {
         rows_product<E>(columns_of(ks, nb), [&] { return this->rows(L::k); }, [&] { return this->state(L::s); }, 0,
                         64 * nb);
       }
       wgmma_commit_and_wait();
-      hold(dq[0]);
       hold(ks[0]);
-      store_pairs(dq, p.dq_head + ((t0 + m0) * p.HV + hv) * kKeys, static_cast<std::int64_t>(opaque(p.HV)) * kKeys,
-                  chunk.length - m0);
       {
         const float* gate_in = this->gate_in();
 #pragma unroll
@@ -508,6 +620,7 @@ struct SquareRole : Cta<E> {
           store_accumulator(block, plain(this->rows(L::v_then_corr)), m0, 16 * kb);
         }
       }
+      Exchange::before_overwrite();
       stage_barrier();  // stage 2: K K^T; dT = dDelta corr^T diag(beta), transposed into its tile
       float kk[1][kChunk / 8][4];
       {
@@ -523,7 +636,7 @@ struct SquareRole : Cta<E> {
         square_barrier();  // every warp's product has read dDelta, whose tile dT^T takes
         store_accumulator(dt, transposed(this->square(L::dt_then_f)), m0, 0);
       }
-      stage_barrier();  // stage 3: X = T^T dT; -dA = X T^T; the inverse's backward; E dcorr . K S
+      stage_barrier();  // stage 3: X = T^T dT; -dA = X T^T; the inverse's backward; E dcorr . K S; dQ
       {
         float x[1][kChunk / 8][4];
         wgmma_fence();
@@ -549,8 +662,52 @@ struct SquareRole : Cta<E> {
         inverse_backward(minus_da, kk, this->square(L::dt_then_f), this->gamma(), this->beta(), m0, 0, sums(L::e_sums),
                          sums(L::e_parts));
       }
+      // dQ = scale diag(E) dO S^T + M K, the first term's Q dots for dgamma
+      float dq[1][kKeys / 8][4];
+      wgmma_fence();
+      product_over_128_columns<E, false, kValues / 16>(
+          dq, [&](int k0) { return k_major(this->rows(L::d_o), k0); }, [&] { return this->state(L::s); }, false);
+      wgmma_commit_and_wait();
+      hold(dq[0]);
+      {
+        const float* gate_in = this->gate_in();
+        for_each(dq, m0, 0, [&](int r, int, float& x) { x *= p.scale * gate_in[r]; });
+        float dots[2];
+        row_dots(dq, this->rows(L::q), m0, 0, dots);
+        store_row_pair(dots, sums(L::q_dots), m0, 0);
+      }
+      wgmma_fence();
+      product_over_128_columns<E, false, kChunk / 16>(
+          dq, [&](int k0) { return k_major(this->square(L::m), k0); }, [&] { return this->rows(L::k); }, true);
+      wgmma_commit_and_wait();
+      hold(dq[0]);
+      if constexpr (kInputGrads != InputGrads::cluster_pair) finish_queries(dq, chunk, m0);
       stage_barrier();  // stage 4
       per_token_sums(chunk, t0);
+      if constexpr (kInputGrads == InputGrads::cluster_pair) finish_queries(dq, chunk, m0);
+    }
+    Exchange::end();
+  }
+
+  // dq of the chunk: per value head in float32, or finished here (a group of one), or by rank 0 of a cluster pair
+  // with rank 1's partial (at stage 4, once the exchange tiles are free).
+  __device__ void finish_queries(float (&dq)[1][kKeys / 8][4], const ChunkInfo& chunk, int m0) const {
+    const std::int64_t t0 = chunk.start;
+    if constexpr (kInputGrads == InputGrads::per_value_head) {
+      store_pairs(dq, p.dq_head + ((t0 + m0) * p.HV + hv) * kKeys, static_cast<std::int64_t>(opaque(p.HV)) * kKeys,
+                  chunk.length - m0);
+    } else if constexpr (kInputGrads == InputGrads::this_cta) {
+      finish_input_grad<E>(p, dq, this->rows(L::q), p.q_rstd, p.dq, t0, chunk.length, m0, h);
+    } else {
+      float4* partial = this->template vector<float4>(L::partner_partial);
+      const bool sums_queries = cluster_rank() == 0;
+      if (!sums_queries) store_partial(dq, partial, tid);
+      Exchange::template publish<true>();
+      if (sums_queries) {
+        add_partners_partial(dq, partial, tid);
+        finish_input_grad<E>(p, dq, this->rows(L::q), p.q_rstd, p.dq, t0, chunk.length, m0, h);
+      }
+      Exchange::read();
     }
   }
 
@@ -587,24 +744,34 @@ struct SquareRole : Cta<E> {
   }
 };
 
-template <class E>
-__global__ void __launch_bounds__(kThreads, 1) role_split_backward_kernel(Params p) {
+template <class E, InputGrads kInputGrads>
+__device__ __forceinline__ void role_split_backward(const Params& p) {
 #ifdef DELTATRAIN_WGMMA
   extern __shared__ __align__(16) char smem_raw[];
   switch (threadIdx.x / kWarpgroup) {
     case 0:
       raise_registers<kStateRegisters>();
-      StateRole<E>(smem_raw, p).walk();
+      StateRole<E, kInputGrads>(smem_raw, p).walk();
       break;
     case 1:
       lower_registers<kChainRegisters>();
-      ChainRole<E>(smem_raw, p).walk();
+      ChainRole<E, kInputGrads>(smem_raw, p).walk();
       break;
     default:
       raise_registers<kSquareRegisters>();
-      SquareRole<E>(smem_raw, p).walk();
+      SquareRole<E, kInputGrads>(smem_raw, p).walk();
   }
 #endif
+}
+
+template <class E, InputGrads kInputGrads>
+__global__ void __launch_bounds__(kThreads, 1) role_split_backward_kernel(Params p) {
+  role_split_backward<E, kInputGrads>(p);
+}
+// A GVA group's two value heads (grid y 2h and 2h + 1) as one cluster.
+template <class E>
+__global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(kThreads, 1) role_split_backward_pair_kernel(Params p) {
+  role_split_backward<E, InputGrads::cluster_pair>(p);
 }
 
 }  // namespace
@@ -612,8 +779,11 @@ __global__ void __launch_bounds__(kThreads, 1) role_split_backward_kernel(Params
 void launch_role_split_backward(const Params& p, DType io, KernelSequence& kernels) {
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K == kKeys) {  // where plan_execution splits the fused backward by role
-      launch<role_split_backward_kernel<E>>("gdn role_split_backward_kernel", dim3(p.sequences * p.segments, p.HV),
-                                            dim3(kThreads), RoleSplitSmem<E>::bytes, kernels);
+      const dim3 grid(p.sequences * p.segments, p.HV), block(kThreads);
+      constexpr int smem = RoleSplitSmem<E>::bytes;
+      launch_by_input_grads<role_split_backward_kernel<E, InputGrads::per_value_head>,
+                            role_split_backward_kernel<E, InputGrads::this_cta>, role_split_backward_pair_kernel<E>>(
+          p, "gdn role_split_backward_kernel", "gdn role_split_backward_pair_kernel", grid, block, smem, kernels);
     }
   });
 }

@@ -124,9 +124,7 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       EXPECT_EQ(plan.warpgroups, forward_plan.warpgroups);
       EXPECT_FALSE(plan.paired);
       EXPECT_EQ(plan.role_split, in.role_split_requested) << "the fused backward split by role only when asked";
-      EXPECT_EQ(plan.fused_input_grads, in.group <= 2 && !plan.role_split)
-          << "dq and dk finished in one CTA or a cluster pair, except by the role split, which leaves them per value "
-             "head";
+      EXPECT_EQ(plan.fused_input_grads, in.group <= 2) << "dq and dk finished in one CTA or a cluster pair";
       continue;
     }
     EXPECT_FALSE(plan.fused_input_grads);
@@ -322,12 +320,12 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(plan_execution(quartets).fused_backward);
   EXPECT_FALSE(plan_execution(quartets).fused_input_grads);
   EXPECT_FALSE(eight.paired || one.paired || one.late_prepare);
-  // DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1 splits a fused backward by role, which leaves dq and dk per value head; where
-  // the backward is not fused there is nothing to split.
+  // DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1 splits a fused backward by role, which finishes dq and dk as the fused one
+  // does; where the backward is not fused there is nothing to split.
   PlanInputs split = anchor(Operation::chunk_backward, 32, 8, 4096);
   split.role_split_requested = true;
   EXPECT_TRUE(plan_execution(split).role_split);
-  EXPECT_FALSE(plan_execution(split).fused_input_grads);
+  EXPECT_TRUE(plan_execution(split).fused_input_grads);
   EXPECT_FALSE(eight.role_split);
   PlanInputs unfused_split = anchor(Operation::chunk_backward, 32, 1, 8192);
   unfused_split.role_split_requested = true;

@@ -80,12 +80,13 @@ def test_the_schedule_check_finds_a_read_of_another_roles_registers():
     assert len(errors) == 1 and "A's registers" in errors[0]
 
 
-def test_the_role_split_kernels_reads_each_see_their_own_chunks_values():
-    assert role_split_sync.hazards(role_split_sync.kernel_plan()) == []
+@pytest.mark.parametrize("mode,rank", role_split_sync.PLANS)
+def test_the_role_split_kernels_reads_each_see_their_own_chunks_values(mode, rank):
+    assert role_split_sync.hazards(role_split_sync.kernel_plan(mode, rank)) == []
 
 
-def _moved(predicate, **change):
-    return [dataclasses.replace(a, **change) if predicate(a) else a for a in role_split_sync.kernel_plan()]
+def _moved(predicate, mode="cluster_pair", rank=0, **change):
+    return [dataclasses.replace(a, **change) if predicate(a) else a for a in role_split_sync.kernel_plan(mode, rank)]
 
 
 # Each a slip the kernel could make, and a hazard the model must report for it.
@@ -95,6 +96,12 @@ SLIPS = {
     "K's copy issued a stage early": _moved(lambda a: a.kind == "copy" and a.region == "k", stage=4, chunk=-1),
     "dS' staged in the stage that reads it": _moved(lambda a: a.kind == "write" and a.region == "ds", stage=1),
     "F written over X": _moved(lambda a: a.kind == "write" and a.value == "f", region="ddelta.hi"),
+    "dO's copy issued before dQ reads it": _moved(lambda a: a.kind == "copy" and a.region == "do", stage=2,
+                                                  mode="this_cta"),
+    "Q's copy at stage 4 where rank 0 finishes dq then": _moved(lambda a: a.kind == "copy" and a.region == "q",
+                                                                stage=4, chunk=-1),
+    "a partial written after the pair meets": _moved(lambda a: a.value == "partial" and a.kind == "write",
+                                                     phase=role_split_sync.PARTNER_READS, rank=1),
 }
 
 
@@ -106,6 +113,11 @@ def test_the_synchronisation_model_finds_a_slip(slip):
 def test_the_synchronisation_model_needs_the_wait_before_stage_one(monkeypatch):
     monkeypatch.setattr(role_split_sync, "WAITS_BEFORE", (0,))
     assert any("k (k)" in h for h in role_split_sync.hazards(role_split_sync.kernel_plan()))
+
+
+def test_the_synchronisation_model_needs_the_pair_to_wait_before_the_exchange_tiles_are_written(monkeypatch):
+    monkeypatch.setattr(role_split_sync, "OVERWRITE_WAIT_STAGE", 3)
+    assert any("partner" in h for h in role_split_sync.hazards(role_split_sync.kernel_plan()))
 
 
 def test_the_reference_reverse_matches_central_differences(rng):
