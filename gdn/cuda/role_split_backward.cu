@@ -52,6 +52,16 @@ constexpr int kStateRegisters = 192;
 constexpr int kSquareRegisters = 160;
 constexpr int kChainRegisters = 152;
 static_assert(kStateRegisters + kSquareRegisters + kChainRegisters <= kRoles * kLaunchRegisters);
+// A role's registers from the launch's count: setmaxnreg's raise where it takes more, its lower where it gives some
+// back (a raise to fewer than a warp holds is not one).
+template <int kRegisters>
+__device__ __forceinline__ void take_registers() {
+  if constexpr (kRegisters > kLaunchRegisters) {
+    raise_registers<kRegisters>();
+  } else if constexpr (kRegisters < kLaunchRegisters) {
+    lower_registers<kRegisters>();
+  }
+}
 
 // Named barriers (0, __syncthreads', is not used).
 enum Barrier : int {
@@ -750,15 +760,15 @@ __device__ __forceinline__ void role_split_backward(const Params& p) {
   extern __shared__ __align__(16) char smem_raw[];
   switch (threadIdx.x / kWarpgroup) {
     case 0:
-      raise_registers<kStateRegisters>();
+      take_registers<kStateRegisters>();
       StateRole<E, kInputGrads>(smem_raw, p).walk();
       break;
     case 1:
-      lower_registers<kChainRegisters>();
+      take_registers<kChainRegisters>();
       ChainRole<E, kInputGrads>(smem_raw, p).walk();
       break;
     default:
-      raise_registers<kSquareRegisters>();
+      take_registers<kSquareRegisters>();
       SquareRole<E, kInputGrads>(smem_raw, p).walk();
   }
 #endif
