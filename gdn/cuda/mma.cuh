@@ -598,6 +598,11 @@ __device__ __forceinline__ void cp_async_8(void* smem, const void* global, bool 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same where the threads meet from different instructions (a warp-specialised kernel's roles, each at a barrier of
+// its own code): bar.sync is barrier.sync.aligned, which promises one instruction for all of them.
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

@@ -121,7 +121,7 @@ struct RoleSplitSmem {
 // waited for) is visible after it, to wgmma too.
 __device__ __forceinline__ void stage_barrier() {
   fence_for_wgmma();
-  named_barrier_sync(kStage, kThreads);
+  named_barrier_sync_unaligned(kStage, kThreads);
 }
 __device__ __forceinline__ void square_barrier() {
   fence_for_wgmma();
