@@ -288,6 +288,31 @@ struct Cta {
     return smem_at<T>(smem, at);
   }
   __device__ const float2* gamma() const { return vector<float2>(L::gamma); }
+  // dq or dk of the chunk, a warp's 16 rows from m0 (the tile they were formed from at `normalised`: Q's or K's):
+  // per value head in float32 into per_value_head ([tokens, HV, K]); or finished here into out (a group of one); or
+  // by the cluster pair's rank `summing`, with the other rank's partial, which it hands over at this point.
+  template <InputGrads kInputGrads>
+  __device__ void finish_input_rows(float (&grad)[1][kKeys / 8][4], const ChunkInfo& chunk, int m0, int normalised,
+                                    float* per_value_head, const float* rstd, void* out, unsigned summing) const {
+    const std::int64_t t0 = chunk.start;
+    if constexpr (kInputGrads == InputGrads::per_value_head) {
+      store_pairs(grad, per_value_head + ((t0 + m0) * p.HV + hv) * kKeys,
+                  static_cast<std::int64_t>(opaque(p.HV)) * kKeys, chunk.length - m0);
+    } else if constexpr (kInputGrads == InputGrads::this_cta) {
+      finish_input_grad<E>(p, grad, rows(normalised), rstd, out, t0, chunk.length, m0, h);
+    } else {
+      using Exchange = PairExchange<kInputGrads>;
+      float4* partial = vector<float4>(L::partner_partial);
+      const bool sums = cluster_rank() == summing;
+      if (!sums) store_partial(grad, partial, tid);
+      Exchange::template publish<true>();
+      if (sums) {
+        add_partners_partial(grad, partial, tid);
+        finish_input_grad<E>(p, grad, rows(normalised), rstd, out, t0, chunk.length, m0, h);
+      }
+      Exchange::read();
+    }
+  }
   __device__ const float* gate_in() const { return vector<float>(L::gate_in); }
   __device__ const float* gate_out() const { return vector<float>(L::gate_out); }
   __device__ const float* beta() const { return vector<float>(L::beta); }
@@ -549,23 +574,7 @@ struct ChainRole : Cta<E> {
   // dk of the chunk: per value head in float32, or finished here (a group of one), or by rank 1 of a cluster pair
   // with rank 0's partial.
   __device__ void finish_keys(float (&dk)[1][kKeys / 8][4], const ChunkInfo& chunk, int m0) const {
-    const std::int64_t t0 = chunk.start;
-    if constexpr (kInputGrads == InputGrads::per_value_head) {
-      store_pairs(dk, p.dk_head + ((t0 + m0) * p.HV + hv) * kKeys, static_cast<std::int64_t>(opaque(p.HV)) * kKeys,
-                  chunk.length - m0);
-    } else if constexpr (kInputGrads == InputGrads::this_cta) {
-      finish_input_grad<E>(p, dk, this->rows(L::k), p.k_rstd, p.dk, t0, chunk.length, m0, h);
-    } else {
-      float4* partial = this->template vector<float4>(L::partner_partial);
-      const bool sums_keys = cluster_rank() == 1;
-      if (!sums_keys) store_partial(dk, partial, tid);
-      Exchange::template publish<true>();
-      if (sums_keys) {
-        add_partners_partial(dk, partial, tid);
-        finish_input_grad<E>(p, dk, this->rows(L::k), p.k_rstd, p.dk, t0, chunk.length, m0, h);
-      }
-      Exchange::read();
-    }
+    this->template finish_input_rows<kInputGrads>(dk, chunk, m0, L::k, p.dk_head, p.k_rstd, p.dk, 1);
   }
 };
 
@@ -702,23 +711,7 @@ struct SquareRole : Cta<E> {
   // dq of the chunk: per value head in float32, or finished here (a group of one), or by rank 0 of a cluster pair
   // with rank 1's partial (at stage 4, once the exchange tiles are free).
   __device__ void finish_queries(float (&dq)[1][kKeys / 8][4], const ChunkInfo& chunk, int m0) const {
-    const std::int64_t t0 = chunk.start;
-    if constexpr (kInputGrads == InputGrads::per_value_head) {
-      store_pairs(dq, p.dq_head + ((t0 + m0) * p.HV + hv) * kKeys, static_cast<std::int64_t>(opaque(p.HV)) * kKeys,
-                  chunk.length - m0);
-    } else if constexpr (kInputGrads == InputGrads::this_cta) {
-      finish_input_grad<E>(p, dq, this->rows(L::q), p.q_rstd, p.dq, t0, chunk.length, m0, h);
-    } else {
-      float4* partial = this->template vector<float4>(L::partner_partial);
-      const bool sums_queries = cluster_rank() == 0;
-      if (!sums_queries) store_partial(dq, partial, tid);
-      Exchange::template publish<true>();
-      if (sums_queries) {
-        add_partners_partial(dq, partial, tid);
-        finish_input_grad<E>(p, dq, this->rows(L::q), p.q_rstd, p.dq, t0, chunk.length, m0, h);
-      }
-      Exchange::read();
-    }
+    this->template finish_input_rows<kInputGrads>(dq, chunk, m0, L::q, p.dq_head, p.q_rstd, p.dq, 0);
   }
 
   // dgamma and dbeta of the chunk's rows from the roles' partial sums, in a fixed order; dg reverse-summed.
