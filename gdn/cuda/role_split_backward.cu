@@ -265,8 +265,7 @@ struct Cta {
   __device__ Cta(char* smem_raw, const Params& params)
       : p(params), runs(params.segments), run(blockIdx.x % params.segments), n(blockIdx.x / params.segments),
         hv(blockIdx.y), h(blockIdx.y / params.group), tid(threadIdx.x % kWarpgroup), warp(tid / 32), m0(16 * warp),
-        chunks(SequenceChunks(params, blockIdx.x / params.segments)
-                   .segment(params.segments - 1 - blockIdx.x % params.segments, params.segments)) {
+        chunks(SequenceChunks(params, n).segment(runs - 1 - run, runs)) {
     const int raw = static_cast<int>(smem_address(smem_raw));
     smem = smem_raw + (round_up(raw, 1024) - raw);
   }
@@ -288,6 +287,10 @@ struct Cta {
     return smem_at<T>(smem, at);
   }
   __device__ const float2* gamma() const { return vector<float2>(L::gamma); }
+  __device__ const float* gate_in() const { return vector<float>(L::gate_in); }
+  __device__ const float* gate_out() const { return vector<float>(L::gate_out); }
+  __device__ const float* beta() const { return vector<float>(L::beta); }
+
   // dq or dk of the chunk, a warp's 16 rows from m0 (the tile they were formed from at `normalised`: Q's or K's):
   // per value head in float32 into per_value_head ([tokens, HV, K]); or finished here into out (a group of one); or
   // by the cluster pair's rank `summing`, with the other rank's partial, which it hands over at this point.
@@ -313,9 +316,6 @@ struct Cta {
       Exchange::read();
     }
   }
-  __device__ const float* gate_in() const { return vector<float>(L::gate_in); }
-  __device__ const float* gate_out() const { return vector<float>(L::gate_out); }
-  __device__ const float* beta() const { return vector<float>(L::beta); }
 };
 
 // Warpgroup 0: holds dS'^T (rows 16 w.. of each 64-row half for warp w) through the walk, and issues every copy.
@@ -423,7 +423,7 @@ struct StateRole : Cta<E> {
           for (int kb = 0; kb < kChunk / 16; ++kb) {
 #pragma unroll
             for (int nb = 0; nb < kKeys / 64; ++nb) {
-              wgmma_64x64x16<E, true>(*reinterpret_cast<float(*)[8][4]>(&ds[b][8 * nb]), d_o[b].frag[kb],
+              wgmma_64x64x16<E, true>(columns_of(row_block(ds, b), nb), d_o[b].frag[kb],
                                       mn_major(this->rows(L::q), 16 * kb, 64 * nb));
             }
           }
@@ -440,13 +440,9 @@ struct StateRole : Cta<E> {
       wgmma_fence();
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
-#pragma unroll
-        for (int nb = 0; nb < kKeys / 64; ++nb) {
-          wgmma_ss_product<E, true, true, kChunk / 16>(
-              *reinterpret_cast<float(*)[8][4]>(&ds[b][8 * nb]),
-              [&](int k0) { return mn_major(this->rows(L::edcorr), k0, 64 * b); },
-              [&](int k0) { return mn_major(this->rows(L::k), k0, 64 * nb); }, true);
-        }
+        product_over_128_columns<E, true, kChunk / 16>(
+            row_block(ds, b), [&](int k0) { return mn_major(this->rows(L::edcorr), k0, 64 * b); },
+            [&] { return this->rows(L::k); }, true);
       }
       wgmma_commit_and_wait();
       hold(ds[0]);
