@@ -16,6 +16,7 @@ import fused_backward  # noqa: E402
 import gate_free_forward  # noqa: E402
 import role_split_backward  # noqa: E402
 import role_split_sync  # noqa: E402
+import sync_model  # noqa: E402
 import segmented_state  # noqa: E402
 import transition_chain  # noqa: E402
 
@@ -80,44 +81,73 @@ def test_the_schedule_check_finds_a_read_of_another_roles_registers():
     assert len(errors) == 1 and "A's registers" in errors[0]
 
 
-@pytest.mark.parametrize("mode,rank", role_split_sync.PLANS)
-def test_the_role_split_kernels_reads_each_see_their_own_chunks_values(mode, rank):
-    assert role_split_sync.hazards(role_split_sync.kernel_plan(mode, rank)) == []
+@pytest.mark.parametrize("form", role_split_sync.FORMS)
+@pytest.mark.parametrize("mode", role_split_sync.MODES)
+def test_the_role_split_kernels_reads_each_see_their_own_chunks_values(form, mode):
+    assert sync_model.hazards(*role_split_sync.kernel(role_split_sync.FORMS[form], mode)) == []
 
 
-def _moved(predicate, mode="cluster_pair", rank=0, **change):
-    return [dataclasses.replace(a, **change) if predicate(a) else a for a in role_split_sync.kernel_plan(mode, rank)]
+def _edited(mode, roles, take, put=None, after=None, form="first"):
+    """The kernel's programs with the ops of each role's body at the positions `take(body)` gives removed, and `put`
+    (default: those ops) inserted after the n-th wait at barrier b, `after` = (b, n)."""
+    programs, barriers = role_split_sync.kernel(role_split_sync.FORMS[form], mode)
+    for role in roles.split():
+        body = list(sync_model.flatten(programs[role].body))
+        positions = take(body)
+        assert positions, "the slip names no op of the kernel"
+        taken = [body[i] for i in sorted(positions)]
+        body = [op for i, op in enumerate(body) if i not in positions]
+        if after is not None:
+            barrier, n = after
+            waits = [i for i, op in enumerate(body) if isinstance(op, sync_model.Wait) and op.barrier == barrier]
+            body[waits[n] + 1:waits[n] + 1] = taken if put is None else put
+        programs[role] = dataclasses.replace(programs[role], body=tuple(body))
+    return programs, barriers
 
 
+def _where(picks):
+    """The positions of the ops that `picks` matches."""
+    return lambda body: {i for i, op in enumerate(body) if picks(op)}
+
+
+def _op(cls, region, **fields):
+    """The positions of the ops of a class, region and fields."""
+    return _where(lambda op: isinstance(op, cls) and op.region == region and all(
+        getattr(op, k) == v for k, v in fields.items()))
+
+
+def _nth(n, picks):
+    """The position of the n-th op (from 0) that `picks` matches."""
+    return lambda body: {[i for i, op in enumerate(body) if picks(op)][n]}
+
+
+S, W, C = sync_model.Read, sync_model.Write, sync_model.Copy
 # Each a slip the kernel could make, and a hazard the model must report for it.
 SLIPS = {
-    "V's copy issued while corr is read": _moved(lambda a: a.kind == "copy" and a.region == "v", stage=2),
-    "dT^T stored before the square role's barrier": _moved(lambda a: a.kind == "write" and a.value == "dt", phase=0),
-    "K's copy issued a stage early": _moved(lambda a: a.kind == "copy" and a.region == "k", stage=4, chunk=-1),
-    "dS' staged in the stage that reads it": _moved(lambda a: a.kind == "write" and a.region == "ds", stage=1),
-    "F written over X": _moved(lambda a: a.kind == "write" and a.value == "f", region="ddelta.hi"),
-    "dO's copy issued before dQ reads it": _moved(lambda a: a.kind == "copy" and a.region == "do", stage=2,
-                                                  mode="this_cta"),
-    "Q's copy at stage 4 where rank 0 finishes dq then": _moved(lambda a: a.kind == "copy" and a.region == "q",
-                                                                stage=4, chunk=-1),
-    "a partial written after the pair meets": _moved(lambda a: a.value == "partial" and a.kind == "write",
-                                                     phase=role_split_sync.PARTNER_READS, rank=1),
+    "V's copy issued while corr is read": lambda: _edited("per_value_head", "S", _op(C, "v"), after=("stage", 2)),
+    "dT^T stored before the square role's barrier": lambda: _edited(
+        "per_value_head", "A", _op(W, "ddelta.lo", value="dt"), after=("stage", 2)),
+    "K's copy issued a stage early": lambda: _edited("per_value_head", "S", _op(C, "k"), put=[C("k", 1)],
+                                                     after=("stage", 4)),
+    "dS' staged in the stage that reads it": lambda: _edited("per_value_head", "S", _op(W, "ds"), after=("stage", 1)),
+    "F written over X": lambda: _edited("per_value_head", "A", _op(W, "ddelta.lo", value="f"),
+                                        put=[W("ddelta.hi", "f", True)], after=("square", 1)),
+    "dO's copy issued before dQ reads it": lambda: _edited("this_cta", "S", _op(C, "do"), after=("stage", 2)),
+    "Q's copy at stage 4 where rank 0 finishes dq then": lambda: _edited(
+        "cluster_pair", "S0", _op(C, "0:q"), put=[C("0:q", 1)], after=("0:stage", 4)),
+    "a partial written after the pair meets": lambda: _edited(
+        "cluster_pair", "A1", _where(lambda op: isinstance(op, W) and op.value == "partial"), after=("cluster", 1)),
+    "no wait for the copies before stage 1": lambda: _edited(
+        "per_value_head", "S", _nth(1, lambda op: isinstance(op, sync_model.WaitCopies))),
+    "the pair's wait after the exchange tiles are written": lambda: _edited(
+        "cluster_pair", "S0 K0 A0", _nth(0, lambda op: op == sync_model.Wait("cluster")),
+        after=("0:stage", 3)),
 }
 
 
 @pytest.mark.parametrize("slip", SLIPS)
 def test_the_synchronisation_model_finds_a_slip(slip):
-    assert role_split_sync.hazards(SLIPS[slip]) != []
-
-
-def test_the_synchronisation_model_needs_the_wait_before_stage_one(monkeypatch):
-    monkeypatch.setattr(role_split_sync, "WAITS_BEFORE", (0,))
-    assert any("k (k)" in h for h in role_split_sync.hazards(role_split_sync.kernel_plan()))
-
-
-def test_the_synchronisation_model_needs_the_pair_to_wait_before_the_exchange_tiles_are_written(monkeypatch):
-    monkeypatch.setattr(role_split_sync, "OVERWRITE_WAIT_STAGE", 3)
-    assert any("partner" in h for h in role_split_sync.hazards(role_split_sync.kernel_plan()))
+    assert sync_model.hazards(*SLIPS[slip]()) != []
 
 
 def test_the_reference_reverse_matches_central_differences(rng):

@@ -1,0 +1,255 @@
+"""A checker of a CTA's (or a cluster's) shared-memory synchronisation, for kernels split by role: every read sees the
+value it means to, nothing writes a region unordered with a read or another write of it, no named barrier is
+over-arrived, and nothing hangs. The kernels' own programs are written with it in role_split_sync.py.
+
+A program is, per role (a warpgroup, or any set of warps that acts together), the list of its operations over one
+chunk of the walk, plus what it runs before and after the walk. The operations:
+  Read / Write    an access of a shared region (a tile, half of one, a vector), of the value of the walk step
+                  `ahead` chunks on; `private` where each thread touches only rows of its own, so that the role's
+                  own private accesses of the region are ordered by program order
+  Copy            a cp.async of a region, issued by every thread of the role: it lands at any moment until the role's
+                  next WaitCopies
+  WaitCopies      cp.async.wait_group 0: the role's own copies have landed (for its own threads only)
+  Arrive / Wait   a named barrier's arrive (bar.arrive) and the wait for the phase of the role's last arrival;
+                  Sync = Arrive + Wait (bar.sync). A cluster barrier is a barrier whose participants are the roles of
+                  every CTA of the cluster; Arrive(relaxed=True) is barrier.cluster.arrive.relaxed
+The order, as the PTX memory model gives it at the granularity of whole roles:
+  - Threads of one role are ordered only through a barrier phase the role completes (a Sync, or a Wait after its
+    Arrive): its arrival covers every thread's earlier accesses. Private accesses of one role are ordered by program
+    order as well.
+  - A barrier's phase k is completed by the k-th arrival of each participant; a Wait acquires what every arrival of
+    that phase released: the arriving role's accesses before it, and what the role had acquired.
+  - A relaxed arrive releases only the role's own earlier reads (a read's value is in a register, consumed, before a
+    later instruction issues), not its writes, nor what it acquired.
+  - A role's k+1-th arrival at a barrier must run after every other participant's k-th (in execution order, which
+    relaxed arrivals give too): named barriers count arrivals, they have no phases, so an early arrival would complete
+    the wrong phase.
+The walk is expanded over a few chunks, run as a simulation in which each role advances while it is not waiting for
+a phase, and each access is given the vector of role positions it is ordered after.
+
+Run the kernels' checks with: python3 bench/prototypes/role_split_sync.py
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Read:
+    region: str
+    value: str = ""      # the value meant; the region's name where empty
+    private: bool = False
+    ahead: int = 0       # the value of the walk's step + ahead
+
+
+@dataclass(frozen=True)
+class Write:
+    region: str
+    value: str = ""
+    private: bool = False
+    ahead: int = 0
+
+
+@dataclass(frozen=True)
+class Copy:
+    region: str
+    ahead: int = 1       # a copy fills a later chunk's tile; 0: its own chunk's
+
+
+@dataclass(frozen=True)
+class WaitCopies:
+    pass
+
+
+@dataclass(frozen=True)
+class Arrive:
+    barrier: str
+    relaxed: bool = False
+
+
+@dataclass(frozen=True)
+class Wait:
+    barrier: str
+
+
+def Sync(barrier):
+    return (Arrive(barrier), Wait(barrier))
+
+
+@dataclass(frozen=True)
+class Program:
+    body: tuple           # one chunk's operations (nested tuples are flattened)
+    before: tuple = ()    # before the walk: ops with ahead >= 1 fill the first chunk
+    after: tuple = ()
+
+
+def flatten(ops):
+    for op in ops:
+        if isinstance(op, (tuple, list)):
+            yield from flatten(op)
+        else:
+            yield op
+
+
+@dataclass
+class Event:
+    role: str
+    index: int            # position in the role's expanded program
+    step: int             # walk step (-1 before the walk, chunks after it)
+    op: object
+    known: dict = None    # role -> the last position of that role this event is ordered after (writes and reads)
+    known_reads: dict = None  # the same for the role's reads (a relaxed arrive orders its reads only)
+    lands_by: int = None  # a copy: the index of the role's WaitCopies it lands by
+
+
+def expand(program, chunks):
+    """The role's events over a walk of `chunks` chunks; ops for a chunk past the walk's last are not issued (the
+    kernel's `if (j > 0)`)."""
+    ops = [(-1, op) for op in flatten(program.before)]
+    for step in range(chunks):
+        for op in flatten(program.body):
+            if getattr(op, "ahead", 0) and step + op.ahead >= chunks:
+                continue
+            ops.append((step, op))
+    ops += [(chunks, op) for op in flatten(program.after)]
+    return ops
+
+
+def join(a, b):
+    out = dict(a)
+    for role, position in b.items():
+        out[role] = max(out.get(role, -1), position)
+    return out
+
+
+def simulate(programs, barriers, chunks):
+    """Runs every role's expanded program; returns (events by role, problems). `barriers` maps each barrier's name to
+    its participating roles."""
+    streams = {role: expand(program, chunks) for role, program in programs.items()}
+    events = {role: [] for role in programs}
+    pc = {role: 0 for role in programs}
+    known = {role: {} for role in programs}        # acquired so far, per role
+    known_reads = {role: {} for role in programs}
+    happened = {role: {} for role in programs}     # what has run before, barriers relaxed or not (execution order)
+    arrivals = {b: {role: [] for role in roles} for b, roles in barriers.items()}  # per role: (index, released)
+    last_phase = {role: {} for role in programs}   # barrier -> the phase of the role's last arrival
+    pending_copies = {role: [] for role in programs}
+    problems = []
+
+    def phase_complete(b, k):
+        return all(len(arrivals[b][r]) > k for r in barriers[b])
+
+    progressed = True
+    while progressed:
+        progressed = False
+        for role in programs:
+            while pc[role] < len(streams[role]):
+                step, op = streams[role][pc[role]]
+                index = pc[role]
+                if isinstance(op, Wait):
+                    k = last_phase[role].get(op.barrier)
+                    if k is None:
+                        problems.append(f"{role} waits on {op.barrier} without arriving")
+                        k = 0
+                    if not phase_complete(op.barrier, k):
+                        break
+                    for r in barriers[op.barrier]:
+                        released, released_reads, ran = arrivals[op.barrier][r][k][1:]
+                        known[role] = join(known[role], released)
+                        known_reads[role] = join(known_reads[role], released_reads)
+                        happened[role] = join(happened[role], ran)
+                elif isinstance(op, Arrive):
+                    if role not in barriers[op.barrier]:
+                        problems.append(f"{role} arrives at {op.barrier}, which it is not a participant of")
+                    else:
+                        k = len(arrivals[op.barrier][role])
+                        if k > 0:
+                            for r in barriers[op.barrier]:
+                                mine = arrivals[op.barrier][r]
+                                if r != role and (len(mine) < k or happened[role].get(r, -1) < mine[k - 1][0]):
+                                    problems.append(
+                                        f"{role}'s arrival {k} at {op.barrier} (step {step}) is not ordered after "
+                                        f"{r}'s arrival {k - 1}: it may complete phase {k - 1}")
+                                    break
+                        if op.relaxed:
+                            released, released_reads = {}, {role: index}
+                        else:
+                            released = join(known[role], {role: index})
+                            released_reads = join(known_reads[role], released)
+                        ran = join(happened[role], {role: index})
+                        arrivals[op.barrier][role].append((index, released, released_reads, ran))
+                        last_phase[role][op.barrier] = k
+                elif isinstance(op, WaitCopies):
+                    for copy in pending_copies[role]:
+                        copy.lands_by = index
+                    pending_copies[role] = []
+                event = Event(role, index, step, op, dict(known[role]), dict(known_reads[role]))
+                if isinstance(op, Copy):
+                    pending_copies[role].append(event)
+                events[role].append(event)
+                pc[role] += 1
+                progressed = True
+    for role in programs:
+        if pc[role] < len(streams[role]):
+            step, op = streams[role][pc[role]]
+            problems.append(f"hang: {role} waits forever at step {step} on {op}")
+        for copy in pending_copies[role]:
+            problems.append(f"{role}'s copy of {copy.op.region} (step {copy.step}) is never waited for")
+    return events, problems
+
+
+def ordered_before(x, y):
+    """Whether event x is ordered before event y (both accesses or copies; a copy's write spans its issue to its
+    wait)."""
+    if x.op.__class__ is Copy:
+        if x.lands_by is None:
+            return False
+        return y.known.get(x.role, -1) > x.lands_by
+    source = y.known_reads if x.op.__class__ is Read else y.known
+    if source.get(x.role, -1) > x.index:
+        return True
+    return (x.role == y.role and x.index < y.index and getattr(x.op, "private", False)
+            and getattr(y.op, "private", False))
+
+
+def written_value(e):
+    op = e.op
+    if isinstance(op, Copy):
+        return (op.region, e.step + op.ahead)
+    return (op.value or op.region, e.step + op.ahead)
+
+
+def hazards(programs, barriers, chunks=3):
+    """Every problem of the programs' synchronisation, as sentences (none where it is right)."""
+    events, found = simulate(programs, barriers, chunks)
+    everything = [e for role in events for e in events[role]]
+    writes = [e for e in everything if isinstance(e.op, (Write, Copy))]
+    reads = [e for e in everything if isinstance(e.op, Read)]
+    by_region = {}
+    for w in writes:
+        by_region.setdefault(w.op.region, []).append(w)
+    for ws in by_region.values():
+        for i, x in enumerate(ws):
+            for y in ws[i + 1:]:
+                if not (ordered_before(x, y) or ordered_before(y, x)):
+                    found.append(f"unordered writes of {x.op.region}: {describe(x)} and {describe(y)}")
+    for r in reads:
+        before = []
+        for w in by_region.get(r.op.region, ()):
+            if ordered_before(w, r):
+                before.append(w)
+            elif not ordered_before(r, w):
+                found.append(f"{describe(r)} is unordered with {describe(w)}")
+        meant = (r.op.value or r.op.region, r.step + r.op.ahead)
+        if not before:
+            found.append(f"{describe(r)}: nothing wrote {r.op.region} before it")
+            continue
+        last = [w for w in before if not any(ordered_before(w, v) for v in before if v is not w)]
+        if len(last) == 1 and written_value(last[0]) != meant:
+            found.append(f"{describe(r)} sees {written_value(last[0])}, not {meant}")
+    return sorted(set(found))
+
+
+def describe(e):
+    op = e.op
+    kind = type(op).__name__.lower()
+    value = getattr(op, "value", "") or op.region
+    return f"step {e.step} {e.role} {kind} {op.region} ({value})"
