@@ -303,6 +303,29 @@ __device__ __forceinline__ void load_chunk_rows(TileT tile, const void* base, in
                             chunk.length, thread);
 }
 
+// A chunk's lower-triangular matrices (P, T, T diag(beta), T diag(beta e^gamma): [tokens, HV, C] tensors) are kept in
+// memory as their 16 x 16 blocks on and below the diagonal: prepare writes only those, and each reader zero-fills the
+// others in shared memory without reading them, so 6 of a tile's 16 blocks never move (bench/NOTES.md, "The lower
+// blocks only"). Row r's blocks end at column lower_blocks_end(r).
+// (Shifts, not divisions: rows and columns are not negative, and a signed division costs a kernel at its register cap
+// the instructions and registers of its rounding toward zero.)
+__device__ __forceinline__ constexpr int lower_blocks_end(int row) { return ((row >> 4) + 1) << 4; }
+struct LowerBlocks {
+  __device__ __forceinline__ constexpr bool operator()(int row, int column) const { return column >> 4 <= row >> 4; }
+};
+
+// Starts copying a chunk's C x C tile of such a matrix into `tile`: its lower blocks from memory, zeros elsewhere
+// (also on rows past the chunk).
+template <int NTHREADS, class TileT>
+__device__ __forceinline__ void load_lower_chunk_tile(TileT tile, const void* base, int heads, int head,
+                                                      const ChunkInfo& chunk, int thread) {
+  static_assert(TileT::kRows == kChunk && TileT::kCols == kChunk);
+  using E = typename TileT::Element;
+  const std::int64_t row = (static_cast<std::int64_t>(chunk.start) * heads + head) * kChunk;
+  load_rows_async<NTHREADS>(tile, static_cast<const E*>(base) + row, static_cast<std::int64_t>(heads) * kChunk,
+                            chunk.length, thread, LowerBlocks{});
+}
+
 // A region of dynamic shared memory: `bytes` from offset `at`, 16-byte aligned.
 template <class T>
 __device__ __forceinline__ T* smem_at(char* base, int at) {

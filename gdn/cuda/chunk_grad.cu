@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kGradThreads, 2) chunk_grad_kernel(Params p) {
   float* const group_sum = smem_at<float>(smem, L::group_sums) + warp * kValues * 32 + tid % 32;
 #pragma unroll 1
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-    if (slice == 0) load_chunk_rows<kGradThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);  // for G alone
+    if (slice == 0) load_lower_chunk_tile<kGradThreads>(p_tile, p.p, p.HV, hv, chunk, tid);  // for G alone
     load_gamma_async(p, gamma, hv, chunk, tid);
     load_gates_async(p, gate_in, gate_out, hv, chunk, tid);
 

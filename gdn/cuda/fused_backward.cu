@@ -172,8 +172,8 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
   // gates, which the per-token sums read to the end, are a group of their own (load_chunk_gates).
   auto load_square_tiles = [&](int j) {
     const ChunkInfo chunk = chunks[j];
-    load_chunk_rows<kFusedThreads>(p_tile, p.p, p.HV, hv, kChunk, 0, chunk, tid);
-    load_chunk_rows<kFusedThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
+    load_lower_chunk_tile<kFusedThreads>(p_tile, p.p, p.HV, hv, chunk, tid);
+    load_lower_chunk_tile<kFusedThreads>(t_tile, p.t, p.HV, hv, chunk, tid);
     cp_async_commit();
   };
   auto load_value_tiles = [&](int j) {

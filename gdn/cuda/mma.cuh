@@ -549,13 +549,13 @@ __device__ __forceinline__ void scale_columns(float (&acc)[MT][NT][4], const flo
 }
 
 // Stores a warp's accumulators, rounded to E, to a row-major global matrix (leading dimension ld) with
-// one store per pair of adjacent columns; rows at or past rows_valid (counted from the tile's first row)
-// are left alone.
+// one store per pair of adjacent columns; rows at or past rows_valid and columns at or past columns_valid (counted
+// from the tile's first row and column) are left alone.
 template <class E, int MT, int NT>
 __device__ __forceinline__ void store_pairs(float (&acc)[MT][NT][4], E* dst, std::int64_t ld,
-                                            int rows_valid = 16 * MT) {
+                                            int rows_valid = 16 * MT, int columns_valid = 8 * NT) {
   for_each_pair(acc, 0, 0, [&](int r, int c, float& lo, float& hi) {
-    if (r >= rows_valid) return;
+    if (r >= rows_valid || c >= columns_valid) return;
     E* at = dst + r * ld + c;
     if constexpr (std::is_same_v<E, float>) {
       *reinterpret_cast<float2*>(at) = float2{lo, hi};
@@ -629,15 +629,22 @@ __device__ __forceinline__ void for_each_vector(int thread, F&& f) {
   }
 }
 
+// Which 16-byte vectors of a tile a copy reads (`keep(row, column)` of the vector's first element); the others it
+// zero-fills in shared memory without reading. WholeRows reads them all.
+struct WholeRows {
+  __device__ __forceinline__ constexpr bool operator()(int, int) const { return true; }
+};
+
 // Starts copying rows [0, TileT::kRows) of a row-major global matrix (row stride `stride` elements,
-// first row at `src`) into `tile`; rows at or past `rows_valid` are zero-filled. Threads 0..NTHREADS-1 of
-// the cooperating group call it, each with its index `thread`.
-template <int NTHREADS, class TileT>
+// first row at `src`) into `tile`; rows at or past `rows_valid` are zero-filled, as are the vectors `keep` declines.
+// Threads 0..NTHREADS-1 of the cooperating group call it, each with its index `thread`.
+template <int NTHREADS, class TileT, class Keep = WholeRows>
 __device__ __forceinline__ void load_rows_async(TileT tile, const typename TileT::Element* src, std::int64_t stride,
-                                                int rows_valid, int thread) {
-  // A row past rows_valid copies 0 bytes (zero fill) and reads nothing, so its address need not be valid.
-  for_each_vector<NTHREADS, TileT>(
-      thread, [&](int r, int c) { cp_async_16(&tile(r, c), src + r * stride + c, r < rows_valid); });
+                                                int rows_valid, int thread, Keep keep = {}) {
+  // A vector not read copies 0 bytes (zero fill) and reads nothing, so its address need not be valid.
+  for_each_vector<NTHREADS, TileT>(thread, [&](int r, int c) {
+    cp_async_16(&tile(r, c), src + r * stride + c, r < rows_valid && keep(r, c));
+  });
 }
 
 // This thread's share of sum(a * b) over two tiles of one shape, read as 16-byte vectors; the shares of

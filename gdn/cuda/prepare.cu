@@ -360,7 +360,8 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   cp_async_wait<0>();
   __syncthreads();
 
-  // Per chunk and head, rows of a [tokens, HV, C] tensor (P, T, T diag(beta)).
+  // Per chunk and head, rows of a [tokens, HV, C] tensor (P, T, T diag(beta)), of which only the lower blocks are
+  // written (chunk.cuh's lower_blocks_end).
   const std::int64_t chunk_row = (t0 * p.HV + hv) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
   {
     float kk[1][4][4], qk[1][4][4];
@@ -377,7 +378,8 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
       });
     }
     store_pairs(kk, &a_tile(m0, n_half), a_tile.kLd);
-    store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0);
+    store_pairs(qk, static_cast<E*>(p.p) + chunk_row + m0 * chunk_stride + n_half, chunk_stride, rows - m0,
+                lower_blocks_end(m0) - n_half);
   }
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
@@ -385,16 +387,16 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's
   // dead region; T diag(beta), T diag(beta e^gamma) where the forward pass forms W from it, and (for the backward) T
   // to global memory as they are formed. Each thread converts runs of four columns, writing the zeros above T's
-  // diagonal blocks.
+  // diagonal blocks into shared memory (its products read them) but not to global memory (no reader does).
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
     const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;
-    const bool in_blocks = c < (r / 16 + 1) * 16;
+    const bool in_blocks = c < lower_blocks_end(r);
     const float4 x = in_blocks ? *reinterpret_cast<const float4*>(&t_tile(r, c)) : float4{0.f, 0.f, 0.f, 0.f};
     const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
     if constexpr (kDecayedT == DecayedT::w) store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
     if (p.u != nullptr) store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);  // only U reads it
-    if (r < rows) {
+    if (r < rows && in_blocks) {
       const std::int64_t at = chunk_row + r * chunk_stride + c;
       if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
       if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);

@@ -335,6 +335,12 @@ struct StateRole : Cta<E> {
     load_chunk_rows<kWarpgroup>(this->template copy_target<kChunk, COLS>(at), base, opaque(heads), head, COLS, 0,
                                 chunks[j], opaque(tid));
   }
+  // Starts copying chunk j's lower blocks of a [tokens, HV, C] lower-triangular matrix (P, T) into the square tile at
+  // `at`, zeros above them (chunk.cuh's load_lower_chunk_tile).
+  __device__ void copy_lower(int at, const void* base, int j) const {
+    load_lower_chunk_tile<kWarpgroup>(this->template copy_target<kChunk, kChunk>(at), base, opaque(p.HV), hv,
+                                      chunks[j], opaque(tid));
+  }
   // The copy groups, each issued once its tiles' last reader has passed (stages 2, 3 and 4 of the chunk after, in
   // the walk; K's, and Q's where kLateQueries, at stage 0 of their own chunk) and committed.
   __device__ void issue_keys(int j) const {
@@ -343,7 +349,7 @@ struct StateRole : Cta<E> {
     cp_async_commit();
   }
   __device__ void issue_p(int j) const {
-    copy_rows<kChunk>(L::p, p.p, p.HV, hv, j);
+    copy_lower(L::p, p.p, j);
     cp_async_commit();
   }
   __device__ void issue_values(int j) const {
@@ -353,7 +359,7 @@ struct StateRole : Cta<E> {
   __device__ void issue_rest(int j) const {
     if constexpr (!kLateQueries) copy_rows<kKeys>(L::q, queries<E>(p), p.H, h, j);
     copy_rows<kValues>(L::d_o, p.d_o, p.HV, hv, j);
-    copy_rows<kChunk>(L::t, p.t, p.HV, hv, j);
+    copy_lower(L::t, p.t, j);
     copy_rows<kValues>(L::delta, p.delta, p.HV, hv, j);
     const std::int64_t state_row = (static_cast<std::int64_t>(chunks.first + j) * p.HV + hv) * kValues;
     load_rows_async<kWarpgroup>(this->template copy_target<kValues, kKeys>(L::s),

@@ -149,7 +149,7 @@ __device__ __forceinline__ void issue_chunk(char* smem, int stage, const Params&
   load_chunk_rows<kThreads>(L::key_tile(smem, stage, 1), keys<E>(p), p.H, h, L::KeyTile::kCols, 0, info, tid);
   if constexpr (kQueries) {
     load_chunk_rows<kThreads>(L::key_tile(smem, stage, 2), queries<E>(p), p.H, h, L::KeyTile::kCols, 0, info, tid);
-    load_chunk_rows<kThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, kChunk, 0, info, tid);
+    load_lower_chunk_tile<kThreads>(L::chunk_tile(smem, stage, 0), p.p, p.HV, hv, info, tid);
   }
   load_chunk_rows<kThreads>(L::column_tile(smem, stage), columns, p.HV, hv, p.V, v_block, info, tid);
   load_gates_async(p, L::gate_in(smem, stage), L::gate_out(smem, stage), hv, info, tid);

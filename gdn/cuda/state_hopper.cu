@@ -166,18 +166,17 @@ struct HopperPass {
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
     if constexpr (kWFromDecayedT) {
-      load_chunk_rows<kThreads>(t_beta_decay_tile(stage), static_cast<const E*>(p.t_beta_decay), p.HV, hv, kChunk, 0,
-                                info, tid);
+      load_lower_chunk_tile<kThreads>(t_beta_decay_tile(stage), p.t_beta_decay, p.HV, hv, info, tid);
     } else if constexpr (!kFormsW) {
       load_chunk_rows<kThreads>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
     }
     load_chunk_rows<kThreads>(key_tile(stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
     if constexpr (L::kKeyTiles == 3) {
       load_chunk_rows<kThreads>(key_tile(stage, 2), queries<E>(p), p.H, h, K, 0, info, tid);
-      load_chunk_rows<kThreads>(p_tile(stage), static_cast<const E*>(p.p), p.HV, hv, kChunk, 0, info, tid);
+      load_lower_chunk_tile<kThreads>(p_tile(stage), p.p, p.HV, hv, info, tid);
     }
     if constexpr (kValues) {
-      load_chunk_rows<kThreads>(t_beta_tile(stage), static_cast<const E*>(p.t_beta), p.HV, hv, kChunk, 0, info, tid);
+      load_lower_chunk_tile<kThreads>(t_beta_tile(stage), p.t_beta, p.HV, hv, info, tid);
     }
     if (!transition_rows) load_chunk_rows<kThreads>(column_tile(stage), columns, p.HV, hv, p.V, row_block, info, tid);
     load_gates_async(p, gate_in(stage), gate_in(stage) + kChunk, hv, info, tid);

@@ -24,6 +24,7 @@ struct SwizzledTile {
   static_assert(sizeof(E) == 2 && COLS % 64 == 0 && ROWS % 8 == 0);
   using Element = E;
   static constexpr int kRows = ROWS;
+  static constexpr int kCols = COLS;
   static constexpr int kBlockBytes = ROWS * 128;
   static constexpr int kBytes = COLS / 64 * kBlockBytes;
   std::uint32_t base;  // shared-window address
@@ -39,7 +40,6 @@ struct SwizzledTile {
 // the addresses ldmatrix takes per row stay valid. Made by swizzled_tile from a 1024-byte aligned pointer.
 template <class E, int ROWS, int COLS>
 struct AddressableSwizzledTile : SwizzledTile<E, ROWS, COLS> {
-  static constexpr int kCols = COLS;
   E* ptr;
   __device__ __forceinline__ E& operator()(int r, int c) const {
     return *reinterpret_cast<E*>(reinterpret_cast<char*>(ptr) + SwizzledTile<E, ROWS, COLS>::offset(r, c));
@@ -51,12 +51,12 @@ __device__ __forceinline__ AddressableSwizzledTile<E, ROWS, COLS> swizzled_tile(
 }
 
 // load_rows_async (mma.cuh) for a swizzled tile: starts copying rows [0, ROWS) of a row-major global matrix
-// (row stride `stride` elements); rows at or past rows_valid are zero-filled. Threads 0..NTHREADS-1 call
-// it. NTHREADS covers whole groups of 8 rows per step, so a thread's row modulo 8, and with it its chunk
-// permutation, is the same in every step: the offsets are the first step's plus constants.
-template <int NTHREADS, class E, int ROWS, int COLS>
+// (row stride `stride` elements); rows at or past rows_valid, and the vectors `keep` declines, are zero-filled.
+// Threads 0..NTHREADS-1 call it. NTHREADS covers whole groups of 8 rows per step, so a thread's row modulo 8, and
+// with it its chunk permutation, is the same in every step: the offsets are the first step's plus constants.
+template <int NTHREADS, class E, int ROWS, int COLS, class Keep = WholeRows>
 __device__ __forceinline__ void load_rows_async(SwizzledTile<E, ROWS, COLS> tile, const E* src, std::int64_t stride,
-                                                int rows_valid, int thread) {
+                                                int rows_valid, int thread, Keep keep = {}) {
   constexpr int kPerRow = COLS / 8, kRowsPerStep = NTHREADS / kPerRow;
   static_assert(NTHREADS % kPerRow == 0 && kRowsPerStep % 8 == 0 && ROWS % kRowsPerStep == 0);
   const int r = thread / kPerRow, c = thread % kPerRow * 8;
@@ -65,7 +65,7 @@ __device__ __forceinline__ void load_rows_async(SwizzledTile<E, ROWS, COLS> tile
 #pragma unroll
   for (int step = 0; step < ROWS / kRowsPerStep; ++step) {
     const int row = r + step * kRowsPerStep;
-    cp_async_16(to + step * kRowsPerStep * 128, from + step * kRowsPerStep * stride, row < rows_valid);
+    cp_async_16(to + step * kRowsPerStep * 128, from + step * kRowsPerStep * stride, row < rows_valid && keep(row, c));
   }
 }
 

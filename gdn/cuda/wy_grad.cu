@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kWyThreads, K <= 128 ? 2 : 1) wy_grad_kernel(P
 #pragma unroll 1
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     load_chunk_rows<kWyThreads>(dw_tile, p.dw, p.HV, hv, K, 0, chunk, tid);
-    load_chunk_rows<kWyThreads>(t_tile, p.t, p.HV, hv, kChunk, 0, chunk, tid);
+    load_lower_chunk_tile<kWyThreads>(t_tile, p.t, p.HV, hv, chunk, tid);
     load_gamma_async(p, gamma, hv, chunk, tid);
     auto load_v_block = [&](int vb) {
       load_chunk_rows<kWyThreads>(d_block(vb), p.ddelta, p.HV, hv, p.V, vb, chunk, tid);
