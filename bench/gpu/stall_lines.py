@@ -16,6 +16,12 @@ The build must be the one the samples came from, compiled with -lineinfo. Each i
 innermost line of FILE in its inlining chain (--by outer: the line of FILE the chain starts from; --by inner:
 the innermost line of any file). Prints the lines with the most samples, their executed instructions and
 their main stall reasons.
+
+--regions NAME:FIRST-LAST,... sums them by named ranges of FILE's lines instead (e.g. the roles of a kernel split by
+warpgroup, or its stages): each instruction goes to the innermost line of FILE in its chain that lies in a range, so a
+helper inlined from several places is charged to each caller's region. Each region's share of the samples and of its
+own samples per stall reason; a warp waiting at a barrier is sampled at the instruction after it, so a region's
+"barrier" is the wait at the barrier it opens with.
 """
 
 import argparse
@@ -30,7 +36,7 @@ LINE = re.compile(r'\s*//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", 
 INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*)")
 
 
-def instruction_lines(sass_path, kernel, source, by):
+def instruction_lines(sass_path, kernel, source, by, regions=None):
     """Offset of each instruction of the kernel's section -> the line it is charged to."""
     lines, charged, inside = {}, None, False
     chain = []
@@ -51,7 +57,7 @@ def instruction_lines(sass_path, kernel, source, by):
             if not m:
                 continue
             if chain:  # a new group of line comments: innermost first, then where it was inlined
-                charged = charge(chain, source, by)
+                charged = charge(chain, source, by, regions)
                 chain = []
             lines[int(m.group(1), 16)] = charged
     if not lines:
@@ -59,7 +65,7 @@ def instruction_lines(sass_path, kernel, source, by):
     return lines
 
 
-def charge(chain, source, by):
+def charge(chain, source, by, regions=None):
     if by == "inner":
         file, line = chain[0][0], chain[0][1]
         return f"{file.rsplit('/', 1)[-1]}:{line}"
@@ -67,9 +73,45 @@ def charge(chain, source, by):
     if chain[-1][2]:
         frames.append((chain[-1][2], chain[-1][3]))
     in_source = [int(n) for f, n in frames if f.endswith(source)]
+    if regions is not None:
+        return next((name for line in in_source for name, (first, last) in regions.items() if first <= line <= last),
+                    None)
     if not in_source:
         return None
     return f"{source}:{in_source[0] if by == 'deep' else in_source[-1]}"
+
+
+def samples_by(lines, samples_path):
+    """(all samples, {what an instruction is charged to: Counter of samples, instructions and each stall}) from ncu's
+    per-instruction CSV, its offsets counted from the kernel's first instruction."""
+    with gzip.open(samples_path, "rt") as f:
+        rows = list(csv.reader(f))
+    header, data = rows[1], rows[2:]
+    column = {name: i for i, name in enumerate(header)}
+    first = int(data[0][0], 16)
+    per_key = collections.defaultdict(collections.Counter)
+    total = 0
+    for row in data:
+        count = int(row[column["Warp Stall Sampling (All Samples)"]] or 0)
+        total += count
+        entry = per_key[lines.get(int(row[0], 16) - first)]
+        entry["samples"] += count
+        entry["instructions"] += int(row[column["Instructions Executed"]] or 0)
+        for stall in STALLS:
+            entry[stall] += int(row[column[f"stall_{stall}"]] or 0)
+    return total, per_key
+
+
+def parse_regions(text):
+    """NAME:FIRST-LAST,... -> {name: (first, last)}, in the order given."""
+    regions = {}
+    for part in text.split(","):
+        name, _, span = part.partition(":")
+        first, _, last = span.partition("-")
+        if not (name and first.isdigit() and last.isdigit() and int(first) <= int(last)):
+            raise argparse.ArgumentTypeError(f"--regions: {part!r} is not NAME:FIRST-LAST with FIRST <= LAST")
+        regions[name] = (int(first), int(last))
+    return regions
 
 
 def main():
@@ -80,25 +122,20 @@ def main():
     parser.add_argument("source", help="the source file to charge lines of, e.g. prepare.cu")
     parser.add_argument("--by", choices=["deep", "outer", "inner"], default="deep")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--regions", type=parse_regions, help="NAME:FIRST-LAST,...: sum by ranges of FILE's lines")
     args = parser.parse_args()
 
-    lines = instruction_lines(args.sass, args.kernel, args.source, args.by)
-    with gzip.open(args.samples, "rt") as f:
-        rows = list(csv.reader(f))
-    header, data = rows[1], rows[2:]
-    column = {name: i for i, name in enumerate(header)}
-    first = int(data[0][0], 16)
-    per_line = collections.defaultdict(collections.Counter)
-    total = 0
-    for row in data:
-        count = int(row[column["Warp Stall Sampling (All Samples)"]] or 0)
-        total += count
-        entry = per_line[lines.get(int(row[0], 16) - first)]
-        entry["samples"] += count
-        entry["instructions"] += int(row[column["Instructions Executed"]] or 0)
-        for stall in STALLS:
-            entry[stall] += int(row[column[f"stall_{stall}"]] or 0)
+    lines = instruction_lines(args.sass, args.kernel, args.source, args.by, args.regions)
+    total, per_line = samples_by(lines, args.samples)
     print(f"{total} samples")
+    if args.regions is not None:
+        for name in [*args.regions, None]:
+            entry = per_line[name]
+            reasons = " ".join(f"{s}={100 * entry[s] / max(entry['samples'], 1):.0f}%" for s in STALLS
+                               if entry[s] > 0.02 * entry["samples"])
+            print(f"{str(name):>12} {100 * entry['samples'] / max(total, 1):5.1f}%  "
+                  f"warp instructions {entry['instructions']:>10}  {reasons}")
+        return
     for line, entry in sorted(per_line.items(), key=lambda kv: -kv[1]["samples"])[:args.top]:
         reasons = " ".join(f"{s}={entry[s]}" for s in STALLS if entry[s] > 0.03 * entry["samples"])
         print(f"{str(line):>22} {100 * entry['samples'] / max(total, 1):5.1f}%  "
