@@ -12,7 +12,7 @@ Run: python3 bench/prototypes/role_split_sync.py   (prints the hazards; exits 1 
 """
 import sys
 
-from sync_model import Arrive, Copy, Program, Read, Sync, Wait, WaitCopies, Write, hazards
+from sync_model import Arrive, Await, Busy, Copy, Program, Read, Sync, Wait, WaitCopies, Write, hazards, timing
 
 # Who finishes dq and dk (the kernel's InputGrads).
 MODES = ("per_value_head", "this_cta", "cluster_pair")
@@ -21,12 +21,37 @@ MODES = ("per_value_head", "this_cta", "cluster_pair")
 HALVES = {"ddelta": ("ddelta.lo", "ddelta.hi")}
 
 
+# Each piece of work's busy time in the first form, in % of its measured chunk step (bench/NOTES.md, "The role split
+# profiled": ncu's samples of role_split_backward_pair_kernel at 9e2b4f4, bwd 16/32 8x4096 on an H100, summed by
+# `stall_lines.py --regions` over each piece's lines, less the samples waiting at a barrier).
+BUSY = {
+    "issue K's copy": 2.4, "stage dS', the state dot": 11.3, "scale Q^T diag(E) dO": 7.5, "issue P's copy": 2.5,
+    "issue V's copy; dS -= K^T E dcorr": 6.2, "issue the rest's copies": 10.6,
+    "dDelta": 14.7, "T^T dDelta, dcorr, dV": 10.3, "dK's state terms, M^T Q; dV out": 10.1, "F K + F^T K": 1.7,
+    "finish dk": 9.7,
+    "dP, M, G": 14.5, "K S, corr": 8.8, "K K^T, dT": 2.9, "X, -dA, the inverse's backward": 18.4, "dQ": 5.0,
+    "the per-token sums": 7.4, "finish dq": 15.2,
+}
+# A copy's time from issue to landing, in the same unit: ~1 us of DRAM latency and 16-32 KB a tile at the SM's share
+# of bandwidth, of the first form's ~18 us step.
+COPY_LATENCY = 6.0
+# What the profile charges to no piece (the walks' prologues, the kernel's entry: 7% of the step) and a stage
+# barrier's latency are not modelled; the first form's modelled step is therefore below its measured 100.
+
+
+def work(name):
+    return Busy(name, BUSY[name])
+
+
 def whole(access):
-    """An access of a tile, split into its halves where it has two."""
-    halves = HALVES.get(access.region)
+    """An access of a tile, split into its halves where it has two (a rank's prefix kept: "0:ddelta" is "0:ddelta.lo"
+    and "0:ddelta.hi")."""
+    prefix, _, name = access.region.rpartition(":")
+    halves = HALVES.get(name)
     if halves is None:
         return (access,)
-    return tuple(type(access)(half, access.value or access.region, access.private, access.ahead) for half in halves)
+    at = f"{prefix}:" if prefix else ""
+    return tuple(type(access)(at + half, access.value or name, access.private, access.ahead) for half in halves)
 
 
 def first_form(mode, rank=0):
@@ -66,40 +91,44 @@ def first_form(mode, rank=0):
     state = Program(
         before=(C("p"), C("v"), rest, begin),
         body=(WaitCopies(), stage,  # 0: dS' to its tile, the state dot
-              C("k", ahead=0), (C("q", ahead=0),) if late_queries else (),
+              C("k", ahead=0), (C("q", ahead=0),) if late_queries else (), work("issue K's copy"),
               W("ds", "dsn", private=True), R("s"), R("gate_in"), W("state_dots", private=True),
+              work("stage dS', the state dot"),
               WaitCopies(), stage,  # 1: dS += scale Q^T diag(E) dO
-              R("do"), R("gate_in"), R("q"),
+              R("do"), R("gate_in"), R("q"), work("scale Q^T diag(E) dO"),
               before_overwrite, stage,  # 2
-              C("p"),
+              C("p"), work("issue P's copy"),
               stage,  # 3: dS -= K^T diag(E) dcorr
-              C("v"), R("edcorr"), R("k"),
+              C("v"), R("edcorr"), R("k"), work("issue V's copy; dS -= K^T E dcorr"),
               stage,  # 4
-              rest, publish(False), read_done),
+              rest, work("issue the rest's copies"), publish(False), read_done),
         after=end)
     chain = Program(
         before=begin,
         body=(stage,  # 0
               stage,  # 1: dDelta = P^T dO + diag(D) K dS', its D terms
               R("do"), R("p"), R("ds", "dsn"), R("k"), R("gate_out"), R("delta"),
-              W("delta_parts", private=True), W("ddelta", private=True),
+              W("delta_parts", private=True), W("ddelta", private=True), work("dDelta"),
               before_overwrite, stage,  # 2: T^T dDelta, dcorr; dbeta's sums; -E dcorr and dV to tiles
               R("t"), R("v", "corr"), R("beta"), R("gate_in"),
               W("beta_parts", private=True), W("edcorr", private=True), W("dv", private=True),
+              work("T^T dDelta, dcorr, dV"),
               stage,  # 3: dK's state terms and M^T Q; dV out
               R("delta"), R("ds", "dsn"), R("gate_out"), R("edcorr"), R("s"), R("m"), R("q"), R("dv"),
+              work("dK's state terms, M^T Q; dV out"),
               stage,  # 4: dK += F K + F^T K
-              R("ddelta.lo", "f"), R("k"),
-              finish("K", "k", summing=1)),
+              R("ddelta.lo", "f"), R("k"), work("F K + F^T K"),
+              finish("K", "k", summing=1), work("finish dk")),
         after=end)
     square_work = Program(
         before=begin,
         body=(stage,  # 0: dP, M, G's sums
               R("do"), R("delta"), R("gamma"), R("p"), W("m", private=True), W("g_parts", private=True),
+              work("dP, M, G"),
               stage,  # 1: K S; corr over V's tile
-              R("k"), R("s"), R("gate_in"), R("v", private=True), W("v", "corr", private=True),
+              R("k"), R("s"), R("gate_in"), R("v", private=True), W("v", "corr", private=True), work("K S, corr"),
               before_overwrite, stage,  # 2: K K^T; dT
-              R("k"), R("ddelta"), R("v", "corr"), R("beta"),
+              R("k"), R("ddelta"), R("v", "corr"), R("beta"), work("K K^T, dT"),
               square,
               W("ddelta.lo", "dt", private=True),
               stage,  # 3: X; -dA; the inverse's backward; dQ
@@ -108,8 +137,9 @@ def first_form(mode, rank=0):
               square,
               R("ddelta.hi", "x"), R("t"), R("gamma"), R("beta"),
               W("ddelta.lo", "f", private=True), W("e_sums", private=True), W("e_parts", private=True),
-              R("do"), R("s"), R("gate_in"), R("q"), W("q_dots", private=True), R("m"), R("k"),
-              () if pair else finish("A", "q", summing=0),
+              work("X, -dA, the inverse's backward"),
+              R("do"), R("s"), R("gate_in"), R("q"), W("q_dots", private=True), R("m"), R("k"), work("dQ"),
+              () if pair else (finish("A", "q", summing=0), work("finish dq")),
               stage,  # 4: dgamma and dbeta
               R("delta_parts"), W("scratch", private=True),
               square,
@@ -117,12 +147,129 @@ def first_form(mode, rank=0):
                                          "e_sums", "beta_parts")),
               W("dgamma", private=True),
               square,
-              R("dgamma"),
-              finish("A", "q", summing=0) if pair else ()),
+              R("dgamma"), work("the per-token sums"),
+              (finish("A", "q", summing=0), work("finish dq")) if pair else ()),
         after=end)
     name = lambda role: f"{role}{rank}" if pair else role
     programs = {name("S"): state, name("K"): chain, name("A"): square_work}
     barriers = {r("stage"): [name(role) for role in "SKA"], r("square"): [name("A")]}
+    return programs, barriers
+
+
+def second_form(mode, rank=0):
+    """The next form's programs: each value handed over by a named barrier that its producer arrives at and only its
+    readers wait on, instead of five barriers of all roles; the per-token sums move to the state role.
+    - Tiles are still single-buffered: the next chunk's inputs are copied once every reader of this chunk's has said
+      so (chunk_done), P and V's as soon as theirs have (pv_free). dq and dk are finished after chunk_done, while
+      those copies land, so the L2 norm's backward reads the normalised rows from global memory, not the Q and K tiles.
+    - The square role forms dQ before the inverse's backward where dq is finished per value head or in the CTA (from
+      the chunk's inputs and M alone, while the chain forms dDelta). In a cluster pair it forms dQ last, since rank 1
+      hands its partial over through its -E dcorr and dV tiles, which are busy until then.
+    - A cluster pair hands each partial over with an mbarrier of the receiving role's CTA (rank 0's dK partial to rank
+      1's chain, rank 1's dQ partial to rank 0's square role) and says it has read it with another, which the partial's
+      tiles wait for before the chain writes -E dcorr into them again; no cluster barrier couples all six roles.
+    - A role's own barrier (state, chain, square) stands only where its warps read what its other warps wrote; an
+      arrival covers what each arriving thread wrote. In the kernel every arrival after shared stores that a wgmma
+      reads is preceded by fence.proxy.async, as the first form's stage barrier is."""
+    pair = mode == "cluster_pair"
+    r = lambda name: f"{rank}:{name}" if pair else name
+    partner = lambda name: f"{1 - rank}:{name}"
+    name = lambda role: f"{role}{rank}" if pair else role
+    R = lambda region, value="", private=False, ahead=0: whole(Read(r(region), value, private, ahead))
+    W = lambda region, value="", private=False, ahead=0: whole(Write(r(region), value, private, ahead))
+    C = lambda region, ahead=1: Copy(r(region), ahead)
+    sync = lambda barrier: Sync(r(barrier))
+    arrive = lambda barrier: Arrive(r(barrier))
+    # the pair's mbarriers, named by the partial they carry: "dk" rank 0 -> 1, "dq" rank 1 -> 0
+    sent = lambda grad: Arrive(f"{grad} partial")
+    received = lambda grad: Await(f"{grad} partial")
+    read = lambda grad: Arrive(f"{grad} read")
+    was_read = lambda grad: Await(f"{grad} read")
+    writes_partial = {"K": pair and rank == 0, "A": pair and rank == 1}
+    sums_partial = {"K": pair and rank == 1, "A": pair and rank == 0}
+
+    def hand_over(role, grad):
+        """After the chunk's products: the role's partial to the partner, or the partner's added to its own."""
+        if writes_partial[role]:
+            return (sync("exchange_free"), W("edcorr", "partial", private=True), W("dv", "partial", private=True),
+                    sent(grad))
+        if sums_partial[role]:
+            return (received(grad), Read(partner("edcorr"), "partial"), Read(partner("dv"), "partial"),
+                    work(f"finish d{grad[1]}"), read(grad))
+        return work(f"finish d{grad[1]}")
+
+    free_after = lambda role: () if not pair or writes_partial.get(role) else arrive("exchange_free")
+    # the chain writes -E dcorr into the tiles that carried the partial: once the partner has read it
+    tiles_read = was_read("dk") if pair and rank == 0 else was_read("dq") if pair else ()
+    rest = (C("q"), *(C(region) for region in ("do", "t", "delta", "s", "gamma", "gate_in", "gate_out", "k")),
+            W("beta", ahead=1))
+    # dgamma and dbeta of the last chunk, from the roles' partial sums (S forms them while the chain works on the
+    # next chunk's dDelta; the chain and the square role write the next chunk's sums once it has: sums_read)
+    sums = (*(R(region, ahead=-1) for region in ("delta_parts", "state_dots", "q_dots", "corr_dots", "g_parts",
+                                                 "e_parts", "e_sums", "beta_parts")),
+            W("scratch", private=True, ahead=-1), sync("state"), R("scratch", ahead=-1),
+            W("dgamma", private=True, ahead=-1), sync("state"), R("dgamma", ahead=-1), work("the per-token sums"))
+    state = Program(
+        before=(C("p"), C("v"), rest),  # the walk's first chunk
+        body=(WaitCopies(), sync("state"), arrive("inputs"),
+              W("ds", "dsn", private=True), R("s"), R("gate_in"), work("stage dS', the state dot"),
+              arrive("ds_ready"),
+              sums, W("state_dots", private=True), arrive("sums_read"),  # the last chunk's; then this one's state dot
+              R("do"), R("gate_in"), R("q"), work("scale Q^T diag(E) dO"),
+              sync("edcorr_to_state"), R("edcorr"), R("k"), work("issue V's copy; dS -= K^T E dcorr"),
+              free_after("S"),
+              sync("pv_free"), C("p"), C("v"), work("issue P's copy"),
+              sync("chunk_done"), rest, work("issue the rest's copies")),
+        after=sums)  # the walk's last chunk's
+    chain = Program(
+        before=read("dk") if pair and rank == 1 else (),  # rank 0's tiles carry no partial yet
+        body=(sync("ds_ready"),  # after the state role's wait for the chunk's copies
+              R("do"), R("p"), R("ds", "dsn"), R("k"), R("gate_out"), R("delta"), work("dDelta"),
+              # the state role has summed the last chunk's; the square role has formed corr and M (it arrives here
+              # after them)
+              sync("sums_read"), W("delta_parts", private=True), W("ddelta", private=True),
+              arrive("ddelta_ready"),
+              R("t"), R("v", "corr"), R("beta"), R("gate_in"), W("beta_parts", private=True),
+              tiles_read, W("edcorr", private=True), W("dv", private=True), work("T^T dDelta, dcorr, dV"),
+              sync("chain"), arrive("pv_free"), arrive("edcorr_to_state"), arrive("edcorr_to_square"),
+              R("delta"), R("ds", "dsn"), R("gate_out"), R("edcorr"), R("s"), R("m"), R("q"), R("dv"),
+              work("dK's state terms, M^T Q; dV out"), free_after("K"),
+              sync("f_ready"), R("ddelta.lo", "f"), R("k"), work("F K + F^T K"),
+              arrive("chunk_done"), hand_over("K", "dk")),
+        after=tiles_read)  # the partner's last read of this CTA's tiles, before it exits
+    dq = (R("do"), R("s"), R("gate_in"), R("q"), W("q_dots", private=True), R("m"), R("k"), work("dQ"))
+    square_work = Program(
+        before=read("dq") if pair and rank == 0 else (),  # rank 1's tiles carry no partial yet
+        body=(sync("inputs"),  # after chunk_done: the chain's dK has read the last M
+              R("do"), R("delta"), R("gamma"), R("p"), W("m", private=True), work("dP, M, G"),
+              R("k"), R("s"), R("gate_in"), R("v", private=True), W("v", "corr", private=True), work("K S, corr"),
+              # G's row and column sums, reduced in registers at dP, stored once the state role has summed the last
+              # chunk's; corr and M handed to the chain by the same barrier
+              sync("sums_read"), W("g_parts", private=True),
+              () if pair else dq,  # while the chain forms dDelta
+              sync("ddelta_ready"), R("k"), R("ddelta"), R("v", "corr"), R("beta"), work("K K^T, dT"),
+              sync("square"), arrive("pv_free"),
+              W("ddelta.lo", "dt", private=True), sync("square"),
+              R("t"), R("ddelta.lo", "dt"), W("ddelta.hi", "x", private=True), sync("square"),
+              R("ddelta.hi", "x"), R("t"), R("gamma"), R("beta"),
+              W("ddelta.lo", "f", private=True), W("e_sums", private=True), W("e_parts", private=True),
+              work("X, -dA, the inverse's backward"), arrive("f_ready"),
+              # E dcorr . K S for dg, from the K S it has held since forming corr
+              sync("edcorr_to_square"), R("edcorr"), W("corr_dots", private=True), free_after("A"),
+              dq if pair else (),
+              arrive("chunk_done"), hand_over("A", "dq")))
+    programs = {name("S"): state, name("K"): chain, name("A"): square_work}
+    roles = lambda *names: [name(role) for role in names]
+    barriers = {r("state"): roles("S"), r("chain"): roles("K"), r("square"): roles("A"), r("inputs"): roles("S", "A"),
+                r("ds_ready"): roles("S", "K"), r("pv_free"): roles("S", "K", "A"),
+                r("edcorr_to_state"): roles("S", "K"), r("edcorr_to_square"): roles("K", "A"),
+                r("ddelta_ready"): roles("K", "A"), r("f_ready"): roles("K", "A"),
+                r("chunk_done"): roles("S", "K", "A"), r("sums_read"): roles("S", "K", "A")}
+    if pair:
+        barriers[r("exchange_free")] = roles("S", "K", "A")
+        # each mbarrier's arriving role (the partial's sender, or its reader)
+        barriers.update({"dk partial": ["K0"], "dk read": ["K1"]} if rank == 0 else
+                        {"dq partial": ["A1"], "dq read": ["A0"]})
     return programs, barriers
 
 
@@ -135,17 +282,24 @@ def kernel(form, mode):
         p, b = form(mode, rank)
         programs.update(p)
         barriers.update(b)
-    barriers["cluster"] = list(programs)
+    if form is first_form:
+        barriers["cluster"] = list(programs)
     return programs, barriers
 
 
-FORMS = {"first": first_form}
+# Each form and the ways of finishing dq and dk it is written for.
+FORMS = {"first": (first_form, MODES), "second": (second_form, MODES)}
 
 
 def main():
     failed = False
-    for form_name, form in FORMS.items():
-        for mode in MODES:
+    for form_name, (form, _) in FORMS.items():
+        mode = "this_cta"  # both forms write it; BUSY's finishing times are the pair's, the profiled kernel's
+        step, busy = timing(*kernel(form, mode), copy_latency=COPY_LATENCY)
+        print(f"{form_name} form ({mode}): modelled step {step:.1f} (% of the first form's measured step); busy a "
+              "chunk: " + ", ".join(f"{role} {t:.1f}" for role, t in sorted(busy.items())))
+    for form_name, (form, modes) in FORMS.items():
+        for mode in modes:
             found = hazards(*kernel(form, mode))
             for h in found:
                 print(f"hazard ({form_name} form, {mode}):", h)

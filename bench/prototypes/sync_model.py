@@ -13,6 +13,8 @@ chunk of the walk, plus what it runs before and after the walk. The operations:
   Arrive / Wait   a named barrier's arrive (bar.arrive) and the wait for the phase of the role's last arrival;
                   Sync = Arrive + Wait (bar.sync). A cluster barrier is a barrier whose participants are the roles of
                   every CTA of the cluster; Arrive(relaxed=True) is barrier.cluster.arrive.relaxed
+  Await           an mbarrier's wait for its next phase by a role that only waits there (its participants, the
+                  roles that arrive, are the barrier's list), as a consumer waits on a producer's mbarrier
 The order, as the PTX memory model gives it at the granularity of whole roles:
   - Threads of one role are ordered only through a barrier phase the role completes (a Sync, or a Wait after its
     Arrive): its arrival covers every thread's earlier accesses. Private accesses of one role are ordered by program
@@ -23,9 +25,13 @@ The order, as the PTX memory model gives it at the granularity of whole roles:
     later instruction issues), not its writes, nor what it acquired.
   - A role's k+1-th arrival at a barrier must run after every other participant's k-th (in execution order, which
     relaxed arrivals give too): named barriers count arrivals, they have no phases, so an early arrival would complete
-    the wrong phase.
+    the wrong phase. At an awaited barrier (an mbarrier) it must run after every awaiting role's wait for phase k-1
+    instead: its phases alternate in parity, so a producer two phases ahead of a consumer would hide one from it.
 The walk is expanded over a few chunks, run as a simulation in which each role advances while it is not waiting for
 a phase, and each access is given the vector of role positions it is ordered after.
+
+timing() runs the same programs with a duration for each Busy op, a copy's latency and a barrier's, and gives the
+walk's step once it is steady: the critical path through the roles' work and their waits.
 
 Run the kernels' checks with: python3 bench/prototypes/role_split_sync.py
 """
@@ -37,7 +43,7 @@ class Read:
     region: str
     value: str = ""      # the value meant; the region's name where empty
     private: bool = False
-    ahead: int = 0       # the value of the walk's step + ahead
+    ahead: int = 0       # the value of the walk's step + ahead (-1: the last chunk's)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,13 @@ class WaitCopies:
 
 
 @dataclass(frozen=True)
+class Busy:
+    """Work that takes `time` (any unit, e.g. a share of a measured step), for timing(); the checks ignore it."""
+    name: str
+    time: float
+
+
+@dataclass(frozen=True)
 class Arrive:
     barrier: str
     relaxed: bool = False
@@ -67,6 +80,13 @@ class Arrive:
 
 @dataclass(frozen=True)
 class Wait:
+    barrier: str
+
+
+@dataclass(frozen=True)
+class Await:
+    """An mbarrier's wait for its next phase, by a role that does not arrive there (one-way: producers arrive, the
+    awaiting roles wait; across the CTAs of a cluster too)."""
     barrier: str
 
 
@@ -82,11 +102,12 @@ class Program:
 
 
 def flatten(ops):
+    """The operations of a tuple that may nest tuples (or of a single operation), in order."""
+    if not isinstance(ops, (tuple, list)):
+        yield ops
+        return
     for op in ops:
-        if isinstance(op, (tuple, list)):
-            yield from flatten(op)
-        else:
-            yield op
+        yield from flatten(op)
 
 
 @dataclass
@@ -101,13 +122,13 @@ class Event:
 
 
 def expand(program, chunks):
-    """The role's events over a walk of `chunks` chunks; ops for a chunk past the walk's last are not issued (the
-    kernel's `if (j > 0)`)."""
+    """The role's events over a walk of `chunks` chunks; ops for a chunk before the walk's first or past its last are
+    not issued (the kernel's `if (j > 0)`)."""
     ops = [(-1, op) for op in flatten(program.before)]
     for step in range(chunks):
         for op in flatten(program.body):
-            if getattr(op, "ahead", 0) and step + op.ahead >= chunks:
-                continue
+            if not 0 <= step + getattr(op, "ahead", 0) < chunks:
+                continue  # no such chunk: the first's has no last one, the last's no next one
             ops.append((step, op))
     ops += [(chunks, op) for op in flatten(program.after)]
     return ops
@@ -132,6 +153,10 @@ def simulate(programs, barriers, chunks):
     arrivals = {b: {role: [] for role in roles} for b, roles in barriers.items()}  # per role: (index, released)
     last_phase = {role: {} for role in programs}   # barrier -> the phase of the role's last arrival
     pending_copies = {role: [] for role in programs}
+    awaiters = {b: {role for role, program in programs.items()
+                    for op in flatten((program.before, program.body, program.after)) if op == Await(b)}
+                for b in barriers}
+    awaited = {b: {role: [] for role in awaiters[b]} for b in barriers}  # per awaiting role: its Awaits' indices
     problems = []
 
     def phase_complete(b, k):
@@ -144,13 +169,18 @@ def simulate(programs, barriers, chunks):
             while pc[role] < len(streams[role]):
                 step, op = streams[role][pc[role]]
                 index = pc[role]
-                if isinstance(op, Wait):
-                    k = last_phase[role].get(op.barrier)
-                    if k is None:
-                        problems.append(f"{role} waits on {op.barrier} without arriving")
-                        k = 0
+                if isinstance(op, (Wait, Await)):
+                    if isinstance(op, Await):
+                        k = len(awaited[op.barrier][role])
+                    else:
+                        k = last_phase[role].get(op.barrier)
+                        if k is None:
+                            problems.append(f"{role} waits on {op.barrier} without arriving")
+                            k = 0
                     if not phase_complete(op.barrier, k):
                         break
+                    if isinstance(op, Await):
+                        awaited[op.barrier][role].append(index)
                     for r in barriers[op.barrier]:
                         released, released_reads, ran = arrivals[op.barrier][r][k][1:]
                         known[role] = join(known[role], released)
@@ -161,6 +191,14 @@ def simulate(programs, barriers, chunks):
                         problems.append(f"{role} arrives at {op.barrier}, which it is not a participant of")
                     else:
                         k = len(arrivals[op.barrier][role])
+                        if k > 1 and awaiters[op.barrier]:
+                            for r in awaiters[op.barrier]:
+                                waits = awaited[op.barrier][r]
+                                if len(waits) < k - 1 or happened[role].get(r, -1) < waits[k - 2]:
+                                    problems.append(
+                                        f"{role}'s arrival {k} at {op.barrier} (step {step}) is not ordered after "
+                                        f"{r}'s wait for phase {k - 2}: the mbarrier's parity would hide a phase")
+                                    break
                         if k > 0:
                             for r in barriers[op.barrier]:
                                 mine = arrivals[op.barrier][r]
@@ -253,3 +291,52 @@ def describe(e):
     kind = type(op).__name__.lower()
     value = getattr(op, "value", "") or op.region
     return f"step {e.step} {e.role} {kind} {op.region} ({value})"
+
+
+def timing(programs, barriers, chunks=8, copy_latency=0.0, barrier_latency=0.0):
+    """The steady step of the walk: each role runs its Busy ops in turn; a Wait (or Await) ends when the last arrival of
+    its phase has come, plus barrier_latency; WaitCopies when the role's copies issued since its last wait have landed, each
+    copy_latency after its issue. Returns (the mean step over the walk's second half, {role: busy time a chunk})."""
+    streams = {role: expand(program, chunks) for role, program in programs.items()}
+    clock = {role: 0.0 for role in programs}
+    pc = {role: 0 for role in programs}
+    arrivals = {b: {role: [] for role in roles} for b, roles in barriers.items()}
+    last_phase = {role: {} for role in programs}
+    awaits = {role: {} for role in programs}
+    landing = {role: 0.0 for role in programs}
+    step_ends = {role: {} for role in programs}
+    busy = {role: 0.0 for role in programs}
+    progressed = True
+    while progressed:
+        progressed = False
+        for role in programs:
+            while pc[role] < len(streams[role]):
+                step, op = streams[role][pc[role]]
+                if isinstance(op, (Wait, Await)):
+                    k = awaits[role].get(op.barrier, 0) if isinstance(op, Await) else last_phase[role][op.barrier]
+                    if not all(len(arrivals[op.barrier][r]) > k for r in barriers[op.barrier]):
+                        break
+                    done = max(arrivals[op.barrier][r][k] for r in barriers[op.barrier])
+                    clock[role] = max(clock[role], done + barrier_latency)
+                    if isinstance(op, Await):
+                        awaits[role][op.barrier] = k + 1
+                elif isinstance(op, Arrive):
+                    last_phase[role][op.barrier] = len(arrivals[op.barrier][role])
+                    arrivals[op.barrier][role].append(clock[role])
+                elif isinstance(op, Busy):
+                    clock[role] += op.time
+                    if 0 <= step < chunks:
+                        busy[role] += op.time
+                elif isinstance(op, Copy):
+                    landing[role] = max(landing[role], clock[role] + copy_latency)
+                elif isinstance(op, WaitCopies):
+                    clock[role] = max(clock[role], landing[role])
+                step_ends[role][step] = clock[role]
+                pc[role] += 1
+                progressed = True
+    stuck = [role for role in programs if pc[role] < len(streams[role])]
+    if stuck:
+        raise ValueError(f"the walk hangs: {stuck} wait forever (run hazards() for where)")
+    half = chunks // 2
+    ends = [max(step_ends[role][step] for role in programs) for step in (half - 1, chunks - 1)]
+    return (ends[1] - ends[0]) / (chunks - half), {role: t / chunks for role, t in busy.items()}

@@ -4,6 +4,7 @@ state chain against the token recurrence, the fused backward and the role split'
 recurrence's reverse, and that reverse against central differences; and the role split kernel's shared memory and
 barriers against a model of their order."""
 
+import collections
 import dataclasses
 import os
 import sys
@@ -81,16 +82,18 @@ def test_the_schedule_check_finds_a_read_of_another_roles_registers():
     assert len(errors) == 1 and "A's registers" in errors[0]
 
 
-@pytest.mark.parametrize("form", role_split_sync.FORMS)
-@pytest.mark.parametrize("mode", role_split_sync.MODES)
+FORM_MODES = [(form, mode) for form, (_, modes) in role_split_sync.FORMS.items() for mode in modes]
+
+
+@pytest.mark.parametrize("form,mode", FORM_MODES)
 def test_the_role_split_kernels_reads_each_see_their_own_chunks_values(form, mode):
-    assert sync_model.hazards(*role_split_sync.kernel(role_split_sync.FORMS[form], mode)) == []
+    assert sync_model.hazards(*role_split_sync.kernel(role_split_sync.FORMS[form][0], mode)) == []
 
 
 def _edited(mode, roles, take, put=None, after=None, form="first"):
     """The kernel's programs with the ops of each role's body at the positions `take(body)` gives removed, and `put`
     (default: those ops) inserted after the n-th wait at barrier b, `after` = (b, n)."""
-    programs, barriers = role_split_sync.kernel(role_split_sync.FORMS[form], mode)
+    programs, barriers = role_split_sync.kernel(role_split_sync.FORMS[form][0], mode)
     for role in roles.split():
         body = list(sync_model.flatten(programs[role].body))
         positions = take(body)
@@ -148,6 +151,59 @@ SLIPS = {
 @pytest.mark.parametrize("slip", SLIPS)
 def test_the_synchronisation_model_finds_a_slip(slip):
     assert sync_model.hazards(*SLIPS[slip]()) != []
+
+
+def _second_form_waits():
+    """(mode, role, barrier, n) for every wait of the second form: the role's n-th wait at that barrier."""
+    found = []
+    for mode in role_split_sync.FORMS["second"][1]:
+        programs, _ = role_split_sync.kernel(role_split_sync.second_form, mode)
+        for role, program in programs.items():
+            seen = collections.Counter()
+            for op in sync_model.flatten(program.body):
+                if isinstance(op, (sync_model.Wait, sync_model.Await)):
+                    found.append((mode, role, op, seen[op]))
+                    seen[op] += 1
+    return found
+
+
+@pytest.mark.parametrize("mode,role,wait,n", _second_form_waits())
+def test_every_wait_of_the_second_form_is_needed(mode, role, wait, n):
+    """Each wait removed, the model finds what it guarded: the form has no barrier it does not need."""
+    programs, barriers = _edited(mode, role, _nth(n, lambda op: op == wait), form="second")
+    assert sync_model.hazards(programs, barriers) != []
+
+
+def test_the_model_times_a_hand_over_and_an_overlap(rng):
+    """Two roles that hand a value back and forth take the sum of their work a step; with a second buffer (the
+    producer runs one step ahead), the longer of the two."""
+    a, b = (float(x) for x in rng.uniform(1, 10, size=2))
+    Arrive, Sync, Busy, Program = sync_model.Arrive, sync_model.Sync, sync_model.Busy, sync_model.Program
+    ping_pong = {"P": Program(body=(Busy("a", a), Arrive("full"), Sync("empty"))),
+                 "C": Program(body=(Sync("full"), Busy("b", b), Arrive("empty")))}
+    barriers = {"full": ["P", "C"], "empty": ["P", "C"]}
+    assert sync_model.timing(ping_pong, barriers)[0] == pytest.approx(a + b)
+    double_buffered = {"P": Program(before=(Busy("a", a), Arrive("full")),
+                                    body=(Busy("a", a), Arrive("full"), Sync("empty"))),
+                       "C": Program(before=(Arrive("empty"),), body=(Sync("full"), Busy("b", b), Arrive("empty")))}
+    assert sync_model.timing(double_buffered, barriers)[0] == pytest.approx(max(a, b))
+
+
+def test_the_first_forms_modelled_step_is_its_stages_longest_work():
+    """With no copy latency, the first form's step is the sum over its five stages of the busiest role's work there
+    (a second way to the same number: each Busy op grouped by the stage barriers before it in its role's body)."""
+    programs, barriers = role_split_sync.kernel(role_split_sync.first_form, "this_cta")
+    per_stage = {}
+    for role, program in programs.items():
+        stage = -1
+        for op in sync_model.flatten(program.body):
+            if op == sync_model.Wait("stage"):
+                stage += 1
+            elif isinstance(op, sync_model.Busy):
+                per_stage.setdefault(stage, {}).setdefault(role, 0.0)
+                per_stage[stage][role] += op.time
+    expected = sum(max(times.values()) for times in per_stage.values())
+    assert sync_model.timing(programs, barriers)[0] == pytest.approx(expected)
 
 
 def test_the_reference_reverse_matches_central_differences(rng):
