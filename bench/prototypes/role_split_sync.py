@@ -1,12 +1,15 @@
 """The shared memory and synchronisation of gdn/cuda/role_split_backward.cu, written as the roles' programs and checked
 by sync_model.py: every read sees its own chunk's value, no access is unordered with a write of its region, no barrier
-is over-arrived, nothing hangs.
+is over-arrived, nothing hangs; and timed with the busy times the first form's profile measured.
 
-The kernel's three roles (S: the state, K: the chain, A: the square work) walk the same chunks. The first form meets
-at a barrier of all three before each of a chunk's five stages (`stage`); the square role has a barrier of its own
-(`square`). S issues every copy and waits for all of them before the barriers of stages 0 and 1. Where dq and dk are
-finished by a cluster pair, both CTAs' roles are modelled, and their partial sums pass through the partner's -E dcorr
-and dV tiles (regions named by rank) between cluster barriers (PairExchange).
+The kernel's three roles (S: the state, K: the chain, A: the square work) walk the same chunks. Where dq and dk are
+finished by a cluster pair, both CTAs' roles are modelled (roles and regions named by rank).
+- The first form (the kernel measured in sessions 31 and 32, up to 55eb1aa) meets at a barrier of all three before
+  each of a chunk's five stages (`stage`); the square role has a barrier of its own (`square`). S issues every copy and
+  waits for all of them before the barriers of stages 0 and 1. A pair's partial sums pass through the partner's -E
+  dcorr and dV tiles between cluster barriers. It stays here as the calibration of BUSY, the times it was profiled at.
+- The second form (the kernel now) hands each value over by a named barrier that only its readers wait on, and a
+  pair's partials by mbarriers (second_form's docstring).
 
 Run: python3 bench/prototypes/role_split_sync.py   (prints the hazards; exits 1 if there are any)
 """
@@ -30,6 +33,9 @@ BUSY = {
     "dDelta": 14.7, "T^T dDelta, dcorr, dV": 10.3, "dK's state terms, M^T Q; dV out": 10.1, "F K + F^T K": 1.7,
     "finish dk": 9.7,
     "dP, M, G": 14.5, "K S, corr": 8.8, "K K^T, dT": 2.9, "X, -dA, the inverse's backward": 18.4, "dQ": 5.0,
+    # the second form splits the last but one, which the profile counts as one region: X's product and store taken as
+    # a sixth of it (a quarter of its products, little of its element-wise work)
+    "X": 3.0, "-dA, the inverse's backward": 15.4,
     "the per-token sums": 7.4, "finish dq": 15.2,
 }
 # A copy's time from issue to landing, in the same unit: ~1 us of DRAM latency and 16-32 KB a tile at the SM's share
@@ -162,9 +168,11 @@ def second_form(mode, rank=0):
     - Tiles are still single-buffered: the next chunk's inputs are copied once every reader of this chunk's has said
       so (chunk_done), P and V's as soon as theirs have (pv_free). dq and dk are finished after chunk_done, while
       those copies land, so the L2 norm's backward reads the normalised rows from global memory, not the Q and K tiles.
-    - The square role forms dQ before the inverse's backward where dq is finished per value head or in the CTA (from
-      the chunk's inputs and M alone, while the chain forms dDelta). In a cluster pair it forms dQ last, since rank 1
-      hands its partial over through its -E dcorr and dV tiles, which are busy until then.
+    - The square role forms dQ last: in a cluster pair rank 1 hands its partial over through its -E dcorr and dV tiles,
+      which are busy until then, and dQ beside K S (held for E dcorr . K S) makes ptxas serialise the wgmma. (Formed
+      right after corr, from the chunk's inputs and M alone, it would overlap the chain's dDelta; with its finishing
+      there too the model's step is longer.) E dcorr . K S comes before the inverse's backward, so that K S's
+      registers are free for it.
     - A cluster pair hands each partial over with an mbarrier of the receiving role's CTA (rank 0's dK partial to rank
       1's chain, rank 1's dQ partial to rank 0's square role) and says it has read it with another, which the partial's
       tiles wait for before the chain writes -E dcorr into them again; no cluster barrier couples all six roles.
@@ -246,18 +254,17 @@ def second_form(mode, rank=0):
               # G's row and column sums, reduced in registers at dP, stored once the state role has summed the last
               # chunk's; corr and M handed to the chain by the same barrier
               sync("sums_read"), W("g_parts", private=True),
-              () if pair else dq,  # while the chain forms dDelta
               sync("ddelta_ready"), R("k"), R("ddelta"), R("v", "corr"), R("beta"), work("K K^T, dT"),
               sync("square"), arrive("pv_free"),
               W("ddelta.lo", "dt", private=True), sync("square"),
-              R("t"), R("ddelta.lo", "dt"), W("ddelta.hi", "x", private=True), sync("square"),
+              R("t"), R("ddelta.lo", "dt"), W("ddelta.hi", "x", private=True), work("X"),
+              # E dcorr . K S for dg, from the K S it has held since forming corr: its 64 registers are free for the
+              # inverse's backward after it (the barrier also orders X's stores before -dA's reads)
+              sync("edcorr_to_square"), R("edcorr"), W("corr_dots", private=True), free_after("A"),
               R("ddelta.hi", "x"), R("t"), R("gamma"), R("beta"),
               W("ddelta.lo", "f", private=True), W("e_sums", private=True), W("e_parts", private=True),
-              work("X, -dA, the inverse's backward"), arrive("f_ready"),
-              # E dcorr . K S for dg, from the K S it has held since forming corr
-              sync("edcorr_to_square"), R("edcorr"), W("corr_dots", private=True), free_after("A"),
-              dq if pair else (),
-              arrive("chunk_done"), hand_over("A", "dq")))
+              work("-dA, the inverse's backward"), arrive("f_ready"),
+              dq, arrive("chunk_done"), hand_over("A", "dq")))
     programs = {name("S"): state, name("K"): chain, name("A"): square_work}
     roles = lambda *names: [name(role) for role in names]
     barriers = {r("state"): roles("S"), r("chain"): roles("K"), r("square"): roles("A"), r("inputs"): roles("S", "A"),

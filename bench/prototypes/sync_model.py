@@ -141,17 +141,64 @@ def join(a, b):
     return out
 
 
+class Phases:
+    """The phases of a walk's barriers: each role's arrivals at each (with what they carry), and the phase each wait
+    is for: a Wait's, that of the role's last arrival; an Await's, the next after those it has waited for."""
+
+    def __init__(self, barriers, roles):
+        self.barriers = barriers
+        self.arrivals = {b: {r: [] for r in participants} for b, participants in barriers.items()}
+        self.last = {role: {} for role in roles}
+        self.awaited = {role: {} for role in roles}
+
+    def arrive(self, role, barrier, carried):
+        """Records the arrival; returns its phase."""
+        k = len(self.arrivals[barrier][role])
+        self.arrivals[barrier][role].append(carried)
+        self.last[role][barrier] = k
+        return k
+
+    def phase(self, role, op):
+        """The phase a Wait or an Await waits for (None: a Wait at a barrier the role has not arrived at)."""
+        if isinstance(op, Await):
+            return self.awaited[role].get(op.barrier, 0)
+        return self.last[role].get(op.barrier)
+
+    def complete(self, barrier, k):
+        return all(len(self.arrivals[barrier][r]) > k for r in self.barriers[barrier])
+
+    def carried(self, barrier, k):
+        """What every arrival of phase k carries (the phase complete)."""
+        return [self.arrivals[barrier][r][k] for r in self.barriers[barrier]]
+
+    def passed(self, role, op, k):
+        if isinstance(op, Await):
+            self.awaited[role][op.barrier] = k + 1
+
+
+def walk_roles(streams, advance):
+    """Runs every role's stream, each as far as it can: advance(role, index, step, op) does an op and says whether it
+    could (False: a wait whose phase has not completed). Returns {role: (step, op)} for the roles left waiting."""
+    pc = {role: 0 for role in streams}
+    progressed = True
+    while progressed:
+        progressed = False
+        for role, stream in streams.items():
+            while pc[role] < len(stream) and advance(role, pc[role], *stream[pc[role]]):
+                pc[role] += 1
+                progressed = True
+    return {role: stream[pc[role]] for role, stream in streams.items() if pc[role] < len(stream)}
+
+
 def simulate(programs, barriers, chunks):
     """Runs every role's expanded program; returns (events by role, problems). `barriers` maps each barrier's name to
-    its participating roles."""
+    its participating roles (those that arrive there)."""
     streams = {role: expand(program, chunks) for role, program in programs.items()}
     events = {role: [] for role in programs}
-    pc = {role: 0 for role in programs}
     known = {role: {} for role in programs}        # acquired so far, per role
     known_reads = {role: {} for role in programs}
     happened = {role: {} for role in programs}     # what has run before, barriers relaxed or not (execution order)
-    arrivals = {b: {role: [] for role in roles} for b, roles in barriers.items()}  # per role: (index, released)
-    last_phase = {role: {} for role in programs}   # barrier -> the phase of the role's last arrival
+    phases = Phases(barriers, programs)             # arrivals carry (index, released, released reads, ran)
     pending_copies = {role: [] for role in programs}
     awaiters = {b: {role for role, program in programs.items()
                     for op in flatten((program.before, program.body, program.after)) if op == Await(b)}
@@ -159,76 +206,64 @@ def simulate(programs, barriers, chunks):
     awaited = {b: {role: [] for role in awaiters[b]} for b in barriers}  # per awaiting role: its Awaits' indices
     problems = []
 
-    def phase_complete(b, k):
-        return all(len(arrivals[b][r]) > k for r in barriers[b])
+    def arrival_problem(role, step, op):
+        """Whether this arrival may complete an earlier phase than its own (the rules in the module's docstring)."""
+        k = len(phases.arrivals[op.barrier][role])
+        if k > 1:
+            for r in awaiters[op.barrier]:
+                waits = awaited[op.barrier][r]
+                if len(waits) < k - 1 or happened[role].get(r, -1) < waits[k - 2]:
+                    return (f"{role}'s arrival {k} at {op.barrier} (step {step}) is not ordered after {r}'s wait "
+                            f"for phase {k - 2}: the mbarrier's parity would hide a phase")
+        if k > 0:
+            for r in barriers[op.barrier]:
+                mine = phases.arrivals[op.barrier][r]
+                if r != role and (len(mine) < k or happened[role].get(r, -1) < mine[k - 1][0]):
+                    return (f"{role}'s arrival {k} at {op.barrier} (step {step}) is not ordered after {r}'s arrival "
+                            f"{k - 1}: it may complete phase {k - 1}")
+        return None
 
-    progressed = True
-    while progressed:
-        progressed = False
-        for role in programs:
-            while pc[role] < len(streams[role]):
-                step, op = streams[role][pc[role]]
-                index = pc[role]
-                if isinstance(op, (Wait, Await)):
-                    if isinstance(op, Await):
-                        k = len(awaited[op.barrier][role])
-                    else:
-                        k = last_phase[role].get(op.barrier)
-                        if k is None:
-                            problems.append(f"{role} waits on {op.barrier} without arriving")
-                            k = 0
-                    if not phase_complete(op.barrier, k):
-                        break
-                    if isinstance(op, Await):
-                        awaited[op.barrier][role].append(index)
-                    for r in barriers[op.barrier]:
-                        released, released_reads, ran = arrivals[op.barrier][r][k][1:]
-                        known[role] = join(known[role], released)
-                        known_reads[role] = join(known_reads[role], released_reads)
-                        happened[role] = join(happened[role], ran)
-                elif isinstance(op, Arrive):
-                    if role not in barriers[op.barrier]:
-                        problems.append(f"{role} arrives at {op.barrier}, which it is not a participant of")
-                    else:
-                        k = len(arrivals[op.barrier][role])
-                        if k > 1 and awaiters[op.barrier]:
-                            for r in awaiters[op.barrier]:
-                                waits = awaited[op.barrier][r]
-                                if len(waits) < k - 1 or happened[role].get(r, -1) < waits[k - 2]:
-                                    problems.append(
-                                        f"{role}'s arrival {k} at {op.barrier} (step {step}) is not ordered after "
-                                        f"{r}'s wait for phase {k - 2}: the mbarrier's parity would hide a phase")
-                                    break
-                        if k > 0:
-                            for r in barriers[op.barrier]:
-                                mine = arrivals[op.barrier][r]
-                                if r != role and (len(mine) < k or happened[role].get(r, -1) < mine[k - 1][0]):
-                                    problems.append(
-                                        f"{role}'s arrival {k} at {op.barrier} (step {step}) is not ordered after "
-                                        f"{r}'s arrival {k - 1}: it may complete phase {k - 1}")
-                                    break
-                        if op.relaxed:
-                            released, released_reads = {}, {role: index}
-                        else:
-                            released = join(known[role], {role: index})
-                            released_reads = join(known_reads[role], released)
-                        ran = join(happened[role], {role: index})
-                        arrivals[op.barrier][role].append((index, released, released_reads, ran))
-                        last_phase[role][op.barrier] = k
-                elif isinstance(op, WaitCopies):
-                    for copy in pending_copies[role]:
-                        copy.lands_by = index
-                    pending_copies[role] = []
-                event = Event(role, index, step, op, dict(known[role]), dict(known_reads[role]))
-                if isinstance(op, Copy):
-                    pending_copies[role].append(event)
-                events[role].append(event)
-                pc[role] += 1
-                progressed = True
+    def advance(role, index, step, op):
+        if isinstance(op, (Wait, Await)):
+            k = phases.phase(role, op)
+            if k is None:
+                problems.append(f"{role} waits on {op.barrier} without arriving")
+                k = 0
+            if not phases.complete(op.barrier, k):
+                return False
+            phases.passed(role, op, k)
+            if isinstance(op, Await):
+                awaited[op.barrier][role].append(index)
+            for _, released, released_reads, ran in phases.carried(op.barrier, k):
+                known[role] = join(known[role], released)
+                known_reads[role] = join(known_reads[role], released_reads)
+                happened[role] = join(happened[role], ran)
+        elif isinstance(op, Arrive):
+            if role not in barriers[op.barrier]:
+                problems.append(f"{role} arrives at {op.barrier}, which it is not a participant of")
+            else:
+                problem = arrival_problem(role, step, op)
+                if problem:
+                    problems.append(problem)
+                if op.relaxed:
+                    released, released_reads = {}, {role: index}
+                else:
+                    released = join(known[role], {role: index})
+                    released_reads = join(known_reads[role], released)
+                phases.arrive(role, op.barrier, (index, released, released_reads, join(happened[role], {role: index})))
+        elif isinstance(op, WaitCopies):
+            for copy in pending_copies[role]:
+                copy.lands_by = index
+            pending_copies[role] = []
+        event = Event(role, index, step, op, dict(known[role]), dict(known_reads[role]))
+        if isinstance(op, Copy):
+            pending_copies[role].append(event)
+        events[role].append(event)
+        return True
+
+    for role, (step, op) in walk_roles(streams, advance).items():
+        problems.append(f"hang: {role} waits forever at step {step} on {op}")
     for role in programs:
-        if pc[role] < len(streams[role]):
-            step, op = streams[role][pc[role]]
-            problems.append(f"hang: {role} waits forever at step {step} on {op}")
         for copy in pending_copies[role]:
             problems.append(f"{role}'s copy of {copy.op.region} (step {copy.step}) is never waited for")
     return events, problems
@@ -295,48 +330,39 @@ def describe(e):
 
 def timing(programs, barriers, chunks=8, copy_latency=0.0, barrier_latency=0.0):
     """The steady step of the walk: each role runs its Busy ops in turn; a Wait (or Await) ends when the last arrival of
-    its phase has come, plus barrier_latency; WaitCopies when the role's copies issued since its last wait have landed, each
-    copy_latency after its issue. Returns (the mean step over the walk's second half, {role: busy time a chunk})."""
+    its phase has come, plus barrier_latency; WaitCopies when the role's copies issued since its last wait have landed,
+    each copy_latency after its issue. Returns (the mean step over the walk's second half, {role: busy time a
+    chunk})."""
     streams = {role: expand(program, chunks) for role, program in programs.items()}
     clock = {role: 0.0 for role in programs}
-    pc = {role: 0 for role in programs}
-    arrivals = {b: {role: [] for role in roles} for b, roles in barriers.items()}
-    last_phase = {role: {} for role in programs}
-    awaits = {role: {} for role in programs}
+    phases = Phases(barriers, programs)  # arrivals carry their time
     landing = {role: 0.0 for role in programs}
     step_ends = {role: {} for role in programs}
     busy = {role: 0.0 for role in programs}
-    progressed = True
-    while progressed:
-        progressed = False
-        for role in programs:
-            while pc[role] < len(streams[role]):
-                step, op = streams[role][pc[role]]
-                if isinstance(op, (Wait, Await)):
-                    k = awaits[role].get(op.barrier, 0) if isinstance(op, Await) else last_phase[role][op.barrier]
-                    if not all(len(arrivals[op.barrier][r]) > k for r in barriers[op.barrier]):
-                        break
-                    done = max(arrivals[op.barrier][r][k] for r in barriers[op.barrier])
-                    clock[role] = max(clock[role], done + barrier_latency)
-                    if isinstance(op, Await):
-                        awaits[role][op.barrier] = k + 1
-                elif isinstance(op, Arrive):
-                    last_phase[role][op.barrier] = len(arrivals[op.barrier][role])
-                    arrivals[op.barrier][role].append(clock[role])
-                elif isinstance(op, Busy):
-                    clock[role] += op.time
-                    if 0 <= step < chunks:
-                        busy[role] += op.time
-                elif isinstance(op, Copy):
-                    landing[role] = max(landing[role], clock[role] + copy_latency)
-                elif isinstance(op, WaitCopies):
-                    clock[role] = max(clock[role], landing[role])
-                step_ends[role][step] = clock[role]
-                pc[role] += 1
-                progressed = True
-    stuck = [role for role in programs if pc[role] < len(streams[role])]
+
+    def advance(role, index, step, op):
+        if isinstance(op, (Wait, Await)):
+            k = phases.phase(role, op)
+            if not phases.complete(op.barrier, k):
+                return False
+            phases.passed(role, op, k)
+            clock[role] = max(clock[role], max(phases.carried(op.barrier, k)) + barrier_latency)
+        elif isinstance(op, Arrive):
+            phases.arrive(role, op.barrier, clock[role])
+        elif isinstance(op, Busy):
+            clock[role] += op.time
+            if 0 <= step < chunks:
+                busy[role] += op.time
+        elif isinstance(op, Copy):
+            landing[role] = max(landing[role], clock[role] + copy_latency)
+        elif isinstance(op, WaitCopies):
+            clock[role] = max(clock[role], landing[role])
+        step_ends[role][step] = clock[role]
+        return True
+
+    stuck = walk_roles(streams, advance)
     if stuck:
-        raise ValueError(f"the walk hangs: {stuck} wait forever (run hazards() for where)")
+        raise ValueError(f"the walk hangs: {sorted(stuck)} wait forever (run hazards() for where)")
     half = chunks // 2
     ends = [max(step_ends[role][step] for role in programs) for step in (half - 1, chunks - 1)]
     return (ends[1] - ends[0]) / (chunks - half), {role: t / chunks for role, t in busy.items()}

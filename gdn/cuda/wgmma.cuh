@@ -279,4 +279,38 @@ __device__ __forceinline__ float4 load_from_cluster_rank(const void* local, unsi
   return v;
 }
 
+// ---- mbarriers across a cluster: one-way hand-overs between CTAs ----
+// Sets up the mbarrier at `local` to complete a phase on `arrivals` arrivals, visible to the cluster once a cluster
+// barrier (with release) has passed.
+__device__ __forceinline__ void cluster_mbarrier_init(std::uint64_t* local, unsigned arrivals) {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(local)), "r"(arrivals) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Arrives, with release at cluster scope, at the mbarrier at `local`'s offset in CTA `rank`: this thread's earlier
+// memory accesses are performed for the threads past that phase's wait.
+__device__ __forceinline__ void cluster_mbarrier_arrive(const std::uint64_t* local, unsigned rank) {
+#ifdef DELTATRAIN_WGMMA
+  std::uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(local)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+#endif
+}
+// Waits, with acquire at cluster scope, until the phase of this CTA's mbarrier whose parity is `parity` (its
+// phase count's lowest bit) has completed.
+__device__ __forceinline__ void cluster_mbarrier_wait(std::uint64_t* local, unsigned parity) {
+#ifdef DELTATRAIN_WGMMA
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(smem_address(local)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
 }  // namespace deltatrain::gdn::cuda

@@ -174,6 +174,22 @@ def test_every_wait_of_the_second_form_is_needed(mode, role, wait, n):
     assert sync_model.hazards(programs, barriers) != []
 
 
+def test_the_model_reports_an_mbarrier_producer_two_phases_ahead_and_a_hang():
+    """A producer that sends through an mbarrier with no word back from its consumer may complete two phases before
+    the consumer's first wait (their parity would hide one); with the word back it may not. A wait that no arrival
+    completes hangs."""
+    Arrive, Await, Program = sync_model.Arrive, sync_model.Await, sync_model.Program
+    W, R = sync_model.Write, sync_model.Read
+    unpaced = {"P": Program(body=(W("x"), Arrive("full"))), "C": Program(body=(Await("full"), R("x")))}
+    found = sync_model.hazards(unpaced, {"full": ["P"]})
+    assert any("parity" in h for h in found)
+    paced = {"P": Program(body=(Await("empty"), W("x"), Arrive("full"))),
+             "C": Program(before=Arrive("empty"), body=(Await("full"), R("x"), Arrive("empty")))}
+    assert sync_model.hazards(paced, {"full": ["P"], "empty": ["C"]}) == []
+    hung = {"P": Program(body=(Await("never"),))}
+    assert any("hang" in h for h in sync_model.hazards(hung, {"never": ["C"]}))
+
+
 def test_the_model_times_a_hand_over_and_an_overlap(rng):
     """Two roles that hand a value back and forth take the sum of their work a step; with a second buffer (the
     producer runs one step ahead), the longer of the two."""
