@@ -72,14 +72,16 @@ enum Barrier : int {
   kSquareOnly,
   kInputs,           // state -> square: the chunk's copies have landed (the chain learns it from kStateStaged)
   kStateStaged,      // state -> chain: dS' in its tile
-  kSumsRead,         // state, chain, square: the last chunk's partial sums are summed; corr and M are formed
+  kSumsRead,         // state -> chain, square: the last chunk's partial sums are summed (and the chain learns from
+                     // the square role's arrival that corr and M are formed)
   kDdeltaReady,      // chain -> square: dDelta in its tile
   kEdcorrToState,    // chain -> state: -E dcorr in its tile
   kEdcorrToSquare,   // chain -> square: the same (a barrier of its own, so that neither reader waits for the other)
   kFReady,           // square -> chain: F in its tile
   kPvFree,           // chain, square -> state: P and V (corr) read
   kChunkDone,        // chain, square -> state: every input tile read
-  kExchangeFree,     // state and the reader -> a cluster pair's sender: the -E dcorr and dV tiles read
+  kExchangeFree,     // state and the role that does not send -> a cluster pair's sender (rank 0's chain, rank 1's
+                     // square role): the -E dcorr and dV tiles read
 };
 // The threads that meet at a barrier: a role's own 128, two roles' 256, or all three's.
 __host__ __device__ constexpr int meeting_threads(Barrier id) {
@@ -105,7 +107,8 @@ __device__ __forceinline__ void hand_over() {
   fence_for_wgmma();
   named_barrier_arrive_unaligned(kId, meeting_threads(kId));
 }
-// A reader's wait for a hand-over (it arrives and waits); a role's own barrier likewise.
+// A reader's wait for a hand-over (it arrives and waits); a role's own barrier likewise, where the fence makes the
+// role's own stores visible to the wgmma of its other warps.
 template <Barrier kId>
 __device__ __forceinline__ void wait_for() {
   fence_for_wgmma();
