@@ -15,7 +15,8 @@ Run: python3 bench/prototypes/role_split_sync.py   (prints the hazards; exits 1 
 """
 import sys
 
-from sync_model import Arrive, Await, Busy, Copy, Program, Read, Sync, Wait, WaitCopies, Write, hazards, timing
+from sync_model import (Arrive, Await, Busy, Copy, Program, Read, Sync, Wait, WaitCopies, Write, flatten, hazards,
+                        timing)
 
 # Who finishes dq and dk (the kernel's InputGrads).
 MODES = ("per_value_head", "this_cta", "cluster_pair")
@@ -278,6 +279,27 @@ def second_form(mode, rank=0):
         barriers.update({"dk partial": ["K0"], "dk read": ["K1"]} if rank == 0 else
                         {"dq partial": ["A1"], "dq read": ["A0"]})
     return programs, barriers
+
+
+# The kernel's name (role_split_backward.cu's Barrier) of each of the second form's named barriers.
+KERNEL_BARRIERS = {"state": "kStateOnly", "chain": "kChainOnly", "square": "kSquareOnly", "inputs": "kInputs",
+                   "ds_ready": "kStateStaged", "sums_read": "kSumsRead", "ddelta_ready": "kDdeltaReady",
+                   "edcorr_to_state": "kEdcorrToState", "edcorr_to_square": "kEdcorrToSquare", "f_ready": "kFReady",
+                   "pv_free": "kPvFree", "chunk_done": "kChunkDone", "exchange_free": "kExchangeFree"}
+
+
+def named_barrier_uses(programs):
+    """{role: ({kernel names it only arrives at}, {those it waits at})}, over every program given (a pair's roles are
+    named with their rank: both ranks' uses count for the role)."""
+    uses = {}
+    for role, program in programs.items():
+        ops = list(flatten((program.before, program.body, program.after)))
+        waited = {op.barrier.rpartition(":")[2] for op in ops if isinstance(op, Wait)}
+        arrived = {op.barrier.rpartition(":")[2] for op in ops if isinstance(op, Arrive)} - waited
+        mine = uses.setdefault(role[0], (set(), set()))
+        mine[0].update(KERNEL_BARRIERS[b] for b in arrived if b in KERNEL_BARRIERS)
+        mine[1].update(KERNEL_BARRIERS[b] for b in waited if b in KERNEL_BARRIERS)
+    return uses
 
 
 def kernel(form, mode):

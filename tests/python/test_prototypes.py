@@ -1,12 +1,14 @@
 """The float64 prototypes of the cuda backend's planned kernels (bench/prototypes/) on fresh random problems, so
 that the designs they check stay checked: the segmented forward, the gate-free fused forward and the one-product
 state chain against the token recurrence, the fused backward and the role split's stage schedule against the
-recurrence's reverse, and that reverse against central differences; and the role split kernel's shared memory and
-barriers against a model of their order."""
+recurrence's reverse, and that reverse against central differences; the role split kernel's shared memory and
+barriers against a model of their order (its two forms, every mode, seeded slips, the second form's every wait, its
+timing), and the kernel's barriers against the model's."""
 
 import collections
 import dataclasses
 import os
+import re
 import sys
 
 import numpy as np
@@ -172,6 +174,37 @@ def test_every_wait_of_the_second_form_is_needed(mode, role, wait, n):
     """Each wait removed, the model finds what it guarded: the form has no barrier it does not need."""
     programs, barriers = _edited(mode, role, _nth(n, lambda op: op == wait), form="second")
     assert sync_model.hazards(programs, barriers) != []
+
+
+KERNEL = os.path.join(os.path.dirname(__file__), "..", "..", "gdn", "cuda", "role_split_backward.cu")
+
+
+def _kernel_barrier_uses():
+    """{role: ({barriers it hands over at}, {barriers it waits at})} from role_split_backward.cu's source: each role's
+    struct, and Cta::finish_input_rows for the two roles that call it (the chain and the square role)."""
+    source = open(KERNEL).read()
+    starts = {role: source.index(f"struct {name} : Cta<E>") for role, name in
+              (("S", "StateRole"), ("K", "ChainRole"), ("A", "SquareRole"))}
+    ends = {"S": starts["K"], "K": starts["A"], "A": source.index("__device__ __forceinline__ void role_split_backward(")}
+    shared = source[source.index("__device__ void finish_input_rows"):starts["S"]]
+    uses = {}
+    for role in starts:
+        text = source[starts[role]:ends[role]] + (shared if role in "KA" else "")
+        uses[role] = (set(re.findall(r"hand_over<(k\w+)>", text)), set(re.findall(r"wait_for<(k\w+)>", text)))
+    return uses
+
+
+def test_the_kernel_uses_the_second_forms_barriers():
+    """Every named barrier each role of the kernel hands over at or waits at is one the model's second form has that
+    role arrive at or wait at (over all its modes), and none is missing: a transcription slip in either is caught."""
+    model = {}
+    for mode in role_split_sync.FORMS["second"][1]:
+        for role, (arrived, waited) in role_split_sync.named_barrier_uses(
+                role_split_sync.kernel(role_split_sync.second_form, mode)[0]).items():
+            model.setdefault(role, (set(), set()))
+            model[role][0].update(arrived)
+            model[role][1].update(waited)
+    assert _kernel_barrier_uses() == model
 
 
 def test_the_model_reports_an_mbarrier_producer_two_phases_ahead_and_a_hang():
