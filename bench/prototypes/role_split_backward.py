@@ -51,8 +51,10 @@ class Step:
 
 
 def schedule(n, Kd, V):
-    """The steps of one chunk, as gdn/cuda/role_split_backward.cu runs them. Names in lower case are per-chunk values;
-    `dsn` is dS' (carried), `ds` what becomes the next chunk's dS'; `edcorr` holds -E dcorr, as the kernel's tile."""
+    """The steps of one chunk, as the role split's first form ran them in five stages (the math of every form; the
+    second form's order, in gdn/cuda/role_split_backward.cu now, is role_split_sync.py's). Names in lower case are
+    per-chunk values; `dsn` is dS' (carried), `ds` what becomes the next chunk's dS'; `edcorr` holds -E dcorr, as the
+    kernel's tile."""
     sq, sk, sv = n * n, n * Kd, n * V
     steps = [
         # stage 0: the state's tile for the others; dP and M

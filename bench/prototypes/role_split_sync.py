@@ -61,15 +61,24 @@ def whole(access):
     return tuple(type(access)(at + half, access.value or name, access.private, access.ahead) for half in halves)
 
 
-def first_form(mode, rank=0):
-    """One CTA's programs, as the kernel's walks run them (rank: of a cluster pair). Regions and roles are named
-    with the rank where there is a pair."""
+def naming(mode, rank):
+    """What both forms' programs are written with, for one CTA (rank: of a cluster pair): whether it is a pair; the
+    CTA's own name of a region or barrier, and the partner's; a role's name; and its accesses and copies (R, W, C), of a
+    whole tile or both its halves."""
     pair = mode == "cluster_pair"
     r = lambda name: f"{rank}:{name}" if pair else name
     partner = lambda name: f"{1 - rank}:{name}"
+    role_name = lambda role: f"{role}{rank}" if pair else role
     R = lambda region, value="", private=False, ahead=0: whole(Read(r(region), value, private, ahead))
     W = lambda region, value="", private=False, ahead=0: whole(Write(r(region), value, private, ahead))
     C = lambda region, ahead=1: Copy(r(region), ahead)
+    return pair, r, partner, role_name, R, W, C
+
+
+def first_form(mode, rank=0):
+    """One CTA's programs, as the kernel's walks run them (rank: of a cluster pair). Regions and roles are named
+    with the rank where there is a pair."""
+    pair, r, partner, name, R, W, C = naming(mode, rank)
     stage = Sync(r("stage"))
     square = Sync(r("square"))
     # PairExchange: begin, before_overwrite, publish, read, end (nothing where dq and dk are not finished in a pair)
@@ -157,7 +166,6 @@ def first_form(mode, rank=0):
               R("dgamma"), work("the per-token sums"),
               (finish("A", "q", summing=0), work("finish dq")) if pair else ()),
         after=end)
-    name = lambda role: f"{role}{rank}" if pair else role
     programs = {name("S"): state, name("K"): chain, name("A"): square_work}
     barriers = {r("stage"): [name(role) for role in "SKA"], r("square"): [name("A")]}
     return programs, barriers
@@ -180,13 +188,7 @@ def second_form(mode, rank=0):
     - A role's own barrier (state, chain, square) stands only where its warps read what its other warps wrote; an
       arrival covers what each arriving thread wrote. In the kernel every arrival after shared stores that a wgmma
       reads is preceded by fence.proxy.async, as the first form's stage barrier is."""
-    pair = mode == "cluster_pair"
-    r = lambda name: f"{rank}:{name}" if pair else name
-    partner = lambda name: f"{1 - rank}:{name}"
-    name = lambda role: f"{role}{rank}" if pair else role
-    R = lambda region, value="", private=False, ahead=0: whole(Read(r(region), value, private, ahead))
-    W = lambda region, value="", private=False, ahead=0: whole(Write(r(region), value, private, ahead))
-    C = lambda region, ahead=1: Copy(r(region), ahead)
+    pair, r, partner, name, R, W, C = naming(mode, rank)
     sync = lambda barrier: Sync(r(barrier))
     arrive = lambda barrier: Arrive(r(barrier))
     # the pair's mbarriers, named by the partial they carry: "dk" rank 0 -> 1, "dq" rank 1 -> 0

@@ -603,8 +603,8 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// Arrives at barrier `id` without waiting (a producer's hand-over to the threads that wait there): this thread's earlier
-// shared-memory accesses are performed for them once the barrier completes. Unaligned, as above.
+// Arrives at barrier `id` without waiting (a producer's hand-over to the threads that wait there): this thread's
+// earlier shared-memory accesses are performed for them once the barrier completes. Unaligned, as above.
 __device__ __forceinline__ void named_barrier_arrive_unaligned(int id, int threads) {
   asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

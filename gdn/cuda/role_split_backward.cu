@@ -130,7 +130,8 @@ struct RoleSplitSmem {
   static constexpr int t = p + Square::kBytes;
   static constexpr int s = t + Square::kBytes;
   static constexpr int ds = s + State::kBytes;
-  // dDelta (stages 1-2), then dT^T and X side by side (stage 2-3), then F in dT^T's place (stages 3-4)
+  // dDelta (from the chain to the square role's dT), then dT^T and X side by side, then F in dT^T's place (to the
+  // chain's F K + F^T K)
   static constexpr int ddelta = ds + State::kBytes;
   static constexpr int dt_then_f = ddelta;
   static constexpr int x = ddelta + Square::kBytes;
@@ -141,7 +142,7 @@ struct RoleSplitSmem {
   // their readers are done (kExchangeFree), until the chain writes them again for the next chunk (PairExchange).
   static constexpr int partner_partial = edcorr;
   static_assert(dv == edcorr + Rows::kBytes && 2 * Rows::kBytes == kChunk * kKeys * 4, "64 x 128 float32 in the two");
-  // The gates of the chunk: single-buffered, since nothing reads them at stage 4, when the next chunk's land.
+  // The gates of the chunk: single-buffered, copied with the rest once every reader is done (kChunkDone).
   static constexpr int gamma = dv + Rows::kBytes;  // hi + lo (chunk.cuh)
   static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
   static constexpr int gate_in = gamma + kChunk * 8;    // E
@@ -349,6 +350,7 @@ struct Cta {
   __device__ const float* gate_out() const { return vector<float>(L::gate_out); }
   __device__ const float* beta() const { return vector<float>(L::beta); }
   __device__ std::uint64_t* mbarriers() const { return vector<std::uint64_t>(L::mbarriers); }
+  __device__ float* sums(int at) const { return vector<float>(at); }  // a per-token vector of partial sums
 
   // dq or dk of the chunk (the walk's chunk `walked`, counted from 0), a warp's 16 rows from m0, formed from
   // `normalised`'s rows: per value head in float32 into per_value_head ([tokens, HV, K]); or finished here into out (a
@@ -383,10 +385,8 @@ struct Cta {
 template <class E, InputGrads kInputGrads>
 struct StateRole : Cta<E> {
   using L = RoleSplitSmem<E>;
-  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv, Cta<E>::h;
+  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv, Cta<E>::h, Cta<E>::sums;
   __device__ StateRole(char* smem_raw, const Params& params) : Cta<E>(smem_raw, params) {}
-
-  __device__ float* sums(int at) const { return this->template vector<float>(at); }
 
   // Starts copying chunk j's rows of a token-major tensor [tokens, heads, COLS] (head `head`) into the tile at `at`.
   template <int COLS>
@@ -587,7 +587,7 @@ struct ChainRole : Cta<E> {
                            });
         // The state role has summed the last chunk's partial sums, and the square role has formed corr and M.
         if (b == 0) wait_for<kSumsRead>();
-        store_column_sums(kds, this->template vector<float>(L::delta_parts) + (4 * b + warp) * kChunk, 0);
+        store_column_sums(kds, this->sums(L::delta_parts) + (4 * b + warp) * kChunk, 0);
         store_accumulator(ddelta, transposed(this->rows(L::ddelta)), v0, 0);  // for the square role's dT
         ddelta_operand[b].set(ddelta, 1.f);
       }
@@ -613,7 +613,7 @@ struct ChainRole : Cta<E> {
                                lo *= corr.x;
                                hi *= corr.y;
                              });
-          store_column_sums(product, this->template vector<float>(L::beta_parts) + (4 * b + warp) * kChunk, 0);
+          store_column_sums(product, this->sums(L::beta_parts) + (4 * b + warp) * kChunk, 0);
         }
         const float *beta = this->beta(), *gate_in = this->gate_in();
         for_each(tdd, v0, 0, [&](int, int c, float& x) { x *= beta[c]; });  // dcorr^T
@@ -669,10 +669,8 @@ struct ChainRole : Cta<E> {
 template <class E, InputGrads kInputGrads>
 struct SquareRole : Cta<E> {
   using L = RoleSplitSmem<E>;
-  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv, Cta<E>::h;
+  using Cta<E>::p, Cta<E>::tid, Cta<E>::warp, Cta<E>::m0, Cta<E>::chunks, Cta<E>::hv, Cta<E>::h, Cta<E>::sums;
   __device__ SquareRole(char* smem_raw, const Params& params) : Cta<E>(smem_raw, params) {}
-
-  __device__ float* sums(int at) const { return this->template vector<float>(at); }
 
   __device__ void walk() const {
     const int count = chunks.count;
@@ -778,12 +776,12 @@ struct SquareRole : Cta<E> {
     }
   }
 
-  // dQ = scale diag(E) dO S^T + M K, its first term's Q dots for dgamma, then dq: per value head, finished here (a group
-  // of one), or summed by rank 0 of a cluster pair with rank 1's partial. It comes last, after the inverse's backward:
-  // in a pair, rank 1 hands its partial over through -E dcorr's and dV's tiles, free only once this role has read
-  // -E dcorr; and dQ's 64 registers beside K S's (held until E dcorr . K S) would make ptxas serialise the wgmma at this
-  // role's cap. Its reads of the chunk's inputs end at kChunkDone; the L2 norm's backward reads the normalised rows
-  // from global memory, while the next chunk's copies land.
+  // dQ = scale diag(E) dO S^T + M K, its first term's Q dots for dgamma, then dq: per value head, finished here (a
+  // group of one), or summed by rank 0 of a cluster pair with rank 1's partial. It comes last, after the inverse's
+  // backward: in a pair, rank 1 hands its partial over through -E dcorr's and dV's tiles, free only once this role has
+  // read -E dcorr; and dQ's 64 registers beside K S's (held until E dcorr . K S) would make ptxas serialise the wgmma
+  // at this role's cap. Its reads of the chunk's inputs end at kChunkDone; the L2 norm's backward reads the normalised
+  // rows from global memory, while the next chunk's copies land.
   __device__ void queries_grad(const ChunkInfo& chunk, int m0, int walked) const {
     float dq[1][kKeys / 8][4];
     wgmma_fence();

@@ -265,12 +265,19 @@ __device__ __forceinline__ unsigned cluster_rank() {
 #endif
   return rank;
 }
+// `local`'s offset in the shared memory of the cluster's CTA `rank`, as a shared::cluster address.
+__device__ __forceinline__ std::uint32_t cluster_shared_address(const void* local, unsigned rank) {
+  std::uint32_t remote = 0;
+#ifdef DELTATRAIN_WGMMA
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(local)), "r"(rank));
+#endif
+  return remote;
+}
 // The 16 bytes at `local`'s offset in the shared memory of the cluster's CTA `rank` (distributed shared memory).
 __device__ __forceinline__ float4 load_from_cluster_rank(const void* local, unsigned rank) {
   float4 v{};
 #ifdef DELTATRAIN_WGMMA
-  std::uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(local)), "r"(rank));
+  const std::uint32_t remote = cluster_shared_address(local, rank);
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(remote)
@@ -292,8 +299,7 @@ __device__ __forceinline__ void cluster_mbarrier_init(std::uint64_t* local, unsi
 // memory accesses are performed for the threads past that phase's wait.
 __device__ __forceinline__ void cluster_mbarrier_arrive(const std::uint64_t* local, unsigned rank) {
 #ifdef DELTATRAIN_WGMMA
-  std::uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(local)), "r"(rank));
+  const std::uint32_t remote = cluster_shared_address(local, rank);
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 #endif
 }

@@ -185,7 +185,8 @@ def _kernel_barrier_uses():
     source = open(KERNEL).read()
     starts = {role: source.index(f"struct {name} : Cta<E>") for role, name in
               (("S", "StateRole"), ("K", "ChainRole"), ("A", "SquareRole"))}
-    ends = {"S": starts["K"], "K": starts["A"], "A": source.index("__device__ __forceinline__ void role_split_backward(")}
+    entry = source.index("__device__ __forceinline__ void role_split_backward(")
+    ends = {"S": starts["K"], "K": starts["A"], "A": entry}
     shared = source[source.index("__device__ void finish_input_rows"):starts["S"]]
     uses = {}
     for role in starts:
