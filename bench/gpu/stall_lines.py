@@ -22,6 +22,10 @@ warpgroup, or its stages): each instruction goes to the innermost line of FILE i
 helper inlined from several places is charged to each caller's region. Each region's share of the samples and of its
 own samples per stall reason; a warp waiting at a barrier is sampled at the instruction after it, so a region's
 "barrier" is the wait at the barrier it opens with.
+
+--waits charges each line's (or region's) barrier samples to the wait they follow instead: the nearest waiting
+instruction at most WAIT_REACH instructions before the sampled one (a named barrier by its number, an mbarrier, a
+cluster barrier, a wgmma group), so that a kernel split by role shows which hand-over each role waits for.
 """
 
 import argparse
@@ -31,15 +35,24 @@ import gzip
 import re
 
 STALLS = ("barrier", "short_sb", "long_sb", "wait", "mio", "lg", "math", "selected", "not_selected",
-          "branch_resolving", "no_inst", "dispatch")
+          "branch_resolving", "no_inst", "dispatch", "membar", "drain", "imc", "misc")
 LINE = re.compile(r'\s*//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
 INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*)")
 
 
-def instruction_lines(sass_path, kernel, source, by, regions=None):
-    """Offset of each instruction of the kernel's section -> the line it is charged to."""
-    lines, charged, inside = {}, None, False
-    chain = []
+# How far back from a sampled instruction its wait may lie (a warp that waited is sampled a few instructions on).
+WAIT_REACH = 12
+WAITS = ((re.compile(r"\bBAR\.SYNC\S*\s+(0x[0-9a-f]+|\d+)"), lambda m: f"bar {int(m.group(1), 0)}"),
+         (re.compile(r"\bBAR\.SYNC\b"), lambda m: "bar 0"),
+         (re.compile(r"\bSYNCS\.PHASECHK"), lambda m: "mbarrier"),
+         (re.compile(r"\bUCGABAR_WAIT\b"), lambda m: "cluster barrier"),
+         (re.compile(r"\bWARPGROUP\.DEPBAR"), lambda m: "wgmma group"))
+
+
+def kernel_instructions(sass_path, kernel):
+    """The kernel's section, instruction by instruction: (offset, the line comments' chain in effect, innermost first
+    as (file, line, inlined-at file, inlined-at line), the instruction's text)."""
+    instructions, chain, group, inside = [], [], [], False
     with open(sass_path) as f:
         for text in f:
             if text.startswith(".text."):
@@ -51,18 +64,33 @@ def instruction_lines(sass_path, kernel, source, by, regions=None):
                 continue
             m = LINE.match(text)
             if m:
-                chain.append(m.groups())
+                group.append(m.groups())
                 continue
             m = INSTRUCTION.match(text)
             if not m:
                 continue
-            if chain:  # a new group of line comments: innermost first, then where it was inlined
-                charged = charge(chain, source, by, regions)
-                chain = []
-            lines[int(m.group(1), 16)] = charged
-    if not lines:
+            if group:  # a new group of line comments: innermost first, then where it was inlined
+                chain, group = group, []
+            instructions.append((int(m.group(1), 16), chain, m.group(2)))
+    if not instructions:
         raise SystemExit(f"no section of {sass_path} names {kernel!r}")
-    return lines
+    return instructions
+
+
+def instruction_lines(sass_path, kernel, source, by, regions=None):
+    """Offset of each instruction of the kernel's section -> the line it is charged to."""
+    return {offset: charge(chain, source, by, regions) if chain else None
+            for offset, chain, _ in kernel_instructions(sass_path, kernel)}
+
+
+def wait_before(texts, index):
+    """The wait that the instruction at `index` of the kernel's texts follows, or None."""
+    for text in reversed(texts[max(index - WAIT_REACH, 0):index]):
+        for pattern, name in WAITS:
+            m = pattern.search(text)
+            if m:
+                return name(m)
+    return None
 
 
 def charge(chain, source, by, regions=None):
@@ -81,25 +109,45 @@ def charge(chain, source, by, regions=None):
     return f"{source}:{in_source[0] if by == 'deep' else in_source[-1]}"
 
 
-def samples_by(lines, samples_path):
-    """(all samples, {what an instruction is charged to: Counter of samples, instructions and each stall}) from ncu's
-    per-instruction CSV, its offsets counted from the kernel's first instruction."""
+def sample_rows(samples_path):
+    """ncu's per-instruction CSV as (offset from the kernel's first instruction, {column: value}) rows."""
     with gzip.open(samples_path, "rt") as f:
         rows = list(csv.reader(f))
     header, data = rows[1], rows[2:]
-    column = {name: i for i, name in enumerate(header)}
     first = int(data[0][0], 16)
+    return [(int(row[0], 16) - first, dict(zip(header, row))) for row in data]
+
+
+def count(row, column):
+    return int(row.get(column) or 0)
+
+
+def samples_by(lines, samples_path):
+    """(all samples, {what an instruction is charged to: Counter of samples, instructions and each stall}) from ncu's
+    per-instruction CSV. A stall the report lacks counts nothing."""
     per_key = collections.defaultdict(collections.Counter)
     total = 0
-    for row in data:
-        count = int(row[column["Warp Stall Sampling (All Samples)"]] or 0)
-        total += count
-        entry = per_key[lines.get(int(row[0], 16) - first)]
-        entry["samples"] += count
-        entry["instructions"] += int(row[column["Instructions Executed"]] or 0)
+    for offset, row in sample_rows(samples_path):
+        samples = count(row, "Warp Stall Sampling (All Samples)")
+        total += samples
+        entry = per_key[lines.get(offset)]
+        entry["samples"] += samples
+        entry["instructions"] += count(row, "Instructions Executed")
         for stall in STALLS:
-            entry[stall] += int(row[column[f"stall_{stall}"]] or 0)
+            entry[stall] += count(row, f"stall_{stall}")
     return total, per_key
+
+
+def barrier_waits_by(instructions, lines, samples_path):
+    """{what an instruction is charged to: Counter of its barrier samples by the wait they follow (wait_before)}."""
+    offsets = {offset: i for i, (offset, _, _) in enumerate(instructions)}
+    texts = [text for _, _, text in instructions]
+    per_key = collections.defaultdict(collections.Counter)
+    for offset, row in sample_rows(samples_path):
+        samples = count(row, "stall_barrier")
+        if samples:
+            per_key[lines.get(offset)][wait_before(texts, offsets[offset])] += samples
+    return per_key
 
 
 def parse_regions(text):
@@ -123,11 +171,21 @@ def main():
     parser.add_argument("--by", choices=["deep", "outer", "inner"], default="deep")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--regions", type=parse_regions, help="NAME:FIRST-LAST,...: sum by ranges of FILE's lines")
+    parser.add_argument("--waits", action="store_true", help="each line's or region's barrier samples by the wait "
+                        "they follow")
     args = parser.parse_args()
 
-    lines = instruction_lines(args.sass, args.kernel, args.source, args.by, args.regions)
+    instructions = kernel_instructions(args.sass, args.kernel)
+    lines = {offset: charge(chain, args.source, args.by, args.regions) if chain else None
+             for offset, chain, _ in instructions}
     total, per_line = samples_by(lines, args.samples)
     print(f"{total} samples")
+    if args.waits:
+        waits = barrier_waits_by(instructions, lines, args.samples)
+        for key, entry in sorted(waits.items(), key=lambda kv: -sum(kv[1].values()))[:args.top]:
+            share = lambda n: f"{100 * n / max(per_line[key]['samples'], 1):.0f}%"
+            print(f"{str(key):>22}  " + "  ".join(f"{wait}: {share(n)}" for wait, n in entry.most_common()))
+        return
     if args.regions is not None:
         for name in [*args.regions, None]:
             entry = per_line[name]

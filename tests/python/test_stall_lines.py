@@ -18,8 +18,9 @@ SOURCE = "/src/kernel.cu"
 KERNEL = "_Z6kernelv"
 
 
-def write_listing(path, instructions):
-    """instructions: per instruction, its inlining chain, innermost first, as (file, line) frames."""
+def write_listing(path, instructions, texts=None):
+    """instructions: per instruction, its inlining chain, innermost first, as (file, line) frames; texts: each one's
+    SASS (FADD where not given)."""
     with open(path, "w") as f:
         f.write(".text._Z5otherv:\n        /*0000*/                   NOP ;\n")
         f.write(f".text.{KERNEL}:\n")
@@ -27,7 +28,8 @@ def write_listing(path, instructions):
             for (file, line), caller in zip(frames, frames[1:] + [None]):
                 at = f' inlined at "{caller[0]}", line {caller[1]}' if caller else ""
                 f.write(f'        //## File "{file}", line {line}{at}\n')
-            f.write(f"        /*{16 * i:04x}*/                   FADD R0, R0, R1 ;\n")
+            text = texts[i] if texts else "FADD R0, R0, R1"
+            f.write(f"        /*{16 * i:04x}*/                   {text} ;\n")
 
 
 def write_samples(path, counts):
@@ -89,3 +91,36 @@ def test_samples_by_region(kernel):
 def test_regions_that_are_not_ranges_are_refused_by_name(text):
     with pytest.raises(argparse.ArgumentTypeError, match="--regions"):
         stall_lines.parse_regions(text)
+
+
+def test_barrier_samples_charged_to_the_wait_they_follow(tmp_path, rng):
+    """Waits of each kind at random places among plain instructions; each instruction's barrier samples go to the
+    last wait at most WAIT_REACH instructions before it (found here by a forward scan), per region."""
+    waits = {"BAR.SYNC.DEFER_BLOCKING 0x5, 0x100": "bar 5", "BAR.SYNC 0xc": "bar 12", "BAR.SYNC.DEFER_BLOCKING 0x0": "bar 0",
+             "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR13], R7": "mbarrier", "UCGABAR_WAIT": "cluster barrier",
+             "WARPGROUP.DEPBAR.LE gsb0, 0x0": "wgmma group"}
+    n = 200
+    texts = [str(rng.choice(list(waits))) if rng.random() < 0.15 else "FADD R0, R0, R1" for _ in range(n)]
+    callers = [int(rng.integers(10, 41)) for _ in range(n)]
+    write_listing(tmp_path / "k.sass", [[(SOURCE, c)] for c in callers], texts)
+    counts = []
+    for _ in range(n):
+        barrier = int(rng.integers(0, 30)) if rng.random() < 0.5 else 0
+        counts.append((barrier + 1, 1, {"barrier": barrier, "selected": 1}))
+    write_samples(tmp_path / "k.csv.gz", counts)
+
+    expected = collections.defaultdict(collections.Counter)
+    last_wait = None  # (index, name) of the last wait seen
+    for i, (text, caller, (_, _, stalls)) in enumerate(zip(texts, callers, counts)):
+        wait = last_wait[1] if last_wait and i - last_wait[0] <= stall_lines.WAIT_REACH else None
+        if stalls["barrier"]:
+            expected["low" if caller < 25 else "high"][wait] += stalls["barrier"]
+        if text in waits:
+            last_wait = (i, waits[text])
+
+    regions = stall_lines.parse_regions("low:10-24,high:25-40")
+    instructions = stall_lines.kernel_instructions(str(tmp_path / "k.sass"), KERNEL)
+    lines = {offset: stall_lines.charge(chain, "kernel.cu", "deep", regions) for offset, chain, _ in instructions}
+    got = stall_lines.barrier_waits_by(instructions, lines, str(tmp_path / "k.csv.gz"))
+    assert {k: dict(v) for k, v in got.items()} == {k: dict(v) for k, v in expected.items()}
+    assert sum(sum(v.values()) for v in got.values()) == sum(c[2]["barrier"] for c in counts)
