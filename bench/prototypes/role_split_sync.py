@@ -39,6 +39,18 @@ BUSY = {
     "X": 3.0, "-dA, the inverse's backward": 15.4,
     "the per-token sums": 7.4, "finish dq": 15.2,
 }
+# The second form's pieces as its own profile measured them (bench/NOTES.md, "The role split's second form,
+# measured": role_split_backward_pair_kernel at e36d886, the same cell and card, in % of the first form's measured step;
+# dq's and dk's finishing fall in the lines of dQ and F K, and the walks' prologues in dP). Timed with these, the second
+# form models at 91.9 against its measured ~99: the structure holds, the first form's busy times did not carry over.
+SECOND_FORM_BUSY = {
+    "stage dS', the state dot": 11.2, "the per-token sums": 6.5, "scale Q^T diag(E) dO": 5.5,
+    "issue V's copy; dS -= K^T E dcorr": 4.7, "issue P's copy": 5.3, "issue the rest's copies": 11.7,
+    "dDelta": 14.2, "T^T dDelta, dcorr, dV": 9.0, "dK's state terms, M^T Q; dV out": 12.0, "F K + F^T K": 13.3,
+    "finish dk": 0.0,
+    "dP, M, G": 21.6, "K S, corr": 8.4, "K K^T, dT": 2.8, "X": 0.8, "-dA, the inverse's backward": 20.0, "dQ": 21.2,
+    "finish dq": 0.0,
+}
 # A copy's time from issue to landing, in the same unit: ~1 us of DRAM latency and 16-32 KB a tile at the SM's share
 # of bandwidth, of the first form's ~18 us step.
 COPY_LATENCY = 6.0
@@ -48,6 +60,16 @@ COPY_LATENCY = 6.0
 
 def work(name):
     return Busy(name, BUSY[name])
+
+
+def with_busy(programs, busy):
+    """The programs with each Busy's time taken from `busy` (a table like BUSY), to time a form with other measurements."""
+    def retime(ops):
+        if isinstance(ops, (tuple, list)):
+            return tuple(retime(op) for op in ops)
+        return Busy(ops.name, busy[ops.name]) if isinstance(ops, Busy) else ops
+    return {role: Program(body=retime(p.body), before=retime(p.before), after=retime(p.after))
+            for role, p in programs.items()}
 
 
 def whole(access):
@@ -329,6 +351,10 @@ def main():
         step, busy = timing(*kernel(form, mode), copy_latency=COPY_LATENCY)
         print(f"{form_name} form ({mode}): modelled step {step:.1f} (% of the first form's measured step); busy a "
               "chunk: " + ", ".join(f"{role} {t:.1f}" for role, t in sorted(busy.items())))
+    programs, barriers = kernel(second_form, "this_cta")
+    step, busy = timing(with_busy(programs, SECOND_FORM_BUSY), barriers, copy_latency=COPY_LATENCY)
+    print(f"second form with its own profile's busy times: modelled step {step:.1f}; busy a chunk: " +
+          ", ".join(f"{role} {t:.1f}" for role, t in sorted(busy.items())))
     for form_name, (form, modes) in FORMS.items():
         for mode in modes:
             found = hazards(*kernel(form, mode))

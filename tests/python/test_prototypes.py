@@ -307,3 +307,18 @@ def test_bfloat16_rounding_is_to_nearest_even():
     got = transition_chain.bf16(x)
     assert np.array_equal(got[:4], expected[:4])
     assert abs(got[4] - expected[4]) <= 2.0 ** -9 * 2.5e-3
+
+
+@pytest.mark.parametrize("form", [role_split_sync.first_form, role_split_sync.second_form])
+def test_a_form_retimed_scales_its_step(form, rng):
+    """with_busy: the programs retimed with their own table time as they are, and every piece scaled by one random
+    factor (no copy or barrier latency) scales the modelled step and each role's busy time by it."""
+    programs, barriers = role_split_sync.kernel(form, "this_cta")
+    step, busy = sync_model.timing(programs, barriers)
+    same = sync_model.timing(role_split_sync.with_busy(programs, role_split_sync.BUSY), barriers)
+    assert same[0] == pytest.approx(step) and same[1] == pytest.approx(busy)
+    factor = float(rng.uniform(0.3, 3.0))
+    scaled = {name: factor * t for name, t in role_split_sync.BUSY.items()}
+    step2, busy2 = sync_model.timing(role_split_sync.with_busy(programs, scaled), barriers)
+    assert step2 == pytest.approx(factor * step)
+    assert busy2 == pytest.approx({role: factor * t for role, t in busy.items()})
