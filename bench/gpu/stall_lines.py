@@ -49,29 +49,34 @@ WAITS = ((re.compile(r"\bBAR\.SYNC\S*\s+(0x[0-9a-f]+|\d+)"), lambda m: f"bar {in
          (re.compile(r"\bWARPGROUP\.DEPBAR"), lambda m: "wgmma group"))
 
 
-def kernel_instructions(sass_path, kernel):
-    """The kernel's section, instruction by instruction: (offset, the line comments' chain in effect, innermost first
-    as (file, line, inlined-at file, inlined-at line), the instruction's text)."""
-    instructions, chain, group, inside = [], [], [], False
+def kernel_section(sass_path, kernel):
+    """The lines of the first section of the listing whose `.text.` header names `kernel` (a piece of it)."""
+    inside = False
     with open(sass_path) as f:
         for text in f:
             if text.startswith(".text."):
                 if inside:
-                    break
+                    return
                 inside = kernel in text
-                continue
-            if not inside:
-                continue
-            m = LINE.match(text)
-            if m:
-                group.append(m.groups())
-                continue
-            m = INSTRUCTION.match(text)
-            if not m:
-                continue
-            if group:  # a new group of line comments: innermost first, then where it was inlined
-                chain, group = group, []
-            instructions.append((int(m.group(1), 16), chain, m.group(2)))
+            elif inside:
+                yield text
+
+
+def kernel_instructions(sass_path, kernel):
+    """The kernel's section, instruction by instruction: (offset, the line comments' chain in effect, innermost first
+    as (file, line, inlined-at file, inlined-at line), the instruction's text)."""
+    instructions, chain, group = [], [], []
+    for text in kernel_section(sass_path, kernel):
+        m = LINE.match(text)
+        if m:
+            group.append(m.groups())
+            continue
+        m = INSTRUCTION.match(text)
+        if not m:
+            continue
+        if group:  # a new group of line comments: innermost first, then where it was inlined
+            chain, group = group, []
+        instructions.append((int(m.group(1), 16), chain, m.group(2)))
     if not instructions:
         raise SystemExit(f"no section of {sass_path} names {kernel!r}")
     return instructions
