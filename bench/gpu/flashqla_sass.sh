@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Usage: bash bench/gpu/flashqla_sass.sh [flashqla_compile.py options, e.g. --h-qk 16 --h-v 32]
 #
-# FlashQLA 0.1.3's Hopper fused backward, per warp role, from its SASS, on a machine without a GPU: unpacks the anchors'
-# site-packages, makes a python 3.12 venv with torch, compiles the kernels for sm_90a (flashqla_compile.py),
-# disassembles the cubin and prints sass_roles.py's table of each role's largest loop (markdown, for bench/NOTES.md).
+# FlashQLA 0.1.3's Hopper kernels (backward: fused_bwd, prepare_h; forward: kkt_solve, fused_fwd; --kernels picks),
+# per warp role, from their SASS, on a machine without a GPU: unpacks the anchors' site-packages, makes a python 3.12
+# venv with torch, compiles the kernels for sm_90a (flashqla_compile.py), disassembles the cubins and prints, for each
+# kernel, its launch and ptxas report and sass_roles.py's table of each role's largest loop (markdown, for
+# bench/NOTES.md).
 # Everything it writes stays under $WORK (FlashQLA's generated code: measurement only, never the repository).
 #
 # Environment: WORK (default /tmp/flashqla-sass; outputs in $WORK/sass), ANCHORS (default .device-build/anchors.tar.xz,
@@ -36,7 +38,8 @@ python=$WORK/venv/bin/python
 
 # 3. TileLang's CUDA source and nvcc's cubin (its JIT cache kept in $WORK, not in ~/.tilelang).
 PYTHONPATH=$WORK/site TILELANG_CACHE_DIR=$WORK/tlcache \
-  "$python" "$repo/bench/gpu/flashqla_compile.py" --out "$out" "$@"
+  "$python" "$repo/bench/gpu/flashqla_compile.py" --out "$out" "$@" | tee "$out/compiled.txt"
+built=$(sed -n 's/^\([a-z_]*\): .*/\1/p' "$out/compiled.txt")  # this run's kernels, by flashqla_compile's name
 
 # 4. The SASS, with line info; cuobjdump is found as kernel_diff.py finds it, and nvdisasm beside it or on PATH.
 cuobjdump=$("$python" -c "import sys; sys.path.insert(0, sys.argv[1]); import kernel_diff
@@ -45,12 +48,20 @@ nvdisasm=$(dirname "$cuobjdump")/nvdisasm
 [ -x "$nvdisasm" ] || nvdisasm=$(command -v nvdisasm || true)
 [ -n "$nvdisasm" ] || { echo "flashqla_sass: no nvdisasm beside $cuobjdump or on PATH" \
   "(pip install nvidia-cuda-nvdisasm into .venv)" >&2; exit 1; }
-for cubin in "$out"/*.cubin; do
-  "$nvdisasm" -c -gi "$cubin" > "${cubin%.cubin}.sass"
+for name in $built; do
+  "$nvdisasm" -c -gi "$out/$name.cubin" > "$out/$name.sass"
 done
 
-# 5. Per role: all its loops (text), and each role's largest loop (markdown).
-kernel=tilelang_fused_chunk_gdr_bwd_kernel
-"$python" "$repo/bench/gpu/sass_roles.py" "$out/fused_bwd.sass" "$kernel" > "$out/fused_bwd.roles.txt"
-"$python" "$repo/bench/gpu/sass_roles.py" "$out/fused_bwd.sass" "$kernel" --markdown | tee "$out/fused_bwd.roles.md"
+# 5. Per kernel (each __global__ that TileLang generated) and role: all its loops (text), and each role's largest loop
+# (markdown), after its ptxas report and launch.
+for name in $built; do
+  for kernel in $(grep -oE '__global__ void( __launch_bounds__\([^)]*\))? \w+' "$out/$name.cu" | awk '{print $NF}' \
+                  | sort -u); do
+    "$python" "$repo/bench/gpu/sass_roles.py" "$out/$name.sass" "$kernel" > "$out/$kernel.roles.txt"
+    { printf '\n### %s (%s)\n\n' "$kernel" "$name"
+      awk -v k="$kernel" '/properties for/ {on = index($0, k)} (on && /Used/) || index($0, "launch " k ":")' \
+        "$out/$name.ptxas.txt" | sed 's/^/    /'; echo
+      "$python" "$repo/bench/gpu/sass_roles.py" "$out/$name.sass" "$kernel" --markdown; } | tee "$out/$kernel.roles.md"
+  done
+done
 echo "outputs in $out" >&2

@@ -141,12 +141,13 @@ def markdown(found):
     roles = [r for r in found if r.name not in ("prologue", "out-of-line")]
     largest = [max(r.loops, key=lambda loop: loop.instructions, default=None) for r in roles]
     columns = [c for c in CLASSES if any(loop and loop.classes[c] for loop in largest)]
-    lines = ["| role | role instrs | loop | loop instrs | " + " | ".join(columns) + " |",
-             "|" + "---|" * (4 + len(columns))]
+    def row(cells):
+        return "| " + " | ".join(cells) + " |"
+    lines = [row(["role", "role instrs", "loop", "loop instrs", *columns]), "|" + "---|" * (4 + len(columns))]
     for r, loop in zip(roles, largest):
         cells = ([f"0x{loop.start:x}-0x{loop.end:x}", str(loop.instructions)] + [str(loop.classes[c]) for c in columns]
                  if loop else ["none", ""] + [""] * len(columns))
-        lines.append(f"| {r.name} | {r.instructions} | " + " | ".join(cells) + " |")
+        lines.append(row([r.name, str(r.instructions), *cells]))
     return "\n".join(lines)
 
 

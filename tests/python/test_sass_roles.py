@@ -179,3 +179,23 @@ def test_a_kernel_not_in_the_listing_is_refused_by_name(tmp_path, rng):
         sass_roles.main([str(tmp_path / "k.sass"), "no_such_kernel"])
     with pytest.raises(SystemExit, match="sass argument"):
         sass_roles.main([str(tmp_path / "missing.sass"), KERNEL])
+
+
+
+@pytest.mark.parametrize("with_loops", [True, False])
+def test_markdown_rows_have_the_headers_cells(tmp_path, rng, capsys, with_loops):
+    """Every line of the table has as many cells as the header names, and the header names each: with loops (a
+    generated kernel) and without (a kernel of straight-line code, which once printed an empty column)."""
+    if with_loops:
+        generator = Generator(rng)
+        generator.kernel(int(rng.integers(1, 4)))
+        generator.write(tmp_path / "k.sass")
+    else:
+        body = "".join(f"        /*{16 * i:04x}*/                   FADD R{i}, R0, R1 ;\n"
+                       for i in range(int(rng.integers(1, 20))))
+        (tmp_path / "k.sass").write_text(f".text.{KERNEL}:\n{body}        /*ffff0*/                   EXIT ;\n")
+    sass_roles.main([str(tmp_path / "k.sass"), KERNEL, "--markdown"])
+    lines = capsys.readouterr().out.splitlines()
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    assert len({len(c) for c in cells}) == 1, lines
+    assert all(cells[0])
