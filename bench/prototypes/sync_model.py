@@ -10,6 +10,10 @@ chunk of the walk, plus what it runs before and after the walk. The operations:
   Copy            a cp.async of a region, issued by every thread of the role: it lands at any moment until the role's
                   next WaitCopies
   WaitCopies      cp.async.wait_group 0: the role's own copies have landed (for its own threads only)
+  BulkCopy        a bulk (TMA) copy of a region that completes bytes of an mbarrier's phase: the phase of the issuing
+                  role's next arrival there (arrive.expect_tx, or the copy's own with arrive=True). It lands at any
+                  moment until that phase completes, and is ordered before whatever acquires the phase (an Await of it)
+                  or is ordered after such an acquire
   Arrive / Wait   a named barrier's arrive (bar.arrive) and the wait for the phase of the role's last arrival;
                   Sync = Arrive + Wait (bar.sync). A cluster barrier is a barrier whose participants are the roles of
                   every CTA of the cluster; Arrive(relaxed=True) is barrier.cluster.arrive.relaxed
@@ -66,6 +70,20 @@ class WaitCopies:
 
 
 @dataclass(frozen=True)
+class BulkCopy:
+    region: str
+    barrier: str         # the mbarrier whose phase the copy's bytes complete
+    ahead: int = 1
+    arrive: bool = True  # the issuer's arrival there comes with it (False: a later one of the role's, for several copies)
+
+
+def landed(barrier):
+    """The name under which an event knows the bulk copies of a barrier's phases have landed (the phase number, like a
+    role's position): what acquires phase k of the barrier knows its copies, and passes that on as it releases."""
+    return f"{barrier} landed"
+
+
+@dataclass(frozen=True)
 class Busy:
     """Work that takes `time` (any unit, e.g. a share of a measured step), for timing(); the checks ignore it."""
     name: str
@@ -119,6 +137,7 @@ class Event:
     known: dict = None    # role -> the last position of that role this event is ordered after (writes and reads)
     known_reads: dict = None  # the same for the role's reads (a relaxed arrive orders its reads only)
     lands_by: int = None  # a copy: the index of the role's WaitCopies it lands by
+    phase: int = None     # a bulk copy: the phase of its barrier it lands by
 
 
 def expand(program, chunks):
@@ -200,6 +219,7 @@ def simulate(programs, barriers, chunks):
     happened = {role: {} for role in programs}     # what has run before, barriers relaxed or not (execution order)
     phases = Phases(barriers, programs)             # arrivals carry (index, released, released reads, ran)
     pending_copies = {role: [] for role in programs}
+    pending_bulk = {}  # (role, barrier) -> its bulk copies that land by the phase of its next arrival there
     awaiters = {b: {role for role, program in programs.items()
                     for op in flatten((program.before, program.body, program.after)) if op == Await(b)}
                 for b in barriers}
@@ -238,24 +258,36 @@ def simulate(programs, barriers, chunks):
                 known[role] = join(known[role], released)
                 known_reads[role] = join(known_reads[role], released_reads)
                 happened[role] = join(happened[role], ran)
-        elif isinstance(op, Arrive):
+        elif isinstance(op, Arrive) or isinstance(op, BulkCopy) and op.arrive:
             if role not in barriers[op.barrier]:
                 problems.append(f"{role} arrives at {op.barrier}, which it is not a participant of")
             else:
                 problem = arrival_problem(role, step, op)
                 if problem:
                     problems.append(problem)
-                if op.relaxed:
+                if getattr(op, "relaxed", False):
                     released, released_reads = {}, {role: index}
                 else:
                     released = join(known[role], {role: index})
                     released_reads = join(known_reads[role], released)
+                k = len(phases.arrivals[op.barrier][role])
+                bulk = pending_bulk.pop((role, op.barrier), [])
+                for copy in bulk:  # their bytes complete this phase: what acquires it knows they have landed
+                    copy.phase = k
+                if bulk or isinstance(op, BulkCopy):
+                    released = join(released, {landed(op.barrier): k})
                 phases.arrive(role, op.barrier, (index, released, released_reads, join(happened[role], {role: index})))
+                this_phase = k
         elif isinstance(op, WaitCopies):
             for copy in pending_copies[role]:
                 copy.lands_by = index
             pending_copies[role] = []
         event = Event(role, index, step, op, dict(known[role]), dict(known_reads[role]))
+        if isinstance(op, BulkCopy):
+            if op.arrive:
+                event.phase = this_phase if role in barriers[op.barrier] else None
+            else:
+                pending_bulk.setdefault((role, op.barrier), []).append(event)
         if isinstance(op, Copy):
             pending_copies[role].append(event)
         events[role].append(event)
@@ -266,6 +298,9 @@ def simulate(programs, barriers, chunks):
     for role in programs:
         for copy in pending_copies[role]:
             problems.append(f"{role}'s copy of {copy.op.region} (step {copy.step}) is never waited for")
+    for (role, barrier), copies in pending_bulk.items():
+        for copy in copies:
+            problems.append(f"{role}'s bulk copy of {copy.op.region} (step {copy.step}) completes no phase of {barrier}")
     return events, problems
 
 
@@ -276,6 +311,8 @@ def ordered_before(x, y):
         if x.lands_by is None:
             return False
         return y.known.get(x.role, -1) > x.lands_by
+    if x.op.__class__ is BulkCopy:
+        return x.phase is not None and y.known.get(landed(x.op.barrier), -1) >= x.phase
     source = y.known_reads if x.op.__class__ is Read else y.known
     if source.get(x.role, -1) > x.index:
         return True
@@ -285,7 +322,7 @@ def ordered_before(x, y):
 
 def written_value(e):
     op = e.op
-    if isinstance(op, Copy):
+    if isinstance(op, (Copy, BulkCopy)):
         return (op.region, e.step + op.ahead)
     return (op.value or op.region, e.step + op.ahead)
 
@@ -294,7 +331,7 @@ def hazards(programs, barriers, chunks=3):
     """Every problem of the programs' synchronisation, as sentences (none where it is right)."""
     events, found = simulate(programs, barriers, chunks)
     everything = [e for role in events for e in events[role]]
-    writes = [e for e in everything if isinstance(e.op, (Write, Copy))]
+    writes = [e for e in everything if isinstance(e.op, (Write, Copy, BulkCopy))]
     reads = [e for e in everything if isinstance(e.op, Read)]
     by_region = {}
     for w in writes:
@@ -331,12 +368,13 @@ def describe(e):
 def timing(programs, barriers, chunks=8, copy_latency=0.0, barrier_latency=0.0):
     """The steady step of the walk: each role runs its Busy ops in turn; a Wait (or Await) ends when the last arrival of
     its phase has come, plus barrier_latency; WaitCopies when the role's copies issued since its last wait have landed,
-    each copy_latency after its issue. Returns (the mean step over the walk's second half, {role: busy time a
+    each copy_latency after its issue, as a bulk copy completes its barrier's phase. Returns (the mean step over the walk's second half, {role: busy time a
     chunk})."""
     streams = {role: expand(program, chunks) for role, program in programs.items()}
     clock = {role: 0.0 for role in programs}
     phases = Phases(barriers, programs)  # arrivals carry their time
     landing = {role: 0.0 for role in programs}
+    bulk_landing = {}  # (role, barrier) -> when the bulk copies its next arrival there completes have landed
     step_ends = {role: {} for role in programs}
     busy = {role: 0.0 for role in programs}
 
@@ -348,13 +386,17 @@ def timing(programs, barriers, chunks=8, copy_latency=0.0, barrier_latency=0.0):
             phases.passed(role, op, k)
             clock[role] = max(clock[role], max(phases.carried(op.barrier, k)) + barrier_latency)
         elif isinstance(op, Arrive):
-            phases.arrive(role, op.barrier, clock[role])
+            phases.arrive(role, op.barrier, max(clock[role], bulk_landing.pop((role, op.barrier), 0.0)))
         elif isinstance(op, Busy):
             clock[role] += op.time
             if 0 <= step < chunks:
                 busy[role] += op.time
         elif isinstance(op, Copy):
             landing[role] = max(landing[role], clock[role] + copy_latency)
+        elif isinstance(op, BulkCopy):  # the phase it completes waits for its bytes
+            bulk_landing[(role, op.barrier)] = max(bulk_landing.get((role, op.barrier), 0.0), clock[role] + copy_latency)
+            if op.arrive:
+                phases.arrive(role, op.barrier, bulk_landing.pop((role, op.barrier)))
         elif isinstance(op, WaitCopies):
             clock[role] = max(clock[role], landing[role])
         step_ends[role][step] = clock[role]

@@ -322,3 +322,48 @@ def test_a_form_retimed_scales_its_step(form, rng):
     step2, busy2 = sync_model.timing(role_split_sync.with_busy(programs, scaled), barriers)
     assert step2 == pytest.approx(factor * step)
     assert busy2 == pytest.approx({role: factor * t for role, t in busy.items()})
+
+
+def _bulk_pipeline(consumer_awaits=True, producer_awaits=True, second_reader_syncs=True):
+    """A producer P that bulk-copies x and y (one arrival, two copies) into single buffers for consumer C, which reads
+    x and hands on to D through a named barrier; D reads y. Both say their buffer is free through an mbarrier that P
+    awaits before it copies again."""
+    M = sync_model
+    wait_free = (M.Await("empty"),) if producer_awaits else ()
+    producer = M.Program(body=wait_free + (M.BulkCopy("x", "full", ahead=0, arrive=False),
+                                           M.BulkCopy("y", "full", ahead=0)))
+    wait_full = (M.Await("full"),) if consumer_awaits else ()
+    consumer = M.Program(before=M.Arrive("empty"), body=wait_full + (M.Read("x"), M.Arrive("pass"), M.Arrive("empty")))
+    handed_on = M.Sync("pass") if second_reader_syncs else ()
+    second = M.Program(before=M.Arrive("empty"), body=(*handed_on, M.Read("y"), M.Arrive("empty"),
+                                                        *(() if second_reader_syncs else M.Sync("pass"))))
+    return {"P": producer, "C": consumer, "D": second}, {"full": ["P"], "empty": ["C", "D"], "pass": ["C", "D"]}
+
+
+def test_the_model_orders_bulk_copies_by_the_phase_they_complete():
+    """Bulk (TMA) copies land by the phase of their barrier that the issuer's arrival and their bytes complete: a
+    consumer that awaits it, and a role that syncs with that consumer after, see them; one that does not await, or
+    reads before the hand-on, or a producer that refills before the consumer frees the buffer, is reported; a copy
+    that completes no phase is reported too."""
+    assert sync_model.hazards(*_bulk_pipeline()) == []
+    found = sync_model.hazards(*_bulk_pipeline(consumer_awaits=False))
+    assert "step 0 C read x (x) is unordered with step 0 P bulkcopy x (x)" in found
+    found = sync_model.hazards(*_bulk_pipeline(second_reader_syncs=False))
+    assert "step 0 D read y (y) is unordered with step 0 P bulkcopy y (y)" in found
+    found = sync_model.hazards(*_bulk_pipeline(producer_awaits=False))
+    assert "step 0 C read x (x) is unordered with step 1 P bulkcopy x (x)" in found
+    stray = {"P": sync_model.Program(body=(sync_model.BulkCopy("x", "full", ahead=0, arrive=False),)),
+             "C": sync_model.Program(body=(sync_model.Read("x"),))}
+    assert any("completes no phase" in h for h in sync_model.hazards(stray, {"full": ["P"]}))
+
+
+def test_the_model_times_a_bulk_copy_by_its_landing(rng):
+    """A single-buffered bulk copy and its consumer take the copy's latency plus the consumer's work a step."""
+    latency, work = (float(x) for x in rng.uniform(1, 10, size=2))
+    programs, barriers = _bulk_pipeline()
+    programs["C"] = sync_model.Program(before=sync_model.Arrive("empty"),
+                                       body=(sync_model.Await("full"), sync_model.Busy("work", work),
+                                             sync_model.Arrive("empty")))
+    del programs["D"], barriers["pass"]
+    barriers["empty"] = ["C"]
+    assert sync_model.timing(programs, barriers, copy_latency=latency)[0] == pytest.approx(latency + work)
