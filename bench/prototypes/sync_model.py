@@ -74,7 +74,7 @@ class BulkCopy:
     region: str
     barrier: str         # the mbarrier whose phase the copy's bytes complete
     ahead: int = 1
-    arrive: bool = True  # the issuer's arrival there comes with it (False: a later one of the role's, for several copies)
+    arrive: bool = True  # the issuer's arrival comes with it (False: a later one of the role's, for several copies)
 
 
 def landed(barrier):
@@ -300,7 +300,8 @@ def simulate(programs, barriers, chunks):
             problems.append(f"{role}'s copy of {copy.op.region} (step {copy.step}) is never waited for")
     for (role, barrier), copies in pending_bulk.items():
         for copy in copies:
-            problems.append(f"{role}'s bulk copy of {copy.op.region} (step {copy.step}) completes no phase of {barrier}")
+            problems.append(f"{role}'s bulk copy of {copy.op.region} (step {copy.step}) completes no phase of "
+                            f"{barrier}")
     return events, problems
 
 
@@ -368,8 +369,8 @@ def describe(e):
 def timing(programs, barriers, chunks=8, copy_latency=0.0, barrier_latency=0.0):
     """The steady step of the walk: each role runs its Busy ops in turn; a Wait (or Await) ends when the last arrival of
     its phase has come, plus barrier_latency; WaitCopies when the role's copies issued since its last wait have landed,
-    each copy_latency after its issue, as a bulk copy completes its barrier's phase. Returns (the mean step over the walk's second half, {role: busy time a
-    chunk})."""
+    each copy_latency after its issue, as a bulk copy completes its barrier's phase. Returns (the mean step over the
+    walk's second half, {role: busy time a chunk})."""
     streams = {role: expand(program, chunks) for role, program in programs.items()}
     clock = {role: 0.0 for role in programs}
     phases = Phases(barriers, programs)  # arrivals carry their time
@@ -394,9 +395,10 @@ def timing(programs, barriers, chunks=8, copy_latency=0.0, barrier_latency=0.0):
         elif isinstance(op, Copy):
             landing[role] = max(landing[role], clock[role] + copy_latency)
         elif isinstance(op, BulkCopy):  # the phase it completes waits for its bytes
-            bulk_landing[(role, op.barrier)] = max(bulk_landing.get((role, op.barrier), 0.0), clock[role] + copy_latency)
+            key = (role, op.barrier)
+            bulk_landing[key] = max(bulk_landing.get(key, 0.0), clock[role] + copy_latency)
             if op.arrive:
-                phases.arrive(role, op.barrier, bulk_landing.pop((role, op.barrier)))
+                phases.arrive(role, op.barrier, bulk_landing.pop(key))
         elif isinstance(op, WaitCopies):
             clock[role] = max(clock[role], landing[role])
         step_ends[role][step] = clock[role]
