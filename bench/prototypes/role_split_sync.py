@@ -15,8 +15,8 @@ Run: python3 bench/prototypes/role_split_sync.py   (prints the hazards; exits 1 
 """
 import sys
 
-from sync_model import (Arrive, Await, Busy, Copy, Program, Read, Sync, Wait, WaitCopies, Write, flatten, hazards,
-                        timing)
+from sync_model import (Arrive, Await, BulkCopy, Busy, Copy, Program, Read, Sync, Wait, WaitCopies, Write, flatten,
+                        hazards, timing)
 
 # Who finishes dq and dk (the kernel's InputGrads).
 MODES = ("per_value_head", "this_cta", "cluster_pair")
@@ -25,6 +25,9 @@ MODES = ("per_value_head", "this_cta", "cluster_pair")
 HALVES = {"ddelta": ("ddelta.lo", "ddelta.hi")}
 
 
+# The third form's producer pieces, not measured: one thread's bulk copies, each a descriptor and an instruction
+# (FlashQLA's loader warps run ~70-90 instructions a full chunk), about the same a chunk as a named barrier's wait.
+PRODUCER_BUSY = {"the producer's P and V copies": 0.5, "the producer's other copies": 1.0}
 # Each piece of work's busy time in the first form, in % of its measured chunk step (bench/NOTES.md, "The role split
 # profiled": ncu's samples of role_split_backward_pair_kernel at 9e2b4f4, bwd 16/32 8x4096 on an H100, summed by
 # `stall_lines.py --regions` over each piece's lines, less the samples waiting at a barrier).
@@ -38,6 +41,7 @@ BUSY = {
     # a sixth of it (a quarter of its products, little of its element-wise work)
     "X": 3.0, "-dA, the inverse's backward": 15.4,
     "the per-token sums": 7.4, "finish dq": 15.2,
+    **PRODUCER_BUSY,
 }
 # The second form's pieces as its own profile measured them (bench/NOTES.md, "The role split's second form,
 # measured": role_split_backward_pair_kernel at e36d886, the same cell and card, in % of the first form's measured step;
@@ -50,6 +54,7 @@ SECOND_FORM_BUSY = {
     "finish dk": 0.0,
     "dP, M, G": 21.6, "K S, corr": 8.4, "K K^T, dT": 2.8, "X": 0.8, "-dA, the inverse's backward": 20.0, "dQ": 21.2,
     "finish dq": 0.0,
+    **PRODUCER_BUSY,
 }
 # A copy's time from issue to landing, in the same unit: ~1 us of DRAM latency and 16-32 KB a tile at the SM's share
 # of bandwidth, of the first form's ~18 us step.
@@ -193,7 +198,7 @@ def first_form(mode, rank=0):
     return programs, barriers
 
 
-def second_form(mode, rank=0):
+def second_form(mode, rank=0, producer=False):
     """The next form's programs: each value handed over by a named barrier that its producer arrives at and only its
     readers wait on, instead of five barriers of all roles; the per-token sums move to the state role.
     - Tiles are still single-buffered: the next chunk's inputs are copied once every reader of this chunk's has said
@@ -236,24 +241,35 @@ def second_form(mode, rank=0):
     tiles_read = was_read("dk") if pair and rank == 0 else was_read("dq") if pair else ()
     rest = (C("q"), *(C(region) for region in ("do", "t", "delta", "s", "gamma", "gate_in", "gate_out", "k")),
             W("beta", ahead=1))
+    if producer:  # bulk copies that complete the next chunk's phase of `full`, beta stored before the arrival
+        full = r("full")
+        pv = (BulkCopy(r("p"), full, arrive=False), BulkCopy(r("v"), full, arrive=False))
+        rest = (*(BulkCopy(r(region), full, arrive=False) for region in ("q", "do", "t", "delta", "s", "gamma",
+                                                                        "gate_in", "gate_out")),
+                W("beta", ahead=1), BulkCopy(r("k"), full))
     # dgamma and dbeta of the last chunk, from the roles' partial sums (S forms them while the chain works on the
     # next chunk's dDelta; the chain and the square role write the next chunk's sums once it has: sums_read)
     sums = (*(R(region, ahead=-1) for region in ("delta_parts", "state_dots", "q_dots", "corr_dots", "g_parts",
                                                  "e_parts", "e_sums", "beta_parts")),
             W("scratch", private=True, ahead=-1), sync("state"), R("scratch", ahead=-1),
             W("dgamma", private=True, ahead=-1), sync("state"), R("dgamma", ahead=-1), work("the per-token sums"))
+    # the chunk's inputs have landed: the state role waits for its own copies, or for the producer's phase of `full`
+    inputs_landed = (Await(r("full")),) if producer else (WaitCopies(), sync("state"), arrive("inputs"))
     state = Program(
-        before=(C("p"), C("v"), rest),  # the walk's first chunk
-        body=(WaitCopies(), sync("state"), arrive("inputs"),
+        before=() if producer else (C("p"), C("v"), rest),  # the walk's first chunk
+        body=(*inputs_landed,
               W("ds", "dsn", private=True), R("s"), R("gate_in"), work("stage dS', the state dot"),
               arrive("ds_ready"),
               sums, W("state_dots", private=True), arrive("sums_read"),  # the last chunk's; then this one's state dot
               R("do"), R("gate_in"), R("q"), work("scale Q^T diag(E) dO"),
               sync("edcorr_to_state"), R("edcorr"), R("k"), work("issue V's copy; dS -= K^T E dcorr"),
               free_after("S"),
-              sync("pv_free"), C("p"), C("v"), work("issue P's copy"),
-              sync("chunk_done"), rest, work("issue the rest's copies")),
-        after=sums)  # the walk's last chunk's
+              *((arrive("chunk_done"),) if producer else
+                (sync("pv_free"), C("p"), C("v"), work("issue P's copy"),
+                 sync("chunk_done"), rest, work("issue the rest's copies")))),
+        # the walk's last chunk's (with a producer, once the other roles are done with it: the next chunk's phase of
+        # `full` no longer says so)
+        after=((Wait(r("chunk_done")),) if producer else ()) + sums)
     chain = Program(
         before=read("dk") if pair and rank == 1 else (),  # rank 0's tiles carry no partial yet
         body=(sync("ds_ready"),  # after the state role's wait for the chunk's copies
@@ -273,7 +289,7 @@ def second_form(mode, rank=0):
     dq = (R("do"), R("s"), R("gate_in"), R("q"), W("q_dots", private=True), R("m"), R("k"), work("dQ"))
     square_work = Program(
         before=read("dq") if pair and rank == 0 else (),  # rank 1's tiles carry no partial yet
-        body=(sync("inputs"),  # after chunk_done: the chain's dK has read the last M
+        body=(Await(r("full")) if producer else sync("inputs"),  # after chunk_done: the chain's dK has read the last M
               R("do"), R("delta"), R("gamma"), R("p"), W("m", private=True), work("dP, M, G"),
               R("k"), R("s"), R("gate_in"), R("v", private=True), W("v", "corr", private=True), work("K S, corr"),
               # G's row and column sums, reduced in registers at dP, stored once the state role has summed the last
@@ -297,12 +313,29 @@ def second_form(mode, rank=0):
                 r("edcorr_to_state"): roles("S", "K"), r("edcorr_to_square"): roles("K", "A"),
                 r("ddelta_ready"): roles("K", "A"), r("f_ready"): roles("K", "A"),
                 r("chunk_done"): roles("S", "K", "A"), r("sums_read"): roles("S", "K", "A")}
+    if producer:  # a fourth role issues every copy once the tiles' readers are done; S and A await its phase
+        programs[name("P")] = Program(
+            before=(pv, rest),  # the walk's first chunk
+            body=(sync("pv_free"), pv, work("the producer's P and V copies"),
+                  sync("chunk_done"), rest, work("the producer's other copies")))
+        del barriers[r("inputs")]
+        barriers.update({r("pv_free"): roles("K", "A", "P"), r("chunk_done"): roles("S", "K", "A", "P"),
+                         r("full"): roles("P")})
     if pair:
         barriers[r("exchange_free")] = roles("S", "K", "A")
         # each mbarrier's arriving role (the partial's sender, or its reader)
         barriers.update({"dk partial": ["K0"], "dk read": ["K1"]} if rank == 0 else
                         {"dq partial": ["A1"], "dq read": ["A0"]})
     return programs, barriers
+
+
+def third_form(mode, rank=0):
+    """The second form with a fourth role, a producer warpgroup (FlashQLA's): it issues every copy as a bulk (TMA)
+    copy once the tiles' readers are done (pv_free, chunk_done), completing one phase of an mbarrier `full` a chunk,
+    which the state and square roles await (the chain learns it from dS', as before); the state role issues nothing
+    and the `inputs` barrier goes. dq's and dk's finishing stay where they are: the next step, once their staging
+    tiles are sized."""
+    return second_form(mode, rank, producer=True)
 
 
 # The kernel's name (role_split_backward.cu's Barrier) of each of the second form's named barriers.
@@ -341,7 +374,7 @@ def kernel(form, mode):
 
 
 # Each form and the ways of finishing dq and dk it is written for.
-FORMS = {"first": (first_form, MODES), "second": (second_form, MODES)}
+FORMS = {"first": (first_form, MODES), "second": (second_form, MODES), "third": (third_form, MODES)}
 
 
 def main():
@@ -351,10 +384,11 @@ def main():
         step, busy = timing(*kernel(form, mode), copy_latency=COPY_LATENCY)
         print(f"{form_name} form ({mode}): modelled step {step:.1f} (% of the first form's measured step); busy a "
               "chunk: " + ", ".join(f"{role} {t:.1f}" for role, t in sorted(busy.items())))
-    programs, barriers = kernel(second_form, "this_cta")
-    step, busy = timing(with_busy(programs, SECOND_FORM_BUSY), barriers, copy_latency=COPY_LATENCY)
-    print(f"second form with its own profile's busy times: modelled step {step:.1f}; busy a chunk: " +
-          ", ".join(f"{role} {t:.1f}" for role, t in sorted(busy.items())))
+    for form_name in ("second", "third"):
+        programs, barriers = kernel(FORMS[form_name][0], "this_cta")
+        step, busy = timing(with_busy(programs, SECOND_FORM_BUSY), barriers, copy_latency=COPY_LATENCY)
+        print(f"{form_name} form with the second form's profiled busy times: modelled step {step:.1f}; busy a chunk: " +
+              ", ".join(f"{role} {t:.1f}" for role, t in sorted(busy.items())))
     for form_name, (form, modes) in FORMS.items():
         for mode in modes:
             found = hazards(*kernel(form, mode))

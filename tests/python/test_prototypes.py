@@ -155,24 +155,25 @@ def test_the_synchronisation_model_finds_a_slip(slip):
     assert sync_model.hazards(*SLIPS[slip]()) != []
 
 
-def _second_form_waits():
-    """(mode, role, barrier, n) for every wait of the second form: the role's n-th wait at that barrier."""
+def _form_waits(*forms):
+    """(form, mode, role, barrier, n) for every wait of the forms: the role's n-th wait at that barrier."""
     found = []
-    for mode in role_split_sync.FORMS["second"][1]:
-        programs, _ = role_split_sync.kernel(role_split_sync.second_form, mode)
-        for role, program in programs.items():
-            seen = collections.Counter()
-            for op in sync_model.flatten(program.body):
-                if isinstance(op, (sync_model.Wait, sync_model.Await)):
-                    found.append((mode, role, op, seen[op]))
-                    seen[op] += 1
+    for form in forms:
+        for mode in role_split_sync.FORMS[form][1]:
+            programs, _ = role_split_sync.kernel(role_split_sync.FORMS[form][0], mode)
+            for role, program in programs.items():
+                seen = collections.Counter()
+                for op in sync_model.flatten(program.body):
+                    if isinstance(op, (sync_model.Wait, sync_model.Await)):
+                        found.append((form, mode, role, op, seen[op]))
+                        seen[op] += 1
     return found
 
 
-@pytest.mark.parametrize("mode,role,wait,n", _second_form_waits())
-def test_every_wait_of_the_second_form_is_needed(mode, role, wait, n):
+@pytest.mark.parametrize("form,mode,role,wait,n", _form_waits("second", "third"))
+def test_every_wait_of_the_hand_over_forms_is_needed(form, mode, role, wait, n):
     """Each wait removed, the model finds what it guarded: the form has no barrier it does not need."""
-    programs, barriers = _edited(mode, role, _nth(n, lambda op: op == wait), form="second")
+    programs, barriers = _edited(mode, role, _nth(n, lambda op: op == wait), form=form)
     assert sync_model.hazards(programs, barriers) != []
 
 
