@@ -68,7 +68,8 @@ def work(name):
 
 
 def with_busy(programs, busy):
-    """The programs with each Busy's time taken from `busy` (a table like BUSY), to time a form with other measurements."""
+    """The programs with each Busy's time taken from `busy` (a table like BUSY): a form timed with other
+    measurements."""
     def retime(ops):
         if isinstance(ops, (tuple, list)):
             return tuple(retime(op) for op in ops)
