@@ -29,6 +29,13 @@ def implementation(name):
     return fn
 
 
+def positive(text):
+    """--calls: at least one call, the one profiled."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--calls must be a positive integer, got {text!r}")
+    return int(text)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("h_qk", type=int, nargs="?", default=2)
@@ -37,7 +44,7 @@ def main():
     parser.add_argument("pass_", metavar="pass", choices=["fwd", "bwd"], nargs="?", default="fwd")
     parser.add_argument("sequences", type=int, nargs="?", default=1)
     parser.add_argument("--impl", choices=["ours", "flashqla", "fla"], default="ours")
-    parser.add_argument("--calls", type=int, default=3, help="calls of the pass (default 3)")
+    parser.add_argument("--calls", type=positive, default=3, help="calls of the pass, the last profiled (default 3)")
     args = parser.parse_args()
     fn = implementation(args.impl)
     x = make_inputs(args.h_qk, args.h_v, [args.length] * args.sequences, seed=0)

@@ -19,7 +19,6 @@ import collections
 import os
 import re
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stall_lines import INSTRUCTION, kernel_instructions, kernel_section  # noqa: E402  (one parser of listings)
@@ -31,7 +30,6 @@ CLASSES = ("HGMMA", "MUFU", "BAR.SYNC", "BAR.ARV", "SYNCS", "SHFL", "LDS", "STS"
 PREDICATE = re.compile(r"@!?U?P(?:T|\d+)\s+")
 NVDISASM_LABEL = re.compile(r"(\.L_x_\d+):\s*$")
 TARGET = re.compile(r"`\((\.L_x_\d+)\)|\b(0x[0-9a-f]+)\s*;")  # nvdisasm names a label, cuobjdump an offset
-CUOBJDUMP_FUNCTION = re.compile(r"^[ \t]*Function : (\S+)", re.M)
 
 Region = collections.namedtuple("Region", "name start end instructions loops")  # start, end: first and last offset
 Loop = collections.namedtuple("Loop", "start end instructions classes")
@@ -44,19 +42,6 @@ def opcode(text):
 
 def instruction_class(op):
     return next((c for c in CLASSES[:-1] if op == c or op.startswith(c + ".")), "other")
-
-
-def listing(sass_path):
-    """kernel_instructions reads nvdisasm's sections (`.text.NAME:`); a cuobjdump listing heads each kernel with
-    `Function : NAME` instead, so it is copied with that header rewritten. Returns the path to parse."""
-    with open(sass_path) as f:
-        text = f.read()
-    if "\n.text." in text or text.startswith(".text."):
-        return sass_path
-    copy = tempfile.NamedTemporaryFile("w", suffix=".sass", delete=False)
-    with copy:
-        copy.write(CUOBJDUMP_FUNCTION.sub(lambda m: f".text.{m.group(1)}:", text))
-    return copy.name
 
 
 def label_offsets(sass_path, kernel):
@@ -120,14 +105,10 @@ def regions(instructions, labels):
 
 
 def kernel_regions(sass_path, kernel):
-    path = listing(sass_path)
     try:
-        instructions = kernel_instructions(path, kernel)
+        instructions = kernel_instructions(sass_path, kernel)
     except SystemExit:
         raise SystemExit(f"sass_roles: the kernel argument {kernel!r} names no section of {sass_path}") from None
-    finally:
-        if path != sass_path:
-            os.unlink(path)
     return regions(instructions, label_offsets(sass_path, kernel))
 
 

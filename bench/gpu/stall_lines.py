@@ -38,6 +38,7 @@ STALLS = ("barrier", "short_sb", "long_sb", "wait", "mio", "lg", "math", "select
           "branch_resolving", "no_inst", "dispatch", "membar", "drain", "imc", "misc")
 LINE = re.compile(r'\s*//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
 INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*)")
+CUOBJDUMP_FUNCTION = re.compile(r"[ \t]*Function : \S+")
 
 
 # How far back from a sampled instruction its wait may lie (a warp that waited is sampled a few instructions on).
@@ -50,11 +51,12 @@ WAITS = ((re.compile(r"\bBAR\.SYNC\S*\s+(0x[0-9a-f]+|\d+)"), lambda m: f"bar {in
 
 
 def kernel_section(sass_path, kernel):
-    """The lines of the first section of the listing whose `.text.` header names `kernel` (a piece of it)."""
+    """The lines of the first section of the listing whose header names `kernel` (a piece of it): nvdisasm's
+    `.text.NAME:` or cuobjdump -sass's `Function : NAME`."""
     inside = False
     with open(sass_path) as f:
         for text in f:
-            if text.startswith(".text."):
+            if text.startswith(".text.") or CUOBJDUMP_FUNCTION.match(text):
                 if inside:
                     return
                 inside = kernel in text
@@ -82,10 +84,14 @@ def kernel_instructions(sass_path, kernel):
     return instructions
 
 
+def charged_lines(instructions, source, by, regions=None):
+    """Offset of each of kernel_instructions' instructions -> the line (or region) it is charged to."""
+    return {offset: charge(chain, source, by, regions) if chain else None for offset, chain, _ in instructions}
+
+
 def instruction_lines(sass_path, kernel, source, by, regions=None):
     """Offset of each instruction of the kernel's section -> the line it is charged to."""
-    return {offset: charge(chain, source, by, regions) if chain else None
-            for offset, chain, _ in kernel_instructions(sass_path, kernel)}
+    return charged_lines(kernel_instructions(sass_path, kernel), source, by, regions)
 
 
 def wait_before(texts, index):
@@ -127,12 +133,12 @@ def count(row, column):
     return int(row.get(column) or 0)
 
 
-def samples_by(lines, samples_path):
+def samples_by(lines, rows):
     """(all samples, {what an instruction is charged to: Counter of samples, instructions and each stall}) from ncu's
-    per-instruction CSV. A stall the report lacks counts nothing."""
+    per-instruction rows (sample_rows). A stall the report lacks counts nothing."""
     per_key = collections.defaultdict(collections.Counter)
     total = 0
-    for offset, row in sample_rows(samples_path):
+    for offset, row in rows:
         samples = count(row, "Warp Stall Sampling (All Samples)")
         total += samples
         entry = per_key[lines.get(offset)]
@@ -143,12 +149,13 @@ def samples_by(lines, samples_path):
     return total, per_key
 
 
-def barrier_waits_by(instructions, lines, samples_path):
-    """{what an instruction is charged to: Counter of its barrier samples by the wait they follow (wait_before)}."""
+def barrier_waits_by(instructions, lines, rows):
+    """{what an instruction is charged to: Counter of its barrier samples by the wait they follow (wait_before)}, from
+    ncu's per-instruction rows (sample_rows)."""
     offsets = {offset: i for i, (offset, _, _) in enumerate(instructions)}
     texts = [text for _, _, text in instructions]
     per_key = collections.defaultdict(collections.Counter)
-    for offset, row in sample_rows(samples_path):
+    for offset, row in rows:
         samples = count(row, "stall_barrier")
         if samples:
             per_key[lines.get(offset)][wait_before(texts, offsets[offset])] += samples
@@ -181,12 +188,12 @@ def main():
     args = parser.parse_args()
 
     instructions = kernel_instructions(args.sass, args.kernel)
-    lines = {offset: charge(chain, args.source, args.by, args.regions) if chain else None
-             for offset, chain, _ in instructions}
-    total, per_line = samples_by(lines, args.samples)
+    lines = charged_lines(instructions, args.source, args.by, args.regions)
+    rows = sample_rows(args.samples)
+    total, per_line = samples_by(lines, rows)
     print(f"{total} samples")
     if args.waits:
-        waits = barrier_waits_by(instructions, lines, args.samples)
+        waits = barrier_waits_by(instructions, lines, rows)
         for key, entry in sorted(waits.items(), key=lambda kv: -sum(kv[1].values()))[:args.top]:
             share = lambda n: f"{100 * n / max(per_line[key]['samples'], 1):.0f}%"
             print(f"{str(key):>22}  " + "  ".join(f"{wait}: {share(n)}" for wait, n in entry.most_common()))

@@ -66,7 +66,7 @@ def kernel(tmp_path, rng):
 def test_samples_by_source_line(kernel):
     path, callers, instructions, counts = kernel
     lines = stall_lines.instruction_lines(str(path / "k.sass"), KERNEL, "kernel.cu", "deep")
-    total, per_key = stall_lines.samples_by(lines, str(path / "k.csv.gz"))
+    total, per_key = stall_lines.samples_by(lines, stall_lines.sample_rows(str(path / "k.csv.gz")))
     expected = collections.defaultdict(collections.Counter)
     for frames, (samples, executed, stalls) in zip(instructions, counts):
         line = frames[0][1] if frames[0][0] == SOURCE else frames[1][1]  # the deepest frame in kernel.cu
@@ -79,7 +79,7 @@ def test_samples_by_region(kernel):
     path, callers, _, counts = kernel
     regions = stall_lines.parse_regions("low:10-19,mid:20-29,high:30-40")
     lines = stall_lines.instruction_lines(str(path / "k.sass"), KERNEL, "kernel.cu", "deep", regions)
-    total, per_key = stall_lines.samples_by(lines, str(path / "k.csv.gz"))
+    total, per_key = stall_lines.samples_by(lines, stall_lines.sample_rows(str(path / "k.csv.gz")))
     expected = collections.Counter()
     for caller, (samples, _, _) in zip(callers, counts):
         expected["low" if caller < 20 else "mid" if caller < 30 else "high"] += samples
@@ -120,7 +120,7 @@ def test_barrier_samples_charged_to_the_wait_they_follow(tmp_path, rng):
 
     regions = stall_lines.parse_regions("low:10-24,high:25-40")
     instructions = stall_lines.kernel_instructions(str(tmp_path / "k.sass"), KERNEL)
-    lines = {offset: stall_lines.charge(chain, "kernel.cu", "deep", regions) for offset, chain, _ in instructions}
-    got = stall_lines.barrier_waits_by(instructions, lines, str(tmp_path / "k.csv.gz"))
+    lines = stall_lines.charged_lines(instructions, "kernel.cu", "deep", regions)
+    got = stall_lines.barrier_waits_by(instructions, lines, stall_lines.sample_rows(str(tmp_path / "k.csv.gz")))
     assert {k: dict(v) for k, v in got.items()} == {k: dict(v) for k, v in expected.items()}
     assert sum(sum(v.values()) for v in got.values()) == sum(c[2]["barrier"] for c in counts)
