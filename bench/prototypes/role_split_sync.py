@@ -240,14 +240,12 @@ def second_form(mode, rank=0, producer=False):
     free_after = lambda role: () if not pair or writes_partial.get(role) else arrive("exchange_free")
     # the chain writes -E dcorr into the tiles that carried the partial: once the partner has read it
     tiles_read = was_read("dk") if pair and rank == 0 else was_read("dq") if pair else ()
-    rest = (C("q"), *(C(region) for region in ("do", "t", "delta", "s", "gamma", "gate_in", "gate_out", "k")),
-            W("beta", ahead=1))
+    rest_regions = ("q", "do", "t", "delta", "s", "gamma", "gate_in", "gate_out", "k")
+    rest = (*(C(region) for region in rest_regions), W("beta", ahead=1))
     if producer:  # bulk copies that complete the next chunk's phase of `full`, beta stored before the arrival
-        full = r("full")
-        pv = (BulkCopy(r("p"), full, arrive=False), BulkCopy(r("v"), full, arrive=False))
-        rest = (*(BulkCopy(r(region), full, arrive=False) for region in ("q", "do", "t", "delta", "s", "gamma",
-                                                                        "gate_in", "gate_out")),
-                W("beta", ahead=1), BulkCopy(r("k"), full))
+        bulk = lambda region, arrive=False: BulkCopy(r(region), r("full"), arrive=arrive)
+        pv = (bulk("p"), bulk("v"))
+        rest = (*(bulk(region) for region in rest_regions[:-1]), W("beta", ahead=1), bulk(rest_regions[-1], True))
     # dgamma and dbeta of the last chunk, from the roles' partial sums (S forms them while the chain works on the
     # next chunk's dDelta; the chain and the square role write the next chunk's sums once it has: sums_read)
     sums = (*(R(region, ahead=-1) for region in ("delta_parts", "state_dots", "q_dots", "corr_dots", "g_parts",

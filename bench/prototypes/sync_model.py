@@ -244,6 +244,10 @@ def simulate(programs, barriers, chunks):
         return None
 
     def advance(role, index, step, op):
+        event = None
+        if isinstance(op, BulkCopy):  # it lands by the phase of the role's next arrival at its barrier (or its own)
+            event = Event(role, index, step, op, dict(known[role]), dict(known_reads[role]))
+            pending_bulk.setdefault((role, op.barrier), []).append(event)
         if isinstance(op, (Wait, Await)):
             k = phases.phase(role, op)
             if k is None:
@@ -274,20 +278,15 @@ def simulate(programs, barriers, chunks):
                 bulk = pending_bulk.pop((role, op.barrier), [])
                 for copy in bulk:  # their bytes complete this phase: what acquires it knows they have landed
                     copy.phase = k
-                if bulk or isinstance(op, BulkCopy):
+                if bulk:
                     released = join(released, {landed(op.barrier): k})
                 phases.arrive(role, op.barrier, (index, released, released_reads, join(happened[role], {role: index})))
-                this_phase = k
         elif isinstance(op, WaitCopies):
             for copy in pending_copies[role]:
                 copy.lands_by = index
             pending_copies[role] = []
-        event = Event(role, index, step, op, dict(known[role]), dict(known_reads[role]))
-        if isinstance(op, BulkCopy):
-            if op.arrive:
-                event.phase = this_phase if role in barriers[op.barrier] else None
-            else:
-                pending_bulk.setdefault((role, op.barrier), []).append(event)
+        if event is None:
+            event = Event(role, index, step, op, dict(known[role]), dict(known_reads[role]))
         if isinstance(op, Copy):
             pending_copies[role].append(event)
         events[role].append(event)
