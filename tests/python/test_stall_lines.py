@@ -96,7 +96,8 @@ def test_regions_that_are_not_ranges_are_refused_by_name(text):
 def test_barrier_samples_charged_to_the_wait_they_follow(tmp_path, rng):
     """Waits of each kind at random places among plain instructions; each instruction's barrier samples go to the
     last wait at most WAIT_REACH instructions before it (found here by a forward scan), per region."""
-    waits = {"BAR.SYNC.DEFER_BLOCKING 0x5, 0x100": "bar 5", "BAR.SYNC 0xc": "bar 12", "BAR.SYNC.DEFER_BLOCKING 0x0": "bar 0",
+    waits = {"BAR.SYNC.DEFER_BLOCKING 0x5, 0x100": "bar 5", "BAR.SYNC 0xc": "bar 12",
+             "BAR.SYNC.DEFER_BLOCKING 0x0": "bar 0",
              "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR13], R7": "mbarrier", "UCGABAR_WAIT": "cluster barrier",
              "WARPGROUP.DEPBAR.LE gsb0, 0x0": "wgmma group"}
     n = 200
