@@ -332,12 +332,6 @@ struct Cta {
   __device__ AddressableSwizzledTile<E, ROWS, COLS> tile(int at) const {
     return swizzled_tile<E, ROWS, COLS>(opaque(smem + at));
   }
-  // A tile as the target of copies: the swizzled overload of load_rows_async, whose offsets are constants past the
-  // first row's (the element-addressed one computes each vector's swizzle, in registers the state role lacks).
-  template <int ROWS, int COLS>
-  __device__ SwizzledTile<E, ROWS, COLS> copy_target(int at) const {
-    return SwizzledTile<E, ROWS, COLS>{smem_address(opaque(smem + at))};
-  }
   __device__ Rows rows(int at) const { return tile<kChunk, 128>(at); }
   __device__ Square square(int at) const { return tile<kChunk, kChunk>(at); }
   __device__ State state(int at) const { return tile<kValues, kKeys>(at); }
@@ -391,14 +385,13 @@ struct StateRole : Cta<E> {
   // Starts copying chunk j's rows of a token-major tensor [tokens, heads, COLS] (head `head`) into the tile at `at`.
   template <int COLS>
   __device__ void copy_rows(int at, const void* base, int heads, int head, int j) const {
-    load_chunk_rows<kWarpgroup>(this->template copy_target<kChunk, COLS>(at), base, opaque(heads), head, COLS, 0,
+    load_chunk_rows<kWarpgroup>(this->template tile<kChunk, COLS>(at), base, opaque(heads), head, COLS, 0,
                                 chunks[j], opaque(tid));
   }
   // Starts copying chunk j's lower blocks of a [tokens, HV, C] lower-triangular matrix (P, T) into the square tile at
   // `at`, zeros above them (chunk.cuh's load_lower_chunk_tile).
   __device__ void copy_lower(int at, const void* base, int j) const {
-    load_lower_chunk_tile<kWarpgroup>(this->template copy_target<kChunk, kChunk>(at), base, opaque(p.HV), hv,
-                                      chunks[j], opaque(tid));
+    load_lower_chunk_tile<kWarpgroup>(this->square(at), base, opaque(p.HV), hv, chunks[j], opaque(tid));
   }
   // The copy groups: P and V once their readers are done (kPvFree), the rest once every reader is (kChunkDone).
   __device__ void issue_p_and_values(int j) const {
@@ -413,8 +406,8 @@ struct StateRole : Cta<E> {
     copy_lower(L::t, p.t, j);
     copy_rows<kValues>(L::delta, p.delta, p.HV, hv, j);
     const std::int64_t state_row = (static_cast<std::int64_t>(chunks.first + j) * p.HV + hv) * kValues;
-    load_rows_async<kWarpgroup>(this->template copy_target<kValues, kKeys>(L::s),
-                                static_cast<const E*>(p.states) + state_row * kKeys, kKeys, kValues, opaque(tid));
+    load_rows_async<kWarpgroup>(this->state(L::s), static_cast<const E*>(p.states) + state_row * kKeys, kKeys, kValues,
+                                opaque(tid));
     const ChunkInfo chunk = chunks[j];
     load_gamma_async(p, this->template vector<float2>(L::gamma), hv, chunk, opaque(tid));
     load_gates_async(p, this->template vector<float>(L::gate_in), this->template vector<float>(L::gate_out), hv,

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "mma.cuh"
+#include "smem_descriptor.h"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DELTATRAIN_WGMMA 1
@@ -68,13 +69,12 @@ __device__ __forceinline__ void load_rows_async(SwizzledTile<E, ROWS, COLS> tile
     cp_async_16(to + step * kRowsPerStep * 128, from + step * kRowsPerStep * stride, row < rows_valid && keep(row, c));
   }
 }
-
-// A shared-memory matrix descriptor of a 128-byte-swizzled operand starting at shared address `start`:
-// leading and stride byte offsets in units of 16 bytes, swizzle mode 1 (128 B) in bits 62-63.
-__device__ __forceinline__ std::uint64_t smem_descriptor(std::uint32_t start, std::uint32_t leading_bytes,
-                                                         std::uint32_t stride_bytes) {
-  return static_cast<std::uint64_t>((start & 0x3FFFF) >> 4) | static_cast<std::uint64_t>(leading_bytes >> 4) << 16 |
-         static_cast<std::uint64_t>(stride_bytes >> 4) << 32 | 1ull << 62;
+// The same for a tile that is also addressed element by element: its copies take the constant offsets above rather than
+// the element-addressed overload's swizzle of every vector.
+template <int NTHREADS, class E, int ROWS, int COLS, class Keep = WholeRows>
+__device__ __forceinline__ void load_rows_async(AddressableSwizzledTile<E, ROWS, COLS> tile, const E* src,
+                                                std::int64_t stride, int rows_valid, int thread, Keep keep = {}) {
+  load_rows_async<NTHREADS>(static_cast<SwizzledTile<E, ROWS, COLS>>(tile), src, stride, rows_valid, thread, keep);
 }
 
 // B = tile^T, k = tile columns k0..k0+15, n = tile rows n0..n0+8 NT (a tile stored [n][k]: K-major; n0 a
@@ -82,12 +82,12 @@ __device__ __forceinline__ std::uint64_t smem_descriptor(std::uint32_t start, st
 // swizzle to the final addresses, so the start stays inside the row's first chunk pattern.
 template <class E, int ROWS, int COLS>
 __device__ __forceinline__ std::uint64_t k_major(SwizzledTile<E, ROWS, COLS> tile, int k0, int n0 = 0) {
-  return smem_descriptor(tile.base + k0 / 64 * tile.kBlockBytes + n0 * 128 + (k0 % 64) * 2, 16, 8 * 128);
+  return smem_descriptor(tile.base, k0 / 64 * tile.kBlockBytes + n0 * 128 + (k0 % 64) * 2, 16, 8 * 128);
 }
 // B = tile, k = tile rows k0..k0+15, n = tile columns n0..n0+63 (stored [k][n]: MN-major, transposed).
 template <class E, int ROWS, int COLS>
 __device__ __forceinline__ std::uint64_t mn_major(SwizzledTile<E, ROWS, COLS> tile, int k0, int n0) {
-  return smem_descriptor(tile.base + n0 / 64 * tile.kBlockBytes + k0 * 128, tile.kBlockBytes, 8 * 128);
+  return smem_descriptor(tile.base, n0 / 64 * tile.kBlockBytes + k0 * 128, tile.kBlockBytes, 8 * 128);
 }
 
 // Makes this thread's earlier writes of shared memory (its stores and completed cp.async copies) visible to
