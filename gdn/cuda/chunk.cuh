@@ -81,7 +81,25 @@ struct FragmentIndex {
   __device__ __forceinline__ float& operator()(float (&acc)[MT][NT][4]) const {
     return acc[mi][ni][e];
   }
+  template <int MT, int NT>
+  __device__ __forceinline__ float operator()(const float (&acc)[MT][NT][4]) const {
+    return acc[mi][ni][e];
+  }
 };
+
+// Calls f(r, c, at) for every element `at` of a warp's MT x NT accumulator tiles at rows m0.., columns n0.., in
+// for_each_decay's order.
+template <int MT, int NT, class F>
+__device__ __forceinline__ void for_each_index(int m0, int n0, F&& f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        f(m0 + 16 * mi + g + 8 * (e >> 1), n0 + 8 * ni + 2 * t + (e & 1), FragmentIndex{mi, ni, e});
+}
 
 // Calls f(r, c, decay, at) for every element `at` of a warp's MT x NT accumulator tiles at rows m0.., columns
 // n0.. (gamma in shared memory, 16-byte aligned), with decay = chunk_decay(gamma[r], gamma[c]) formed for every
@@ -272,14 +290,15 @@ __device__ __forceinline__ float decay_balance(const float* parts, int r) {
 // n0) of the chunk's 64 x 64 matrices (decay_balance's two layouts): F = dA * diag(beta) Gamma (strictly lower) into
 // f_tile (dK gets F K + F^T K); E = dA * (K K^T) * Gamma, whose row sums (dbeta) go to e_sums (per block of columns)
 // and beta E's row and column sums (dgamma: beta E = dA * A) to e_parts. minus_da and kk (the warp's blocks of -dA
-// and K K^T) are consumed.
+// and K K^T) are consumed; decays are the blocks' chunk_decay, as for_each_decay forms them (masked here), for a
+// caller that has them from another product over the same blocks.
 template <int NT, class SquareT>
-__device__ __forceinline__ void inverse_backward(float (&minus_da)[1][NT][4], float (&kk)[1][NT][4], SquareT f_tile,
-                                                 const float2* gamma, const float* beta, int m0, int n0,
-                                                 float* e_sums, float* e_parts) {
+__device__ __forceinline__ void inverse_backward(float (&minus_da)[1][NT][4], float (&kk)[1][NT][4],
+                                                 const float (&decays)[1][NT][4], SquareT f_tile, const float* beta,
+                                                 int m0, int n0, float* e_sums, float* e_parts) {
   float f[1][NT][4];
-  for_each_decay<1, NT>(gamma, m0, n0, [&](int r, int c, float any_decay, FragmentIndex at) {
-    const float decay = r > c ? any_decay : 0.f;
+  for_each_index<1, NT>(m0, n0, [&](int r, int c, FragmentIndex at) {
+    const float decay = r > c ? at(decays) : 0.f;
     float &x = at(minus_da), &kdot = at(kk);
     at(f) = -x * beta[r] * decay;
     x = -x * kdot * decay;  // E
@@ -290,6 +309,15 @@ __device__ __forceinline__ void inverse_backward(float (&minus_da)[1][NT][4], fl
   row_sums(minus_da, sums);
   store_row_pair(sums, e_sums, m0, n0);
   store_row_column_sums(kk, m0, n0, e_parts);
+}
+// The same with the decays formed here from gamma.
+template <int NT, class SquareT>
+__device__ __forceinline__ void inverse_backward(float (&minus_da)[1][NT][4], float (&kk)[1][NT][4], SquareT f_tile,
+                                                 const float2* gamma, const float* beta, int m0, int n0,
+                                                 float* e_sums, float* e_parts) {
+  float decays[1][NT][4];
+  for_each_decay<1, NT>(gamma, m0, n0, [&](int, int, float decay, FragmentIndex at) { at(decays) = decay; });
+  inverse_backward(minus_da, kk, decays, f_tile, beta, m0, n0, e_sums, e_parts);
 }
 
 // Starts copying a chunk's rows of a token-major tensor [tokens, heads, width] (head `head`, columns from

@@ -168,8 +168,8 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
   // A chunk's tiles, in copy groups that each start as soon as the chunk before (in the walk) has done with their
   // tiles, so that the copies run under its last products and sums rather than after them: the square tiles P and T
   // once the inverse's backward has read them, the value-wide V (dcorr), dO and Delta after the last products, the
-  // key-wide Q, K and S after the last readers of Q and K (the norm's backward, dq's dots) and S (the state dot). The
-  // gates, which the per-token sums read to the end, are a group of their own (load_chunk_gates).
+  // key-wide Q, K and S after the last readers of Q and K (the norm's backward, dq's dots) and S (dQ's and dK's
+  // products). The gates, which the per-token sums read to the end, are a group of their own (load_chunk_gates).
   auto load_square_tiles = [&](int j) {
     const ChunkInfo chunk = chunks[j];
     load_lower_chunk_tile<kFusedThreads>(p_tile, p.p, p.HV, hv, chunk, tid);
@@ -242,6 +242,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
 
     // ---- the chain, each warpgroup on its 64 value rows by wgmma, and the warp's value rows beside it ----
     float tdd[1][kChunk / 8][4];  // dO^T P, then dDelta^T, then (T^T dDelta)^T, then dcorr^T
+    float state_dot = 0.f;
     WarpOperand<E, kChunk> do_operand(nullptr);  // dO^T, the warp's rows
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb) load_a16(do_operand.frag[kb], transposed(do_tile), vr0, 16 * kb);
@@ -259,7 +260,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
         wgmma_64x64x16<E, true>(tdd[0], do_operand.frag[kb], mn_major(at_use(p_tile), 16 * kb, 0), kb > 0);
       }
       wgmma_commit();
-      ds_operand.store(plain(ds_tile), vr0);  // dS' beside the products, for dK and dgamma's sum(S * dS')
+      ds_operand.store(plain(ds_tile), vr0);  // dS' beside the products, for dK
       wgmma_wait();
       hold(kds[0]);
       hold(tdd[0]);
@@ -283,7 +284,6 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
     wgmma_commit();
     if constexpr (kPair) cluster_wait();  // the partner has read the last chunk's partial from the tiles dDelta takes
     ddelta_operand.store(transposed(ddelta_tile), vr0);  // dDelta for dT, beside the products
-    for_each(ds, vr0, 0, [&](int, int, float& x) { x *= gate_in[kChunk - 1]; });  // E_n
     wgmma_wait();
     hold(tdd[0]);
     hold(corr[0]);
@@ -309,6 +309,13 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
       for_each(dcorr_ks, tdd, vr0, 0, [](int, int, float& x, float& dcorr) { x *= dcorr; });  // dgamma's E term
       store_column_sums(dcorr_ks, corr_parts + warp * kChunk, 0);
     }
+    // dS' to E_n dS', and this thread's part of sum(S * dS') on the way (dgamma's at the chunk's last row): from dS'
+    // in float32 registers and the warp's rows of S^T, half the instructions of a dot of the two tiles.
+    for_each_pair_with(ds, plain(s_tile), vr0, 0, [&](int, int, float& lo, float& hi, float2 s) {
+      state_dot += lo * s.x + hi * s.y;
+      lo *= gate_in[kChunk - 1];
+      hi *= gate_in[kChunk - 1];
+    });
     __syncwarp();  // the warp's lanes have read their columns of V, which dcorr now overwrites
     // dV = dcorr, staged from the registers (-E dcorr, dK's A operand, goes to its tile beside the products below).
     store_accumulator(tdd, transposed(dv_tile), vr0, 0);
@@ -358,9 +365,11 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
     }
     // M, and G = dP * P below the diagonal (its diagonal cancels exactly in dgamma, so it is left out rather
     // than added and subtracted: under strong decay that rounding would swamp the true dgamma).
+    float decays[1][4][4];  // the blocks' chunk decays, M's and again the inverse's backward's
     {
       float m[1][4][4];
       for_each_decay<1, 4>(gamma, m0, n0, [&](int r, int c, float decay, FragmentIndex at) {
+        at(decays) = decay;
         at(m) = r >= c ? at(dp) * p.scale * decay : 0.f;
       });
       store_accumulator(m, plain(m_tile), m0, n0);
@@ -390,7 +399,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
                                                      [&](int k0) { return k_major(at_use(t_tile), k0, n0); }, false);
       wgmma_commit_and_wait();
       hold(da[0]);
-      inverse_backward(da, kk, f_tile, gamma, beta, m0, n0, e_sums, e_parts);
+      inverse_backward(da, kk, decays, f_tile, beta, m0, n0, e_sums, e_parts);
     }
     fence_for_wgmma();
     __syncthreads();  // F complete; P (X) and T are read
@@ -442,7 +451,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
       store_pairs(dk, p.dk_head + key_origin, key_stride, rows - m0);
       // V, dO and Delta are refilled after the block sum's barriers below.
     } else {
-      // dq and dk finished before the state dot below, whose loads would otherwise wait beside their 64 registers.
+      // dq and dk finished as soon as their products are done, before the per-token sums.
       if constexpr (kPair) {
         __syncthreads();  // every warp's last products are done: M and F (the partner's partial goes there), V, dO, Delta
 #pragma unroll
@@ -512,8 +521,6 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
     // below for 9% of the kernel's samples.
     const int last_row = rows - 1;
     const float d_term = tid < last_row ? gate_out[tid] * over_warps(delta_parts, tid) : 0.f;
-    // This thread's part of sum(S * dS'), from the tiles: dgamma's at the chunk's last row.
-    const float state_dot = partial_tile_dot<kFusedThreads>(s_tile, ds_tile, tid);
     const float last_row_terms =
         block_sum<kFusedThreads>(d_term + gate_in[kChunk - 1] * state_dot, smem_at<float>(smem, L::scratch));
     // The block sum's barriers come after every warp's dQ/dK wait and the norm's backward, the last readers of Q, K
