@@ -316,7 +316,9 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 template <class E>
 __device__ __forceinline__ float2 unpack2(std::uint32_t bits) {
   if constexpr (std::is_same_v<E, __nv_bfloat16>) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+    // A bfloat16 is the high half of the float it widens to: one shift and one mask. (__bfloat1622float2 moves the
+    // high element down and back up, a PRMT and a shift where the mask is one LOP3.)
+    return float2{__uint_as_float(bits << 16), __uint_as_float(bits & 0xFFFF0000u)};
   } else {
     return __half22float2(*reinterpret_cast<const __half2*>(&bits));
   }
