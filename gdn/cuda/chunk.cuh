@@ -74,33 +74,6 @@ __device__ __forceinline__ float chunk_decay(float2 gamma_i, float2 gamma_j) {
   return __expf((gamma_i.x - gamma_j.x) + (gamma_i.y - gamma_j.y));
 }
 
-// An element of a warp's mma accumulator tiles (mma.cuh's fragment layout): at(acc) is acc's value there.
-struct FragmentIndex {
-  int mi, ni, e;
-  template <int MT, int NT>
-  __device__ __forceinline__ float& operator()(float (&acc)[MT][NT][4]) const {
-    return acc[mi][ni][e];
-  }
-  template <int MT, int NT>
-  __device__ __forceinline__ float operator()(const float (&acc)[MT][NT][4]) const {
-    return acc[mi][ni][e];
-  }
-};
-
-// Calls f(r, c, at) for every element `at` of a warp's MT x NT accumulator tiles at rows m0.., columns n0.., in
-// for_each_decay's order.
-template <int MT, int NT, class F>
-__device__ __forceinline__ void for_each_index(int m0, int n0, F&& f) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        f(m0 + 16 * mi + g + 8 * (e >> 1), n0 + 8 * ni + 2 * t + (e & 1), FragmentIndex{mi, ni, e});
-}
-
 // Calls f(r, c, decay, at) for every element `at` of a warp's MT x NT accumulator tiles at rows m0.., columns
 // n0.. (gamma in shared memory, 16-byte aligned), with decay = chunk_decay(gamma[r], gamma[c]) formed for every
 // element. Each lane reads its rows' gamma and, per 8-column block, its two columns' gamma once, before any

@@ -264,17 +264,37 @@ __device__ __forceinline__ void for_each(float (&acc)[MT][NT][4], int m0, int n0
   });
 }
 
-// The same for two accumulators of one shape: f(row, col, a, b).
+// An element of a warp's mma accumulator tiles (the fragment layout above): at(acc) is acc's value there.
+struct FragmentIndex {
+  int mi, ni, e;
+  template <int MT, int NT>
+  __device__ __forceinline__ float& operator()(float (&acc)[MT][NT][4]) const {
+    return acc[mi][ni][e];
+  }
+  template <int MT, int NT>
+  __device__ __forceinline__ float operator()(const float (&acc)[MT][NT][4]) const {
+    return acc[mi][ni][e];
+  }
+};
+
+// Calls f(r, c, at) for every element `at` of a warp's MT x NT accumulator tiles at rows m0.., columns n0.., row
+// block by row block, then 8-column block by block, then the fragment's four in register order.
 template <int MT, int NT, class F>
-__device__ __forceinline__ void for_each(float (&a)[MT][NT][4], float (&b)[MT][NT][4], int m0, int n0, F&& f) {
+__device__ __forceinline__ void for_each_index(int m0, int n0, F&& f) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
     for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        f(m0 + 16 * mi + g + (r >> 1) * 8, n0 + 8 * ni + 2 * t + (r & 1), a[mi][ni][r], b[mi][ni][r]);
+      for (int e = 0; e < 4; ++e)
+        f(m0 + 16 * mi + g + 8 * (e >> 1), n0 + 8 * ni + 2 * t + (e & 1), FragmentIndex{mi, ni, e});
+}
+
+// The same for two accumulators of one shape: f(row, col, a, b).
+template <int MT, int NT, class F>
+__device__ __forceinline__ void for_each(float (&a)[MT][NT][4], float (&b)[MT][NT][4], int m0, int n0, F&& f) {
+  for_each_index<MT, NT>(m0, n0, [&](int r, int c, FragmentIndex at) { f(r, c, at(a), at(b)); });
 }
 
 // The sum over the four lanes of a quad (the lanes holding one accumulator row), in every lane of it.
