@@ -91,10 +91,11 @@ int main(int argc, char** argv) {
   const struct {
     const char* name;
     void (*kernel)(int*);
-  } forms[] = {{"read_then_arrive", read_then_arrive},
-               {"write_then_arrive", write_then_arrive},
-               {"both_wait", both_wait},
-               {"three_roles", three_roles}};
+    int threads;
+  } forms[] = {{"read_then_arrive", read_then_arrive, kThreads},
+               {"write_then_arrive", write_then_arrive, kThreads},
+               {"both_wait", both_wait, kThreads},
+               {"three_roles", three_roles, kRoleThreads}};
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s read_then_arrive|write_then_arrive|both_wait|three_roles\n", argv[0]);
     return 2;
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[1], form.name) != 0) continue;
     int* out = nullptr;
     if (cudaMalloc(&out, 64 * sizeof(int)) != cudaSuccess) return 1;
-    form.kernel<<<1, form.kernel == three_roles ? kRoleThreads : kThreads>>>(out);
+    form.kernel<<<1, form.threads>>>(out);
     const cudaError_t status = cudaDeviceSynchronize();
     cudaFree(out);
     std::printf("%s: %s\n", form.name, cudaGetErrorString(status));
