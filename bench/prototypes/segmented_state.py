@@ -11,7 +11,14 @@ so a segment of chunks maps S_start to S_end = M S_start + R with (M, R) compose
 With n segments the dependent chain is (chunks / n) steps of pass 1 and 3 plus n steps of pass 2, instead of
 `chunks` steps; pass 1 does about twice the work of an ordinary step (A_c M is K x K x K).
 
-Run: python3 bench/prototypes/segmented_state.py   (prints the relative errors; exits 1 above 1e-12)
+The single walk (`single_walk`, bench/NOTES.md "Where to start (session 36)", item 4) reaches the same outputs with
+one pass over each segment instead of two: the state is affine in the segment's start, S_t = S0_t + Phi_t S_start,
+so every later segment walks from a zero start (S0, O0) beside its transition Phi_t (the same walk on zero values
+from the identity, whose outputs are scale Phi_t^T q_t), pass 2 composes the starts from (Phi_end, S0_end), and
+o_t = O0_t + (scale Phi_t^T q_t)^T S_start is one product off the chain.
+
+Run: python3 bench/prototypes/segmented_state.py   (prints the relative errors, then the single walk's rounding in
+bf16 against the output's own; exits 1 where a float64 error is above 1e-12)
 """
 import sys
 
@@ -47,19 +54,20 @@ def chunk_terms(k, v, g, beta):
     return terms
 
 
-def forward_from(state, terms, q, k, scale):
-    """The ordinary chunked forward over `terms` from `state`: outputs by chunk start, final state."""
+def forward_from(state, terms, q, k, scale, operand=lambda x: x):
+    """The ordinary chunked forward over `terms` from `state`: outputs by chunk start, final state. `operand` is
+    applied to the state where a product reads it (bf16 rounding, as the kernels' products take it)."""
     out = {}
     for c0, gam, W, U, K_tilde, last in terms:
         Q, K = q[c0:c0 + len(gam)], k[c0:c0 + len(gam)]
-        delta = U - W @ state
+        delta = U - W @ operand(state)
         P = scale * np.tril(Q @ K.T * np.exp(gam[:, None] - gam[None, :]))
-        out[c0] = scale * np.exp(gam)[:, None] * (Q @ state) + P @ delta
+        out[c0] = scale * np.exp(gam)[:, None] * (Q @ operand(state)) + P @ delta
         state = last * state + K_tilde.T @ delta
     return out, state
 
 
-def segmented(q, k, v, g, beta, h0, scale, segments):
+def segmented(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
     terms = chunk_terms(k, v, g, beta)
     bounds = np.linspace(0, len(terms), segments + 1).astype(int)
     dim = k.shape[1]
@@ -78,10 +86,42 @@ def segmented(q, k, v, g, beta, h0, scale, segments):
     # pass 3: each segment from its true start
     o = np.zeros_like(v)
     for s in range(segments):
-        out, _ = forward_from(starts[s], terms[bounds[s]:bounds[s + 1]], q, k, scale)
+        out, _ = forward_from(starts[s], terms[bounds[s]:bounds[s + 1]], q, k, scale, operand)
         for c0, block in out.items():
             o[c0:c0 + len(block)] = block
     return o, starts[-1]
+
+
+def single_walk(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
+    """The segmented forward in one walk of each segment: the first from h0, every later one from a zero start beside
+    its transition, the starts composed in order, each later segment's outputs corrected by one product. `operand`
+    is applied where a product reads a state, and to both factors of the correcting product (bf16 rounding, as the
+    kernels' products take them)."""
+    terms = chunk_terms(k, v, g, beta)
+    transition_terms = chunk_terms(k, np.zeros((len(k), k.shape[1])), g, beta)  # U = 0: the walk of Phi
+    bounds = np.linspace(0, len(terms), segments + 1).astype(int)
+    o = np.zeros_like(v)
+    start = h0
+    for s in range(segments):
+        part = slice(bounds[s], bounds[s + 1])
+        if s == 0:
+            out, start = forward_from(h0, terms[part], q, k, scale, operand)
+            for c0, block in out.items():
+                o[c0:c0 + len(block)] = block
+            continue
+        out0, end0 = forward_from(np.zeros_like(h0), terms[part], q, k, scale, operand)
+        transported, transition = forward_from(np.eye(k.shape[1]), transition_terms[part], q, k, scale, operand)
+        for c0, block in out0.items():
+            o[c0:c0 + len(block)] = block + operand(transported[c0]) @ operand(start)
+        start = transition @ start + end0
+    return o, start
+
+
+def bf16(x):
+    """x rounded to the nearest bfloat16 (ties to even), returned as float64."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32).astype(np.float64)
 
 
 def problem(rng, tokens, dim, case="anchors", strong_decay=-1e4):
@@ -117,6 +157,24 @@ def main():
         errors = [np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in ((o, o_ref), (ht, ht_ref))]
         print(f"{segments:2d} segments: o {errors[0]:.2e}, final state {errors[1]:.2e}")
         worst = max(worst, *errors)
+        o, ht = single_walk(q, k, v, g, beta, h0, scale, segments)
+        errors = [np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in ((o, o_ref), (ht, ht_ref))]
+        print(f"{segments:2d} segments in one walk: o {errors[0]:.2e}, final state {errors[1]:.2e}")
+        worst = max(worst, *errors)
+    # Rounding, emulated: every product reads the state in bf16, as the kernels' do (the two walks alike), and the
+    # single walk's correcting product reads Phi^T q and the start in bf16 (O0 in float32, the sum rounded once); the
+    # output is rounded to bf16 in both. Against today's two-pass form and the exact output's own rounding.
+    # With the anchors' gates a segment forgets its start within a few chunks, so the correction is small; with gates
+    # near 1 and small betas ("slow forgetting") it carries most of each segment's output.
+    q, k, v, g, beta, h0, scale = problem(rng, 64 * 16, 64)
+    for case, gates, betas in (("anchors' gates", g, beta), ("slow forgetting", np.full_like(g, -1e-4), beta / 20)):
+        o_ref, _ = recurrence(q, k, v, gates, betas, h0, scale)
+        error = lambda o: np.linalg.norm(bf16(o) - o_ref) / np.linalg.norm(o_ref)  # noqa: E731
+        for segments in (2, 4):
+            walk = error(single_walk(q, k, v, gates, betas, h0, scale, segments, operand=bf16)[0])
+            today = error(segmented(q, k, v, gates, betas, h0, scale, segments, operand=bf16)[0])
+            print(f"bf16, {case}, {segments} segments: o {walk:.2e} in one walk, {today:.2e} in two passes, "
+                  f"{error(o_ref):.2e} the output's own rounding")
     return 0 if worst < 1e-12 else 1
 
 

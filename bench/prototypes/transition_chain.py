@@ -19,14 +19,7 @@ import sys
 import numpy as np
 
 from fused_backward import chunk_forward_terms, recurrence_backward
-from segmented_state import C, chunk_terms, problem, recurrence
-
-
-def bf16(x):
-    """x rounded to the nearest bfloat16 (ties to even), returned as float64."""
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return rounded.view(np.float32).astype(np.float64)
+from segmented_state import C, bf16, chunk_terms, problem, recurrence
 
 
 def relative(a, b):
