@@ -68,8 +68,7 @@ __global__ void both_wait(int* out) {
 // The last warp writes chunk j's word and arrives at kReady; the others (the readers) wait there, read it, and arrive
 // at kFree, which the writer waits at before it writes the next chunk's. Every access is ordered: a reader's arrival
 // for chunk j + 1 cannot come before the writer's wait of chunk j, as in the role split's hand-overs. Both barriers
-// count all the block's threads. The forms below vary the readers and the chunks, to tell which of the two makes
-// racecheck report: on an H100 (session 35) `three_roles` (two readers, four chunks) reported 3 grouped hazards.
+// count all the block's threads. The forms in main vary the readers and the chunks.
 __global__ void hand_over(int* out, int chunks) {
   __shared__ int word[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, writer = blockDim.x / 32 - 1;
