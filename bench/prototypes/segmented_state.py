@@ -68,6 +68,8 @@ def forward_from(state, terms, q, k, scale, operand=lambda x: x):
 
 
 def segmented(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
+    """The three passes above. `operand` is applied where a product reads a state, M or a start (bf16 rounding, as
+    the kernels' products take them)."""
     terms = chunk_terms(k, v, g, beta)
     bounds = np.linspace(0, len(terms), segments + 1).astype(int)
     dim = k.shape[1]
@@ -76,13 +78,13 @@ def segmented(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
     for s in range(segments):
         M, R = np.eye(dim), np.zeros((dim, v.shape[1]))
         for _, _, W, U, K_tilde, last in terms[bounds[s]:bounds[s + 1]]:
-            M = last * M - K_tilde.T @ (W @ M)
-            R = last * R + K_tilde.T @ (U - W @ R)
+            M = last * M - K_tilde.T @ (W @ operand(M))
+            R = last * R + K_tilde.T @ (U - W @ operand(R))
         maps.append((M, R))
     # pass 2: the true state entering each segment
     starts = [h0]
     for M, R in maps:
-        starts.append(M @ starts[-1] + R)
+        starts.append(operand(M) @ operand(starts[-1]) + R)
     # pass 3: each segment from its true start
     o = np.zeros_like(v)
     for s in range(segments):
@@ -95,10 +97,12 @@ def segmented(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
 def single_walk(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
     """The segmented forward in one walk of each segment: the first from h0, every later one from a zero start beside
     its transition, the starts composed in order, each later segment's outputs corrected by one product. `operand`
-    is applied where a product reads a state, and to both factors of the correcting product (bf16 rounding, as the
-    kernels' products take them)."""
+    is applied where a product reads a state, a transition or a start, and to both factors of the correcting product
+    (bf16 rounding, as the kernels' products take them)."""
     terms = chunk_terms(k, v, g, beta)
-    transition_terms = chunk_terms(k, np.zeros((len(k), k.shape[1])), g, beta)  # U = 0: the walk of Phi
+    # The walk of Phi: the same chunks with zero values (U = 0), K columns wide.
+    transition_terms = [(c0, gam, W, np.zeros((len(gam), k.shape[1])), K_tilde, last)
+                        for c0, gam, W, _, K_tilde, last in terms]
     bounds = np.linspace(0, len(terms), segments + 1).astype(int)
     o = np.zeros_like(v)
     start = h0
@@ -113,7 +117,7 @@ def single_walk(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
         transported, transition = forward_from(np.eye(k.shape[1]), transition_terms[part], q, k, scale, operand)
         for c0, block in out0.items():
             o[c0:c0 + len(block)] = block + operand(transported[c0]) @ operand(start)
-        start = transition @ start + end0
+        start = operand(transition) @ operand(start) + end0
     return o, start
 
 
