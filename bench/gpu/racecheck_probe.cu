@@ -5,9 +5,9 @@
 // forms move one word a lane between two warps (`both_wait` is the control, where both sides wait); on an H100 none
 // reports a hazard, so racecheck does model a one-shot two-warp arrive -> sync. The hand-over forms are the kernel's
 // shape: reader warps and a writer warp hand a word back and forth over chunks by two barriers. `three_roles` (two
-// readers, four chunks), correct by the argument at hand_over, reported hazards on an H100 (session 35), so racecheck
-// reports some correctly ordered hand-overs; `three_roles_once` (two readers, one chunk) and `two_roles_loop` (one
-// reader, four chunks) tell whether the second arriving warp or the barriers' reuse over chunks is what it misreads.
+// readers, four chunks), correct by the argument at hand_over, reported hazards on an H100, so racecheck reports some
+// correctly ordered hand-overs; `three_roles_once` (two readers, one chunk) is clean and `two_roles_loop` (one reader,
+// four chunks) reports them, so what it misreads is the barriers' reuse over chunks, not the second arriving warp.
 // On the GPU machine:
 //
 //   nvcc -std=c++17 -arch=sm_90a -o /tmp/probe bench/gpu/racecheck_probe.cu

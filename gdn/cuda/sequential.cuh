@@ -7,6 +7,7 @@
 namespace deltatrain::gdn::cuda {
 
 inline constexpr int kSmemLimit = 227 * 1024;  // per-block opt-in limit of sm_80 and sm_90
+inline constexpr int kSmemPerSm = 228 * 1024;  // an sm_90 SM's, shared by its CTAs (each also reserves 1 KB)
 
 // The chunks of sequence n: contiguous, 64 tokens each but the last. Computed rather than read from the
 // chunk table so that no global load sits on the sequential path.

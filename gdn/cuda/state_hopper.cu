@@ -49,9 +49,9 @@ enum class Pass { forward, recompute, backward, segment_ends };
 
 // Per stage: W and K, with Q and P when the pass reads them, T diag(beta) when it walks forward (and so forms U)
 // and T diag(beta e^gamma) where it forms W, as swizzled tiles (wgmma operands); the CTA's columns of V or dO (64
-// per warpgroup) as a padded tile (read into registers); the gate vectors. Then per warp the staging tile of its
-// token-major stores.
-template <class E, int K, bool kQueries, bool kValues, bool kDecayedT, int kGroups>
+// per warpgroup) as a padded tile (read into registers); the gate vectors. Then, where the pass stores rows per chunk
+// (kStaging), per warp the staging tile of its token-major stores.
+template <class E, int K, bool kQueries, bool kValues, bool kDecayedT, int kGroups, bool kStaging>
 struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
   using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P, T diag(beta): [token][token]
@@ -70,7 +70,7 @@ struct HopperSmem {
   static constexpr int stages = 2;
   static constexpr int staging_at = stages * stage_bytes;
   // The swizzled blocks need 1024-byte alignment, which dynamic shared memory does not promise.
-  static constexpr int bytes = staging_at + 4 * kGroups * kWarpStaging + 1024;
+  static constexpr int bytes = staging_at + (kStaging ? 4 * kGroups * kWarpStaging : 0) + 1024;
   static_assert(bytes <= kSmemLimit);
 };
 
@@ -87,8 +87,13 @@ struct HopperPass {
   static constexpr bool kFormsW = !kReverse && wgmma_pass_forms_w(K, kGroups);
   static constexpr bool kWFromDecayedT = kFormsW && kPass == Pass::forward;  // plan.h's prepare_writes_t_beta_decay
   static constexpr int kThreads = kWarpgroup * kGroups;
+  // The segment ends pass stores nothing per chunk, so it has no staging tiles: that lets two of its forward CTAs
+  // share an SM (99 KB each at K = 128, 115 KB with them), and its runs with M's rows, twice the CTAs of the others,
+  // take one wave of the SMs instead of two on the calls that segment most.
   using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse), kValues,
-                       kWFromDecayedT, kGroups>;
+                       kWFromDecayedT, kGroups, kPass != Pass::segment_ends>;
+  static_assert(kPass != Pass::segment_ends || kReverse || kGroups > 1 || 2 * (L::bytes + 1024) <= kSmemPerSm,
+                "two forward segment ends CTAs of one warpgroup (as segments run) an SM");
   char* smem;
   std::uint32_t smem_base;
   const Params& p;
@@ -260,7 +265,7 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
   if (pass.idle()) return;
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
-  const auto staging = pass.staging();
+  const auto staging = pass.staging();  // (past the layout's end in segment_ends, which stores no rows)
   float state[1][K / 8][4];
   pass.start_rows(state, p.h0);
 
