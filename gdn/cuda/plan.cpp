@@ -11,19 +11,36 @@ bool wgmma_applies(const PlanInputs& in) {
   return in.wgmma_device && in.wgmma_allowed && in.io != DType::f32 && in.K <= 128 && in.V % kWgmmaColumns == 0;
 }
 
-// The fused backward (built for K = V = 128) runs one CTA per (sequence, value head) through the chunks, so its time
-// is that of its waves (units / SMs rounded up), where the unfused kernels' follows the units themselves. Measured
-// on the H200 over 1-8 sequences of 4096 tokens at 16/16 and 16/32 heads, with dq and dk finished in the fused kernel
-// (bench/gdn_fused_fill.py, bench/results/gdn-h200-fused-fill-input-grads.json): where its last wave is 97% full it
-// takes 0.70-0.76 of the unfused kernels' time, 85% full 0.76-0.81, 73% full 0.81-0.89, 61% full 0.89-0.99, 48% full
-// 1.05-1.19, and under that up to 1.35x theirs. So unasked it runs where its waves are at least 60% full;
-// bench/NOTES.md, "The fused backward, first form" and after.
+// The fused backward's segments. Its CTAs walk (sequence, segment, value head) back from the exact state gradient at
+// each segment's end (the backward's segment ends pass and segment_starts_kernel compose it), so where the (sequence,
+// value head) units leave SMs idle it takes as many segments as fill one wave, at most 16. Its step (~14 us a chunk)
+// is 4-7x the unfused passes', so it pays only in full waves, and cutting a sequence into segments is how few
+// sequences get them; but every segment adds the recompute's ends pass and the backward's, so a segment must be long.
+// Against the unfused backward on an H100, four segments of 16 chunks took +4.3% (bwd 2/4 8 x 4096), of 32 chunks
+// -0.4% (16/32 1 x 8192), of 128 chunks -10% (16/32 1 x 32768; bench/results/gdn-h100-fused-fill-segments-ab.md):
+// about -5% a doubling, so at least 64 chunks each, where it should gain ~5% or more.
+constexpr std::int64_t kFusedSegmentMinChunks = 64;
+
+std::int64_t fused_backward_segments(const PlanInputs& in) {
+  const std::int64_t units = std::max<std::int64_t>(1, in.sequences * in.value_heads);
+  const std::int64_t chunks_each = in.chunks / std::max<std::int64_t>(1, in.sequences);
+  return std::max<std::int64_t>(
+      1, std::min<std::int64_t>({16, in.multiprocessors / units, chunks_each / kFusedSegmentMinChunks}));
+}
+
+// The fused backward (built for K = V = 128) runs one CTA per (sequence, segment, value head) through the chunks, so
+// its time is that of its waves (CTAs / SMs rounded up), where the unfused kernels' follows the units themselves.
+// Measured on the H200 over 1-8 sequences of 4096 tokens at 16/16 and 16/32 heads, with dq and dk finished in the
+// fused kernel (bench/gdn_fused_fill.py, bench/results/gdn-h200-fused-fill-input-grads.json): where its last wave is
+// 97% full it takes 0.70-0.76 of the unfused kernels' time, 85% full 0.76-0.81, 73% full 0.81-0.89, 61% full
+// 0.89-0.99, 48% full 1.05-1.19, and under that up to 1.35x theirs. So unasked it runs where its waves are at least
+// 60% full; bench/NOTES.md, "The fused backward, first form" and after.
 bool fused_backward_applies(const PlanInputs& in) {
   if (in.op != Operation::chunk_backward || in.K != 128 || in.V != 128) return false;
   if (in.fused_backward_setting) return *in.fused_backward_setting;
-  const std::int64_t units = in.sequences * in.value_heads;
-  const std::int64_t wave_slots = (units + in.multiprocessors - 1) / in.multiprocessors * in.multiprocessors;
-  return 10 * units >= 6 * wave_slots;
+  const std::int64_t ctas = in.sequences * in.value_heads * fused_backward_segments(in);
+  const std::int64_t wave_slots = (ctas + in.multiprocessors - 1) / in.multiprocessors * in.multiprocessors;
+  return 10 * ctas >= 6 * wave_slots;
 }
 
 ExecutionPlan plan_wgmma(const PlanInputs& in) {
@@ -32,6 +49,10 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     recompute.op = Operation::chunk_forward;
     ExecutionPlan plan = plan_wgmma(recompute);
     plan.late_prepare = false;
+    // Both walk the fused kernel's segments, one warpgroup a CTA as every segmented pass (never fewer than the
+    // forward's own: its units are twice as many).
+    plan.segments = static_cast<int>(fused_backward_segments(in));
+    if (plan.segments > 1) plan.warpgroups = 1;
     plan.fused_backward = true;
     // A group's partial dq and dk meet in one CTA's registers, or a cluster pair's, without the float32 round trip
     // through memory: 1.07 GB at 16/32 heads, 8 x 4096 tokens, and input_grad_kernel's launch (bench/NOTES.md,

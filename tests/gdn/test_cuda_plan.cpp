@@ -111,17 +111,26 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       continue;
     }
     const bool fused_fits = in.op == Operation::chunk_backward && in.K == 128 && in.V == 128;
-    // Unasked: where its (sequence, value head) CTAs fill their waves to 60% or more, counted as a fraction.
-    const std::int64_t fused_ctas = in.sequences * in.value_heads;
+    // The fused kernel's segments: the most (up to 16) whose (sequence, segment, value head) CTAs still fit the SMs,
+    // with 64 chunks or more each; none where a segment would hold fewer.
+    std::int64_t fused_segments = 1;
+    while (fused_segments < 16 && (fused_segments + 1) * in.sequences * in.value_heads <= in.multiprocessors &&
+           64 * (fused_segments + 1) <= in.chunks / in.sequences) {
+      ++fused_segments;
+    }
+    // Unasked: where those CTAs fill their waves to 60% or more, counted as a fraction.
+    const std::int64_t fused_ctas = in.sequences * in.value_heads * fused_segments;
     const std::int64_t waves = (fused_ctas + in.multiprocessors - 1) / in.multiprocessors;
     const bool waves_full = static_cast<double>(fused_ctas) / static_cast<double>(waves * in.multiprocessors) >= 0.60;
     EXPECT_EQ(plan.fused_backward, fused_fits && in.fused_backward_setting.value_or(waves_full))
         << "fused where the kernel's dims fit and the setting asks, or unset and its waves are full";
     if (plan.fused_backward) {
-      // Its recompute pass is planned as the forward's state pass, and nothing pairs or prepares late.
+      // Its recompute pass is planned as the forward's state pass on the fused kernel's segments (one warpgroup where
+      // there are any), and nothing pairs or prepares late.
       const ExecutionPlan forward_plan = plan_of(in, Operation::chunk_forward);
-      EXPECT_EQ(plan.segments, forward_plan.segments);
-      EXPECT_EQ(plan.warpgroups, forward_plan.warpgroups);
+      EXPECT_EQ(plan.segments, fused_segments);
+      EXPECT_GE(plan.segments, forward_plan.segments);
+      EXPECT_EQ(plan.warpgroups, fused_segments > 1 ? 1 : forward_plan.warpgroups);
       EXPECT_FALSE(plan.paired);
       EXPECT_EQ(plan.role_split, in.role_split_requested) << "the fused backward split by role only when asked";
       EXPECT_EQ(plan.fused_input_grads, in.group <= 2) << "dq and dk finished in one CTA or a cluster pair";
@@ -292,8 +301,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   // The fused backward unasked where its CTAs fill their waves to 60%: eight sequences of 32 heads (256 CTAs, two
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
   // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
-  // 61%); not for two of 32 (64 CTAs, 48%), eight of 4 heads (32 CTAs) or one of 32, nor where
-  // DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence takes it too, its recompute segmented.
+  // 61%); where the (sequence, value head) units are fewer, segments of 64 chunks or more fill the wave: one sequence
+  // of 32 heads and 32768 tokens in four (128 CTAs, one warpgroup in its recompute). Not two of 32 heads or one of
+  // 8192 tokens (segments of 64 chunks leave 64 CTAs, 48%), eight of 4 heads (32 CTAs), nor where
+  // DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence of 8192 tokens takes it in two segments.
   auto with_setting = [](PlanInputs in, bool fused) {
     in.fused_backward_setting = fused;
     return plan_execution(in);
@@ -301,16 +312,21 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan eight = plan_execution(anchor(Operation::chunk_backward, 32, 8, 4096));
   EXPECT_TRUE(eight.fused_backward);
   EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 16, 8, 4096)).fused_backward);
-  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 8, 4096)).fused_backward);
-  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192)).fused_backward);
   EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 7, 4096)).fused_backward);
   EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 3, 4096)).fused_backward);
   EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 5, 4096)).fused_backward);
+  EXPECT_EQ(eight.warpgroups, 2);
+  EXPECT_EQ(eight.segments, 1);
+  const ExecutionPlan longest = plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768));
+  EXPECT_TRUE(longest.fused_backward);
+  EXPECT_EQ(longest.segments, 4);
+  EXPECT_EQ(longest.warpgroups, 1);
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 2, 4096)).fused_backward);
+  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192)).fused_backward);
+  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 8, 4096)).fused_backward);
   EXPECT_FALSE(with_setting(anchor(Operation::chunk_backward, 32, 8, 4096), false).fused_backward);
   const ExecutionPlan one = with_setting(anchor(Operation::chunk_backward, 32, 1, 8192), true);
   EXPECT_TRUE(one.fused_backward);
-  EXPECT_EQ(eight.warpgroups, 2);
   EXPECT_EQ(one.segments, 2);
   // Both finish dq and dk in the fused kernel (groups of 2, as the model's 16/16 heads' groups of 1); groups of 4 not.
   EXPECT_TRUE(eight.fused_input_grads && one.fused_input_grads);
