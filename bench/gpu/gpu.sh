@@ -223,10 +223,11 @@ sanitize() {
   local out=$1 tool status
   setup "$out" >/dev/null || return 1
   # The small cases, and one long enough for fifteen segments (segment_starts_kernel's copies and barriers);
-  # then the backward of five through the fused backward (a partial chunk, many CTAs, segments; dq and dk finished
-  # per value head, in one CTA with and without the L2 norm, and in cluster pairs with and without segments).
+  # then the backward of five through the fused backward (a partial chunk, many CTAs, three segments of its own; dq
+  # and dk finished per value head, in one CTA with and without the L2 norm, and in cluster pairs with and without
+  # segments).
   local small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads:Grid/CudaVsReference.*/bf16_long_few_heads'
-  local fused='Grid/CudaVsReference.Backward/bfloat16_K128_unaligned:Grid/CudaVsReference.Backward/bf16_many_heads:Grid/CudaVsReference.Backward/bf16_long_few_heads:Grid/CudaVsReference.Backward/bf16_l2norm_no_gva:Grid/CudaVsReference.Backward/bfloat16_huge_or_weak'
+  local fused='Grid/CudaVsReference.Backward/bfloat16_K128_unaligned:Grid/CudaVsReference.Backward/bf16_many_heads:Grid/CudaVsReference.Backward/bf16_fused_segments:Grid/CudaVsReference.Backward/bf16_l2norm_no_gva:Grid/CudaVsReference.Backward/bfloat16_huge_or_weak'
   # One tool over one filter (the environment the caller sets applies): its log, and a line with its verdict.
   run_sanitizer() {  # TOOL NAME LABEL FILTER
     compute-sanitizer --tool "$1" --error-exitcode 9 "$ROOT/bin/test_gdn_cuda" --gtest_filter="$4" \
