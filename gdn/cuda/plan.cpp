@@ -49,8 +49,8 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     recompute.op = Operation::chunk_forward;
     ExecutionPlan plan = plan_wgmma(recompute);
     plan.late_prepare = false;
-    // Both walk the fused kernel's segments, one warpgroup a CTA as every segmented pass (never fewer than the
-    // forward's own: its units are twice as many).
+    // Both walk the fused kernel's segments (which may be fewer than the forward's own, whose floor is 4 chunks a
+    // segment), one warpgroup a CTA as every segmented pass.
     plan.segments = static_cast<int>(fused_backward_segments(in));
     if (plan.segments > 1) plan.warpgroups = 1;
     plan.fused_backward = true;
