@@ -49,10 +49,13 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     recompute.op = Operation::chunk_forward;
     ExecutionPlan plan = plan_wgmma(recompute);
     plan.late_prepare = false;
-    // Both walk the fused kernel's segments (which may be fewer than the forward's own, whose floor is 4 chunks a
-    // segment), one warpgroup a CTA as every segmented pass.
+    // Both walk the fused kernel's segments, and the recompute takes two warpgroups a CTA (K = V = 128 here). Its
+    // (sequence, segment, head, 64 columns) units are twice the fused kernel's CTAs, which fill 60% of the SMs or
+    // more unasked, so they fill the GPU: where the forward's rule takes two as well. With segments, one warpgroup a
+    // CTA (118 KB of shared memory: one an SM) would run its pass proper in two waves; two run it in one, and form
+    // W themselves instead of reading prepare's (which the backward's segment ends pass still reads).
     plan.segments = static_cast<int>(fused_backward_segments(in));
-    if (plan.segments > 1) plan.warpgroups = 1;
+    plan.warpgroups = 2;
     plan.fused_backward = true;
     // A group's partial dq and dk meet in one CTA's registers, or a cluster pair's, without the float32 round trip
     // through memory: 1.07 GB at 16/32 heads, 8 x 4096 tokens, and input_grad_kernel's launch (bench/NOTES.md,
@@ -107,7 +110,12 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
     // pass still reads it.
     plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
     plan.prepare_writes_t_beta_decay = plan.passes_form_w && in.op == Operation::chunk_forward;
-    plan.prepare_forms_w = (in.op == Operation::chunk_backward && !plan.fused_backward) || !plan.passes_form_w;
+    // prepare forms W for every pass the call launches that reads it: the forward-direction ones (the forward's or
+    // the recompute, with their segment ends) where they do not form it, and the reverse ones, which the backward
+    // launches unless it is fused and unsegmented (the unfused backward's reverse pass, the segment ends pass).
+    const bool reverse_passes = in.op == Operation::chunk_backward && (!plan.fused_backward || plan.segments > 1);
+    plan.prepare_forms_w = wgmma_pass_reads_w(false, in.K, plan.warpgroups) ||
+                           (reverse_passes && wgmma_pass_reads_w(true, in.K, plan.warpgroups));
     return plan;
   }
   ExecutionPlan plan;

@@ -21,6 +21,11 @@ inline constexpr int kWgmmaColumns = 64;
 // itself, a chunk ahead, rather than reading prepare's: where each warpgroup forms 64 key columns (32 float32
 // accumulators beside the state's); all 128 keys in one warpgroup spill. The kernels and the plan both ask this.
 constexpr bool wgmma_pass_forms_w(std::int64_t K, int warpgroups) { return K / warpgroups == kWgmmaColumns; }
+// Whether a wgmma state pass reads prepare's W: wherever it does not form W, and the reverse passes (the backward's,
+// its segment ends) form none. The kernels and the plan's prepare_forms_w both ask this.
+constexpr bool wgmma_pass_reads_w(bool reverse, std::int64_t K, int warpgroups) {
+  return reverse || !wgmma_pass_forms_w(K, warpgroups);
+}
 
 struct PlanInputs {
   Operation op = Operation::chunk_forward;
@@ -51,7 +56,8 @@ struct ExecutionPlan {
   bool passes_form_w = false;
   bool prepare_writes_t_beta_decay = false;
   // prepare forms W and writes it for the passes that read it: the mma.sync passes, the wgmma forward-direction
-  // passes where they do not form it, and the wgmma reverse pass of the unfused backward
+  // passes where they do not form it, and the wgmma reverse passes (the unfused backward's, and the segment ends
+  // pass of a segmented fused backward)
   bool prepare_forms_w = true;
   int warp_pairs = 2;   // mma.sync: warp pairs per CTA, each on 16 columns of V
   // wgmma, backward, K = V = 128: the recompute pass (planned as a forward's state pass) then one kernel per

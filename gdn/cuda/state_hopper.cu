@@ -84,7 +84,7 @@ struct HopperSmem {
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
   static constexpr bool kValues = !kReverse;
-  static constexpr bool kFormsW = !kReverse && wgmma_pass_forms_w(K, kGroups);
+  static constexpr bool kFormsW = !wgmma_pass_reads_w(kReverse, K, kGroups);
   static constexpr bool kWFromDecayedT = kFormsW && kPass == Pass::forward;  // plan.h's prepare_writes_t_beta_decay
   static constexpr int kThreads = kWarpgroup * kGroups;
   // The segment ends pass stores nothing per chunk, so it has no staging tiles: that lets two of its forward CTAs

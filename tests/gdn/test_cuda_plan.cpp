@@ -97,9 +97,9 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     EXPECT_EQ(plan.prepare_writes_t_beta_decay, passes_form_w && in.op == Operation::chunk_forward)
         << "T diag(beta e^gamma) is written for the forward pass alone, which forms W from it";
     EXPECT_EQ(plan.prepare_forms_w,
-              !passes_form_w || (in.op == Operation::chunk_backward && !plan.fused_backward))
+              !passes_form_w || (in.op == Operation::chunk_backward && (!plan.fused_backward || plan.segments > 1)))
         << "prepare writes W exactly where a pass reads it: the mma.sync passes, the wgmma passes whose warpgroups "
-           "take all 128 keys, and the wgmma reverse pass";
+           "take all 128 keys, the wgmma reverse pass, and the segment ends pass of a segmented fused backward";
     if (!plan.wgmma) {
       // The mma.sync passes: unsplit, 2 or 4 warp pairs, 2 for float32 and wherever 2 fit in one wave.
       EXPECT_EQ(plan.segments, 1);
@@ -125,11 +125,17 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     EXPECT_EQ(plan.fused_backward, fused_fits && in.fused_backward_setting.value_or(waves_full))
         << "fused where the kernel's dims fit and the setting asks, or unset and its waves are full";
     if (plan.fused_backward) {
-      // Its recompute pass is planned as the forward's state pass on the fused kernel's segments (one warpgroup where
-      // there are any), and nothing pairs or prepares late.
+      // Its recompute pass walks the fused kernel's segments in two warpgroups a CTA, and nothing pairs or prepares
+      // late. Unasked, its units (twice the fused CTAs) fill the SMs, so the forward's own rule would take two too.
       const ExecutionPlan forward_plan = plan_of(in, Operation::chunk_forward);
       EXPECT_EQ(plan.segments, fused_segments);
-      EXPECT_EQ(plan.warpgroups, fused_segments > 1 ? 1 : forward_plan.warpgroups);
+      EXPECT_EQ(plan.warpgroups, 2);
+      if (!in.fused_backward_setting) {
+        EXPECT_GE(2 * fused_ctas, in.multiprocessors);
+        if (fused_segments == 1) {
+          EXPECT_EQ(forward_plan.warpgroups, 2);
+        }
+      }
       EXPECT_FALSE(plan.paired);
       EXPECT_EQ(plan.role_split, in.role_split_requested) << "the fused backward split by role only when asked";
       EXPECT_EQ(plan.fused_input_grads, in.group <= 2) << "dq and dk finished in one CTA or a cluster pair";
@@ -301,7 +307,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
   // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
   // 61%); where the (sequence, value head) units are fewer, segments of 64 chunks or more fill the wave: one sequence
-  // of 32 heads and 32768 tokens in four (128 CTAs, one warpgroup in its recompute). Not two of 32 heads or one of
+  // of 32 heads and 32768 tokens in four (128 CTAs; its recompute's 128 CTAs of two warpgroups, one wave, where the
+  // forward's plan of the same call takes two segments of one warpgroup). Not two of 32 heads or one of
   // 8192 tokens (segments of 64 chunks leave 64 CTAs, 48%), eight of 4 heads (32 CTAs), nor where
   // DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence of 8192 tokens takes it in two segments.
   auto with_setting = [](PlanInputs in, bool fused) {
@@ -319,7 +326,9 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan longest = plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768));
   EXPECT_TRUE(longest.fused_backward);
   EXPECT_EQ(longest.segments, 4);
-  EXPECT_EQ(longest.warpgroups, 1);
+  EXPECT_EQ(longest.warpgroups, 2);
+  EXPECT_TRUE(longest.passes_form_w);
+  EXPECT_TRUE(longest.prepare_forms_w) << "for the backward's segment ends pass";
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 2, 4096)).fused_backward);
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192)).fused_backward);
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 8, 4096)).fused_backward);
@@ -327,6 +336,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan one = with_setting(anchor(Operation::chunk_backward, 32, 1, 8192), true);
   EXPECT_TRUE(one.fused_backward);
   EXPECT_EQ(one.segments, 2);
+  EXPECT_EQ(one.warpgroups, 2);
   // Both finish dq and dk in the fused kernel (groups of 2, as the model's 16/16 heads' groups of 1); groups of 4 not.
   EXPECT_TRUE(eight.fused_input_grads && one.fused_input_grads);
   EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 16, 8, 4096)).fused_input_grads);
@@ -345,18 +355,21 @@ TEST(CudaPlanAnchors, H200Choices) {
   PlanInputs unfused_split = anchor(Operation::chunk_backward, 32, 1, 8192);
   unfused_split.role_split_requested = true;
   EXPECT_FALSE(plan_execution(unfused_split).role_split);
-  // W is formed in the wgmma forward-direction passes of two warpgroups (64 keys each); prepare writes it where one
-  // warpgroup takes all 128 keys (segments, the paired passes) and for the unfused backward's reverse pass.
+  // W is formed in the wgmma forward-direction passes of two warpgroups (64 keys each), the fused backward's
+  // segmented recompute among them; prepare writes it where one warpgroup takes all 128 keys (the forward's segments,
+  // the paired passes) and for the reverse passes (the unfused backward's, a segmented fused backward's segment ends).
   EXPECT_FALSE(eight.prepare_forms_w || filled.prepare_forms_w);
-  EXPECT_TRUE(eight.passes_form_w && filled.passes_form_w);
+  EXPECT_TRUE(eight.passes_form_w && filled.passes_form_w && one.passes_form_w);
   EXPECT_TRUE(filled.prepare_writes_t_beta_decay);
   EXPECT_FALSE(eight.prepare_writes_t_beta_decay);
-  EXPECT_FALSE(one.passes_form_w || long_forward.passes_form_w || backward.passes_form_w);
-  EXPECT_TRUE(one.prepare_forms_w && long_forward.prepare_forms_w && backward.prepare_forms_w);
+  EXPECT_FALSE(long_forward.passes_form_w || backward.passes_form_w);
+  EXPECT_TRUE(long_forward.prepare_forms_w && backward.prepare_forms_w && one.prepare_forms_w);
   // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's prepare writes, so that the
-  // backward skips prepare: where both form W in their passes (the fused backward of two warpgroups) and where both
-  // read prepare's (one warpgroup: segments, the paired passes); not for the unfused backward of two warpgroups,
-  // whose reverse pass reads prepare's W where the forward's prepare writes T diag(beta e^gamma) instead.
+  // backward skips prepare: where both form W in their passes (the fused backward of two warpgroups), where both
+  // read prepare's (one warpgroup: segments, the paired passes), and where the forward's prepare forms W that the
+  // backward does not read (a long forward's segments beside the fused backward's recompute of two warpgroups); not
+  // for the unfused backward of two warpgroups, whose reverse pass reads prepare's W where the forward's prepare
+  // writes T diag(beta e^gamma) instead.
   auto forward_of = [](const PlanInputs& in) { return plan_of(in, Operation::chunk_forward); };
   EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
   EXPECT_TRUE(
