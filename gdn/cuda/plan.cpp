@@ -45,15 +45,14 @@ bool fused_backward_applies(const PlanInputs& in) {
 
 ExecutionPlan plan_wgmma(const PlanInputs& in) {
   if (fused_backward_applies(in)) {
-    PlanInputs recompute = in;  // its one state pass is planned as the forward's, less the late prepare
-    recompute.op = Operation::chunk_forward;
-    ExecutionPlan plan = plan_wgmma(recompute);
-    plan.late_prepare = false;
-    // Both walk the fused kernel's segments, and the recompute takes two warpgroups a CTA (K = V = 128 here). Its
-    // (sequence, segment, head, 64 columns) units are twice the fused kernel's CTAs, which fill 60% of the SMs or
-    // more unasked, so they fill the GPU: where the forward's rule takes two as well. With segments, one warpgroup a
-    // CTA (118 KB of shared memory: one an SM) would run its pass proper in two waves; two run it in one, and form
-    // W themselves instead of reading prepare's (which the backward's segment ends pass still reads).
+    // Its one state pass, the recompute, and the kernel itself walk the fused kernel's segments, and nothing pairs or
+    // prepares late. The recompute takes two warpgroups a CTA (K = V = 128 here): its (sequence, segment, head, 64
+    // columns) units are twice the fused kernel's CTAs, which fill 60% of the SMs or more unasked, so they fill the
+    // GPU, where the forward's rule takes two as well. With segments, one warpgroup a CTA (118 KB of shared memory:
+    // one an SM) would run its pass proper in two waves; two run it in one, and form W themselves instead of reading
+    // prepare's (which the backward's segment ends pass still reads).
+    ExecutionPlan plan;
+    plan.wgmma = true;
     plan.segments = static_cast<int>(fused_backward_segments(in));
     plan.warpgroups = 2;
     plan.fused_backward = true;
@@ -106,8 +105,7 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
     ExecutionPlan plan = plan_wgmma(in);
     // The wgmma forward-direction passes form W a chunk ahead from the tiles they hold for U, off the state's chain,
     // where their warpgroups take 64 keys each: prepare's W product and the 16 KB per chunk and head it writes and
-    // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass"). The unfused backward's reverse
-    // pass still reads it.
+    // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass").
     plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
     plan.prepare_writes_t_beta_decay = plan.passes_form_w && in.op == Operation::chunk_forward;
     // prepare forms W for every pass the call launches that reads it: the forward-direction ones (the forward's or
