@@ -17,9 +17,10 @@ bool wgmma_applies(const PlanInputs& in) {
 // is 4-7x the unfused passes', so it pays only in full waves, and cutting a sequence into segments is how few
 // sequences get them; but every segment adds the recompute's ends pass and the backward's, so a segment must be long.
 // Against the unfused backward on an H100, four segments of 16 chunks took +4.3% (bwd 2/4 8 x 4096), of 32 chunks
-// -0.4% (16/32 1 x 8192), of 128 chunks -10% (16/32 1 x 32768; bench/results/gdn-h100-fused-fill-segments-ab.md):
-// about -5% a doubling, so at least 64 chunks each, where it should gain ~5% or more.
-constexpr std::int64_t kFusedSegmentMinChunks = 64;
+// -0.4% (16/32 1 x 8192), of 128 chunks -10% (16/32 1 x 32768; bench/results/gdn-h100-fused-fill-segments-ab.md),
+// with a recompute of one warpgroup a CTA. With it at two (fad978c), four segments of 32 chunks took 16/32 1 x 8192
+// 0.948 -> 0.834 ms (-12.0%, gdn-h100-fused-floor32-ab.md), so at least 32 chunks each.
+constexpr std::int64_t kFusedSegmentMinChunks = 32;
 
 std::int64_t fused_backward_segments(const PlanInputs& in) {
   const std::int64_t units = std::max<std::int64_t>(1, in.sequences * in.value_heads);

@@ -112,10 +112,10 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     }
     const bool fused_fits = in.op == Operation::chunk_backward && in.K == 128 && in.V == 128;
     // The fused kernel's segments: the most (up to 16) whose (sequence, segment, value head) CTAs still fit the SMs,
-    // with 64 chunks or more each; none where a segment would hold fewer.
+    // with 32 chunks or more each; none where a segment would hold fewer.
     std::int64_t fused_segments = 1;
     while (fused_segments < 16 && (fused_segments + 1) * in.sequences * in.value_heads <= in.multiprocessors &&
-           64 * (fused_segments + 1) <= in.chunks / in.sequences) {
+           32 * (fused_segments + 1) <= in.chunks / in.sequences) {
       ++fused_segments;
     }
     // Unasked: where those CTAs fill their waves to 60% or more, counted as a fraction.
@@ -294,8 +294,9 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan long_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768));
   EXPECT_EQ(long_forward.segments, 2);
   EXPECT_TRUE(long_forward.late_prepare);
-  // ... and the backward's two passes side by side instead (128 units fit 132 SMs).
-  const ExecutionPlan backward = plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192));
+  // ... and, where the fused backward's segments would be too short (4096 tokens: two of 32 chunks, 64 CTAs), the
+  // backward's two passes side by side instead (128 units fit 132 SMs).
+  const ExecutionPlan backward = plan_execution(anchor(Operation::chunk_backward, 32, 1, 4096));
   EXPECT_TRUE(backward.paired);
   EXPECT_EQ(backward.segments, 1);
   EXPECT_FALSE(backward.late_prepare);
@@ -306,11 +307,11 @@ TEST(CudaPlanAnchors, H200Choices) {
   // The fused backward unasked where its CTAs fill their waves to 60%: eight sequences of 32 heads (256 CTAs, two
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
   // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
-  // 61%); where the (sequence, value head) units are fewer, segments of 64 chunks or more fill the wave: one sequence
+  // 61%); where the (sequence, value head) units are fewer, segments of 32 chunks or more fill the wave: one sequence
   // of 32 heads and 32768 tokens in four (128 CTAs; its recompute's 128 CTAs of two warpgroups, one wave, where the
-  // forward's plan of the same call takes two segments of one warpgroup). Not two of 32 heads or one of
-  // 8192 tokens (segments of 64 chunks leave 64 CTAs, 48%), eight of 4 heads (32 CTAs), nor where
-  // DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence of 8192 tokens takes it in two segments.
+  // forward's plan of the same call takes two segments of one warpgroup), one of 8192 tokens in four, two of 4096 in
+  // two. Not one of 4096 tokens (two segments of 32 chunks leave 64 CTAs, 48%), eight of 4 heads (two segments: 64
+  // CTAs), nor where DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence of 4096 tokens takes it in two.
   auto with_setting = [](PlanInputs in, bool fused) {
     in.fused_backward_setting = fused;
     return plan_execution(in);
@@ -329,11 +330,15 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_EQ(longest.warpgroups, 2);
   EXPECT_TRUE(longest.passes_form_w);
   EXPECT_TRUE(longest.prepare_forms_w) << "for the backward's segment ends pass";
-  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 2, 4096)).fused_backward);
-  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192)).fused_backward);
+  const ExecutionPlan shorter = plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192));
+  EXPECT_TRUE(shorter.fused_backward);
+  EXPECT_EQ(shorter.segments, 4);
+  EXPECT_EQ(plan_execution(anchor(Operation::chunk_backward, 32, 2, 4096)).segments, 2);
+  EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 2, 4096)).fused_backward);
+  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 4096)).fused_backward);
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 8, 4096)).fused_backward);
   EXPECT_FALSE(with_setting(anchor(Operation::chunk_backward, 32, 8, 4096), false).fused_backward);
-  const ExecutionPlan one = with_setting(anchor(Operation::chunk_backward, 32, 1, 8192), true);
+  const ExecutionPlan one = with_setting(anchor(Operation::chunk_backward, 32, 1, 4096), true);
   EXPECT_TRUE(one.fused_backward);
   EXPECT_EQ(one.segments, 2);
   EXPECT_EQ(one.warpgroups, 2);
@@ -352,7 +357,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(plan_execution(split).role_split);
   EXPECT_TRUE(plan_execution(split).fused_input_grads);
   EXPECT_FALSE(eight.role_split);
-  PlanInputs unfused_split = anchor(Operation::chunk_backward, 32, 1, 8192);
+  PlanInputs unfused_split = anchor(Operation::chunk_backward, 32, 1, 4096);
   unfused_split.role_split_requested = true;
   EXPECT_FALSE(plan_execution(unfused_split).role_split);
   // W is formed in the wgmma forward-direction passes of two warpgroups (64 keys each), the fused backward's
@@ -374,7 +379,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
   EXPECT_TRUE(
       forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));
-  EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 1, 8192)), backward));
+  EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 1, 4096)), backward));
   const PlanInputs unfused = [&] {
     PlanInputs in = anchor(Operation::chunk_backward, 32, 8, 4096);
     in.fused_backward_setting = false;
@@ -393,7 +398,7 @@ TEST(CudaPlanAnchors, H200Choices) {
       << "the 0.8B model's layers";
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), false), 400u);
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), true), 660u) << "two value heads a key head";
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 8192), false), 656u) << "one warpgroup: W";
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 4096), false), 656u) << "one warpgroup: W";
   EXPECT_EQ(saved_per_token_head(unfused, true), 0u);
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
