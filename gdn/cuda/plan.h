@@ -60,9 +60,9 @@ struct ExecutionPlan {
   // pass of a segmented fused backward)
   bool prepare_forms_w = true;
   int warp_pairs = 2;   // mma.sync: warp pairs per CTA, each on 16 columns of V
-  // wgmma, backward, K = V = 128: the recompute pass (planned as a forward's state pass) then one kernel per
-  // (sequence, value head) for everything else (fused_backward.cu), instead of the reverse pass, chunk_grad
-  // and wy_grad
+  // wgmma, backward, K = V = 128: the recompute pass (two warpgroups a CTA, on the fused kernel's segments) then one
+  // kernel per (sequence, segment, value head) for everything else (fused_backward.cu), instead of the reverse pass,
+  // chunk_grad and wy_grad
   bool fused_backward = false;
   // fused backward, GVA groups of one or two value heads: the fused kernel finishes dq and dk itself (the group's
   // sum, a pair of CTAs in a cluster, the L2 norm's backward and the cast) instead of input_grad_kernel after it

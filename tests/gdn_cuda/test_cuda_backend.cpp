@@ -98,8 +98,8 @@ std::vector<Case> cases() {
   all.push_back({"bf16_one_warpgroup_units", fixed(4, 100, 8, 32, 128, 64), DType::bf16});
   // Few long sequences over few heads: on a GPU with the Hopper state pass these run in segments.
   all.push_back({"bf16_long_few_heads", fixed(1, 4000, 1, 2, 128, 128), DType::bf16});
-  // 200 chunks: where the fused backward runs (DELTATRAIN_CUDA_FUSED_BACKWARD=1) it takes segments of its own, three of
-  // 64 chunks or more, the later ones started from composed state gradients.
+  // 200 chunks: where the fused backward runs (DELTATRAIN_CUDA_FUSED_BACKWARD=1) it takes segments of its own, six of
+  // 32 chunks or more, the later ones started from composed state gradients.
   all.push_back({"bf16_fused_segments", fixed(1, 12800, 1, 2, 128, 128), DType::bf16, DType::f32, true, true, true});
   // Ten chunks over one head: the forward runs two segments, the second started from the first's end with
   // no composition step; the backward pairs its two passes.
