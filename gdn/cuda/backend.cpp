@@ -121,10 +121,9 @@ std::optional<Problem> padded_problem(const Problem& p) {
 }
 
 // Where a call's chunk_forward and chunk_backward keep what the backward's prepare writes, in the caller's saved
-// buffer (ForwardOutputs::saved), from both operations' plans on the calling thread's device.
+// buffer (ForwardOutputs::saved), from the backward's plan on the calling thread's device.
 cuda::SavedLayout saved_layout(const Problem& kernel, std::int64_t chunks) {
-  return cuda::plan_saved(kernel, execution_plan(kernel, Operation::chunk_forward, chunks),
-                          execution_plan(kernel, Operation::chunk_backward, chunks));
+  return cuda::plan_saved(kernel, execution_plan(kernel, Operation::chunk_backward, chunks));
 }
 
 // One call's launch context: device, stream, workspace and the kernels' parameter block, in the kernels' head
@@ -204,6 +203,7 @@ struct Call {
     k.warpgroups = plan.warpgroups;
     k.paired = plan.paired;
     k.late_prepare = plan.late_prepare;
+    k.maps_apart = plan.maps_apart;
     k.warp_pairs = plan.warp_pairs;
     k.fused_backward = plan.fused_backward;
     k.fused_input_grads = plan.fused_input_grads;
@@ -257,7 +257,6 @@ struct Call {
     k.p = region(layout.p, saved.p);
     k.t = region(layout.t, saved.t);
     k.t_beta = region(layout.t_beta, saved.t_beta);
-    k.t_beta_decay = region(layout.t_beta_decay);
     k.states = region(layout.states);
     k.delta = region(layout.delta);
     k.dstates = region(layout.dstates);

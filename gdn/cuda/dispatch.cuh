@@ -52,6 +52,14 @@ int launch(const char* name, dim3 grid, dim3 block, int smem, KernelSequence& ke
         throw Failure(std::string("cudaFuncSetAttribute(") + name + ", " + std::to_string(smem) +
                       " bytes of shared memory) failed: " + cudaGetErrorString(status));
       }
+      // An SM runs CTAs of one shared-memory carveout at a time: the largest, for every such kernel, lets CTAs of
+      // two launches that run side by side (a pass and its segment maps) share an SM instead of waiting for it to drain.
+      if (const cudaError_t status =
+              cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+          status != cudaSuccess) {
+        throw Failure(std::string("cudaFuncSetAttribute(") + name + ", the largest shared-memory carveout) failed: " +
+                      cudaGetErrorString(status));
+      }
       return true;
     });
   }

@@ -20,7 +20,7 @@ namespace deltatrain::gdn::cuda {
 
 class KernelSequence {
  public:
-  static constexpr int kMaxKernels = 12;
+  static constexpr int kMaxKernels = 16;
   static constexpr int kPrevious = -1;
 
   // Appends a kernel `void function(Params)` that runs after kernel `after` (an index returned before; by

@@ -20,9 +20,8 @@ struct Packer {
 
 }  // namespace
 
-SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, const ExecutionPlan& backward) {
+SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& backward) {
   SavedLayout saved;
-  if (!forward_fills_backward_prepare(forward, backward)) return saved;
   const Packer take{saved.bytes};
   const auto token_heads = static_cast<std::size_t>(problem.tokens() * problem.HV);
   const std::size_t io = dtype_size(problem.io_dtype), C = kChunk;
@@ -95,7 +94,6 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   take_unless_saved(layout.gate_in, saved.gate_in, tokens * HV * f32);
   take_unless_saved(layout.gate_out, saved.gate_out, tokens * HV * f32);
   if (plan.prepare_forms_w) take_unless_saved(layout.w, saved.w, tokens * HV * K * io);
-  if (plan.prepare_writes_t_beta_decay) take(layout.t_beta_decay, tokens * HV * C * io);
   if (plan.wgmma) {
     take_unless_saved(layout.t_beta, saved.t_beta, tokens * HV * C * io);
   } else {

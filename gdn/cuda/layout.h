@@ -19,24 +19,23 @@ struct Region {
 // What the backward's start_kernel and prepare write, kept between a call's chunk_forward and its chunk_backward in
 // the caller's ForwardOutputs::saved (gdn.h) instead of the workspace: the forward's start_kernel and prepare fill it,
 // and the backward skips prepare and the L2 norm (its start_kernel only schedules the chunks). Laid out from the
-// backward's plan alone, so that both operations of a call agree on it; 0 bytes where the forward cannot fill it
-// (forward_fills_backward_prepare, which asks both plans).
+// backward's plan alone, so that both operations of a call agree on it: the forward's prepare writes every region
+// whose pointer is set, W included, whatever its own plan.
 struct SavedLayout {
   Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
   Region q_normed, k_normed, q_rstd, k_rstd;  // the L2 norm's rows and reciprocal norms, where the call takes it
   std::size_t bytes = 0;
 };
 
-// problem: the call in the kernels' head dims (either operation); forward, backward: the plans of the call's
-// chunk_forward and chunk_backward.
-SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& forward, const ExecutionPlan& backward);
+// problem: the call in the kernels' head dims (either operation); backward: the plan of the call's chunk_backward.
+SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& backward);
 
 // Byte offsets of the regions of one call's workspace (see Params for their shapes).
 struct WorkspaceLayout {
   Region offsets;  // int64 [N + 1]: cu_seqlens uploaded when the caller's copy is on the CPU
   Region chunk_table, sequence_chunks;
   Region q_normed, k_normed, q_rstd, k_rstd;
-  Region gamma, gate_in, gate_out, w, u, p, t, t_beta, t_beta_decay;
+  Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
   Region segment_ends, segment_maps, segment_starts;
   // Zero-padded copies of the caller's tensors, in the kernels' shapes, for a call whose head dims the kernels

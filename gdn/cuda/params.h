@@ -26,6 +26,7 @@ struct Params {
   int warpgroups = 1;   // per CTA of the wgmma passes
   bool paired = false;  // the backward's two wgmma passes in one launch
   bool late_prepare = false;  // prepare's launch skips the last segment's chunks; a second one beside the ends pass
+  bool maps_apart = false;    // the segments' rows of M in a launch of their own, beside the ends pass
   int warp_pairs = 2;   // per CTA of the mma.sync passes (state.cu)
   bool fused_backward = false;  // the backward after the recompute pass is fused_backward_kernel
   bool fused_input_grads = false;  // which also finishes dq and dk (GVA groups of 1 or 2; no input_grad_kernel)
@@ -78,7 +79,6 @@ struct Params {
   void* p = nullptr;                     // io [tokens, HV, C]: scale * tril(Q K^T) * Gamma
   void* t = nullptr;                     // io [tokens, HV, C]: (I + A)^-1 (backward)
   void* t_beta = nullptr;                // io [tokens, HV, C]: T diag(beta) (for the wgmma passes)
-  void* t_beta_decay = nullptr;          // io [tokens, HV, C]: T diag(beta e^gamma) (where the forward pass forms W)
   void* states = nullptr;                // io [chunks, HV, V, K]: state entering each chunk (backward)
   void* delta = nullptr;                 // io [tokens, HV, V]: the pseudo-values U - W S (backward)
   void* dstates = nullptr;               // io [chunks, HV, V, K]: gradient of the state after each chunk

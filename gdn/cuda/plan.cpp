@@ -22,6 +22,17 @@ bool wgmma_applies(const PlanInputs& in) {
 // 0.948 -> 0.834 ms (-12.0%, gdn-h100-fused-floor32-ab.md), so at least 32 chunks each.
 constexpr std::int64_t kFusedSegmentMinChunks = 32;
 
+// Step 1 of a segmented pass (state_hopper.cu) walks each segment but the last for its end rows and, beyond two
+// segments, for its map M. As more row blocks of the ends pass's launch, M's rows take its tiles of V or dO (and
+// in the reverse pass a 133 KB CTA, one an SM); in a launch of their own (67 KB at K = 128), a CTA of each shares
+// an SM, for one more launch and join in the graph: a fixed cost that short segments do not repay. On an H100, with
+// every kernel at the largest shared-memory carveout, apart took 16 segments of 32 chunks (bwd 2/4 1x32768) -2.8%,
+// 8 of 64 (fwd 2/8 1x32768) -1.4%, 4 of 128 (bwd 16/32 1x32768, fused) -2.4%, and 16 of 8 (bwd 2/4 1x8192) +2.8%
+// (bench/results/gdn-h100-segment-maps-carveout-ab.md). With the threshold at 16, 8 forward segments of 16 (fwd 2/8
+// 1x8192) lost 4.2% while 8 of 64 stayed within noise (+0.4%) and 16 backward ones of 32 gained (-2.4%; bench/results/
+// gdn-h100-maps-rule-decays-ab.md): the fixed cost is repaid from about 32 chunks a segment.
+constexpr std::int64_t kMapsApartMinChunks = 32;
+
 std::int64_t fused_backward_segments(const PlanInputs& in) {
   const std::int64_t units = std::max<std::int64_t>(1, in.sequences * in.value_heads);
   const std::int64_t chunks_each = in.chunks / std::max<std::int64_t>(1, in.sequences);
@@ -104,11 +115,12 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
   if (in.op == Operation::recurrent) return {};  // one kernel, no state passes
   if (wgmma_applies(in)) {
     ExecutionPlan plan = plan_wgmma(in);
+    plan.maps_apart =
+        plan.segments > 2 && in.chunks / std::max<std::int64_t>(1, in.sequences) / plan.segments >= kMapsApartMinChunks;
     // The wgmma forward-direction passes form W a chunk ahead from the tiles they hold for U, off the state's chain,
     // where their warpgroups take 64 keys each: prepare's W product and the 16 KB per chunk and head it writes and
     // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass").
     plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
-    plan.prepare_writes_t_beta_decay = plan.passes_form_w && in.op == Operation::chunk_forward;
     // prepare forms W for every pass the call launches that reads it: the forward-direction ones (the forward's or
     // the recompute, with their segment ends) where they do not form it, and the reverse ones, which the backward
     // launches unless it is fused and unsegmented (the unfused backward's reverse pass, the segment ends pass).

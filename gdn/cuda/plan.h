@@ -51,10 +51,11 @@ struct ExecutionPlan {
   int warpgroups = 1;   // wgmma: warpgroups per CTA, each on its own 64 columns of V
   bool paired = false;  // wgmma, backward: the recompute and the reverse pass side by side in one launch
   bool late_prepare = false;  // wgmma, forward with segments: prepare the last segment's chunks beside the ends pass
-  // wgmma: the forward-direction passes form W themselves (wgmma_pass_forms_w), the forward pass from
-  // T diag(beta e^gamma), which prepare then writes (state_hopper.cu says why), the others from T diag(beta)
+  // wgmma, more than two segments: the rows of M (the segments' chunk maps) launched beside the segment ends pass
+  // instead of as more row blocks of its launch (state_hopper.cu, step 1), where segments are long enough to pay for it
+  bool maps_apart = false;
+  // wgmma: the forward-direction passes form W themselves (wgmma_pass_forms_w) from the T diag(beta) they read for U
   bool passes_form_w = false;
-  bool prepare_writes_t_beta_decay = false;
   // prepare forms W and writes it for the passes that read it: the mma.sync passes, the wgmma forward-direction
   // passes where they do not form it, and the wgmma reverse passes (the unfused backward's, and the segment ends
   // pass of a segmented fused backward)
@@ -74,14 +75,5 @@ struct ExecutionPlan {
 };
 
 ExecutionPlan plan_execution(const PlanInputs& in);
-
-// Whether a chunk_forward planned as `forward` fills, for the chunk_backward of the same call planned as `backward`,
-// everything the backward's prepare would write, so that the backward may read it from ForwardOutputs::saved and skip
-// prepare. The forward's prepare writes T, T diag(beta) and U wherever their pointers are set, whatever its own plan
-// (both operations of a call take the same kind of state passes, so the same one of those two); but one launch forms
-// W or writes T diag(beta e^gamma), not both (prepare.cu's DecayedT).
-constexpr bool forward_fills_backward_prepare(const ExecutionPlan& forward, const ExecutionPlan& backward) {
-  return !(backward.prepare_forms_w && forward.prepare_writes_t_beta_decay);
-}
 
 }  // namespace deltatrain::gdn::cuda

@@ -3,7 +3,7 @@
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
 //   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
 //   mma.sync passes or T diag(beta) for the wgmma passes, which form U themselves (state_hopper.cu), as they form W
-//   where the plan says so (passes_form_w; the forward pass from T diag(beta e^gamma), which prepare then writes).
+//   where the plan says so (passes_form_w).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
@@ -231,20 +231,11 @@ __device__ __forceinline__ void store4(E* dst, float a, float b, float c, float 
 
 constexpr int kPrepareThreads = 256;  // 8 warps: 4 row blocks of 16 x 2 column halves
 
-// What prepare makes of T diag(beta e^gamma) (the plan's prepare_forms_w and prepare_writes_t_beta_decay): W for the
-// passes that read it, the matrix itself for the wgmma forward pass, which forms W from it, or nothing where the
-// passes form W from T diag(beta). A template argument, so that each kernel carries only its own stores: as runtime
-// branches they cost the kernel that forms W (at its 64 registers) 12 more bytes of spills and 2-4% of its time.
-enum class DecayedT { w, itself, none };
-DecayedT decayed_t_of(const Params& p) {  // from the pointers the plan's workspace set
-  return p.w != nullptr ? DecayedT::w : p.t_beta_decay != nullptr ? DecayedT::itself : DecayedT::none;
-}
-
 // The end of prepare, once T diag(beta e^gamma) (for W) and T diag(beta) are in shared memory:
 //   W = (T diag(beta e^gamma)) K  where a pass reads it and, for the mma.sync passes, U = (T diag(beta)) V,
 // each staged and stored with 16-byte rows: W in A's dead region, U in K's once W is formed, with V in
 // blocks of kVBlock columns in A's region. T is lower triangular, so rows m0.. need k < m0 + 16.
-template <class E, int K, int kVBlock, DecayedT kDecayedT>
+template <class E, int K, int kVBlock, bool kFormsW>
 __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, int hv, int tid) {
   using L = PrepareSmem<E, K>;
   using VTile = Tile<E, kChunk, kVBlock>;
@@ -256,7 +247,7 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
-  if constexpr (kDecayedT == DecayedT::w) {
+  if constexpr (kFormsW) {
 #pragma unroll 1
     for (int n0 = 0; n0 < K; n0 += 64) {
       float acc[1][4][4];
@@ -299,7 +290,11 @@ __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
   }
 }
 
-template <class E, int K, PrepareChunks kChunks, DecayedT kDecayedT>
+// kFormsW: whether prepare forms W (the plan's prepare_forms_w, seen as the pointer its workspace set), or the passes
+// form it from T diag(beta). A template argument, so that a kernel that does not form W carries neither T diag(beta
+// e^gamma) nor W's product: as runtime branches they cost the kernel that forms W (at its 64 registers) 12 more bytes
+// of spills and 2-4% of its time.
+template <class E, int K, PrepareChunks kChunks, bool kFormsW>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
@@ -385,8 +380,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
   // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's
-  // dead region; T diag(beta), T diag(beta e^gamma) where the forward pass forms W from it, and (for the backward) T
-  // to global memory as they are formed. Each thread converts runs of four columns, writing the zeros above T's
+  // dead region; T diag(beta) and (for the backward) T to global memory as they are formed. Each thread converts runs of four columns, writing the zeros above T's
   // diagonal blocks into shared memory (its products read them) but not to global memory (no reader does).
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
@@ -394,22 +388,19 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     const bool in_blocks = c < lower_blocks_end(r);
     const float4 x = in_blocks ? *reinterpret_cast<const float4*>(&t_tile(r, c)) : float4{0.f, 0.f, 0.f, 0.f};
     const float4 b = *reinterpret_cast<const float4*>(&beta[c]), bd = *reinterpret_cast<const float4*>(&beta_decay[c]);
-    if constexpr (kDecayedT == DecayedT::w) store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
+    if constexpr (kFormsW) store4(&tbd_tile(r, c), x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
     if (p.u != nullptr) store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);  // only U reads it
     if (r < rows && in_blocks) {
       const std::int64_t at = chunk_row + r * chunk_stride + c;
       if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
       if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);
-      if constexpr (kDecayedT == DecayedT::itself) {
-        store4(static_cast<E*>(p.t_beta_decay) + at, x.x * bd.x, x.y * bd.y, x.z * bd.z, x.w * bd.w);
-      }
     }
   }
   __syncthreads();  // T diag(beta e^gamma) is complete and T read: A's region stages W
   if (L::kMaxVBlock == 128 && p.V % 128 == 0) {
-    write_w_u<E, K, L::kMaxVBlock, kDecayedT>(p, smem, chunk, hv, tid);
+    write_w_u<E, K, L::kMaxVBlock, kFormsW>(p, smem, chunk, hv, tid);
   } else {
-    write_w_u<E, K, 64, kDecayedT>(p, smem, chunk, hv, tid);
+    write_w_u<E, K, 64, kFormsW>(p, smem, chunk, hv, tid);
   }
 }
 
@@ -441,18 +432,16 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
   int index = -1;
   dispatch(io, p.K, [&]<class E, int K>() {
     constexpr bool kWgmmaShape = sizeof(E) == 2 && K <= 128;
-    auto record = [&]<DecayedT kDecayedT>() {
+    auto record = [&]<bool kFormsW>() {
       const char* name = kChunks == PrepareChunks::all ? "gdn prepare_kernel" : "gdn prepare_kernel (segments)";
-      index = launch<prepare_kernel<E, K, kChunks, kDecayedT>>(name, dim3(p.chunks, p.HV), dim3(kPrepareThreads),
-                                                               PrepareSmem<E, K>::bytes, kernels, after);
+      index = launch<prepare_kernel<E, K, kChunks, kFormsW>>(name, dim3(p.chunks, p.HV), dim3(kPrepareThreads),
+                                                             PrepareSmem<E, K>::bytes, kernels, after);
     };
     if constexpr (kChunks == PrepareChunks::all || kWgmmaShape) {
-      const DecayedT decayed = decayed_t_of(p);
       if constexpr (kWgmmaShape) {
-        if (decayed == DecayedT::itself) return record.template operator()<DecayedT::itself>();
-        if (decayed == DecayedT::none) return record.template operator()<DecayedT::none>();
+        if (p.w == nullptr) return record.template operator()<false>();
       }
-      record.template operator()<DecayedT::w>();
+      record.template operator()<true>();
     }
   });
   return index;

@@ -13,16 +13,20 @@
 // Where each warpgroup takes 64 keys (plan.h's wgmma_pass_forms_w), the forward-direction passes form
 // W = T diag(beta e^gamma) K themselves, a chunk ahead, from the K tile the stage holds anyway: W does not depend on
 // the state, so its product runs behind the step's state update, and prepare neither forms nor stores W for them.
-// The forward pass, whose registers O's accumulators make the tightest, reads prepare's T diag(beta e^gamma) (8 KB a
-// chunk and head where W is 16) and takes both operands from shared memory; the others, bound by their copies more
-// than by their chain, form it from the T diag(beta) and gates they hold for U. The other passes read prepare's W.
+// All of them form it from the T diag(beta) and gates they hold for U: the forward pass, whose registers O's
+// accumulators make the tightest, scales T diag(beta) into a shared tile of T diag(beta e^gamma) once the copies have
+// landed and takes both operands from shared memory (held in registers, that operand spilled); the others, bound by
+// their copies more than by their chain, scale it in registers. The other passes read prepare's W.
 //
 // Few long sequences over few heads leave most SMs idle while the chain of chunks is long, so such calls
 // split each sequence into p.segments runs of chunks (docs/gdn-algorithm.md section 3: the chunk map is affine,
 // S^T' = S^T A + B with A = e^gamma_last I - W^T diag(e^(gamma_last - gamma)) K, B = U^T diag(..) K):
 //   1. Pass::segment_ends, every segment but the last in parallel: its end state from a zero start (segment
-//      0 from h0), R_s, and the product M_s of its chunks' A, computed as K more state rows that start at
-//      the identity with U = 0 (the same step: Delta^T = -X W^T, X' = e^gamma_last X + Delta^T diag(..) K);
+//      0 from h0), R_s, and, with more than two segments, the product M_s of its chunks' A, computed as K more
+//      state rows that start at the identity with U = 0 (the same step: Delta^T = -X W^T, X' = e^gamma_last X +
+//      Delta^T diag(..) K). Where the plan says maps_apart, M's rows are a launch of their own beside the ends
+//      pass (Pass::segment_maps), with only the tiles they read (W and K; no V or dO, Q or P), so that a CTA of
+//      each fits an SM; elsewhere they are more row blocks of the ends pass's launch;
 //   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s (sums
 //      in float32, product operands rounded to 16 bits as in every chunk step); segment 0 starts from the
 //      true state, so M_0 is never formed, and with two segments there is nothing to compose;
@@ -45,13 +49,15 @@ namespace {
 
 constexpr int kColumns = kWgmmaColumns;  // of V per warpgroup: the wgmma row count
 
-enum class Pass { forward, recompute, backward, segment_ends };
+// segment_ends walks a segment's rows of the state (or its gradient), segment_maps its rows of M (step 1 above).
+enum class Pass { forward, recompute, backward, segment_ends, segment_maps };
 
-// Per stage: W and K, with Q and P when the pass reads them, T diag(beta) when it walks forward (and so forms U)
-// and T diag(beta e^gamma) where it forms W, as swizzled tiles (wgmma operands); the CTA's columns of V or dO (64
-// per warpgroup) as a padded tile (read into registers); the gate vectors. Then, where the pass stores rows per chunk
-// (kStaging), per warp the staging tile of its token-major stores.
-template <class E, int K, bool kQueries, bool kValues, bool kDecayedT, int kGroups, bool kStaging>
+// Per stage: W and K, with Q and P when the pass reads them, T diag(beta) where it forms U or forms W from it, and
+// T diag(beta e^gamma) where it forms W from a shared tile (the forward pass), as swizzled tiles (wgmma operands);
+// where its rows are of the state (kReadsColumns), the CTA's columns of V or dO (64 per warpgroup) as a padded tile
+// (read into registers); the gate vectors. Then, where the pass stores rows per chunk (kStaging), per warp the staging
+// tile of its token-major stores.
+template <class E, int K, bool kQueries, bool kValues, bool kDecayedT, int kGroups, bool kStaging, bool kReadsColumns>
 struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
   using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P, T diag(beta): [token][token]
@@ -65,7 +71,7 @@ struct HopperSmem {
   static constexpr int t_beta_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
   static constexpr int t_beta_decay_at = t_beta_at + (kValues ? ChunkTile::kBytes : 0);
   static constexpr int columns_at = t_beta_decay_at + (kDecayedT ? ChunkTile::kBytes : 0);
-  static constexpr int gates_at = columns_at + ColumnTile::kBytes;
+  static constexpr int gates_at = columns_at + (kReadsColumns ? ColumnTile::kBytes : 0);
   static constexpr int stage_bytes = round_up(gates_at + 2 * kChunk * 4, 1024);
   static constexpr int stages = 2;
   static constexpr int staging_at = stages * stage_bytes;
@@ -77,36 +83,43 @@ struct HopperSmem {
 // What the forward and the backward kernels share: the CTA's place, its chunks, its tiles and their copies,
 // and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64 kGroups,
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
-// backward walks the last one first); Pass::segment_ends has one run fewer (the last walked needs no end)
-// and (V + K) / 64 blocks of 64 rows, those past V being rows of M, which start at the identity and carry no
-// U or dO. The forward passes form U^T = V^T (T diag(beta))^T per chunk from V's columns rather than read U:
-// those four products do not wait on the state, and prepare then neither computes nor stores U.
+// backward walks the last one first); step 1 has one run fewer (the last walked needs no end), and its K / 64
+// blocks of 64 rows of M (after V's in the kernels' numbering: Pass::segment_maps's, or the segment ends pass's
+// past V) start at the identity and carry no U or dO. The forward passes form U^T = V^T (T diag(beta))^T per chunk from V's columns
+// rather than read U: those four products do not wait on the state, and prepare then neither computes nor stores U.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
-  static constexpr bool kValues = !kReverse;
+  static constexpr bool kEnds = kPass == Pass::segment_ends || kPass == Pass::segment_maps;  // step 1
+  static constexpr bool kMapsOnly = kPass == Pass::segment_maps;                            // rows of M alone
   static constexpr bool kFormsW = !wgmma_pass_reads_w(kReverse, K, kGroups);
-  static constexpr bool kWFromDecayedT = kFormsW && kPass == Pass::forward;  // plan.h's prepare_writes_t_beta_decay
+  static constexpr bool kValues = !kReverse && (!kMapsOnly || kFormsW);  // T diag(beta): U, or W from it
+  static constexpr bool kWFromDecayedT = kFormsW && kPass == Pass::forward;  // from a shared T diag(beta e^gamma)
   static constexpr int kThreads = kWarpgroup * kGroups;
-  // The segment ends pass stores nothing per chunk, so it has no staging tiles: that lets two of its forward CTAs
-  // share an SM (99 KB each at K = 128, 115 KB with them), and its runs with M's rows, twice the CTAs of the others,
-  // take one wave of the SMs instead of two on the calls that segment most.
-  using L = HopperSmem<E, K, kPass != Pass::recompute && !(kPass == Pass::segment_ends && !kReverse), kValues,
-                       kWFromDecayedT, kGroups, kPass != Pass::segment_ends>;
+  // Step 1 stores nothing per chunk, so it has no staging tiles: that lets two of its forward CTAs share an SM (99
+  // KB each at K = 128, 115 KB with them). M's rows read neither Q and P nor V or dO: 67 KB at K = 128 (83 where
+  // they form W), so that one of them shares an SM with a CTA of any pass's state rows (the reverse ones take 133).
+  using L = HopperSmem<E, K, kPass != Pass::recompute && !(kEnds && !kReverse) && !kMapsOnly, kValues,
+                       kWFromDecayedT, kGroups, !kEnds, !kMapsOnly>;
   static_assert(kPass != Pass::segment_ends || kReverse || kGroups > 1 || 2 * (L::bytes + 1024) <= kSmemPerSm,
                 "two forward segment ends CTAs of one warpgroup (as segments run) an SM");
+  static_assert(!kMapsOnly || L::bytes + 1024 + 134 * 1024 <= kSmemPerSm,
+                "a CTA of M's rows beside one of the reverse segment ends pass");
   char* smem;
   std::uint32_t smem_base;
   const Params& p;
   int runs, n, run, hv, h, row_block, tid, m0;
-  bool transition_rows;  // rows of M: only in segment_ends (a constant false elsewhere: no branch around products)
+  // Rows of M, which have no U or dO: segment_maps's, and the segment ends pass's past V (constant elsewhere, so that
+  // the other passes carry no branch around their products).
+  bool transition_rows;
   StateRows at;
   SequenceChunks chunks;
 
   __device__ HopperPass(char* smem_raw, const Params& params, int column_block)
-      : p(params), runs(kPass == Pass::segment_ends ? params.segments - 1 : params.segments),
+      : p(params), runs(kEnds ? params.segments - 1 : params.segments),
         n(blockIdx.x / runs), run(blockIdx.x % runs), hv(blockIdx.y), h(hv / params.group),
-        row_block(column_block * kColumns * kGroups), tid(threadIdx.x), m0(16 * (threadIdx.x / 32)),
-        transition_rows(kPass == Pass::segment_ends && row_block >= params.V), at{row_block + m0, 0},
+        row_block((kMapsOnly ? params.V : 0) + column_block * kColumns * kGroups), tid(threadIdx.x),
+        m0(16 * (threadIdx.x / 32)),
+        transition_rows(kMapsOnly || (kPass == Pass::segment_ends && row_block >= params.V)), at{row_block + m0, 0},
         chunks(SequenceChunks(params, n).segment(kReverse ? params.segments - 1 - run : run, params.segments)) {
     const int raw = static_cast<int>(smem_address(smem_raw));
     smem = smem_raw + (round_up(raw, 1024) - raw);
@@ -166,13 +179,11 @@ struct HopperPass {
   // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
   __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
 
-  // Starts copying chunk j's tiles into a stage: W unless the pass forms it (then T diag(beta e^gamma) where it
-  // forms W from that), K (, Q, P, T diag(beta)), and V or dO (`columns`) for rows of S^T.
+  // Starts copying chunk j's tiles into a stage: W unless the pass forms it, K (, Q, P, T diag(beta)), and V or dO
+  // (`columns`) for rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
-    if constexpr (kWFromDecayedT) {
-      load_lower_chunk_tile<kThreads>(t_beta_decay_tile(stage), p.t_beta_decay, p.HV, hv, info, tid);
-    } else if constexpr (!kFormsW) {
+    if constexpr (!kFormsW) {
       load_chunk_rows<kThreads>(key_tile(stage, 0), static_cast<const E*>(p.w), p.HV, hv, K, 0, info, tid);
     }
     load_chunk_rows<kThreads>(key_tile(stage, 1), keys<E>(p), p.H, h, K, 0, info, tid);
@@ -209,14 +220,46 @@ struct HopperPass {
     const auto w_tile = swizzled_tile<E, kChunk, K>(smem + stage * L::stage_bytes);  // key_tile(stage, 0)
     store_accumulator(w, plain(w_tile), 16 * (tid / 32 % 4), w_key0());
   }
+  // T diag(beta e^gamma) of the chunk in `stage`, formed in its tile from the stage's T diag(beta) and e^gamma: each
+  // 16-byte piece of a row (the two tiles share the swizzle) scaled by its eight columns' gates, rounded as the
+  // other passes round the operand they scale in registers. Upper pieces are zero in both.
+  __device__ __forceinline__ void decay_t_beta(int stage) const {
+    using Tile = typename L::ChunkTile;
+    const char* from = smem + stage * L::stage_bytes + L::t_beta_at;
+    char* to = smem + stage * L::stage_bytes + L::t_beta_decay_at;
+    const float* gates = gate_in(stage);
+#pragma unroll
+    for (int piece = tid; piece < kChunk * kChunk / 8; piece += kThreads) {
+      const int r = piece / 8, c = piece % 8 * 8, at = Tile::offset(r, c);
+      uint4 x = *reinterpret_cast<const uint4*>(from + at);
+      const float4 g0 = *reinterpret_cast<const float4*>(gates + c), g1 = *reinterpret_cast<const float4*>(gates + c + 4);
+      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+      std::uint32_t* words = &x.x;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 v = unpack2<E>(words[i]);
+        words[i] = pack2<E>(v.x * g[2 * i], v.y * g[2 * i + 1]);
+      }
+      *reinterpret_cast<uint4*>(to + at) = x;
+    }
+  }
   // The next chunk's copies, landed and visible to every thread's wgmma: its W is formed during this step.
-  __device__ __forceinline__ void await_next_chunk() const {
+  __device__ __forceinline__ void await_next_chunk(int next_stage) const {
     cp_async_wait<0>();
+    if constexpr (kWFromDecayedT) {
+      __syncthreads();
+      decay_t_beta(next_stage);
+    }
     fence_for_wgmma();
     __syncthreads();
   }
   // W of the run's first chunk, before its first step: nothing formed it a step ahead.
   __device__ __forceinline__ void form_first_w(int stage) const {
+    if constexpr (kWFromDecayedT) {
+      decay_t_beta(stage);
+      fence_for_wgmma();
+      __syncthreads();
+    }
     WAccumulator w;
     issue_w(stage, w);
     wgmma_wait();
@@ -230,22 +273,21 @@ struct HopperPass {
   // that is the first run's end, R_0, which step 1 stored).
   template <int NT>
   __device__ void start_rows(float (&state)[1][NT][4], const float* initial) const {
-    if (kPass == Pass::segment_ends && transition_rows) {
+    if (transition_rows) {
       const int first_row = at.v0 - p.V;
       for_each(state, 0, 0, [&](int r, int c, float& x) { x = first_row + r == c ? 1.f : 0.f; });
     } else if (run == 0) {
       load_state(state, initial, p, n, hv, at);
-    } else if constexpr (kPass == Pass::segment_ends) {
+    } else if constexpr (kEnds) {
       zero(state);
     } else {
       load_pairs(state, segment_start_rows(p, n, run, hv) + at.v0 * K, K, 16);
     }
   }
-  // The first run starts from the true state, so no step uses its M: those CTAs of segment_ends have nothing
-  // to do.
-  __device__ bool idle() const { return kPass == Pass::segment_ends && transition_rows && run == 0; }
-  // segment_ends: the run's end rows, R in float32 and M in the io type (the B operand of step 2's products,
-  // as the chunk tiles are of the steps).
+  // The first run starts from the true state, so no step uses its M: those CTAs of step 1 have nothing to do.
+  __device__ bool idle() const { return transition_rows && run == 0; }
+  // Step 1: the run's end rows, R in float32 and M in the io type (the B operand of step 2's products, as the
+  // chunk tiles are of the steps).
   template <int NT>
   __device__ void store_end_rows(float (&state)[1][NT][4]) const {
     if (transition_rows) {
@@ -256,7 +298,7 @@ struct HopperPass {
   }
 };
 
-// Forward (Pass::forward, recompute, or segment_ends with M's rows) of the CTA's column block: see the top of
+// Forward (Pass::forward, recompute, segment_ends or segment_maps) of the CTA's column block: see the top of
 // the file.
 template <class E, int K, Pass kPass, int kGroups>
 __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, int column_block) {
@@ -265,7 +307,7 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
   if (pass.idle()) return;
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
-  const auto staging = pass.staging();  // (past the layout's end in segment_ends, which stores no rows)
+  const auto staging = pass.staging();  // (past the layout's end in step 1, which stores no rows)
   float state[1][K / 8][4];
   pass.start_rows(state, p.h0);
 
@@ -335,7 +377,7 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     const bool next = Walk::kFormsW && j + 1 < pass.chunks.count;
     const int next_stage = (stage + 1) % Walk::L::stages;
     if (next) {
-      pass.await_next_chunk();
+      pass.await_next_chunk(next_stage);
       pass.issue_w(next_stage, next_w);
     }
     wgmma_wait();
@@ -349,21 +391,22 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
       store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);
     }
   });
-  if constexpr (kPass == Pass::segment_ends) {
+  if constexpr (Walk::kEnds) {
     pass.store_end_rows(state);
   } else if constexpr (kPass == Pass::forward) {
     if (p.ht != nullptr && pass.run == p.segments - 1) store_state(state, p.ht, p, pass.n, pass.hv, pass.at);
   }
 }
 
-// Backward (Pass::backward, or segment_ends with M's rows), chunks in reverse; dS^T is the warpgroup's
+// Backward (Pass::backward, segment_ends or segment_maps), chunks in reverse; dS^T is the warpgroup's
 // block of the gradient of the state after the chunk:
 //   D^T  = (dS^T K^T) diag(e^(gamma_last - gamma)) + dO^T P
 //   dS^T = e^gamma_last dS^T + (dO^T diag(scale e^gamma)) Q - D^T W
 // The gradient after each chunk and D are stored for the chunk-gradient kernels; what enters chunk 0 is dh0.
 template <class E, int K, Pass kPass, int kGroups>
 __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, int column_block) {
-  const HopperPass<E, K, kPass, true, kGroups> pass(smem_raw, p, column_block);
+  using Walk = HopperPass<E, K, kPass, true, kGroups>;
+  const Walk pass(smem_raw, p, column_block);
   if (pass.idle()) return;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
@@ -417,7 +460,7 @@ __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, i
     wgmma_commit_and_wait();
     hold(dstate[0]);
   });
-  if constexpr (kPass == Pass::segment_ends) {
+  if constexpr (Walk::kEnds) {
     pass.store_end_rows(dstate);
   } else {
     if (p.dh0 != nullptr && pass.run == p.segments - 1) store_state(dstate, p.dh0, p, pass.n, pass.hv, pass.at);
@@ -533,15 +576,16 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
 }
 
 // Records one run of kernels: the forward or (kReverse) backward kernel of pass kPass over `runs` runs of
-// each sequence and `row_blocks` blocks of 64 rows, kGroups blocks per CTA.
+// each sequence and `row_blocks` blocks of 64 rows, kGroups blocks per CTA, after kernel `after`.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
-int launch_run(const Params& p, const char* name, int runs, int row_blocks, KernelSequence& kernels) {
+int launch_run(const Params& p, const char* name, int runs, int row_blocks, KernelSequence& kernels,
+               int after = KernelSequence::kPrevious) {
   const dim3 grid(p.sequences * runs, p.HV, row_blocks / kGroups), block(kWarpgroup * kGroups);
   constexpr int kBytes = HopperPass<E, K, kPass, kReverse, kGroups>::L::bytes;
   if constexpr (kReverse) {
-    return launch<state_backward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels);
+    return launch<state_backward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels, after);
   } else {
-    return launch<state_forward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels);
+    return launch<state_forward_hopper_kernel<E, K, kPass, kGroups>>(name, grid, block, kBytes, kernels, after);
   }
 }
 
@@ -555,16 +599,27 @@ void with_warpgroups(const Params& p, F&& f) {
 }
 
 // Steps 1 and 2 of a segmented pass, the true state (or its gradient) at each segment's start, where the call
-// has segments: the segment ends pass, then segment_starts_kernel for more than two segments.
+// has segments: the segment ends pass, with M's rows for more than two segments (two need no M) in its launch or,
+// where p.maps_apart, beside it in one of their own, then segment_starts_kernel after both.
 template <class E, int K, bool kReverse, int kGroups>
 void launch_segment_starts(const Params& p, const char* ends_name, KernelSequence& kernels) {
   if (p.segments < 2) return;
-  launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(p, ends_name, p.segments - 1, (p.V + K) / kColumns, kernels);
-  if (p.segments > 2) {
-    using Starts = SegmentStartsSmem<E, K>;
-    launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel", dim3(p.sequences, p.HV, p.V / Starts::kRows),
-                                        dim3(Starts::kThreads), Starts::bytes, kernels);
+  const bool maps = p.segments > 2;
+  const int before = kernels.last();
+  const int ends = launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(
+      p, ends_name, p.segments - 1, (p.V + (maps && !p.maps_apart ? K : 0)) / kColumns, kernels);
+  if (!maps) return;
+  if (p.maps_apart) {
+    constexpr const char* kMapsName =
+        kReverse ? "gdn state_backward_hopper_kernel (segment maps)" : "gdn state_forward_hopper_kernel (segment maps)";
+    launch_run<E, K, Pass::segment_maps, kReverse, kGroups>(p, kMapsName, p.segments - 1, K / kColumns, kernels,
+                                                             before);
   }
+  using Starts = SegmentStartsSmem<E, K>;
+  const int starts = launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel",
+                                                         dim3(p.sequences, p.HV, p.V / Starts::kRows),
+                                                         dim3(Starts::kThreads), Starts::bytes, kernels);
+  if (p.maps_apart) kernels.join(starts, ends);  // it follows the maps' launch
 }
 
 // A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments. Where

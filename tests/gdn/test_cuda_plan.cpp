@@ -21,7 +21,6 @@ namespace deltatrain::gdn::testing {
 namespace {
 
 using cuda::ExecutionPlan;
-using cuda::forward_fills_backward_prepare;
 using cuda::kWgmmaColumns;
 using cuda::plan_execution;
 using cuda::plan_saved;
@@ -91,11 +90,11 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     EXPECT_LE(plan.segments, 16);
     EXPECT_EQ(plan.late_prepare, plan.wgmma && in.op == Operation::chunk_forward && plan.segments > 1)
         << "the last segment is prepared late exactly where a forward has a segment ends pass to run beside";
+    EXPECT_EQ(plan.maps_apart, plan.segments > 2 && in.chunks / in.sequences / plan.segments >= 32)
+        << "M's rows apart from the segment ends pass where more than two segments hold 16 chunks or more each";
     // The wgmma forward-direction passes form W where each warpgroup takes 64 of its keys.
     const bool passes_form_w = plan.wgmma && in.K / plan.warpgroups == 64;
     EXPECT_EQ(plan.passes_form_w, passes_form_w);
-    EXPECT_EQ(plan.prepare_writes_t_beta_decay, passes_form_w && in.op == Operation::chunk_forward)
-        << "T diag(beta e^gamma) is written for the forward pass alone, which forms W from it";
     EXPECT_EQ(plan.prepare_forms_w,
               !passes_form_w || (in.op == Operation::chunk_backward && (!plan.fused_backward || plan.segments > 1)))
         << "prepare writes W exactly where a pass reads it: the mma.sync passes, the wgmma passes whose warpgroups "
@@ -207,10 +206,8 @@ std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(con
 
 // The forward's saved buffer holds exactly what the backward's workspace would hold of start_kernel's and prepare's
 // outputs, so that the backward finds everything it reads; the forward finds every region it writes in the buffer or
-// its workspace (T in the buffer alone); the buffer's regions are disjoint and aligned; and there is none where the
-// forward cannot fill it.
+// its workspace (T in the buffer alone); and the buffer's regions are disjoint and aligned.
 TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
-  int offered = 0;
   for (int trial = 0; trial < 5000; ++trial) {
     const PlanInputs in = random_inputs();
     if (in.op == Operation::recurrent) continue;
@@ -220,17 +217,12 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     const bool l2norm = trial % 2 == 0;
     const Problem forward_call = problem_of(in, Operation::chunk_forward, l2norm);
     const Problem backward_call = problem_of(in, Operation::chunk_backward, l2norm);
-    const SavedLayout saved = plan_saved(backward_call, forward, backward);
-    const SavedLayout from_forward = plan_saved(forward_call, forward, backward);
+    const SavedLayout saved = plan_saved(backward_call, backward);
+    const SavedLayout from_forward = plan_saved(forward_call, backward);
     ASSERT_EQ(saved.bytes, from_forward.bytes) << "both operations lay the buffer out alike";
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       EXPECT_EQ(kept_regions(saved)[i].second->offset, kept_regions(from_forward)[i].second->offset);
     }
-    if (!forward_fills_backward_prepare(forward, backward)) {
-      EXPECT_EQ(saved.bytes, 0u);
-      continue;
-    }
-    ++offered;
     const WorkspaceLayout alone = plan_workspace(backward_call, false, in.chunks, false, backward);
     const WorkspaceLayout beside = plan_workspace(backward_call, false, in.chunks, false, backward, saved);
     EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes) << "the backward's workspace gives up exactly the buffer's regions";
@@ -266,12 +258,7 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     }
     EXPECT_GT(saved.t.bytes, 0u) << "the backward reads T, which only the buffer holds in a forward";
     EXPECT_EQ(saved.q_normed.bytes > 0, l2norm) << "the backward normalises q and k again only without the buffer";
-    if (saved.w.bytes > 0) {
-      EXPECT_FALSE(forward.prepare_writes_t_beta_decay)
-          << "the forward's prepare fills the buffer's W, so it cannot also write T diag(beta e^gamma) (DecayedT)";
-    }
   }
-  EXPECT_GT(offered, 1000) << "most random calls offer the buffer";
 }
 
 // The anchor cells (bf16, K = V = 128, 64-token chunks) on an H200: the choices the recorded figures rest on.
@@ -365,33 +352,21 @@ TEST(CudaPlanAnchors, H200Choices) {
   // the paired passes) and for the reverse passes (the unfused backward's, a segmented fused backward's segment ends).
   EXPECT_FALSE(eight.prepare_forms_w || filled.prepare_forms_w);
   EXPECT_TRUE(eight.passes_form_w && filled.passes_form_w && one.passes_form_w);
-  EXPECT_TRUE(filled.prepare_writes_t_beta_decay);
-  EXPECT_FALSE(eight.prepare_writes_t_beta_decay);
   EXPECT_FALSE(long_forward.passes_form_w || backward.passes_form_w);
   EXPECT_TRUE(long_forward.prepare_forms_w && backward.prepare_forms_w && one.prepare_forms_w);
   // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's prepare writes, so that the
-  // backward skips prepare: where both form W in their passes (the fused backward of two warpgroups), where both
-  // read prepare's (one warpgroup: segments, the paired passes), and where the forward's prepare forms W that the
-  // backward does not read (a long forward's segments beside the fused backward's recompute of two warpgroups); not
-  // for the unfused backward of two warpgroups, whose reverse pass reads prepare's W where the forward's prepare
-  // writes T diag(beta e^gamma) instead.
-  auto forward_of = [](const PlanInputs& in) { return plan_of(in, Operation::chunk_forward); };
-  EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 8, 4096)), eight));
-  EXPECT_TRUE(
-      forward_fills_backward_prepare(long_forward, plan_execution(anchor(Operation::chunk_backward, 32, 1, 32768))));
-  EXPECT_TRUE(forward_fills_backward_prepare(forward_of(anchor(Operation::chunk_backward, 32, 1, 4096)), backward));
+  // backward skips prepare; its size per token and value head (docs/cuda-backend.md): gamma (8), both gates (4 + 4),
+  // P, T and T diag(beta) (128 each at bf16), and W (256) where the backward's prepare forms it (which the forward's
+  // prepare then forms too: the unfused backward of two warpgroups, whose reverse pass reads it); with the L2 norm, per
+  // token and q/k head, the normed q and k (256 each) and their reciprocal norms (4 each).
   const PlanInputs unfused = [&] {
     PlanInputs in = anchor(Operation::chunk_backward, 32, 8, 4096);
     in.fused_backward_setting = false;
     return in;
   }();
-  EXPECT_FALSE(forward_fills_backward_prepare(forward_of(unfused), plan_execution(unfused)));
-  // Its size per token and value head (docs/cuda-backend.md): gamma (8), both gates (4 + 4), P, T and T diag(beta)
-  // (128 each at bf16), and W (256) where the backward's prepare forms it; with the L2 norm, per token and q/k head,
-  // the normed q and k (256 each) and their reciprocal norms (4 each).
   auto saved_per_token_head = [&](const PlanInputs& in, bool l2norm) {
     const Problem call = problem_of(in, Operation::chunk_backward, l2norm);
-    return plan_saved(call, forward_of(in), plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
+    return plan_saved(call, plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
   };
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), false), 400u);
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), true), 920u)
@@ -399,11 +374,22 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), false), 400u);
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), true), 660u) << "two value heads a key head";
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 4096), false), 656u) << "one warpgroup: W";
-  EXPECT_EQ(saved_per_token_head(unfused, true), 0u);
-  // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing.
+  EXPECT_EQ(saved_per_token_head(unfused, false), 656u) << "two warpgroups, unfused: the reverse pass reads W";
+  // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing; their 32 chunks each launch
+  // M's rows apart from the ends pass, 8 chunks each (8192 tokens) do not, and two segments need no M.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
   EXPECT_EQ(few.segments, 16);
   EXPECT_FALSE(few.paired);
+  EXPECT_TRUE(few.maps_apart);
+  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 1, 8192)).maps_apart);
+  EXPECT_FALSE(long_forward.maps_apart);
+  // Eight heads, one sequence: 8 forward segments, M's rows apart at 64 chunks each (32768 tokens), not at 16 (8192).
+  const ExecutionPlan eight_heads = plan_execution(anchor(Operation::chunk_forward, 8, 1, 32768));
+  EXPECT_EQ(eight_heads.segments, 8);
+  EXPECT_TRUE(eight_heads.maps_apart);
+  const ExecutionPlan eight_heads_short = plan_execution(anchor(Operation::chunk_forward, 8, 1, 8192));
+  EXPECT_EQ(eight_heads_short.segments, 8);
+  EXPECT_FALSE(eight_heads_short.maps_apart);
   // DELTATRAIN_CUDA_WGMMA=0 on the same device: the mma.sync passes, 4 warp pairs once 2 would overflow a wave.
   PlanInputs forced = anchor(Operation::chunk_forward, 32, 4, 8192);
   forced.wgmma_allowed = false;
@@ -412,10 +398,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_EQ(mma_sync.warp_pairs, 4);
   EXPECT_TRUE(mma_sync.prepare_forms_w);
   const ExecutionPlan mma_sync_backward = plan_of(forced, Operation::chunk_backward);
-  EXPECT_TRUE(forward_fills_backward_prepare(mma_sync, mma_sync_backward))
-      << "the mma.sync passes of both read W and U from prepare";
   const Problem forced_call = problem_of(forced, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(forced_call, mma_sync, mma_sync_backward).bytes,
+  EXPECT_EQ(plan_saved(forced_call, mma_sync_backward).bytes,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
       << "W and U (256 bytes each) where the wgmma passes keep T diag(beta)";
 }
