@@ -145,12 +145,18 @@ def rel_err(actual, expected):
 class Impl:
     """One implementation's forward and backward on a cell's inputs, through torch autograd."""
 
-    def __init__(self, fn, x, scale, l2norm=False):
-        self.fn, self.x, self.scale, self.l2norm = fn, x, scale, l2norm
+    def __init__(self, fn, x, scale, l2norm=False, inference=False):
+        self.fn, self.x, self.scale, self.l2norm, self.inference = fn, x, scale, l2norm, inference
         self.leaves = [x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta", "h0")]
 
     def forward(self):
+        """A training forward (the grid's: it keeps what the backward reads), or with `inference` one under
+        torch.no_grad(), as a rollout's prefill calls it."""
         q, k, v, g, beta, h0 = self.leaves
+        with torch.set_grad_enabled(not self.inference):
+            return self._call(q, k, v, g, beta, h0)
+
+    def _call(self, q, k, v, g, beta, h0):
         return self.fn(q, k, v, g, beta, scale=self.scale, initial_state=h0, output_final_state=True,
                        use_qk_l2norm_in_kernel=self.l2norm, cu_seqlens=self.x["cu"], cu_seqlens_cpu=self.x["cu_cpu"])
 
@@ -282,10 +288,14 @@ def main():
     parser.add_argument("--l2norm-in-kernel", action="store_true",
                         help="with --ours-only: use_qk_l2norm_in_kernel=True (the anchors have it off)")
     parser.add_argument("--no-flashqla", action="store_true", help="leave FlashQLA out (its fields null)")
+    parser.add_argument("--inference", action="store_true",
+                        help="with --ours-only: forwards under torch.no_grad() (no saved buffer for a backward)")
     parser.add_argument("--merge", nargs="+", default=[], metavar="JSON",
                         help="earlier runs' gdn-h200.json: their rows fill the cells this run does not measure")
     parser.add_argument("--missing-only", action="store_true", help="with --merge: run only the cells they lack")
     args = parser.parse_args()
+    if args.inference and not args.ours_only:
+        parser.error("--inference: only with --ours-only (the anchors' forwards are training forwards)")
     if args.l2norm_in_kernel and not args.ours_only:
         parser.error("--l2norm-in-kernel: only with --ours-only (the report is the anchors' recipe)")
     if args.missing_only and not args.merge:
@@ -337,7 +347,7 @@ def main():
             row.update((f"{name}_{field}", None) for field in FIELDS)
             if fn is None:
                 continue
-            impl = Impl(fn, x, scale, args.l2norm_in_kernel)
+            impl = Impl(fn, x, scale, args.l2norm_in_kernel, args.inference and pass_ == "fwd")
             try:
                 out, kernel, by_name, host, warmup_s = measure(impl, pass_)
             except REFUSALS.get(name, ()) as refusal:
