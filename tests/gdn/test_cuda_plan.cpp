@@ -91,7 +91,7 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     EXPECT_EQ(plan.late_prepare, plan.wgmma && in.op == Operation::chunk_forward && plan.segments > 1)
         << "the last segment is prepared late exactly where a forward has a segment ends pass to run beside";
     EXPECT_EQ(plan.maps_apart, plan.segments > 2 && in.chunks / in.sequences / plan.segments >= 32)
-        << "M's rows apart from the segment ends pass where more than two segments hold 16 chunks or more each";
+        << "M's rows apart from the segment ends pass where more than two segments hold 32 chunks or more each";
     // The wgmma forward-direction passes form W where each warpgroup takes 64 of its keys.
     const bool passes_form_w = plan.wgmma && in.K / plan.warpgroups == 64;
     EXPECT_EQ(plan.passes_form_w, passes_form_w);

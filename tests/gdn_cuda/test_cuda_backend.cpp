@@ -98,10 +98,10 @@ std::vector<Case> cases() {
   all.push_back({"bf16_one_warpgroup_units", fixed(4, 100, 8, 32, 128, 64), DType::bf16});
   // Few long sequences over few heads: on a GPU with the Hopper state pass these run in segments.
   all.push_back({"bf16_long_few_heads", fixed(1, 4000, 1, 2, 128, 128), DType::bf16});
-  // 257 chunks: the passes' 16 segments of 16 chunks or more launch M's rows apart from the ends pass (above, 15 of
+  // 513 chunks: the passes' 16 segments of 32 chunks or more launch M's rows apart from the ends pass (above, 15 of
   // 4 chunks do not); where the fused backward runs (DELTATRAIN_CUDA_FUSED_BACKWARD=1) it takes segments of its own,
-  // eight of 32 chunks or more, the later ones started from composed state gradients.
-  all.push_back({"bf16_fused_segments", fixed(1, 16400, 1, 2, 128, 128), DType::bf16, DType::f32, true, true, true});
+  // sixteen of 32 chunks or more, the later ones started from composed state gradients.
+  all.push_back({"bf16_fused_segments", fixed(1, 32800, 1, 2, 128, 128), DType::bf16, DType::f32, true, true, true});
   // Ten chunks over one head: the forward runs two segments, the second started from the first's end with
   // no composition step; the backward pairs its two passes.
   all.push_back({"bf16_two_segments", fixed(1, 600, 1, 1, 128, 128), DType::bf16, DType::f32, false, true, true});
