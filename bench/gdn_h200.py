@@ -154,11 +154,9 @@ class Impl:
         torch.no_grad(), as a rollout's prefill calls it."""
         q, k, v, g, beta, h0 = self.leaves
         with torch.set_grad_enabled(not self.inference):
-            return self._call(q, k, v, g, beta, h0)
-
-    def _call(self, q, k, v, g, beta, h0):
-        return self.fn(q, k, v, g, beta, scale=self.scale, initial_state=h0, output_final_state=True,
-                       use_qk_l2norm_in_kernel=self.l2norm, cu_seqlens=self.x["cu"], cu_seqlens_cpu=self.x["cu_cpu"])
+            return self.fn(q, k, v, g, beta, scale=self.scale, initial_state=h0, output_final_state=True,
+                           use_qk_l2norm_in_kernel=self.l2norm, cu_seqlens=self.x["cu"],
+                           cu_seqlens_cpu=self.x["cu_cpu"])
 
     def prepare_backward(self):
         self.outputs = self.forward()

@@ -380,8 +380,9 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
   // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's
-  // dead region; T diag(beta) and (for the backward) T to global memory as they are formed. Each thread converts runs of four columns, writing the zeros above T's
-  // diagonal blocks into shared memory (its products read them) but not to global memory (no reader does).
+  // dead region; T diag(beta) and (for the backward) T to global memory as they are formed. Each thread converts runs
+  // of four columns, writing the zeros above T's diagonal blocks into shared memory (its products read them) but not
+  // to global memory (no reader does).
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
     const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;

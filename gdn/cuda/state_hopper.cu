@@ -55,8 +55,8 @@ enum class Pass { forward, recompute, backward, segment_ends, segment_maps };
 // Per stage: W and K, with Q and P when the pass reads them, T diag(beta) where it forms U or forms W from it, and
 // T diag(beta e^gamma) where it forms W from a shared tile (the forward pass), as swizzled tiles (wgmma operands);
 // where its rows are of the state (kReadsColumns), the CTA's columns of V or dO (64 per warpgroup) as a padded tile
-// (read into registers); the gate vectors. Then, where the pass stores rows per chunk (kStaging), per warp the staging
-// tile of its token-major stores.
+// (read into registers); the gate vectors. Then, where the pass stores rows per chunk (kStaging), per warp the
+// staging tile of its token-major stores.
 template <class E, int K, bool kQueries, bool kValues, bool kDecayedT, int kGroups, bool kStaging, bool kReadsColumns>
 struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
@@ -85,8 +85,9 @@ struct HopperSmem {
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
 // backward walks the last one first); step 1 has one run fewer (the last walked needs no end), and its K / 64
 // blocks of 64 rows of M (after V's in the kernels' numbering: Pass::segment_maps's, or the segment ends pass's
-// past V) start at the identity and carry no U or dO. The forward passes form U^T = V^T (T diag(beta))^T per chunk from V's columns
-// rather than read U: those four products do not wait on the state, and prepare then neither computes nor stores U.
+// past V) start at the identity and carry no U or dO. The forward passes form U^T = V^T (T diag(beta))^T per chunk from
+// V's columns rather than read U: those four products do not wait on the state, and prepare then neither computes nor
+// stores U.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
   static constexpr bool kEnds = kPass == Pass::segment_ends || kPass == Pass::segment_maps;  // step 1
