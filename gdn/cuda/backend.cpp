@@ -243,8 +243,8 @@ struct Call {
 
     k.chunk_table = static_cast<cuda::ChunkInfo*>(region(layout.chunk_table));
     k.sequence_chunks = static_cast<int*>(region(layout.sequence_chunks));
-    // With a saved buffer the forward's start_kernel and prepare write these there (T too, which the forward itself
-    // does not read), and the backward reads them from it.
+    // With a saved buffer the forward's start_kernel and prepare write these there, and the backward reads them from
+    // it.
     k.q_normed = region(layout.q_normed, saved.q_normed);
     k.k_normed = region(layout.k_normed, saved.k_normed);
     k.q_rstd = static_cast<float*>(region(layout.q_rstd, saved.q_rstd));
@@ -256,7 +256,7 @@ struct Call {
     k.u = region(layout.u, saved.u);
     k.p = region(layout.p, saved.p);
     k.t = region(layout.t, saved.t);
-    k.t_beta = region(layout.t_beta, saved.t_beta);
+    k.beta_by_head = static_cast<float*>(region(layout.beta_by_head, saved.beta_by_head));
     k.states = region(layout.states);
     k.delta = region(layout.delta);
     k.dstates = region(layout.dstates);

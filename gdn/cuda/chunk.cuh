@@ -135,6 +135,16 @@ __device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in
   }
 }
 
+// Starts copying the chunk's entries of a float [HV, tokens] vector of value head hv (beta_by_head) into dst[0..63];
+// rows past the chunk's end repeat the last one, as the gates do. Threads 0..63 call it.
+__device__ __forceinline__ void load_head_vector_async(const float* src, float* dst, const Params& p, int hv,
+                                                       const ChunkInfo& chunk, int thread) {
+  if (thread < kChunk) {
+    const int row = thread < chunk.length ? thread : chunk.length - 1;
+    cp_async_4(&dst[thread], src + static_cast<std::int64_t>(hv) * p.tokens + chunk.start + row, true);
+  }
+}
+
 // Writes a warp's 16 x 8 NT accumulator (rows: 16 consecutive channels; columns: consecutive tokens),
 // rounded to E, to token-major memory: token c's 16 channels at dst + c * stride, for
 // c < rows_valid. The transpose goes through the warp's shared `staging` tile, so that the global stores
@@ -313,7 +323,7 @@ __device__ __forceinline__ void load_chunk_rows(TileT tile, const void* base, in
                             chunk.length, thread);
 }
 
-// A chunk's lower-triangular matrices (P, T, T diag(beta), T diag(beta e^gamma): [tokens, HV, C] tensors) are kept in
+// A chunk's lower-triangular matrices (P and T: [tokens, HV, C] tensors) are kept in
 // memory as their 16 x 16 blocks on and below the diagonal: prepare writes only those, and each reader zero-fills the
 // others in shared memory without reading them, so 6 of a tile's 16 blocks never move (bench/NOTES.md, "The lower
 // blocks only"). Row r's blocks end at column lower_blocks_end(r).

@@ -40,8 +40,8 @@ void launch_start(const Params& p, DType io, bool normalise, KernelSequence& ker
 // The chunks a launch of prepare covers: all of them, or (p.late_prepare) those of every segment but the
 // last, and then the last segment's.
 enum class PrepareChunks { all, before_last_segment, last_segment };
-// gamma, P, W where p.w is set, U where p.u is set, T diag(beta) where p.t_beta is set, and T for the backward (p.t):
-// for every chunk, or where p.late_prepare for every segment's but the last.
+// gamma, P, W where p.w is set, U where p.u is set, T and beta by head where p.t and p.beta_by_head are set (the wgmma
+// passes, the backward): for every chunk, or where p.late_prepare for every segment's but the last.
 void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
 // Where p.late_prepare, the same for the last segment's chunks, after kernel `after` (the first prepare),
 // so that it may run beside the segment ends pass; returns its index.

@@ -30,7 +30,7 @@ SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& backward) {
   take(saved.gate_out, token_heads * sizeof(float));
   if (backward.prepare_forms_w) take(saved.w, token_heads * static_cast<std::size_t>(problem.K) * io);
   if (backward.wgmma) {
-    take(saved.t_beta, token_heads * C * io);
+    take(saved.beta_by_head, token_heads * sizeof(float));
   } else {
     take(saved.u, token_heads * static_cast<std::size_t>(problem.V) * io);
   }
@@ -95,7 +95,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   take_unless_saved(layout.gate_out, saved.gate_out, tokens * HV * f32);
   if (plan.prepare_forms_w) take_unless_saved(layout.w, saved.w, tokens * HV * K * io);
   if (plan.wgmma) {
-    take_unless_saved(layout.t_beta, saved.t_beta, tokens * HV * C * io);
+    take_unless_saved(layout.beta_by_head, saved.beta_by_head, tokens * HV * f32);
   } else {
     take_unless_saved(layout.u, saved.u, tokens * HV * V * io);
   }
@@ -106,8 +106,9 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
     take(layout.segment_maps, N * (S - 1) * HV * K * K * io);
     if (S > 2) take(layout.segment_starts, N * S * HV * V * K * f32);  // the second segment starts at R_0
   }
+  // T: the wgmma passes scale it by beta themselves; the backward's gradients read it.
+  if (plan.wgmma || problem.op == Operation::chunk_backward) take_unless_saved(layout.t, saved.t, tokens * HV * C * io);
   if (problem.op != Operation::chunk_backward) return layout;
-  take_unless_saved(layout.t, saved.t, tokens * HV * C * io);
   take(layout.states, n_chunks * HV * V * K * io);
   take(layout.delta, tokens * HV * V * io);
   if (plan.fused_backward) {

@@ -22,7 +22,7 @@ struct Region {
 // backward's plan alone, so that both operations of a call agree on it: the forward's prepare writes every region
 // whose pointer is set, W included, whatever its own plan.
 struct SavedLayout {
-  Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
+  Region gamma, gate_in, gate_out, beta_by_head, w, u, p, t;
   Region q_normed, k_normed, q_rstd, k_rstd;  // the L2 norm's rows and reciprocal norms, where the call takes it
   std::size_t bytes = 0;
 };
@@ -35,7 +35,7 @@ struct WorkspaceLayout {
   Region offsets;  // int64 [N + 1]: cu_seqlens uploaded when the caller's copy is on the CPU
   Region chunk_table, sequence_chunks;
   Region q_normed, k_normed, q_rstd, k_rstd;
-  Region gamma, gate_in, gate_out, w, u, p, t, t_beta;
+  Region gamma, gate_in, gate_out, beta_by_head, w, u, p, t;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
   Region segment_ends, segment_maps, segment_starts;
   // Zero-padded copies of the caller's tensors, in the kernels' shapes, for a call whose head dims the kernels

@@ -406,15 +406,19 @@ struct WarpOperand {
     for (int kb = 0; kb < COLS / 16; ++kb) store_a16(frag[kb], v, m0, 16 * kb);
   }
 
-  // this(r, c) *= factor * columns[c] (columns in shared memory), rounded to E again: frag[kb][2 h + i] holds
-  // row g + 8 i at columns 16 kb + 8 h + 2 t and the one after.
-  __device__ __forceinline__ void scale_columns(const float* columns, float factor) {
+  // this(r, c) *= factor * columns[c] (times more[c] where given; both in shared memory), rounded to E again:
+  // frag[kb][2 h + i] holds row g + 8 i at columns 16 kb + 8 h + 2 t and the one after.
+  __device__ __forceinline__ void scale_columns(const float* columns, float factor, const float* more = nullptr) {
     const int t = threadIdx.x & 3;
 #pragma unroll
     for (int kb = 0; kb < COLS / 16; ++kb) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float2 c = *reinterpret_cast<const float2*>(&columns[16 * kb + 8 * h + 2 * t]);
+        float2 c = *reinterpret_cast<const float2*>(&columns[16 * kb + 8 * h + 2 * t]);
+        if (more != nullptr) {
+          const float2 m = *reinterpret_cast<const float2*>(&more[16 * kb + 8 * h + 2 * t]);
+          c = {c.x * m.x, c.y * m.y};
+        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const float2 x = unpack2<E>(frag[kb][2 * h + i]);

@@ -77,8 +77,8 @@ struct Params {
   void* w = nullptr;                     // io [tokens, HV, K] (where prepare forms W; else null)
   void* u = nullptr;                     // io [tokens, HV, V] (the mma.sync passes; the wgmma ones form U)
   void* p = nullptr;                     // io [tokens, HV, C]: scale * tril(Q K^T) * Gamma
-  void* t = nullptr;                     // io [tokens, HV, C]: (I + A)^-1 (backward)
-  void* t_beta = nullptr;                // io [tokens, HV, C]: T diag(beta) (for the wgmma passes)
+  void* t = nullptr;                     // io [tokens, HV, C]: (I + A)^-1 (the wgmma passes and the backward)
+  float* beta_by_head = nullptr;         // [HV, tokens]: beta, for the wgmma passes' copies (they scale T by it)
   void* states = nullptr;                // io [chunks, HV, V, K]: state entering each chunk (backward)
   void* delta = nullptr;                 // io [tokens, HV, V]: the pseudo-values U - W S (backward)
   void* dstates = nullptr;               // io [chunks, HV, V, K]: gradient of the state after each chunk

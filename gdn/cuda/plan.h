@@ -46,7 +46,7 @@ struct PlanInputs {
 };
 
 struct ExecutionPlan {
-  bool wgmma = false;   // the wgmma state passes run (they form U from V and T diag(beta); the others read U)
+  bool wgmma = false;   // the wgmma state passes run (they form U from V, beta and T; the others read U)
   int segments = 1;     // wgmma: runs of chunks each sequence's passes split into (1: none)
   int warpgroups = 1;   // wgmma: warpgroups per CTA, each on its own 64 columns of V
   bool paired = false;  // wgmma, backward: the recompute and the reverse pass side by side in one launch
@@ -54,7 +54,7 @@ struct ExecutionPlan {
   // wgmma, more than two segments: the rows of M (the segments' chunk maps) launched beside the segment ends pass
   // instead of as more row blocks of its launch (state_hopper.cu, step 1), where segments are long enough to pay for it
   bool maps_apart = false;
-  // wgmma: the forward-direction passes form W themselves (wgmma_pass_forms_w) from the T diag(beta) they read for U
+  // wgmma: the forward-direction passes form W themselves (wgmma_pass_forms_w) from the T and beta they read for U
   bool passes_form_w = false;
   // prepare forms W and writes it for the passes that read it: the mma.sync passes, the wgmma forward-direction
   // passes where they do not form it, and the wgmma reverse passes (the unfused backward's, and the segment ends

@@ -2,8 +2,8 @@
 // per (chunk, value head) the WY/UT transform (docs/gdn-algorithm.md section 3):
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
 //   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
-//   mma.sync passes or T diag(beta) for the wgmma passes, which form U themselves (state_hopper.cu), as they form W
-//   where the plan says so (passes_form_w).
+//   mma.sync passes or T and beta by head for the wgmma passes, which scale T by beta themselves and form U
+//   (state_hopper.cu), as they form W where the plan says so (passes_form_w).
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
@@ -349,13 +349,14 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
       p.gamma[at] = gamma[tid];
       p.gate_in[at] = decay;
       p.gate_out[at] = chunk_decay(gamma[rows - 1], gamma[tid]);
+      if (p.beta_by_head != nullptr) p.beta_by_head[at] = beta[tid];
     }
   }
 
   cp_async_wait<0>();
   __syncthreads();
 
-  // Per chunk and head, rows of a [tokens, HV, C] tensor (P, T, T diag(beta)), of which only the lower blocks are
+  // Per chunk and head, rows of a [tokens, HV, C] tensor (P, T), of which only the lower blocks are
   // written (chunk.cuh's lower_blocks_end).
   const std::int64_t chunk_row = (t0 * p.HV + hv) * kChunk, chunk_stride = static_cast<std::int64_t>(p.HV) * kChunk;
   {
@@ -380,9 +381,9 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
   // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's
-  // dead region; T diag(beta) and (for the backward) T to global memory as they are formed. Each thread converts runs
-  // of four columns, writing the zeros above T's diagonal blocks into shared memory (its products read them) but not
-  // to global memory (no reader does).
+  // dead region; T to global memory as it is formed (the wgmma passes and the backward). Each thread converts runs of
+  // four columns, writing the zeros above T's diagonal blocks into shared memory (its products read them) but not to
+  // global memory (no reader does).
   const typename L::FloatTile& t_tile = a_tile;
   for (int i = tid; i < kChunk * kChunk / 4; i += kPrepareThreads) {
     const int r = i / (kChunk / 4), c = i % (kChunk / 4) * 4;
@@ -393,7 +394,6 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
     if (p.u != nullptr) store4(&tb_tile(r, c), x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);  // only U reads it
     if (r < rows && in_blocks) {
       const std::int64_t at = chunk_row + r * chunk_stride + c;
-      if (p.t_beta != nullptr) store4(static_cast<E*>(p.t_beta) + at, x.x * b.x, x.y * b.y, x.z * b.z, x.w * b.w);
       if (p.t != nullptr) store4(static_cast<E*>(p.t) + at, x.x, x.y, x.z, x.w);
     }
   }

@@ -5,7 +5,7 @@
 // a pair); a CTA holds one such warpgroup, or two on adjacent columns (plan_execution says when). Every
 // product is a wgmma with A in registers (the state, Delta^T, dO^T or D^T, rounded to 16 bits in the A
 // layout) and B read by the tensor cores from 128-byte-swizzled chunk tiles. Forward, per chunk:
-//   Delta^T = V^T (T diag(beta))^T - S^T W^T     (the first term is U^T, formed here rather than read)
+//   Delta^T = (V^T diag(beta)) T^T - S^T W^T     (the first term is U^T, formed here rather than read)
 //   O^T     = scale e^gamma (S^T Q^T) + Delta^T P^T
 //   S^T     = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K
 // Pass::recompute (for the backward) stores S^T entering each chunk and Delta instead of O. The backward
@@ -13,10 +13,12 @@
 // Where each warpgroup takes 64 keys (plan.h's wgmma_pass_forms_w), the forward-direction passes form
 // W = T diag(beta e^gamma) K themselves, a chunk ahead, from the K tile the stage holds anyway: W does not depend on
 // the state, so its product runs behind the step's state update, and prepare neither forms nor stores W for them.
-// All of them form it from the T diag(beta) and gates they hold for U: the forward pass, whose registers O's
-// accumulators make the tightest, scales T diag(beta) into a shared tile of T diag(beta e^gamma) once the copies have
-// landed and takes both operands from shared memory (held in registers, that operand spilled); the others, bound by
-// their copies more than by their chain, scale it in registers. The other passes read prepare's W.
+// All of them form it from the T, beta and gates they hold for U: the forward pass, whose registers O's accumulators
+// make the tightest, scales T into a shared tile of T diag(beta e^gamma) once the copies have landed and takes both
+// operands from shared memory (held in registers, that operand spilled); the others, bound by their copies more than
+// by their chain, scale it in registers. The other passes read prepare's W. The passes read T, not T diag(beta), and
+// scale V^T's fragments by beta for U: T is what the backward reads too, so that prepare writes one 64 x 64 tile a
+// chunk and head for both, not two.
 //
 // Few long sequences over few heads leave most SMs idle while the chain of chunks is long, so such calls
 // split each sequence into p.segments runs of chunks (docs/gdn-algorithm.md section 3: the chunk map is affine,
@@ -52,15 +54,15 @@ constexpr int kColumns = kWgmmaColumns;  // of V per warpgroup: the wgmma row co
 // segment_ends walks a segment's rows of the state (or its gradient), segment_maps its rows of M (step 1 above).
 enum class Pass { forward, recompute, backward, segment_ends, segment_maps };
 
-// Per stage: W and K, with Q and P when the pass reads them, T diag(beta) where it forms U or forms W from it, and
+// Per stage: W and K, with Q and P when the pass reads them, T where it forms U or forms W from it, and
 // T diag(beta e^gamma) where it forms W from a shared tile (the forward pass), as swizzled tiles (wgmma operands);
 // where its rows are of the state (kReadsColumns), the CTA's columns of V or dO (64 per warpgroup) as a padded tile
-// (read into registers); the gate vectors. Then, where the pass stores rows per chunk (kStaging), per warp the
-// staging tile of its token-major stores.
+// (read into registers); the gate vectors, and beta where the pass reads T. Then, where the pass stores rows per
+// chunk (kStaging), per warp the staging tile of its token-major stores.
 template <class E, int K, bool kQueries, bool kValues, bool kDecayedT, int kGroups, bool kStaging, bool kReadsColumns>
 struct HopperSmem {
   using KeyTile = SwizzledTile<E, kChunk, K>;          // W, K (, Q): [token][key]
-  using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P, T diag(beta): [token][token]
+  using ChunkTile = SwizzledTile<E, kChunk, kChunk>;   // P, T: [token][token]
   using ColumnTile = Tile<E, kChunk, kColumns * kGroups>;  // V or dO: [token][column of V]
   using TokenTile = Tile<E, kChunk, 16>;                // 64 tokens x a warp's 16 columns of V
   using StateRowsTile = Tile<E, 16, K>;                 // a warp's 16 rows of S^T or dS^T
@@ -68,11 +70,11 @@ struct HopperSmem {
       TokenTile::kBytes > StateRowsTile::kBytes ? TokenTile::kBytes : StateRowsTile::kBytes;
   static constexpr int kKeyTiles = kQueries ? 3 : 2;
   static constexpr int p_at = kKeyTiles * KeyTile::kBytes;
-  static constexpr int t_beta_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
-  static constexpr int t_beta_decay_at = t_beta_at + (kValues ? ChunkTile::kBytes : 0);
+  static constexpr int t_at = p_at + (kQueries ? ChunkTile::kBytes : 0);
+  static constexpr int t_beta_decay_at = t_at + (kValues ? ChunkTile::kBytes : 0);
   static constexpr int columns_at = t_beta_decay_at + (kDecayedT ? ChunkTile::kBytes : 0);
   static constexpr int gates_at = columns_at + (kReadsColumns ? ColumnTile::kBytes : 0);
-  static constexpr int stage_bytes = round_up(gates_at + 2 * kChunk * 4, 1024);
+  static constexpr int stage_bytes = round_up(gates_at + (kValues ? 3 : 2) * kChunk * 4, 1024);  // e^gamma, D, beta
   static constexpr int stages = 2;
   static constexpr int staging_at = stages * stage_bytes;
   // The swizzled blocks need 1024-byte alignment, which dynamic shared memory does not promise.
@@ -85,7 +87,7 @@ struct HopperSmem {
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
 // backward walks the last one first); step 1 has one run fewer (the last walked needs no end), and its K / 64
 // blocks of 64 rows of M (after V's in the kernels' numbering: Pass::segment_maps's, or the segment ends pass's
-// past V) start at the identity and carry no U or dO. The forward passes form U^T = V^T (T diag(beta))^T per chunk from
+// past V) start at the identity and carry no U or dO. The forward passes form U^T = (V^T diag(beta)) T^T per chunk from
 // V's columns rather than read U: those four products do not wait on the state, and prepare then neither computes nor
 // stores U.
 template <class E, int K, Pass kPass, bool kReverse, int kGroups>
@@ -93,7 +95,7 @@ struct HopperPass {
   static constexpr bool kEnds = kPass == Pass::segment_ends || kPass == Pass::segment_maps;  // step 1
   static constexpr bool kMapsOnly = kPass == Pass::segment_maps;                            // rows of M alone
   static constexpr bool kFormsW = !wgmma_pass_reads_w(kReverse, K, kGroups);
-  static constexpr bool kValues = !kReverse && (!kMapsOnly || kFormsW);  // T diag(beta): U, or W from it
+  static constexpr bool kValues = !kReverse && (!kMapsOnly || kFormsW);  // T and beta: U, or W from them
   static constexpr bool kWFromDecayedT = kFormsW && kPass == Pass::forward;  // from a shared T diag(beta e^gamma)
   static constexpr int kThreads = kWarpgroup * kGroups;
   // Step 1 stores nothing per chunk, so it has no staging tiles: that lets two of its forward CTAs share an SM (99
@@ -131,9 +133,7 @@ struct HopperPass {
     return {smem_base + stage * L::stage_bytes + i * L::KeyTile::kBytes};
   }
   __device__ typename L::ChunkTile p_tile(int stage) const { return {smem_base + stage * L::stage_bytes + L::p_at}; }
-  __device__ typename L::ChunkTile t_beta_tile(int stage) const {
-    return {smem_base + stage * L::stage_bytes + L::t_beta_at};
-  }
+  __device__ typename L::ChunkTile t_tile(int stage) const { return {smem_base + stage * L::stage_bytes + L::t_at}; }
   __device__ typename L::ChunkTile t_beta_decay_tile(int stage) const {
     return {smem_base + stage * L::stage_bytes + L::t_beta_decay_at};
   }
@@ -141,6 +141,7 @@ struct HopperPass {
     return {smem_at<E>(smem, stage * L::stage_bytes + L::columns_at)};
   }
   __device__ float* gate_in(int stage) const { return smem_at<float>(smem, stage * L::stage_bytes + L::gates_at); }
+  __device__ float* beta(int stage) const { return gate_in(stage) + 2 * kChunk; }  // where kValues
   __device__ typename L::TokenTile staging() const {
     return {smem_at<E>(smem, L::staging_at + (tid / 32) * L::kWarpStaging)};
   }
@@ -180,7 +181,7 @@ struct HopperPass {
   // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
   __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
 
-  // Starts copying chunk j's tiles into a stage: W unless the pass forms it, K (, Q, P, T diag(beta)), and V or dO
+  // Starts copying chunk j's tiles into a stage: W unless the pass forms it, K (, Q, P, T and beta), and V or dO
   // (`columns`) for rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
     const ChunkInfo info = chunks[j];
@@ -193,7 +194,8 @@ struct HopperPass {
       load_lower_chunk_tile<kThreads>(p_tile(stage), p.p, p.HV, hv, info, tid);
     }
     if constexpr (kValues) {
-      load_lower_chunk_tile<kThreads>(t_beta_tile(stage), p.t_beta, p.HV, hv, info, tid);
+      load_lower_chunk_tile<kThreads>(t_tile(stage), p.t, p.HV, hv, info, tid);
+      load_head_vector_async(p.beta_by_head, beta(stage), p, hv, info, tid);
     }
     if (!transition_rows) load_chunk_rows<kThreads>(column_tile(stage), columns, p.HV, hv, p.V, row_block, info, tid);
     load_gates_async(p, gate_in(stage), gate_in(stage) + kChunk, hv, info, tid);
@@ -211,8 +213,8 @@ struct HopperPass {
           w[0], [&](int k0) { return k_major(t_beta_decay_tile(stage), k0); },
           [&](int k0) { return mn_major(key_tile(stage, 1), k0, w_key0()); }, false);
     } else {
-      issue_w_from_t_beta(w[0], swizzled_tile<E, kChunk, kChunk>(smem + stage * L::stage_bytes + L::t_beta_at),
-                          gate_in(stage), key_tile(stage, 1), w_key0(), 16 * (tid / 32 % 4));
+      issue_w_from_t(w[0], swizzled_tile<E, kChunk, kChunk>(smem + stage * L::stage_bytes + L::t_at), gate_in(stage),
+                     beta(stage), key_tile(stage, 1), w_key0(), 16 * (tid / 32 % 4));
     }
     wgmma_commit();
   }
@@ -221,20 +223,23 @@ struct HopperPass {
     const auto w_tile = swizzled_tile<E, kChunk, K>(smem + stage * L::stage_bytes);  // key_tile(stage, 0)
     store_accumulator(w, plain(w_tile), 16 * (tid / 32 % 4), w_key0());
   }
-  // T diag(beta e^gamma) of the chunk in `stage`, formed in its tile from the stage's T diag(beta) and e^gamma: each
-  // 16-byte piece of a row (the two tiles share the swizzle) scaled by its eight columns' gates, rounded as the
-  // other passes round the operand they scale in registers. Upper pieces are zero in both.
+  // T diag(beta e^gamma) of the chunk in `stage`, formed in its tile from the stage's T, beta and e^gamma: each
+  // 16-byte piece of a row (the two tiles share the swizzle) scaled by its eight columns' beta e^gamma, rounded as
+  // the other passes round the operand they scale in registers. Upper pieces are zero in both.
   __device__ __forceinline__ void decay_t_beta(int stage) const {
     using Tile = typename L::ChunkTile;
-    const char* from = smem + stage * L::stage_bytes + L::t_beta_at;
+    const char* from = smem + stage * L::stage_bytes + L::t_at;
     char* to = smem + stage * L::stage_bytes + L::t_beta_decay_at;
-    const float* gates = gate_in(stage);
+    const float *gates = gate_in(stage), *betas = beta(stage);
 #pragma unroll
     for (int piece = tid; piece < kChunk * kChunk / 8; piece += kThreads) {
       const int r = piece / 8, c = piece % 8 * 8, at = Tile::offset(r, c);
       uint4 x = *reinterpret_cast<const uint4*>(from + at);
       const float4 g0 = *reinterpret_cast<const float4*>(gates + c), g1 = *reinterpret_cast<const float4*>(gates + c + 4);
-      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+      const float4 b0 = *reinterpret_cast<const float4*>(betas + c);
+      const float4 b1 = *reinterpret_cast<const float4*>(betas + c + 4);
+      const float g[8] = {g0.x * b0.x, g0.y * b0.y, g0.z * b0.z, g0.w * b0.w,
+                          g1.x * b1.x, g1.y * b1.y, g1.z * b1.z, g1.w * b1.w};
       std::uint32_t* words = &x.x;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -333,11 +338,12 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         load_a16(values.frag[kb], transposed(pass.column_tile(stage)), pass.m0, 16 * kb);
       }
+      values.scale_columns(pass.beta(stage), 1.f);  // V^T diag(beta): U^T's operand against T
     }
     // Delta first and O's state term in a group of its own behind it: Delta's elementwise work (the decay,
     // its two operands) runs while the tensor cores form S^T Q^T, and O's scaling while they update S.
     wgmma_fence();
-    issue_delta(delta[0], values, !pass.transition_rows, neg_state, pass.t_beta_tile(stage), pass.key_tile(stage, 0));
+    issue_delta(delta[0], values, !pass.transition_rows, neg_state, pass.t_tile(stage), pass.key_tile(stage, 0));
     wgmma_commit();
     if constexpr (kQueries) {
 #pragma unroll

@@ -193,11 +193,11 @@ std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(con
   return {{{"gamma", &l.gamma},
            {"gate_in", &l.gate_in},
            {"gate_out", &l.gate_out},
+           {"beta_by_head", &l.beta_by_head},
            {"w", &l.w},
            {"u", &l.u},
            {"p", &l.p},
            {"t", &l.t},
-           {"t_beta", &l.t_beta},
            {"q_normed", &l.q_normed},
            {"k_normed", &l.k_normed},
            {"q_rstd", &l.q_rstd},
@@ -206,7 +206,8 @@ std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(con
 
 // The forward's saved buffer holds exactly what the backward's workspace would hold of start_kernel's and prepare's
 // outputs, so that the backward finds everything it reads; the forward finds every region it writes in the buffer or
-// its workspace (T in the buffer alone); and the buffer's regions are disjoint and aligned.
+// its workspace (T, which the mma.sync forward does not read, in the buffer alone); and the buffer's regions are
+// disjoint and aligned.
 TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
   for (int trial = 0; trial < 5000; ++trial) {
     const PlanInputs in = random_inputs();
@@ -241,11 +242,11 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     for (std::size_t i = 1; i < taken.size(); ++i) EXPECT_LE(taken[i - 1].offset + taken[i - 1].bytes, taken[i].offset);
 
     const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
-    // What the forward itself uses, in kept_regions' order: gamma, both gates, W where its prepare forms it, U on the
-    // mma.sync passes, P, not T, T diag(beta) on the wgmma passes, the L2 norm's rows and reciprocals where the call
-    // takes the norm.
-    const bool forward_uses[kKeptRegions] = {true, true,          true,   forward.prepare_forms_w, !forward.wgmma, true,
-                                             false, forward.wgmma, l2norm, l2norm,                  l2norm,         l2norm};
+    // What the forward itself uses, in kept_regions' order: gamma, both gates, beta by head on the wgmma passes, W
+    // where its prepare forms it, U on the mma.sync passes, P, T on the wgmma passes, the L2 norm's rows and
+    // reciprocals where the call takes the norm.
+    const bool forward_uses[kKeptRegions] = {true, true, true, forward.wgmma, forward.prepare_forms_w, !forward.wgmma,
+                                             true, forward.wgmma, l2norm, l2norm, l2norm, l2norm};
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
@@ -256,7 +257,8 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
         EXPECT_FALSE(in_workspace);
       }
     }
-    EXPECT_GT(saved.t.bytes, 0u) << "the backward reads T, which only the buffer holds in a forward";
+    EXPECT_GT(saved.t.bytes, 0u) << "the backward reads T";
+    EXPECT_EQ(saved.beta_by_head.bytes > 0, backward.wgmma) << "the wgmma passes scale T by it";
     EXPECT_EQ(saved.q_normed.bytes > 0, l2norm) << "the backward normalises q and k again only without the buffer";
   }
 }
@@ -355,8 +357,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_FALSE(long_forward.passes_form_w || backward.passes_form_w);
   EXPECT_TRUE(long_forward.prepare_forms_w && backward.prepare_forms_w && one.prepare_forms_w);
   // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's prepare writes, so that the
-  // backward skips prepare; its size per token and value head (docs/cuda-backend.md): gamma (8), both gates (4 + 4),
-  // P, T and T diag(beta) (128 each at bf16), and W (256) where the backward's prepare forms it (which the forward's
+  // backward skips prepare; its size per token and value head (docs/cuda-backend.md): gamma (8), both gates and beta
+  // (4 each), P and T (128 each at bf16), and W (256) where the backward's prepare forms it (which the forward's
   // prepare then forms too: the unfused backward of two warpgroups, whose reverse pass reads it); with the L2 norm, per
   // token and q/k head, the normed q and k (256 each) and their reciprocal norms (4 each).
   const PlanInputs unfused = [&] {
@@ -368,13 +370,14 @@ TEST(CudaPlanAnchors, H200Choices) {
     const Problem call = problem_of(in, Operation::chunk_backward, l2norm);
     return plan_saved(call, plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
   };
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), false), 400u);
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), true), 920u)
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), false), 276u);
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), true), 796u)
       << "the 0.8B model's layers";
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), false), 400u);
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), true), 660u) << "two value heads a key head";
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 4096), false), 656u) << "one warpgroup: W";
-  EXPECT_EQ(saved_per_token_head(unfused, false), 656u) << "two warpgroups, unfused: the reverse pass reads W";
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), false), 276u);
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), true), 536u)
+      << "two value heads a key head";
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 4096), false), 532u) << "one warpgroup: W";
+  EXPECT_EQ(saved_per_token_head(unfused, false), 532u) << "two warpgroups, unfused: the reverse pass reads W";
   // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing; their 32 chunks each launch
   // M's rows apart from the ends pass, 8 chunks each (8192 tokens) do not, and two segments need no M.
   const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
@@ -401,7 +404,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   const Problem forced_call = problem_of(forced, Operation::chunk_backward);
   EXPECT_EQ(plan_saved(forced_call, mma_sync_backward).bytes,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
-      << "W and U (256 bytes each) where the wgmma passes keep T diag(beta)";
+      << "W and U (256 bytes each) where the wgmma passes keep beta (4 bytes)";
 }
 
 }  // namespace
