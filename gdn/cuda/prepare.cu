@@ -290,10 +290,35 @@ __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
   }
 }
 
+// Prepare's launch order. Where the passes form W (two warpgroups a CTA: the batched cells), a GVA group's value heads
+// of one chunk are adjacent CTAs, so that each after the first finds its key head's q and k tiles in L2: with the chunk
+// fastest they were `chunks` CTAs apart, about one resident wave, and 69% of those second reads went to DRAM (fwd
+// 16/32 8192x4: 185 MB of prepare's 462 MB read; bench/NOTES.md, "Prepare's DRAM traffic"). Where prepare forms W the
+// adjacent order measured slower (fwd 16/32 1x8192: prepare +8%, its DRAM writes +15%, reads unchanged; the cause not
+// found), so that kernel keeps the chunk fastest.
+__host__ __device__ constexpr bool group_adjacent_order(bool forms_w) { return !forms_w; }
+
+// Adjacent: x = chunk * group + the value head's place in its group, y = the q/k head. Else x = chunk, y = value head.
+dim3 prepare_grid(const Params& p, bool forms_w) {
+  if (group_adjacent_order(forms_w)) return dim3(static_cast<unsigned>(p.chunks) * p.group, p.H);
+  return dim3(p.chunks, p.HV);
+}
+
+struct PrepareBlock {
+  int chunk, value_head;
+};
+
+template <bool kFormsW>
+__device__ PrepareBlock prepare_block(const Params& p) {
+  const int x = static_cast<int>(blockIdx.x), y = static_cast<int>(blockIdx.y);
+  if constexpr (group_adjacent_order(kFormsW)) return {x / p.group, y * p.group + x % p.group};
+  return {x, y};
+}
+
 // kFormsW: whether prepare forms W (the plan's prepare_forms_w, seen as the pointer its workspace set), or the passes
-// form it from T diag(beta). A template argument, so that a kernel that does not form W carries neither T diag(beta
-// e^gamma) nor W's product: as runtime branches they cost the kernel that forms W (at its 64 registers) 12 more bytes
-// of spills and 2-4% of its time.
+// form it from T, beta and the gates. A template argument, so that a kernel that does not form W carries neither
+// T diag(beta e^gamma) nor W's product: as runtime branches they cost the kernel that forms W (at its 64 registers) 12
+// more bytes of spills and 2-4% of its time.
 template <class E, int K, PrepareChunks kChunks, bool kFormsW>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
@@ -306,10 +331,11 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   float* beta_decay = smem_at<float>(smem, L::beta_decay);
   __shared__ double first_half;  // the sum of the chunk's first 32 gates
 
-  const int hv = blockIdx.y, h = hv / p.group, tid = threadIdx.x, warp = tid / 32;
+  const PrepareBlock block = prepare_block<kFormsW>(p);
+  const int hv = block.value_head, h = hv / p.group, tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n_half = 32 * (warp / 4);
-  const ChunkInfo chunk = p.chunk_table[blockIdx.x];
-  if (!covers<kChunks>(p, blockIdx.x, chunk)) return;  // the whole CTA, before any barrier
+  const ChunkInfo chunk = p.chunk_table[block.chunk];
+  if (!covers<kChunks>(p, block.chunk, chunk)) return;  // the whole CTA, before any barrier
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
@@ -435,7 +461,7 @@ int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, in
     constexpr bool kWgmmaShape = sizeof(E) == 2 && K <= 128;
     auto record = [&]<bool kFormsW>() {
       const char* name = kChunks == PrepareChunks::all ? "gdn prepare_kernel" : "gdn prepare_kernel (segments)";
-      index = launch<prepare_kernel<E, K, kChunks, kFormsW>>(name, dim3(p.chunks, p.HV), dim3(kPrepareThreads),
+      index = launch<prepare_kernel<E, K, kChunks, kFormsW>>(name, prepare_grid(p, kFormsW), dim3(kPrepareThreads),
                                                              PrepareSmem<E, K>::bytes, kernels, after);
     };
     if constexpr (kChunks == PrepareChunks::all || kWgmmaShape) {
