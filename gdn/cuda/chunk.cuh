@@ -109,14 +109,17 @@ __device__ __forceinline__ void for_each_decay(const float2* gamma, int m0, int 
   }
 }
 
+// Where row i (0..63) of the chunk lies in a per-head vector [HV, tokens] of value head hv (gamma, the gates, beta by
+// head): rows past the chunk's end repeat the last one, so that a copy of the chunk is always 64 entries.
+__device__ __forceinline__ std::int64_t head_vector_at(const Params& p, int hv, const ChunkInfo& chunk, int i) {
+  return static_cast<std::int64_t>(hv) * p.tokens + chunk.start + (i < chunk.length ? i : chunk.length - 1);
+}
+
 // Starts copying the chunk's in-chunk cumulative decays gamma[0..63] of value head hv into `gamma`;
 // rows past the chunk's end repeat the last one (their g is zero). Threads 0..63 call it.
 __device__ __forceinline__ void load_gamma_async(const Params& p, float2* gamma, int hv, const ChunkInfo& chunk,
                                                  int thread) {
-  if (thread < kChunk) {
-    const int row = thread < chunk.length ? thread : chunk.length - 1;
-    cp_async_8(&gamma[thread], p.gamma + static_cast<std::int64_t>(hv) * p.tokens + chunk.start + row, true);
-  }
+  if (thread < kChunk) cp_async_8(&gamma[thread], p.gamma + head_vector_at(p, hv, chunk, thread), true);
 }
 
 // Starts copying the chunk's gate vectors e^gamma and e^(gamma_last - gamma) of value head hv into
@@ -125,8 +128,8 @@ __device__ __forceinline__ void load_gamma_async(const Params& p, float2* gamma,
 __device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in, float* gate_out, int hv,
                                                  const ChunkInfo& chunk, int thread) {
   if (thread < 2 * kChunk) {
-    const int i = thread % kChunk, row = i < chunk.length ? i : chunk.length - 1;
-    const std::int64_t at = static_cast<std::int64_t>(hv) * p.tokens + chunk.start + row;
+    const int i = thread % kChunk;
+    const std::int64_t at = head_vector_at(p, hv, chunk, i);
     if (thread < kChunk) {
       cp_async_4(&gate_in[i], p.gate_in + at, true);
     } else {
@@ -139,10 +142,7 @@ __device__ __forceinline__ void load_gates_async(const Params& p, float* gate_in
 // rows past the chunk's end repeat the last one, as the gates do. Threads 0..63 call it.
 __device__ __forceinline__ void load_head_vector_async(const float* src, float* dst, const Params& p, int hv,
                                                        const ChunkInfo& chunk, int thread) {
-  if (thread < kChunk) {
-    const int row = thread < chunk.length ? thread : chunk.length - 1;
-    cp_async_4(&dst[thread], src + static_cast<std::int64_t>(hv) * p.tokens + chunk.start + row, true);
-  }
+  if (thread < kChunk) cp_async_4(&dst[thread], src + head_vector_at(p, hv, chunk, thread), true);
 }
 
 // Writes a warp's 16 x 8 NT accumulator (rows: 16 consecutive channels; columns: consecutive tokens),

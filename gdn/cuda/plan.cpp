@@ -33,11 +33,13 @@ constexpr std::int64_t kFusedSegmentMinChunks = 32;
 // gdn-h100-maps-rule-decays-ab.md): the fixed cost is repaid from about 32 chunks a segment.
 constexpr std::int64_t kMapsApartMinChunks = 32;
 
+// A sequence's chunks on average: what each sequence's segments share.
+std::int64_t chunks_per_sequence(const PlanInputs& in) { return in.chunks / std::max<std::int64_t>(1, in.sequences); }
+
 std::int64_t fused_backward_segments(const PlanInputs& in) {
   const std::int64_t units = std::max<std::int64_t>(1, in.sequences * in.value_heads);
-  const std::int64_t chunks_each = in.chunks / std::max<std::int64_t>(1, in.sequences);
   return std::max<std::int64_t>(
-      1, std::min<std::int64_t>({16, in.multiprocessors / units, chunks_each / kFusedSegmentMinChunks}));
+      1, std::min<std::int64_t>({16, in.multiprocessors / units, chunks_per_sequence(in) / kFusedSegmentMinChunks}));
 }
 
 // The fused backward (built for K = V = 128) runs one CTA per (sequence, segment, value head) through the chunks, so
@@ -93,7 +95,7 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
   // (forward 16/32 heads, one sequence of 32768 tokens: 0.837 -> 0.680 ms). A segment of a handful of chunks
   // is mostly pipeline fill.
   const std::int64_t segments =
-      std::min<std::int64_t>({16, in.multiprocessors / units, in.chunks / std::max<std::int64_t>(1, in.sequences) / 4});
+      std::min<std::int64_t>({16, in.multiprocessors / units, chunks_per_sequence(in) / 4});
   // The backward runs two passes of L chunk steps each, and s segments make a pass cost about 2 L / s steps
   // (ends, then the pass proper): 2 L in all for one or two segments, 4 L / 3 for three. Where both passes'
   // units fit the SMs together they can instead run unsegmented side by side in L steps.
@@ -115,8 +117,7 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
   if (in.op == Operation::recurrent) return {};  // one kernel, no state passes
   if (wgmma_applies(in)) {
     ExecutionPlan plan = plan_wgmma(in);
-    plan.maps_apart =
-        plan.segments > 2 && in.chunks / std::max<std::int64_t>(1, in.sequences) / plan.segments >= kMapsApartMinChunks;
+    plan.maps_apart = plan.segments > 2 && chunks_per_sequence(in) / plan.segments >= kMapsApartMinChunks;
     // The wgmma forward-direction passes form W a chunk ahead from the tiles they hold for U, off the state's chain,
     // where their warpgroups take 64 keys each: prepare's W product and the 16 KB per chunk and head it writes and
     // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass").
