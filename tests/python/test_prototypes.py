@@ -1,5 +1,5 @@
 """The float64 prototypes of the cuda backend's planned kernels (bench/prototypes/) on fresh random problems, so
-that the designs they check stay checked: the segmented forward (in two passes and in one walk), the gate-free fused
+that the designs they check stay checked: the segmented forward (in two passes, in one walk and with bounded warm-ups), the gate-free fused
 forward and the one-product state chain against the token recurrence, the fused backward and the role split's stage
 schedule against the recurrence's reverse, and that reverse against central differences; the role split kernel's
 shared memory and barriers against a model of their order (its two forms, every mode, seeded slips, the second
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "prototypes"))
+import bounded_warmup  # noqa: E402
 import fused_backward  # noqa: E402
 import gate_free_forward  # noqa: E402
 import role_split_backward  # noqa: E402
@@ -385,3 +386,41 @@ def test_the_model_times_a_bulk_copy_by_its_landing(rng):
     del programs["D"], barriers["pass"]
     barriers["empty"] = ["C"]
     assert sync_model.timing(programs, barriers, copy_latency=latency)[0] == pytest.approx(latency + work)
+
+
+@pytest.mark.parametrize("case", CASES + ("long memory",))
+def test_bounded_warmup_starts_are_within_their_bound(rng, case):
+    tokens = 64 * int(rng.integers(8, 20)) + int(rng.integers(1, 64))
+    q, k, v, g, beta, h0, scale = transition_chain.draw(rng, tokens, 16, case)
+    # Keys off the unit sphere, up to where a token's transition stretches the state (beta |k|^2 > 2): the bound's
+    # key term.
+    k = k * rng.uniform(1.0, 1.6)
+    segments = int(rng.integers(2, 6))
+    o_ref, ht_ref = segmented_state.recurrence(q, k, v, g, beta, h0, scale)
+    o, ht, _, _, _ = bounded_warmup.bounded_segmented(q, k, v, g, beta, h0, scale, segments)
+    assert relative(o, o_ref) < 1e-6 and relative(ht, ht_ref) < 1e-6
+    for chunks, error, bound in bounded_warmup.start_errors(q, k, v, g, beta, h0, scale, segments):
+        if chunks is None:  # composed exactly from the previous start
+            assert error < 1e-9 * np.linalg.norm(ht_ref)
+        else:
+            assert error <= bound
+
+
+def test_bounded_warmup_length_follows_the_gates_and_the_keys(rng):
+    chunks = 40
+    gates = np.full(64 * chunks, -0.05)  # -3.2 a chunk: 2^-24 (-16.6) is reached after 6 chunks
+    log_norms = bounded_warmup.transition_log_norms(np.ones((len(gates), 1)), gates, np.full(len(gates), 0.5))
+    per_chunk = bounded_warmup.chunk_log_norms(log_norms)
+    boundary = int(rng.integers(10, chunks))
+    assert bounded_warmup.warmup_first_chunk(per_chunk, boundary, bounded_warmup.THRESHOLD, chunks) == boundary - 6
+    assert bounded_warmup.warmup_first_chunk(per_chunk, boundary, bounded_warmup.THRESHOLD, 5) is None
+    # beta |k|^2 = 3 stretches the state by 2 a token: log 2 per token outweighs the gates, no warm-up ends.
+    stretched = bounded_warmup.transition_log_norms(np.full((len(gates), 1), np.sqrt(3.0)), gates, np.ones(len(gates)))
+    assert np.allclose(stretched, gates + np.log(2.0))
+    assert bounded_warmup.warmup_first_chunk(bounded_warmup.chunk_log_norms(stretched), boundary,
+                                             bounded_warmup.THRESHOLD, chunks) is None
+    # A gate of -inf forgets everything: a warm-up of one chunk.
+    gates[64 * (boundary - 1) + int(rng.integers(0, 64))] = -np.inf
+    per_chunk = bounded_warmup.chunk_log_norms(bounded_warmup.transition_log_norms(
+        np.ones((len(gates), 1)), gates, np.full(len(gates), 0.5)))
+    assert bounded_warmup.warmup_first_chunk(per_chunk, boundary, bounded_warmup.THRESHOLD, chunks) == boundary - 1
