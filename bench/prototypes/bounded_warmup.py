@@ -18,6 +18,10 @@ roundoff of the state it forgot: below the rounding the kernels' own products al
 in bf16, 2^-9). Where it does not within `max_chunks` (gates near 0: long memory), that segment keeps today's exact
 composition from the previous segment's start. Gates of -inf give a bound of -inf: a warm-up of one chunk, exact.
 
+The backward mirrors it: the gradient entering a segment is the reverse walk of its first chunks from zero wherever
+those chunks' bounds sum to the threshold (A_t is symmetric, so the reverse map has the same norm);
+`reverse_start_errors` checks that bound too.
+
 What a warm-up saves: it walks only the state (no M, no output) over as few chunks as the gates need, where the ends
 pass walks the state and M over whole segments, and a segment whose start comes from a warm-up needs no previous
 segment's start. `warmup_lengths` counts the chunks per segment for gates like the anchors' (logsigmoid(randn) / 16:
@@ -106,6 +110,40 @@ def start_errors(q, k, v, g, beta, h0, scale, segments):
     return rows
 
 
+def state_gradients(q, k, g, beta, scale, do, dht, start, stop, dS=None):
+    """The gradient of the loss by the state entering token `start`, walking tokens stop-1..start in reverse from
+    `dS` at `stop` (dht at the sequence's end; zero for a warm-up): dS <- A_t (dS + scale q_t do_t^T), A_t symmetric
+    (fused_backward.recurrence_backward's chain of dS alone)."""
+    dS = np.zeros_like(dht) if dS is None else dS.copy()
+    for t in reversed(range(start, stop)):
+        dS = dS + scale * np.outer(q[t], do[t])
+        dS = np.exp(g[t]) * (dS - beta[t] * np.outer(k[t], k[t] @ dS))
+    return dS
+
+
+def reverse_start_errors(q, k, g, beta, scale, do, dht, segments):
+    """The backward's segments, mirrored: per segment but the last, the gradient entering its first token from a
+    warm-up over its first chunks (their bounds summed from the first chunk on, the same rule as the forward's) against
+    the exact one. Per segment: (warm-up chunks or None, the error, the bound e^B |dS_j| or None)."""
+    per_chunk = chunk_log_norms(transition_log_norms(k, g, beta))
+    bounds = np.linspace(0, len(per_chunk), segments + 1).astype(int)
+    tokens = len(q)
+    rows = []
+    for s in range(segments - 1):
+        first, end = bounds[s], bounds[s + 1]
+        exact = state_gradients(q, k, g, beta, scale, do, dht, first * C, tokens, dht)
+        reversed_first = warmup_first_chunk(per_chunk[first:end][::-1], end - first, THRESHOLD, end - first)
+        if reversed_first is None:
+            rows.append((None, 0.0, None))
+            continue
+        stop = end - reversed_first  # the warm-up walks chunks first..stop-1 in reverse from zero at stop
+        warm = state_gradients(q, k, g, beta, scale, do, dht, first * C, min(stop * C, tokens))
+        true_at_stop = state_gradients(q, k, g, beta, scale, do, dht, min(stop * C, tokens), tokens, dht)
+        bound = np.exp(per_chunk[first:stop].sum()) * np.linalg.norm(true_at_stop)
+        rows.append((stop - first, np.linalg.norm(warm - exact), bound))
+    return rows
+
+
 def qwen_gates(rng, tokens, heads):
     """Gates of a Qwen3.5 GDN layer at initialisation (reference/model.md): g = -exp(A_log) softplus(a + dt_bias),
     A_log = log U(0, 16) per head, dt_bias = 1, a ~ N(0, 1) per token and head."""
@@ -175,6 +213,16 @@ def main():
                         ("long memory (anchors / 64)", anchors / 64)):
         for label, threshold in (("2^-24", THRESHOLD), ("FlashQLA's -10", FLASHQLA_THRESHOLD)):
             print(f"{name}, threshold {label}: {summary(warmup_lengths(gates, 128, threshold))}")
+    # The backward's mirror: a segment's first chunks give the state gradient entering it.
+    q, k, v, g, beta, h0, scale = problem(rng, 64 * 40 + 17, dim)
+    do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
+    print("the backward's segments, mirrored:")
+    for chunks, error, bound in reverse_start_errors(q, k, g, beta, scale, do, dht, 5):
+        if chunks is None:
+            print("  gradient composed exactly")
+            continue
+        print(f"  reverse warm-up of {chunks:2d} chunks: gradient error {error:.1e} <= bound {bound:.1e}")
+        worst = max(worst, error / bound)
     print(f"largest start error over its bound: {worst:.2f}")
     return 0 if worst <= 1.0 else 1
 

@@ -424,3 +424,15 @@ def test_bounded_warmup_length_follows_the_gates_and_the_keys(rng):
     per_chunk = bounded_warmup.chunk_log_norms(bounded_warmup.transition_log_norms(
         np.ones((len(gates), 1)), gates, np.full(len(gates), 0.5)))
     assert bounded_warmup.warmup_first_chunk(per_chunk, boundary, bounded_warmup.THRESHOLD, chunks) == boundary - 1
+
+
+@pytest.mark.parametrize("case", CASES + ("long memory",))
+def test_bounded_reverse_warmup_gradients_are_within_their_bound(rng, case):
+    tokens = 64 * int(rng.integers(8, 20)) + int(rng.integers(1, 64))
+    q, k, v, g, beta, h0, scale = transition_chain.draw(rng, tokens, 16, case)
+    k = k * rng.uniform(1.0, 1.6)
+    do, dht = rng.standard_normal(v.shape), rng.standard_normal(h0.shape)
+    for chunks, error, bound in bounded_warmup.reverse_start_errors(q, k, g, beta, scale, do, dht,
+                                                                    int(rng.integers(2, 6))):
+        if chunks is not None:
+            assert error <= bound
