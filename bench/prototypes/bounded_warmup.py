@@ -34,7 +34,7 @@ import sys
 
 import numpy as np
 
-from segmented_state import C, bf16, chunk_terms, forward_from, problem, recurrence
+from segmented_state import C, bf16, chunk_terms, forward_from, problem, recurrence, segment_map
 
 THRESHOLD = np.log(2.0 ** -24)  # float32's unit roundoff, as a log of the forgotten state's weight
 FLASHQLA_THRESHOLD = -10.0  # its warm-up's stop: summed gates below -10 (no key term)
@@ -77,10 +77,7 @@ def bounded_segmented(q, k, v, g, beta, h0, scale, segments, threshold=THRESHOLD
         if j is not None:
             start = forward_from(np.zeros_like(h0), terms[j:bounds[s]], q, k, scale, operand)[1]
         else:
-            M, R = np.eye(k.shape[1]), np.zeros((k.shape[1], v.shape[1]))
-            for _, _, W, U, K_tilde, last in terms[bounds[s - 1]:bounds[s]]:
-                M = last * M - K_tilde.T @ (W @ operand(M))
-                R = last * R + K_tilde.T @ (U - W @ operand(R))
+            M, R = segment_map(terms[bounds[s - 1]:bounds[s]], k.shape[1], v.shape[1], operand)
             start = operand(M) @ operand(starts[-1]) + R
         starts.append(start)
         firsts.append(j)

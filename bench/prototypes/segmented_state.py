@@ -67,6 +67,16 @@ def forward_from(state, terms, q, k, scale, operand=lambda x: x):
     return out, state
 
 
+def segment_map(terms, key_dim, value_dim, operand=lambda x: x):
+    """A run of chunks' affine map (M, R): its end state is M S_start + R, composed chunk by chunk (`operand` applied
+    where a product reads M or R)."""
+    M, R = np.eye(key_dim), np.zeros((key_dim, value_dim))
+    for _, _, W, U, K_tilde, last in terms:
+        M = last * M - K_tilde.T @ (W @ operand(M))
+        R = last * R + K_tilde.T @ (U - W @ operand(R))
+    return M, R
+
+
 def segmented(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
     """The three passes above. `operand` is applied where a product reads a state, M or a start (bf16 rounding, as
     the kernels' products take them)."""
@@ -74,13 +84,7 @@ def segmented(q, k, v, g, beta, h0, scale, segments, operand=lambda x: x):
     bounds = np.linspace(0, len(terms), segments + 1).astype(int)
     dim = k.shape[1]
     # pass 1: each segment's affine map, composed chunk by chunk
-    maps = []
-    for s in range(segments):
-        M, R = np.eye(dim), np.zeros((dim, v.shape[1]))
-        for _, _, W, U, K_tilde, last in terms[bounds[s]:bounds[s + 1]]:
-            M = last * M - K_tilde.T @ (W @ operand(M))
-            R = last * R + K_tilde.T @ (U - W @ operand(R))
-        maps.append((M, R))
+    maps = [segment_map(terms[bounds[s]:bounds[s + 1]], dim, v.shape[1], operand) for s in range(segments)]
     # pass 2: the true state entering each segment
     starts = [h0]
     for M, R in maps:
