@@ -268,6 +268,7 @@ struct Call {
     k.segment_ends = static_cast<float*>(region(layout.segment_ends));
     k.segment_maps = region(layout.segment_maps);
     k.segment_starts = static_cast<float*>(region(layout.segment_starts));
+    k.chunk_log_norms = static_cast<float*>(region(layout.chunk_log_norms));
   }
 
   // The outputs of a forward or recurrent step: o and the final state.

@@ -105,6 +105,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
     take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
     take(layout.segment_maps, N * (S - 1) * HV * K * K * io);
     if (S > 2) take(layout.segment_starts, N * S * HV * V * K * f32);  // the second segment starts at R_0
+    if (problem.op == Operation::chunk_forward) take(layout.chunk_log_norms, HV * n_chunks * f32);
   }
   // T: the wgmma passes scale it by beta themselves; the backward's gradients read it.
   if (plan.wgmma || problem.op == Operation::chunk_backward) take_unless_saved(layout.t, saved.t, tokens * HV * C * io);

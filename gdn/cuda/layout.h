@@ -38,6 +38,7 @@ struct WorkspaceLayout {
   Region gamma, gate_in, gate_out, beta_by_head, w, u, p, t;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
   Region segment_ends, segment_maps, segment_starts;
+  Region chunk_log_norms;  // a segmented forward's (its segment ends pass warms up where they allow: warmup.h)
   // Zero-padded copies of the caller's tensors, in the kernels' shapes, for a call whose head dims the kernels
   // are not compiled for (kernel_key_dim); the outputs are cropped from them into the caller's.
   struct Padded {

@@ -3,7 +3,9 @@
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
 //   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
 //   mma.sync passes or T and beta by head for the wgmma passes, which scale T by beta themselves and form U
-//   (state_hopper.cu), as they form W where the plan says so (passes_form_w).
+//   (state_hopper.cu), as they form W where the plan says so (passes_form_w). For a segmented forward also the
+//   bound on the log norm of the chunk's map, gamma_last + sum log max(1, |1 - beta |k|^2|) (warmup.h), from which
+//   its segment ends pass chooses where to warm up.
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
@@ -11,6 +13,7 @@
 #include "dispatch.cuh"
 #include "launch.h"
 #include "sequential.cuh"
+#include "warmup.h"
 
 namespace deltatrain::gdn::cuda {
 namespace {
@@ -278,6 +281,37 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   }
 }
 
+// The chunk's bound on the log norm of its map (warmup.h) into chunk_log_norms [HV, chunks], by one warp from the K
+// tile and beta in shared memory: lane l the stretches of tokens l and l + 32 (|k|^2 in 16-byte pieces of a row, which the
+// tile's padding puts in distinct banks for eight consecutive rows), summed over the warp in a fixed order (the same
+// bits on every run), then gamma_last. Rows past the chunk are zero, with beta 0.
+template <class E, int K>
+__device__ void store_chunk_log_norm(const Params& p, int chunk, int hv, const float2& gamma_last,
+                                     const Tile<E, kChunk, K>& k_tile, const float* beta) {
+  const int lane = threadIdx.x & 31;
+  float sum = 0.f;
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    const int r = lane + 32 * half;
+    float norm2 = 0.f;
+#pragma unroll 1  // one piece in flight: the kernel runs at its register cap, and this hides behind the inverse
+    for (int c = 0; c < K; c += 8) {
+      const uint4 piece = *reinterpret_cast<const uint4*>(&k_tile(r, c));
+      const std::uint32_t words[4] = {piece.x, piece.y, piece.z, piece.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 x = unpack2<E>(words[i]);
+        norm2 += x.x * x.x + x.y * x.y;
+      }
+    }
+    sum += transition_log_stretch(beta[r], norm2);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const std::int64_t at = static_cast<std::int64_t>(hv) * p.chunks + chunk;
+  if (lane == 0) p.chunk_log_norms[at] = gamma_last.x + gamma_last.y + sum;
+}
+
 // Whether chunk c of the chunk table is one the launch covers.
 template <PrepareChunks kChunks>
 __device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
@@ -329,6 +363,8 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   float2* gamma = smem_at<float2>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
   float* beta_decay = smem_at<float>(smem, L::beta_decay);
+  // The launches of a segmented forward (late_prepare) also bound each chunk's map for the segment ends pass.
+  constexpr bool kBoundsMaps = kChunks != PrepareChunks::all;
   __shared__ double first_half;  // the sum of the chunk's first 32 gates
 
   const PrepareBlock block = prepare_block<kFormsW>(p);
@@ -404,6 +440,11 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
                 lower_blocks_end(m0) - n_half);
   }
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
+  if constexpr (kBoundsMaps) {  // by the last warp, idle in the inverse's first step (K lives until W's product)
+    if (warp == kPrepareThreads / 32 - 1 && p.chunk_log_norms != nullptr) {
+      store_chunk_log_norm<E, K>(p, block.chunk, hv, gamma[kChunk - 1], k_tile, beta);
+    }
+  }
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 
   // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's

@@ -32,6 +32,14 @@ struct SequenceChunks {
     part.count = min(per, count - skip);
     return part;
   }
+  // Its chunks from the j-th on (a segment's last chunks, which its warm-up walks).
+  __device__ SequenceChunks from(int j) const {
+    SequenceChunks part = *this;
+    part.begin += static_cast<std::int64_t>(j) * kChunk;
+    part.first += j;
+    part.count -= j;
+    return part;
+  }
   // Chunks per segment (all but the last ones) of a sequence of `count` chunks, and the segment of its chunk j.
   __host__ __device__ static int segment_chunks(int count, int segments) { return (count + segments - 1) / segments; }
   __host__ __device__ static int segment_of(int j, int count, int segments) { return j / segment_chunks(count, segments); }

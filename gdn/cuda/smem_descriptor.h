@@ -5,11 +5,7 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define DELTATRAIN_HOST_DEVICE __host__ __device__
-#else
-#define DELTATRAIN_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 namespace deltatrain::gdn::cuda {
 

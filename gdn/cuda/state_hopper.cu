@@ -28,7 +28,11 @@
 //      state rows that start at the identity with U = 0 (the same step: Delta^T = -X W^T, X' = e^gamma_last X +
 //      Delta^T diag(..) K). Where the plan says maps_apart, M's rows are a launch of their own beside the ends
 //      pass (Pass::segment_maps), with only the tiles they read (W and K; no V or dO, Q or P), so that a CTA of
-//      each fits an SM; elsewhere they are more row blocks of the ends pass's launch;
+//      each fits an SM; elsewhere they are more row blocks of the ends pass's launch. In a forward (whose prepare
+//      bounds each chunk's map: warmup.h), a segment whose last chunks forget all but 2^-24 of the state entering
+//      them warms up instead: R_s is the walk of those chunks alone from a zero start (segment 0 too: it forgets h0),
+//      and its M_s is stored as zero, so that step 2 takes R_s alone as the next start; a segment whose chunks do not
+//      forget enough (gates near 0) is walked whole, exactly, as before. The backward's passes keep the exact form;
 //   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s (sums
 //      in float32, product operands rounded to 16 bits as in every chunk step); segment 0 starts from the
 //      true state, so M_0 is never formed, and with two segments there is nothing to compose;
@@ -45,6 +49,7 @@
 #include "launch.h"
 #include "plan.h"
 #include "state_hopper.cuh"
+#include "warmup.h"
 
 namespace deltatrain::gdn::cuda {
 namespace {
@@ -116,6 +121,8 @@ struct HopperPass {
   bool transition_rows;
   StateRows at;
   SequenceChunks chunks;
+  // Step 1 of a forward: the first chunk of the run's warm-up (its last chunks), or -1 where the run is walked whole.
+  int warmup = -1;
 
   __device__ HopperPass(char* smem_raw, const Params& params, int column_block)
       : p(params), runs(kEnds ? params.segments - 1 : params.segments),
@@ -127,6 +134,13 @@ struct HopperPass {
     const int raw = static_cast<int>(smem_address(smem_raw));
     smem = smem_raw + (round_up(raw, 1024) - raw);
     smem_base = round_up(raw, 1024);
+    if constexpr (kEnds && !kReverse) {
+      if (p.chunk_log_norms != nullptr) {  // every thread chooses alike: the same loads, the same order of sums
+        const float* log_norms = p.chunk_log_norms + static_cast<std::int64_t>(hv) * p.chunks + chunks.first;
+        warmup = warmup_first_chunk(chunks.count, [&](int j) { return log_norms[j]; });
+        if (warmup >= 0 && !transition_rows) chunks = chunks.from(warmup);
+      }
+    }
   }
 
   __device__ typename L::KeyTile key_tile(int stage, int i) const {
@@ -275,14 +289,14 @@ struct HopperPass {
   }
 
   // The rows at the start of the run: the identity (rows of M), the caller's state (h0 or dht) for the
-  // first run, zero for the other runs of segment_ends, else the start step 2 computed (for the second run
-  // that is the first run's end, R_0, which step 1 stored).
+  // first run unless it warms up, zero for a warm-up and the other runs of segment_ends, else the start step 2
+  // computed (for the second run that is the first run's end, R_0, which step 1 stored).
   template <int NT>
   __device__ void start_rows(float (&state)[1][NT][4], const float* initial) const {
     if (transition_rows) {
       const int first_row = at.v0 - p.V;
       for_each(state, 0, 0, [&](int r, int c, float& x) { x = first_row + r == c ? 1.f : 0.f; });
-    } else if (run == 0) {
+    } else if (run == 0 && warmup < 0) {
       load_state(state, initial, p, n, hv, at);
     } else if constexpr (kEnds) {
       zero(state);
@@ -292,6 +306,15 @@ struct HopperPass {
   }
   // The first run starts from the true state, so no step uses its M: those CTAs of step 1 have nothing to do.
   __device__ bool idle() const { return transition_rows && run == 0; }
+  // Rows of M of a run that warms up: the next start is the warm-up's end alone, so M is stored as zero (step 2's
+  // start M + R then gives R) and the CTA walks nothing. Whether it did.
+  __device__ bool store_forgotten_map() const {
+    if (!transition_rows || warmup < 0) return false;
+    float zeros[1][K / 8][4];
+    zero(zeros);
+    store_end_rows(zeros);
+    return true;
+  }
   // Step 1: the run's end rows, R in float32 and M in the io type (the B operand of step 2's products, as the
   // chunk tiles are of the steps).
   template <int NT>
@@ -311,6 +334,9 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
   using Walk = HopperPass<E, K, kPass, false, kGroups>;
   const Walk pass(smem_raw, p, column_block);
   if (pass.idle()) return;
+  if constexpr (Walk::kEnds) {
+    if (pass.store_forgotten_map()) return;
+  }
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();  // (past the layout's end in step 1, which stores no rows)

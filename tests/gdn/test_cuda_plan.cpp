@@ -263,6 +263,25 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
   }
 }
 
+// A segmented forward's prepare bounds every chunk's map for its segment ends pass (gdn/cuda/warmup.h): one float per
+// (value head, chunk) in its workspace, and nothing where no forward segment ends pass runs.
+TEST_F(CudaPlan, SegmentedForwardsKeepEachChunksBound) {
+  for (int trial = 0; trial < 5000; ++trial) {
+    const PlanInputs in = random_inputs();
+    if (in.op == Operation::recurrent) continue;
+    SCOPED_TRACE(describe(in));
+    const ExecutionPlan plan = plan_of(in, in.op);
+    const WorkspaceLayout layout = plan_workspace(problem_of(in, in.op), false, in.chunks, false, plan);
+    const bool bounds = in.op == Operation::chunk_forward && plan.segments > 1;
+    EXPECT_EQ(layout.chunk_log_norms.bytes, bounds ? static_cast<std::size_t>(in.value_heads * in.chunks) * 4 : 0u);
+    if (bounds) {
+      EXPECT_TRUE(plan.late_prepare) << "prepare's segment launches are the ones that write the bounds";
+      EXPECT_EQ(layout.chunk_log_norms.offset % 256, 0u);
+      EXPECT_LE(layout.chunk_log_norms.offset + layout.chunk_log_norms.bytes, layout.bytes);
+    }
+  }
+}
+
 // The anchor cells (bf16, K = V = 128, 64-token chunks) on an H200: the choices the recorded figures rest on.
 // The anchors' cells: 16 q/k heads, GVA groups of value_heads / 16 (16/16, 16/32) or one group (fewer heads).
 PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences, std::int64_t tokens_each) {
