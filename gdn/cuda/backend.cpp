@@ -123,7 +123,7 @@ std::optional<Problem> padded_problem(const Problem& p) {
 // Where a call's chunk_forward and chunk_backward keep what the backward's prepare writes, in the caller's saved
 // buffer (ForwardOutputs::saved), from the backward's plan on the calling thread's device.
 cuda::SavedLayout saved_layout(const Problem& kernel, std::int64_t chunks) {
-  return cuda::plan_saved(kernel, execution_plan(kernel, Operation::chunk_backward, chunks));
+  return cuda::plan_saved(kernel, chunks, execution_plan(kernel, Operation::chunk_backward, chunks));
 }
 
 // One call's launch context: device, stream, workspace and the kernels' parameter block, in the kernels' head
@@ -268,7 +268,7 @@ struct Call {
     k.segment_ends = static_cast<float*>(region(layout.segment_ends));
     k.segment_maps = region(layout.segment_maps);
     k.segment_starts = static_cast<float*>(region(layout.segment_starts));
-    k.chunk_log_norms = static_cast<float*>(region(layout.chunk_log_norms));
+    k.chunk_log_norms = static_cast<float*>(region(layout.chunk_log_norms, saved.chunk_log_norms));
   }
 
   // The outputs of a forward or recurrent step: o and the final state.

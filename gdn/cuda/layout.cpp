@@ -20,7 +20,7 @@ struct Packer {
 
 }  // namespace
 
-SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& backward) {
+SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& backward) {
   SavedLayout saved;
   const Packer take{saved.bytes};
   const auto token_heads = static_cast<std::size_t>(problem.tokens() * problem.HV);
@@ -43,6 +43,7 @@ SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& backward) {
     take(saved.q_rstd, token_key_heads * sizeof(float));
     take(saved.k_rstd, token_key_heads * sizeof(float));
   }
+  if (backward.segments > 1) take(saved.chunk_log_norms, static_cast<std::size_t>(problem.HV * chunks) * sizeof(float));
   return saved;
 }
 
@@ -105,7 +106,7 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
     take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
     take(layout.segment_maps, N * (S - 1) * HV * K * K * io);
     if (S > 2) take(layout.segment_starts, N * S * HV * V * K * f32);  // the second segment starts at R_0
-    if (problem.op == Operation::chunk_forward) take(layout.chunk_log_norms, HV * n_chunks * f32);
+    take_unless_saved(layout.chunk_log_norms, saved.chunk_log_norms, HV * n_chunks * f32);
   }
   // T: the wgmma passes scale it by beta themselves; the backward's gradients read it.
   if (plan.wgmma || problem.op == Operation::chunk_backward) take_unless_saved(layout.t, saved.t, tokens * HV * C * io);

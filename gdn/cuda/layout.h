@@ -24,11 +24,13 @@ struct Region {
 struct SavedLayout {
   Region gamma, gate_in, gate_out, beta_by_head, w, u, p, t;
   Region q_normed, k_normed, q_rstd, k_rstd;  // the L2 norm's rows and reciprocal norms, where the call takes it
+  Region chunk_log_norms;                     // where the backward is segmented (warmup.h)
   std::size_t bytes = 0;
 };
 
-// problem: the call in the kernels' head dims (either operation); backward: the plan of the call's chunk_backward.
-SavedLayout plan_saved(const Problem& problem, const ExecutionPlan& backward);
+// problem: the call in the kernels' head dims (either operation); chunks: over all sequences; backward: the plan of
+// the call's chunk_backward.
+SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& backward);
 
 // Byte offsets of the regions of one call's workspace (see Params for their shapes).
 struct WorkspaceLayout {
@@ -38,7 +40,7 @@ struct WorkspaceLayout {
   Region gamma, gate_in, gate_out, beta_by_head, w, u, p, t;
   Region states, delta, dstates, ddelta, dw, dq_head, dk_head, dgamma_part;
   Region segment_ends, segment_maps, segment_starts;
-  Region chunk_log_norms;  // a segmented forward's (its segment ends pass warms up where they allow: warmup.h)
+  Region chunk_log_norms;  // a segmented call's (its segment ends passes warm up where they allow: warmup.h)
   // Zero-padded copies of the caller's tensors, in the kernels' shapes, for a call whose head dims the kernels
   // are not compiled for (kernel_key_dim); the outputs are cropped from them into the caller's.
   struct Padded {

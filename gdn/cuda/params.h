@@ -92,7 +92,8 @@ struct Params {
   float* segment_ends = nullptr;         // [N, segments - 1, HV, V, K]: R_s (S^T rows)
   void* segment_maps = nullptr;          // io [N, segments - 1, HV, K, K]: M_s
   float* segment_starts = nullptr;       // [N, segments, HV, V, K]: S^T entering each segment
-  // [HV, chunks]: each chunk's bound on the log norm of its map (warmup.h), where a forward is segmented; else null
+  // [HV, chunks]: each chunk's bound on the log norm of its map (warmup.h), where the call (or, for a forward with a
+  // saved buffer, its backward) is segmented; else null
   float* chunk_log_norms = nullptr;
 };
 

@@ -3,9 +3,9 @@
 //   gamma = in-chunk cumsum of g,  A = strict_tril(diag(beta) (K K^T) * Gamma),  T = (I + A)^-1 (float32),
 //   W = T diag(beta e^gamma) K,  P = scale * tril(Q K^T) * Gamma,  and either U = T diag(beta) V for the
 //   mma.sync passes or T and beta by head for the wgmma passes, which scale T by beta themselves and form U
-//   (state_hopper.cu), as they form W where the plan says so (passes_form_w). For a segmented forward also the
-//   bound on the log norm of the chunk's map, gamma_last + sum log max(1, |1 - beta |k|^2|) (warmup.h), from which
-//   its segment ends pass chooses where to warm up.
+//   (state_hopper.cu), as they form W where the plan says so (passes_form_w). For a segmented call (or the forward
+//   of a call whose backward is) also the bound on the log norm of the chunk's map, gamma_last + sum log max(1,
+//   |1 - beta |k|^2|) (warmup.h), from which the segment ends passes choose where to warm up.
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
@@ -169,7 +169,8 @@ struct PrepareSmem {
   static constexpr int gamma = a + std::max({FloatTile::kBytes, KeyTile::kBytes, VTile::kBytes});
   static constexpr int beta = gamma + kChunk * 8;  // gamma is hi + lo (chunk.cuh)
   static constexpr int beta_decay = beta + kChunk * 4;  // beta e^gamma
-  static constexpr int bytes = beta_decay + kChunk * 4;
+  static constexpr int key_norm2 = beta_decay + kChunk * 4;  // |k|^2 per row, for the chunk's bound (warmup.h)
+  static constexpr int bytes = key_norm2 + kChunk * 4;
   static_assert(gamma % 16 == 0, "for_each_decay reads two columns' gamma as one float4");
   // CTAs per SM that shared memory admits on sm_90 (228 KiB, 1 KiB reserved per CTA), at most four: the
   // register budget the kernel is compiled for. The kernel is a chain of short steps between barriers, so
@@ -281,31 +282,15 @@ __device__ void write_w_u(const Params& p, char* smem, const ChunkInfo& chunk, i
   }
 }
 
-// The chunk's bound on the log norm of its map (warmup.h) into chunk_log_norms [HV, chunks], by one warp from the K
-// tile and beta in shared memory: lane l the stretches of tokens l and l + 32 (|k|^2 in 16-byte pieces of a row, which the
-// tile's padding puts in distinct banks for eight consecutive rows), summed over the warp in a fixed order (the same
-// bits on every run), then gamma_last. Rows past the chunk are zero, with beta 0.
-template <class E, int K>
+// The chunk's bound on the log norm of its map (warmup.h) into chunk_log_norms [HV, chunks], by one warp from the
+// keys' squared norms (the diagonal of K K^T, which A's product formed) and beta in shared memory: lane l the stretches
+// of tokens l and l + 32, summed over the warp in a fixed order (the same bits on every run), then gamma_last. Rows
+// past the chunk are zero, with beta 0.
 __device__ void store_chunk_log_norm(const Params& p, int chunk, int hv, const float2& gamma_last,
-                                     const Tile<E, kChunk, K>& k_tile, const float* beta) {
+                                     const float* key_norm2, const float* beta) {
   const int lane = threadIdx.x & 31;
-  float sum = 0.f;
-#pragma unroll 1
-  for (int half = 0; half < 2; ++half) {
-    const int r = lane + 32 * half;
-    float norm2 = 0.f;
-#pragma unroll 1  // one piece in flight: the kernel runs at its register cap, and this hides behind the inverse
-    for (int c = 0; c < K; c += 8) {
-      const uint4 piece = *reinterpret_cast<const uint4*>(&k_tile(r, c));
-      const std::uint32_t words[4] = {piece.x, piece.y, piece.z, piece.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 x = unpack2<E>(words[i]);
-        norm2 += x.x * x.x + x.y * x.y;
-      }
-    }
-    sum += transition_log_stretch(beta[r], norm2);
-  }
+  float sum = transition_log_stretch(beta[lane], key_norm2[lane]) +
+              transition_log_stretch(beta[lane + 32], key_norm2[lane + 32]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const std::int64_t at = static_cast<std::int64_t>(hv) * p.chunks + chunk;
@@ -363,8 +348,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   float2* gamma = smem_at<float2>(smem, L::gamma);
   float* beta = smem_at<float>(smem, L::beta);
   float* beta_decay = smem_at<float>(smem, L::beta_decay);
-  // The launches of a segmented forward (late_prepare) also bound each chunk's map for the segment ends pass.
-  constexpr bool kBoundsMaps = kChunks != PrepareChunks::all;
+  float* key_norm2 = smem_at<float>(smem, L::key_norm2);
   __shared__ double first_half;  // the sum of the chunk's first 32 gates
 
   const PrepareBlock block = prepare_block<kFormsW>(p);
@@ -430,6 +414,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
       warp_mma(qk, plain(q_tile), m0, transposed(k_tile), n_half, 0, K);
       // A = strict_tril(diag(beta) (K K^T) * Gamma), P = scale tril(Q K^T) * Gamma.
       for_each_decay<1, 4>(gamma, m0, n_half, [&](int r, int c, float decay, FragmentIndex at) {
+        if (r == c) key_norm2[r] = at(kk);  // each row's in exactly one warp's tile
         const float a = beta[r] * at(kk) * decay, q = p.scale * at(qk) * decay;
         at(kk) = r > c ? a : 0.f;
         at(qk) = r >= c ? q : 0.f;
@@ -440,10 +425,9 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
                 lower_blocks_end(m0) - n_half);
   }
   __syncthreads();  // A is complete and Q read: Q's region holds the inverse's intermediate products
-  if constexpr (kBoundsMaps) {  // by the last warp, idle in the inverse's first step (K lives until W's product)
-    if (warp == kPrepareThreads / 32 - 1 && p.chunk_log_norms != nullptr) {
-      store_chunk_log_norm<E, K>(p, block.chunk, hv, gamma[kChunk - 1], k_tile, beta);
-    }
+  // Each chunk's bound for the segment ends passes, by the last warp, idle in the inverse's first step.
+  if (warp == kPrepareThreads / 32 - 1 && p.chunk_log_norms != nullptr) {
+    store_chunk_log_norm(p, block.chunk, hv, gamma[kChunk - 1], key_norm2, beta);
   }
   invert_unit_lower<kPrepareThreads>(a_tile, scratch);
 

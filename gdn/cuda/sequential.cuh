@@ -32,12 +32,18 @@ struct SequenceChunks {
     part.count = min(per, count - skip);
     return part;
   }
-  // Its chunks from the j-th on (a segment's last chunks, which its warm-up walks).
+  // Its chunks from the j-th on (a segment's last chunks, which a forward warm-up walks).
   __device__ SequenceChunks from(int j) const {
     SequenceChunks part = *this;
     part.begin += static_cast<std::int64_t>(j) * kChunk;
     part.first += j;
     part.count -= j;
+    return part;
+  }
+  // Its first j chunks (a segment's first chunks, which a reverse warm-up walks, last to first).
+  __device__ SequenceChunks before(int j) const {
+    SequenceChunks part = *this;
+    part.count = j;
     return part;
   }
   // Chunks per segment (all but the last ones) of a sequence of `count` chunks, and the segment of its chunk j.

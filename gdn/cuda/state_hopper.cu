@@ -28,17 +28,18 @@
 //      state rows that start at the identity with U = 0 (the same step: Delta^T = -X W^T, X' = e^gamma_last X +
 //      Delta^T diag(..) K). Where the plan says maps_apart, M's rows are a launch of their own beside the ends
 //      pass (Pass::segment_maps), with only the tiles they read (W and K; no V or dO, Q or P), so that a CTA of
-//      each fits an SM; elsewhere they are more row blocks of the ends pass's launch. In a forward (whose prepare
-//      bounds each chunk's map: warmup.h), a segment whose last chunks forget all but 2^-24 of the state entering
-//      them warms up instead: R_s is the walk of those chunks alone from a zero start (segment 0 too: it forgets h0),
-//      and its M_s is stored as zero, so that step 2 takes R_s alone as the next start; a segment whose chunks do not
-//      forget enough (gates near 0) is walked whole, exactly, as before. The backward's passes keep the exact form;
+//      each fits an SM; elsewhere they are more row blocks of the ends pass's launch. Where prepare bounds each chunk's
+//      map (p.chunk_log_norms, every segmented call: warmup.h), a segment whose last chunks forget all but 2^-24 of
+//      the state entering them warms up instead: R_s is the walk of those chunks alone from a zero start (segment 0
+//      too: it forgets h0), and its M_s is stored as zero, so that step 2 takes R_s alone as the next start; a
+//      segment whose chunks do not forget enough (gates near 0) is walked whole, exactly;
 //   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s (sums
 //      in float32, product operands rounded to 16 bits as in every chunk step); segment 0 starts from the
 //      true state, so M_0 is never formed, and with two segments there is nothing to compose;
 //   3. the pass proper of every segment in parallel from its true start.
 // The backward segments the same way in its own order (the last segment is its first run): its chunk map is
-// dS^T' = dS^T (e^gamma_last I - K^T diag(..) W) + (terms of dO), so M's rows there carry no dO.
+// dS^T' = dS^T (e^gamma_last I - K^T diag(..) W) + (terms of dO), so M's rows there carry no dO, and a segment's
+// warm-up walks its first chunks (the reverse walk's last), bounded by the same B_c.
 // bench/prototypes/segmented_state.py checks this algebra in float64 against the token recurrence.
 #include <cuda_runtime_api.h>
 
@@ -121,8 +122,8 @@ struct HopperPass {
   bool transition_rows;
   StateRows at;
   SequenceChunks chunks;
-  // Step 1 of a forward: the first chunk of the run's warm-up (its last chunks), or -1 where the run is walked whole.
-  int warmup = -1;
+  // Step 1: whether the run warms up (walks only the chunks nearest the next run, from zero) or is walked whole.
+  bool warms_up = false;
 
   __device__ HopperPass(char* smem_raw, const Params& params, int column_block)
       : p(params), runs(kEnds ? params.segments - 1 : params.segments),
@@ -134,12 +135,26 @@ struct HopperPass {
     const int raw = static_cast<int>(smem_address(smem_raw));
     smem = smem_raw + (round_up(raw, 1024) - raw);
     smem_base = round_up(raw, 1024);
-    if constexpr (kEnds && !kReverse) {
-      if (p.chunk_log_norms != nullptr) {  // every thread chooses alike: the same loads, the same order of sums
-        const float* log_norms = p.chunk_log_norms + static_cast<std::int64_t>(hv) * p.chunks + chunks.first;
-        warmup = warmup_first_chunk(chunks.count, [&](int j) { return log_norms[j]; });
-        if (warmup >= 0 && !transition_rows) chunks = chunks.from(warmup);
-      }
+    if constexpr (kEnds) {
+      if (p.chunk_log_norms != nullptr) choose_warmup();
+    }
+  }
+
+  // Step 1's choice (warmup.h), the same in every thread (the same loads, the same order of sums): a forward run warms
+  // up over its last chunks, a reverse one over its first (its reverse walk's last; A_t is symmetric, so the reverse
+  // map's bound is the forward one's, summed from the first chunk on). Rows of M of a run that warms up walk nothing:
+  // they store M as zero (store_forgotten_map).
+  __device__ void choose_warmup() {
+    const float* log_norms = p.chunk_log_norms + static_cast<std::int64_t>(hv) * p.chunks + chunks.first;
+    const int count = chunks.count;
+    if constexpr (kReverse) {  // the bounds summed from the run's first chunk on: chunks [0, count - i) warm up
+      const int i = warmup_first_chunk(count, [&](int c) { return log_norms[count - 1 - c]; });
+      warms_up = i >= 0;
+      if (warms_up && !transition_rows) chunks = chunks.before(count - i);
+    } else {  // chunks [j, count) warm up
+      const int j = warmup_first_chunk(count, [&](int c) { return log_norms[c]; });
+      warms_up = j >= 0;
+      if (warms_up && !transition_rows) chunks = chunks.from(j);
     }
   }
 
@@ -296,7 +311,7 @@ struct HopperPass {
     if (transition_rows) {
       const int first_row = at.v0 - p.V;
       for_each(state, 0, 0, [&](int r, int c, float& x) { x = first_row + r == c ? 1.f : 0.f; });
-    } else if (run == 0 && warmup < 0) {
+    } else if (run == 0 && !warms_up) {
       load_state(state, initial, p, n, hv, at);
     } else if constexpr (kEnds) {
       zero(state);
@@ -309,7 +324,7 @@ struct HopperPass {
   // Rows of M of a run that warms up: the next start is the warm-up's end alone, so M is stored as zero (step 2's
   // start M + R then gives R) and the CTA walks nothing. Whether it did.
   __device__ bool store_forgotten_map() const {
-    if (!transition_rows || warmup < 0) return false;
+    if (!transition_rows || !warms_up) return false;
     float zeros[1][K / 8][4];
     zero(zeros);
     store_end_rows(zeros);
@@ -441,6 +456,9 @@ __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, i
   using Walk = HopperPass<E, K, kPass, true, kGroups>;
   const Walk pass(smem_raw, p, column_block);
   if (pass.idle()) return;
+  if constexpr (Walk::kEnds) {
+    if (pass.store_forgotten_map()) return;
+  }
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float dstate[1][K / 8][4];

@@ -186,8 +186,8 @@ Problem problem_of(const PlanInputs& in, Operation op, bool l2norm = false) {
 }
 
 // The regions a saved buffer may hold, with their names, in a layout of either kind: what prepare writes, then the L2
-// norm's rows and reciprocal norms that start_kernel writes.
-constexpr std::size_t kKeptRegions = 12;
+// norm's rows and reciprocal norms that start_kernel writes, then prepare's bounds on the chunks' maps.
+constexpr std::size_t kKeptRegions = 13;
 template <class Layout>
 std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(const Layout& l) {
   return {{{"gamma", &l.gamma},
@@ -201,7 +201,8 @@ std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(con
            {"q_normed", &l.q_normed},
            {"k_normed", &l.k_normed},
            {"q_rstd", &l.q_rstd},
-           {"k_rstd", &l.k_rstd}}};
+           {"k_rstd", &l.k_rstd},
+           {"chunk_log_norms", &l.chunk_log_norms}}};
 }
 
 // The forward's saved buffer holds exactly what the backward's workspace would hold of start_kernel's and prepare's
@@ -218,8 +219,8 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     const bool l2norm = trial % 2 == 0;
     const Problem forward_call = problem_of(in, Operation::chunk_forward, l2norm);
     const Problem backward_call = problem_of(in, Operation::chunk_backward, l2norm);
-    const SavedLayout saved = plan_saved(backward_call, backward);
-    const SavedLayout from_forward = plan_saved(forward_call, backward);
+    const SavedLayout saved = plan_saved(backward_call, in.chunks, backward);
+    const SavedLayout from_forward = plan_saved(forward_call, in.chunks, backward);
     ASSERT_EQ(saved.bytes, from_forward.bytes) << "both operations lay the buffer out alike";
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       EXPECT_EQ(kept_regions(saved)[i].second->offset, kept_regions(from_forward)[i].second->offset);
@@ -244,9 +245,10 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
     // What the forward itself uses, in kept_regions' order: gamma, both gates, beta by head on the wgmma passes, W
     // where its prepare forms it, U on the mma.sync passes, P, T on the wgmma passes, the L2 norm's rows and
-    // reciprocals where the call takes the norm.
+    // reciprocals where the call takes the norm, the chunks' bounds where it or its backward is segmented.
+    const bool bounds = forward.segments > 1 || backward.segments > 1;
     const bool forward_uses[kKeptRegions] = {true, true, true, forward.wgmma, forward.prepare_forms_w, !forward.wgmma,
-                                             true, forward.wgmma, l2norm, l2norm, l2norm, l2norm};
+                                             true, forward.wgmma, l2norm, l2norm, l2norm, l2norm, bounds};
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
@@ -260,22 +262,23 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     EXPECT_GT(saved.t.bytes, 0u) << "the backward reads T";
     EXPECT_EQ(saved.beta_by_head.bytes > 0, backward.wgmma) << "the wgmma passes scale T by it";
     EXPECT_EQ(saved.q_normed.bytes > 0, l2norm) << "the backward normalises q and k again only without the buffer";
+    EXPECT_EQ(saved.chunk_log_norms.bytes > 0, backward.segments > 1) << "the backward's segment ends passes read them";
   }
 }
 
-// A segmented forward's prepare bounds every chunk's map for its segment ends pass (gdn/cuda/warmup.h): one float per
-// (value head, chunk) in its workspace, and nothing where no forward segment ends pass runs.
-TEST_F(CudaPlan, SegmentedForwardsKeepEachChunksBound) {
+// A segmented call's prepare bounds every chunk's map for its segment ends passes (gdn/cuda/warmup.h): one float per
+// (value head, chunk) in its workspace, and nothing where no segment ends pass runs.
+TEST_F(CudaPlan, SegmentedCallsKeepEachChunksBound) {
   for (int trial = 0; trial < 5000; ++trial) {
     const PlanInputs in = random_inputs();
     if (in.op == Operation::recurrent) continue;
     SCOPED_TRACE(describe(in));
     const ExecutionPlan plan = plan_of(in, in.op);
     const WorkspaceLayout layout = plan_workspace(problem_of(in, in.op), false, in.chunks, false, plan);
-    const bool bounds = in.op == Operation::chunk_forward && plan.segments > 1;
+    const bool bounds = plan.segments > 1;
     EXPECT_EQ(layout.chunk_log_norms.bytes, bounds ? static_cast<std::size_t>(in.value_heads * in.chunks) * 4 : 0u);
     if (bounds) {
-      EXPECT_TRUE(plan.late_prepare) << "prepare's segment launches are the ones that write the bounds";
+      EXPECT_EQ(plan.late_prepare, in.op == Operation::chunk_forward) << "a segmented forward prepares late";
       EXPECT_EQ(layout.chunk_log_norms.offset % 256, 0u);
       EXPECT_LE(layout.chunk_log_norms.offset + layout.chunk_log_norms.bytes, layout.bytes);
     }
@@ -387,7 +390,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   }();
   auto saved_per_token_head = [&](const PlanInputs& in, bool l2norm) {
     const Problem call = problem_of(in, Operation::chunk_backward, l2norm);
-    return plan_saved(call, plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
+    return plan_saved(call, in.chunks, plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
   };
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), false), 276u);
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), true), 796u)
@@ -421,7 +424,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(mma_sync.prepare_forms_w);
   const ExecutionPlan mma_sync_backward = plan_of(forced, Operation::chunk_backward);
   const Problem forced_call = problem_of(forced, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(forced_call, mma_sync_backward).bytes,
+  EXPECT_EQ(plan_saved(forced_call, forced.chunks, mma_sync_backward).bytes,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
       << "W and U (256 bytes each) where the wgmma passes keep beta (4 bytes)";
 }

@@ -103,8 +103,9 @@ std::vector<Case> cases() {
   // sixteen of 32 chunks or more, the later ones started from composed state gradients.
   all.push_back({"bf16_fused_segments", fixed(1, 32800, 1, 2, 128, 128), DType::bf16, DType::f32, true, true, true});
   // The same over gates near 0 (-0.004 to 0 a token, about -4 over a segment): no segment's chunks forget enough of
-  // its start for the forward's segment ends pass to warm up (gdn/cuda/warmup.h), so every start is composed exactly
-  // through M; with the default gates (above) every segment of 32 chunks warms up over its last ~5.
+  // its start for the segment ends passes to warm up (gdn/cuda/warmup.h), so every start, and every state gradient at
+  // a segment's end, is composed exactly through M; with the default gates (above) every segment of 32 chunks warms up
+  // over ~5 chunks, its last in the forward direction and its first in the reverse.
   all.push_back({"bf16_segments_long_memory", fixed(1, 32800, 1, 2, 128, 128), DType::bf16, DType::f32, true, true,
                  true, GateRange{-0.004, 0.0}});
   // Ten chunks over one head: the forward runs two segments, the second started from the first's end with
