@@ -88,6 +88,23 @@ struct HopperSmem {
   static_assert(bytes <= kSmemLimit);
 };
 
+// Where a run of a segmented pass warms up (warmup.h) rather than being walked whole: how many of its chunks the
+// warm-up walks, those nearest the next run (a forward run's last, a reverse run's first: its reverse walk's last;
+// A_t is symmetric, so the reverse map's bound is the forward one's, summed from the first chunk on), or 0 where it
+// does not. Every thread that asks chooses alike: the same loads, the same order of sums.
+template <bool kReverse>
+__device__ __forceinline__ int warmup_chunks(const Params& p, const SequenceChunks& run, int hv) {
+  const float* log_norms = p.chunk_log_norms + static_cast<std::int64_t>(hv) * p.chunks + run.first;
+  const int count = run.count;
+  int first;  // in the walk's order
+  if constexpr (kReverse) {
+    first = warmup_first_chunk(count, [&](int c) { return log_norms[count - 1 - c]; });
+  } else {
+    first = warmup_first_chunk(count, [&](int c) { return log_norms[c]; });
+  }
+  return first < 0 ? 0 : count - first;
+}
+
 // What the forward and the backward kernels share: the CTA's place, its chunks, its tiles and their copies,
 // and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64 kGroups,
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
@@ -140,22 +157,13 @@ struct HopperPass {
     }
   }
 
-  // Step 1's choice (warmup.h), the same in every thread (the same loads, the same order of sums): a forward run warms
-  // up over its last chunks, a reverse one over its first (its reverse walk's last; A_t is symmetric, so the reverse
-  // map's bound is the forward one's, summed from the first chunk on). Rows of M of a run that warms up walk nothing:
-  // they store M as zero (store_forgotten_map).
+  // Step 1's choice (warmup_chunks). Rows of M of a run that warms up walk nothing: they store M as zero
+  // (walks_nothing).
   __device__ void choose_warmup() {
-    const float* log_norms = p.chunk_log_norms + static_cast<std::int64_t>(hv) * p.chunks + chunks.first;
-    const int count = chunks.count;
-    if constexpr (kReverse) {  // the bounds summed from the run's first chunk on: chunks [0, count - i) warm up
-      const int i = warmup_first_chunk(count, [&](int c) { return log_norms[count - 1 - c]; });
-      warms_up = i >= 0;
-      if (warms_up && !transition_rows) chunks = chunks.before(count - i);
-    } else {  // chunks [j, count) warm up
-      const int j = warmup_first_chunk(count, [&](int c) { return log_norms[c]; });
-      warms_up = j >= 0;
-      if (warms_up && !transition_rows) chunks = chunks.from(j);
-    }
+    const int walked = warmup_chunks<kReverse>(p, chunks, hv);
+    warms_up = walked > 0;
+    if (!warms_up || transition_rows) return;
+    chunks = kReverse ? chunks.before(walked) : chunks.from(chunks.count - walked);
   }
 
   __device__ typename L::KeyTile key_tile(int stage, int i) const {
@@ -319,12 +327,13 @@ struct HopperPass {
       load_pairs(state, segment_start_rows(p, n, run, hv) + at.v0 * K, K, 16);
     }
   }
-  // The first run starts from the true state, so no step uses its M: those CTAs of step 1 have nothing to do.
-  __device__ bool idle() const { return transition_rows && run == 0; }
-  // Rows of M of a run that warms up: the next start is the warm-up's end alone, so M is stored as zero (step 2's
-  // start M + R then gives R) and the CTA walks nothing. Whether it did.
-  __device__ bool store_forgotten_map() const {
-    if (!transition_rows || !warms_up) return false;
+  // Whether the CTA has no walk to make: rows of M of the first run (it starts from the true state, so no step uses
+  // its M), or of a run that warms up (the next start is the warm-up's end alone, so M is stored as zero here: step
+  // 2's start M + R then gives R).
+  __device__ bool walks_nothing() const {
+    if (!transition_rows) return false;
+    if (run == 0) return true;
+    if (!warms_up) return false;
     float zeros[1][K / 8][4];
     zero(zeros);
     store_end_rows(zeros);
@@ -348,10 +357,7 @@ template <class E, int K, Pass kPass, int kGroups>
 __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, int column_block) {
   using Walk = HopperPass<E, K, kPass, false, kGroups>;
   const Walk pass(smem_raw, p, column_block);
-  if (pass.idle()) return;
-  if constexpr (Walk::kEnds) {
-    if (pass.store_forgotten_map()) return;
-  }
+  if (pass.walks_nothing()) return;
   constexpr bool kQueries = kPass == Pass::forward;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();  // (past the layout's end in step 1, which stores no rows)
@@ -455,10 +461,7 @@ template <class E, int K, Pass kPass, int kGroups>
 __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, int column_block) {
   using Walk = HopperPass<E, K, kPass, true, kGroups>;
   const Walk pass(smem_raw, p, column_block);
-  if (pass.idle()) return;
-  if constexpr (Walk::kEnds) {
-    if (pass.store_forgotten_map()) return;
-  }
+  if (pass.walks_nothing()) return;
   const std::int64_t token_stride = pass.token_stride();
   const auto staging = pass.staging();
   float dstate[1][K / 8][4];

@@ -1,8 +1,8 @@
-// Segment starts by a bounded warm-up (docs/gdn-algorithm.md, "A bounded warm-up"): where a segment's last chunks
-// forget enough of the state entering them, the next segment's start is their walk from a zero start, not the exact
-// composition through the segment's map M. One rule for every kernel that asks (prepare writes each chunk's bound,
-// the segment ends pass chooses its chunks from them); built without nvcc too, for its CPU tests
-// (tests/gdn/test_warmup.cpp).
+// Segment starts by a bounded warm-up (docs/gdn-algorithm.md, "A bounded warm-up"): where a segment's chunks nearest
+// the next segment (its last in the forward, its first in the backward) forget enough of the state entering them,
+// the next segment's start is their walk from a zero start, not the exact composition through the segment's map M.
+// One rule for every kernel that asks (prepare writes each chunk's bound, the segment ends passes choose their chunks
+// from them); built without nvcc too, for its CPU tests (tests/gdn/test_warmup.cpp).
 #pragma once
 
 #include <cmath>

@@ -1,9 +1,9 @@
 """The float64 prototypes of the cuda backend's planned kernels (bench/prototypes/) on fresh random problems, so
-that the designs they check stay checked: the segmented forward (in two passes, in one walk and with bounded warm-ups), the gate-free fused
-forward and the one-product state chain against the token recurrence, the fused backward and the role split's stage
-schedule against the recurrence's reverse, and that reverse against central differences; the role split kernel's
-shared memory and barriers against a model of their order (its two forms, every mode, seeded slips, the second
-form's every wait, its timing), and the kernel's barriers against the model's."""
+that the designs they check stay checked: the segmented forward (in two passes, in one walk and with bounded
+warm-ups), the gate-free fused forward and the one-product state chain against the token recurrence, the fused
+backward and the role split's stage schedule against the recurrence's reverse, and that reverse against central
+differences; the role split kernel's shared memory and barriers against a model of their order (its two forms, every
+mode, seeded slips, the second form's every wait, its timing), and the kernel's barriers against the model's."""
 
 import collections
 import dataclasses
