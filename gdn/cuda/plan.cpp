@@ -33,6 +33,18 @@ constexpr std::int64_t kFusedSegmentMinChunks = 32;
 // gdn-h100-maps-rule-decays-ab.md): the fixed cost is repaid from about 32 chunks a segment.
 constexpr std::int64_t kMapsApartMinChunks = 32;
 
+// A segmented forward of two warpgroups a CTA (K = 128, V a multiple of 128): its passes form W (wgmma_pass_forms_w),
+// so that prepare neither forms nor writes it (nor, since the segment ends passes form it too, does a training
+// forward for its backward), at twice the segments of one-warpgroup CTAs, each step ~1.5x longer. With exact
+// segment starts (every segment walked twice) that paid only where the segments held 128 chunks (H100: fwd 16/32
+// 1x32768, four of 128, -5.9%, though prepare still wrote W for the backward; 16/64 1x32768, two of 256, -3.5%; 16/32
+// 1x8192, four of 32, +7.3%; 2/8 1x32768 and 1x8192, sixteen of 32 and 8, +1.3% and +19.9%: bench/results/
+// gdn-h100-two-warpgroup-segments-ab.md). With warm-ups, and the segment ends passes forming W as well, so that no
+// prepare writes it: fwd 16/32 1x32768 1.02 -> 0.86 ms (-15.6%), 16/64 1x32768 1.90 -> 1.67 (-11.4%; bench/results/
+// gdn-h100-two-warpgroup-segments-copied-starts-ab.md). Shorter segments are not measured with warm-ups, so the floor
+// stays where that evidence stops, not at a measured optimum.
+constexpr std::int64_t kTwoWarpgroupSegmentMinChunks = 128;
+
 // A sequence's chunks on average: what each sequence's segments share.
 std::int64_t chunks_per_sequence(const PlanInputs& in) { return in.chunks / std::max<std::int64_t>(1, in.sequences); }
 
@@ -85,8 +97,7 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     // a CTA takes two on adjacent columns: the two warpgroups share the chunk tiles (W, K, Q, P, the gates)
     // and their copies, the SM interleaves their two latency-bound chains of steps, and half as many CTAs
     // make fewer waves (forward state pass, 16/32 heads, 4 x 8192 tokens: 0.462 -> 0.352 ms on the H200).
-    // Where segments are needed two warpgroups cost more than they give (each step ~1.5x longer, and twice
-    // the segments, whose ends pass then runs in more than one wave: 16/32, 1 x 8192: 0.176 -> 0.194 ms).
+    // Where segments are needed, a forward takes two only with long segments (kTwoWarpgroupSegmentMinChunks).
     plan.warpgroups = in.K == 128 && in.V % (2 * kWgmmaColumns) == 0 ? 2 : 1;
     return plan;
   }
@@ -94,8 +105,10 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
   // two segments already pay on the H200: the ends step carries no Q, P or O, and the pass proper halves
   // (forward 16/32 heads, one sequence of 32768 tokens: 0.837 -> 0.680 ms). A segment of a handful of chunks
   // is mostly pipeline fill.
-  const std::int64_t segments =
-      std::min<std::int64_t>({16, in.multiprocessors / units, chunks_per_sequence(in) / 4});
+  auto segments_of = [&](std::int64_t ctas_a_segment) {
+    return std::min<std::int64_t>({16, in.multiprocessors / ctas_a_segment, chunks_per_sequence(in) / 4});
+  };
+  const std::int64_t segments = segments_of(units);
   // The backward runs two passes of L chunk steps each, and s segments make a pass cost about 2 L / s steps
   // (ends, then the pass proper): 2 L in all for one or two segments, 4 L / 3 for three. Where both passes'
   // units fit the SMs together they can instead run unsegmented side by side in L steps.
@@ -104,6 +117,13 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     return plan;
   }
   plan.segments = segments >= 2 ? static_cast<int>(segments) : 1;
+  if (in.op == Operation::chunk_forward && in.K == 128 && in.V % (2 * kWgmmaColumns) == 0) {
+    const std::int64_t two_group_segments = segments_of(units / 2);
+    if (two_group_segments >= 2 && chunks_per_sequence(in) / two_group_segments >= kTwoWarpgroupSegmentMinChunks) {
+      plan.warpgroups = 2;
+      plan.segments = static_cast<int>(two_group_segments);
+    }
+  }
   // The segment ends pass reads the chunks of every segment but the last, and its CTAs (at most one an SM)
   // leave SMs idle: the last segment's chunks are prepared there meanwhile (the backward's passes start
   // from the last segment, so it keeps one prepare).
@@ -122,12 +142,10 @@ ExecutionPlan plan_execution(const PlanInputs& in) {
     // where their warpgroups take 64 keys each: prepare's W product and the 16 KB per chunk and head it writes and
     // the pass reads back are gone (bench/NOTES.md, "W formed in the state pass").
     plan.passes_form_w = wgmma_pass_forms_w(in.K, plan.warpgroups);
-    // prepare forms W for every pass the call launches that reads it: the forward-direction ones (the forward's or
-    // the recompute, with their segment ends) where they do not form it, and the reverse ones, which the backward
-    // launches unless it is fused and unsegmented (the unfused backward's reverse pass, the segment ends pass).
-    const bool reverse_passes = in.op == Operation::chunk_backward && (!plan.fused_backward || plan.segments > 1);
-    plan.prepare_forms_w = wgmma_pass_reads_w(false, in.K, plan.warpgroups) ||
-                           (reverse_passes && wgmma_pass_reads_w(true, in.K, plan.warpgroups));
+    // prepare forms W for every pass the call launches that reads it: any (the segment ends passes of either direction
+    // included) where the passes do not form it, and the unfused backward's reverse pass proper, which never does.
+    const bool reverse_pass_proper = in.op == Operation::chunk_backward && !plan.fused_backward;
+    plan.prepare_forms_w = wgmma_pass_reads_w(reverse_pass_proper, in.K, plan.warpgroups);
     return plan;
   }
   ExecutionPlan plan;

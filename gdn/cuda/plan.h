@@ -21,10 +21,13 @@ inline constexpr int kWgmmaColumns = 64;
 // itself, a chunk ahead, rather than reading prepare's: where each warpgroup forms 64 key columns (32 float32
 // accumulators beside the state's); all 128 keys in one warpgroup spill. The kernels and the plan both ask this.
 constexpr bool wgmma_pass_forms_w(std::int64_t K, int warpgroups) { return K / warpgroups == kWgmmaColumns; }
-// Whether a wgmma state pass reads prepare's W: wherever it does not form W, and the reverse passes (the backward's,
-// its segment ends) form none. The kernels and the plan's prepare_forms_w both ask this.
-constexpr bool wgmma_pass_reads_w(bool reverse, std::int64_t K, int warpgroups) {
-  return reverse || !wgmma_pass_forms_w(K, warpgroups);
+// Whether a wgmma state pass reads prepare's W: wherever it does not form W, and the unfused backward's reverse pass
+// proper, which forms none (each of its steps already stores dS and D beside its products). The segment ends passes
+// of either direction form it as the forward passes do: with warm-ups they walk a few chunks a segment, and a
+// backward whose only reader of W they are (the fused one) then needs none from prepare, nor a training forward's
+// saved buffer. The kernels and the plan's prepare_forms_w both ask this.
+constexpr bool wgmma_pass_reads_w(bool reverse_pass_proper, std::int64_t K, int warpgroups) {
+  return reverse_pass_proper || !wgmma_pass_forms_w(K, warpgroups);
 }
 
 struct PlanInputs {
@@ -54,11 +57,11 @@ struct ExecutionPlan {
   // wgmma, more than two segments: the rows of M (the segments' chunk maps) launched beside the segment ends pass
   // instead of as more row blocks of its launch (state_hopper.cu, step 1), where segments are long enough to pay for it
   bool maps_apart = false;
-  // wgmma: the forward-direction passes form W themselves (wgmma_pass_forms_w) from the T and beta they read for U
+  // wgmma: the passes form W themselves (wgmma_pass_forms_w) from T and beta (the forward-direction ones read them for
+  // U), all but the unfused backward's reverse pass proper
   bool passes_form_w = false;
-  // prepare forms W and writes it for the passes that read it: the mma.sync passes, the wgmma forward-direction
-  // passes where they do not form it, and the wgmma reverse passes (the unfused backward's, and the segment ends
-  // pass of a segmented fused backward)
+  // prepare forms W and writes it for the passes that read it: the mma.sync passes, the wgmma passes where they do
+  // not form it, and the unfused backward's reverse pass proper
   bool prepare_forms_w = true;
   int warp_pairs = 2;   // mma.sync: warp pairs per CTA, each on 16 columns of V
   // wgmma, backward, K = V = 128: the recompute pass (two warpgroups a CTA, on the fused kernel's segments) then one

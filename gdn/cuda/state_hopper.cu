@@ -10,10 +10,11 @@
 //   S^T     = e^gamma_last S^T + (Delta^T diag(e^(gamma_last - gamma))) K
 // Pass::recompute (for the backward) stores S^T entering each chunk and Delta instead of O. The backward
 // (state_backward_hopper_kernel) walks the chunks in reverse with the transposed map.
-// Where each warpgroup takes 64 keys (plan.h's wgmma_pass_forms_w), the forward-direction passes form
-// W = T diag(beta e^gamma) K themselves, a chunk ahead, from the K tile the stage holds anyway: W does not depend on
-// the state, so its product runs behind the step's state update, and prepare neither forms nor stores W for them.
-// All of them form it from the T, beta and gates they hold for U: the forward pass, whose registers O's accumulators
+// Where each warpgroup takes 64 keys (plan.h's wgmma_pass_forms_w), the passes form W = T diag(beta e^gamma) K
+// themselves, a chunk ahead in their walk, from the K tile the stage holds anyway: W does not depend on the state, so
+// its product runs behind the step's state update, and prepare neither forms nor stores W for them. All but the
+// backward's reverse pass proper do (the reverse segment ends pass among them, with T and beta copied for it). The
+// forward-direction ones form it from the T, beta and gates they hold for U: the forward pass, whose registers O's accumulators
 // make the tightest, scales T into a shared tile of T diag(beta e^gamma) once the copies have landed and takes both
 // operands from shared memory (held in registers, that operand spilled); the others, bound by their copies more than
 // by their chain, scale it in registers. The other passes read prepare's W. The passes read T, not T diag(beta), and
@@ -117,8 +118,9 @@ template <class E, int K, Pass kPass, bool kReverse, int kGroups>
 struct HopperPass {
   static constexpr bool kEnds = kPass == Pass::segment_ends || kPass == Pass::segment_maps;  // step 1
   static constexpr bool kMapsOnly = kPass == Pass::segment_maps;                            // rows of M alone
-  static constexpr bool kFormsW = !wgmma_pass_reads_w(kReverse, K, kGroups);
-  static constexpr bool kValues = !kReverse && (!kMapsOnly || kFormsW);  // T and beta: U, or W from them
+  static constexpr bool kFormsW = !wgmma_pass_reads_w(kPass == Pass::backward, K, kGroups);
+  // T and beta: U (the forward-direction state rows), or W from them
+  static constexpr bool kValues = (!kReverse && !kMapsOnly) || kFormsW;
   static constexpr bool kWFromDecayedT = kFormsW && kPass == Pass::forward;  // from a shared T diag(beta e^gamma)
   static constexpr int kThreads = kWarpgroup * kGroups;
   // Step 1 stores nothing per chunk, so it has no staging tiles: that lets two of its forward CTAs share an SM (99
@@ -218,6 +220,10 @@ struct HopperPass {
   // Elements between consecutive tokens of a token-major [tokens, HV, V] tensor.
   __device__ std::int64_t token_stride() const { return static_cast<std::int64_t>(p.HV) * p.V; }
 
+  // The walk's first step (the first chunk it takes), and whether a step has another after it.
+  __device__ bool first_step(int j) const { return j == (kReverse ? chunks.count - 1 : 0); }
+  __device__ bool has_next_step(int j) const { return kReverse ? j > 0 : j + 1 < chunks.count; }
+
   // Starts copying chunk j's tiles into a stage: W unless the pass forms it, K (, Q, P, T and beta), and V or dO
   // (`columns`) for rows of S^T.
   __device__ void issue(int j, int stage, const void* columns) const {
@@ -296,6 +302,25 @@ struct HopperPass {
     fence_for_wgmma();
     __syncthreads();
   }
+  // Every product of a step waited for, the state (or its gradient) they updated among them. Where the pass forms W,
+  // the next chunk's is queued first, behind the step's products (it needs the next chunk's copies, not the state),
+  // and stored for the next step after them.
+  template <int NT>
+  __device__ __forceinline__ void finish_step(int j, int stage, float (&state)[1][NT][4]) const {
+    WAccumulator next_w;
+    const bool next = kFormsW && has_next_step(j);
+    const int next_stage = (stage + 1) % L::stages;
+    if (next) {
+      await_next_chunk(next_stage);
+      issue_w(next_stage, next_w);
+    }
+    wgmma_wait();
+    hold(state[0]);
+    if (next) {
+      store_w(next_stage, next_w);
+      fence_for_wgmma();  // for the next step's products, behind the walk's barrier
+    }
+  }
   // W of the run's first chunk, before its first step: nothing formed it a step ahead.
   __device__ __forceinline__ void form_first_w(int stage) const {
     if constexpr (kWFromDecayedT) {
@@ -368,7 +393,7 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
     if constexpr (Walk::kFormsW) {
-      if (j == 0) pass.form_first_w(stage);
+      if (pass.first_step(j)) pass.form_first_w(stage);
     }
 
     // The recompute's global stores run while a group of products does (a warp's stores stall it until they
@@ -426,20 +451,7 @@ __device__ __forceinline__ void forward_pass(const Params& p, char* smem_raw, in
     if constexpr (kPass == Pass::recompute) {
       store_rows<32>(staging, pass.token_rows(p.delta, info), token_stride, info.length, pass.tid & 31);
     }
-    // The next chunk's W, queued behind this step's products: it needs the next chunk's copies, not the state.
-    typename Walk::WAccumulator next_w;
-    const bool next = Walk::kFormsW && j + 1 < pass.chunks.count;
-    const int next_stage = (stage + 1) % Walk::L::stages;
-    if (next) {
-      pass.await_next_chunk(next_stage);
-      pass.issue_w(next_stage, next_w);
-    }
-    wgmma_wait();
-    hold(state[0]);
-    if (next) {
-      pass.store_w(next_stage, next_w);
-      fence_for_wgmma();  // for the next step's products, behind the walk's barrier
-    }
+    pass.finish_step(j, stage, state);
     if constexpr (kQueries) {
       hold(out[0]);
       store_token_rows(out, staging, pass.token_rows(p.o, info), token_stride, info.length);
@@ -470,6 +482,9 @@ __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, i
   pass.walk(p.d_o, [&](int j, int stage) {
     const ChunkInfo info = pass.chunks[j];
     const float *gates_in = pass.gate_in(stage), *gates_out = gates_in + kChunk;
+    if constexpr (Walk::kFormsW) {
+      if (pass.first_step(j)) pass.form_first_w(stage);
+    }
     if constexpr (kPass == Pass::backward) pass.store_chunk_state(dstate, p.dstates, j);
 
     WarpOperand<E, K> state_operand(nullptr);
@@ -511,8 +526,8 @@ __device__ __forceinline__ void backward_pass(const Params& p, char* smem_raw, i
     }
     wgmma_fence();
     update_state<E, K>(dstate, d_operand, pass.key_tile(stage, 0));
-    wgmma_commit_and_wait();
-    hold(dstate[0]);
+    wgmma_commit();
+    pass.finish_step(j, stage, dstate);
   });
   if constexpr (Walk::kEnds) {
     pass.store_end_rows(dstate);

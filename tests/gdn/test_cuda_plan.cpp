@@ -92,13 +92,12 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
         << "the last segment is prepared late exactly where a forward has a segment ends pass to run beside";
     EXPECT_EQ(plan.maps_apart, plan.segments > 2 && in.chunks / in.sequences / plan.segments >= 32)
         << "M's rows apart from the segment ends pass where more than two segments hold 32 chunks or more each";
-    // The wgmma forward-direction passes form W where each warpgroup takes 64 of its keys.
+    // The wgmma passes form W where each warpgroup takes 64 of its keys, all but the unfused reverse pass proper.
     const bool passes_form_w = plan.wgmma && in.K / plan.warpgroups == 64;
     EXPECT_EQ(plan.passes_form_w, passes_form_w);
-    EXPECT_EQ(plan.prepare_forms_w,
-              !passes_form_w || (in.op == Operation::chunk_backward && (!plan.fused_backward || plan.segments > 1)))
+    EXPECT_EQ(plan.prepare_forms_w, !passes_form_w || (in.op == Operation::chunk_backward && !plan.fused_backward))
         << "prepare writes W exactly where a pass reads it: the mma.sync passes, the wgmma passes whose warpgroups "
-           "take all 128 keys, the wgmma reverse pass, and the segment ends pass of a segmented fused backward";
+           "take all 128 keys, and the unfused backward's reverse pass proper";
     if (!plan.wgmma) {
       // The mma.sync passes: unsplit, 2 or 4 warp pairs, 2 for float32 and wherever 2 fit in one wave.
       EXPECT_EQ(plan.segments, 1);
@@ -151,9 +150,19 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       EXPECT_EQ(plan.warpgroups, in.K == 128 && in.V % (2 * kWgmmaColumns) == 0 ? 2 : 1);
       continue;
     }
-    EXPECT_EQ(plan.warpgroups, 1);
+    // A forward whose segments of two-warpgroup CTAs would hold 128 chunks or more takes those (its passes then form
+    // W); every other call below a wave takes one warpgroup a CTA.
+    const bool two_groups_fit = in.K == 128 && in.V % (2 * kWgmmaColumns) == 0;
+    const std::int64_t two_group_segments =
+        std::min<std::int64_t>({16, in.multiprocessors / (units / 2), in.chunks / in.sequences / 4});
+    const bool long_two_group_segments = in.op == Operation::chunk_forward && two_groups_fit &&
+                                         two_group_segments >= 2 && in.chunks / in.sequences / two_group_segments >= 128;
+    EXPECT_EQ(plan.warpgroups, long_two_group_segments ? 2 : 1);
+    if (long_two_group_segments) {
+      EXPECT_EQ(plan.segments, two_group_segments);
+    }
     // Segments never make more CTAs than SMs, and each holds four chunks or more of its sequence on average.
-    EXPECT_LE(plan.segments * units, in.multiprocessors);
+    EXPECT_LE(plan.segments * units / plan.warpgroups, in.multiprocessors);
     if (plan.segments > 1) {
       EXPECT_LE(4 * plan.segments, in.chunks / in.sequences);
     }
@@ -301,10 +310,20 @@ PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences
 }
 
 TEST(CudaPlanAnchors, H200Choices) {
-  // 32 heads x 2 column blocks = 64 units of one sequence: two segments (132 / 64) in the forward ...
+  // 32 heads x 2 column blocks = 64 units of one sequence: in the forward, CTAs of two warpgroups (32 a segment) in
+  // four segments of 128 chunks, rather than two segments of one warpgroup a CTA; 64 heads, which fill 128 of 132 SMs
+  // unsegmented, two segments of 256 chunks in two-warpgroup CTAs; at 8192 tokens (segments of 32 chunks) one
+  // warpgroup ...
   const ExecutionPlan long_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768));
-  EXPECT_EQ(long_forward.segments, 2);
+  EXPECT_EQ(long_forward.segments, 4);
+  EXPECT_EQ(long_forward.warpgroups, 2);
   EXPECT_TRUE(long_forward.late_prepare);
+  const ExecutionPlan wide_forward = plan_execution(anchor(Operation::chunk_forward, 64, 1, 32768));
+  EXPECT_EQ(wide_forward.segments, 2);
+  EXPECT_EQ(wide_forward.warpgroups, 2);
+  const ExecutionPlan short_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 8192));
+  EXPECT_EQ(short_forward.segments, 2);
+  EXPECT_EQ(short_forward.warpgroups, 1);
   // ... and, where the fused backward's segments would be too short (4096 tokens: two of 32 chunks, 64 CTAs), the
   // backward's two passes side by side instead (128 units fit 132 SMs).
   const ExecutionPlan backward = plan_execution(anchor(Operation::chunk_backward, 32, 1, 4096));
@@ -319,8 +338,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
   // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
   // 61%); where the (sequence, value head) units are fewer, segments of 32 chunks or more fill the wave: one sequence
-  // of 32 heads and 32768 tokens in four (128 CTAs; its recompute's 128 CTAs of two warpgroups, one wave, where the
-  // forward's plan of the same call takes two segments of one warpgroup), one of 8192 tokens in four, two of 4096 in
+  // of 32 heads and 32768 tokens in four (128 CTAs; its recompute's 128 CTAs of two warpgroups, one wave, as the
+  // forward's plan of the same call), one of 8192 tokens in four, two of 4096 in
   // two. Not one of 4096 tokens (two segments of 32 chunks leave 64 CTAs, 48%), eight of 4 heads (two segments: 64
   // CTAs), nor where DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence of 4096 tokens takes it in two.
   auto with_setting = [](PlanInputs in, bool fused) {
@@ -340,7 +359,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_EQ(longest.segments, 4);
   EXPECT_EQ(longest.warpgroups, 2);
   EXPECT_TRUE(longest.passes_form_w);
-  EXPECT_TRUE(longest.prepare_forms_w) << "for the backward's segment ends pass";
+  EXPECT_FALSE(longest.prepare_forms_w) << "its segment ends passes form W as its recompute does";
   const ExecutionPlan shorter = plan_execution(anchor(Operation::chunk_backward, 32, 1, 8192));
   EXPECT_TRUE(shorter.fused_backward);
   EXPECT_EQ(shorter.segments, 4);
@@ -371,13 +390,13 @@ TEST(CudaPlanAnchors, H200Choices) {
   PlanInputs unfused_split = anchor(Operation::chunk_backward, 32, 1, 4096);
   unfused_split.role_split_requested = true;
   EXPECT_FALSE(plan_execution(unfused_split).role_split);
-  // W is formed in the wgmma forward-direction passes of two warpgroups (64 keys each), the fused backward's
-  // segmented recompute among them; prepare writes it where one warpgroup takes all 128 keys (the forward's segments,
-  // the paired passes) and for the reverse passes (the unfused backward's, a segmented fused backward's segment ends).
-  EXPECT_FALSE(eight.prepare_forms_w || filled.prepare_forms_w);
-  EXPECT_TRUE(eight.passes_form_w && filled.passes_form_w && one.passes_form_w);
-  EXPECT_FALSE(long_forward.passes_form_w || backward.passes_form_w);
-  EXPECT_TRUE(long_forward.prepare_forms_w && backward.prepare_forms_w && one.prepare_forms_w);
+  // W is formed in the wgmma passes of two warpgroups (64 keys each), the segment ends passes of either direction
+  // among them; prepare writes it where one warpgroup takes all 128 keys (short forward segments, the paired passes)
+  // and for the unfused backward's reverse pass proper.
+  EXPECT_FALSE(eight.prepare_forms_w || filled.prepare_forms_w || one.prepare_forms_w || long_forward.prepare_forms_w);
+  EXPECT_TRUE(eight.passes_form_w && filled.passes_form_w && one.passes_form_w && long_forward.passes_form_w);
+  EXPECT_FALSE(short_forward.passes_form_w || backward.passes_form_w);
+  EXPECT_TRUE(short_forward.prepare_forms_w && backward.prepare_forms_w);
   // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's prepare writes, so that the
   // backward skips prepare; its size per token and value head (docs/cuda-backend.md): gamma (8), both gates and beta
   // (4 each), P and T (128 each at bf16), and W (256) where the backward's prepare forms it (which the forward's
@@ -407,7 +426,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_FALSE(few.paired);
   EXPECT_TRUE(few.maps_apart);
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 1, 8192)).maps_apart);
-  EXPECT_FALSE(long_forward.maps_apart);
+  EXPECT_TRUE(long_forward.maps_apart) << "four segments of 128 chunks";
   // Eight heads, one sequence: 8 forward segments, M's rows apart at 64 chunks each (32768 tokens), not at 16 (8192).
   const ExecutionPlan eight_heads = plan_execution(anchor(Operation::chunk_forward, 8, 1, 32768));
   EXPECT_EQ(eight_heads.segments, 8);

@@ -108,6 +108,10 @@ std::vector<Case> cases() {
   // over ~5 chunks, its last in the forward direction and its first in the reverse.
   all.push_back({"bf16_segments_long_memory", fixed(1, 32800, 1, 2, 128, 128), DType::bf16, DType::f32, true, true,
                  true, GateRange{-0.004, 0.0}});
+  // 2048 chunks over one head: on an H100 or H200 (132 SMs) the forward runs sixteen segments of 128 chunks in CTAs of
+  // two warpgroups, whose passes (the segment ends pass among them) form W themselves; the backward is unfused, with
+  // sixteen segments of one warpgroup.
+  all.push_back({"bf16_two_warpgroup_segments", fixed(1, 131072, 1, 1, 128, 128), DType::bf16});
   // Ten chunks over one head: the forward runs two segments, the second started from the first's end with
   // no composition step; the backward pairs its two passes.
   all.push_back({"bf16_two_segments", fixed(1, 600, 1, 1, 128, 128), DType::bf16, DType::f32, false, true, true});
