@@ -36,7 +36,8 @@
 //      segment whose chunks do not forget enough (gates near 0) is walked whole, exactly;
 //   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s (sums
 //      in float32, product operands rounded to 16 bits as in every chunk step); segment 0 starts from the
-//      true state, so M_0 is never formed, and with two segments there is nothing to compose;
+//      true state, so M_0 is never formed, and with two segments there is nothing to compose; where every
+//      segment warmed up (every M zero) the starts are copies of the ends, with no chain;
 //   3. the pass proper of every segment in parallel from its true start.
 // The backward segments the same way in its own order (the last segment is its first run): its chunk map is
 // dS^T' = dS^T (e^gamma_last I - K^T diag(..) W) + (terms of dO), so M's rows there carry no dO, and a segment's
@@ -92,7 +93,8 @@ struct HopperSmem {
 // Where a run of a segmented pass warms up (warmup.h) rather than being walked whole: how many of its chunks the
 // warm-up walks, those nearest the next run (a forward run's last, a reverse run's first: its reverse walk's last;
 // A_t is symmetric, so the reverse map's bound is the forward one's, summed from the first chunk on), or 0 where it
-// does not. Every thread that asks chooses alike: the same loads, the same order of sums.
+// does not. Every thread that asks, in step 1 and in segment_starts_kernel, chooses alike: the same loads, the same
+// order of sums.
 template <bool kReverse>
 __device__ __forceinline__ int warmup_chunks(const Params& p, const SequenceChunks& run, int hv) {
   const float* log_norms = p.chunk_log_norms + static_cast<std::int64_t>(hv) * p.chunks + run.first;
@@ -593,7 +595,9 @@ struct SegmentStartsSmem {
   static_assert(bytes <= kSmemLimit);
 };
 
-template <class E, int K>
+// A run that warmed up stored its M as zero, so start_(s+1) is its R_s alone: where every run from the second did,
+// the starts are copies of the ends and nothing chains (the same bits as the products, whose zeros add nothing).
+template <class E, int K, bool kReverse>
 __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_starts_kernel(Params p) {
   using L = SegmentStartsSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
@@ -605,6 +609,20 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
   const int tid = threadIdx.x, n0 = 16 * (tid / 32);
   const int ends = p.segments - 1;
   auto end_rows = [&](int s) { return segment_rows<float>(p.segment_ends, p, n, s, ends, hv, p.V) + v0 * K; };
+  auto start_rows = [&](int s) { return segment_rows<float>(p.segment_starts, p, n, s, p.segments, hv, p.V) + v0 * K; };
+  bool chained = p.chunk_log_norms == nullptr;
+  for (int s = 1; s < ends && !chained; ++s) {
+    const SequenceChunks run = SequenceChunks(p, n).segment(kReverse ? p.segments - 1 - s : s, p.segments);
+    chained = warmup_chunks<kReverse>(p, run, hv) == 0;
+  }
+  if (!chained) {
+    for (int s = 1; s < ends; ++s) {
+      const float4* from = reinterpret_cast<const float4*>(end_rows(s));
+      float4* to = reinterpret_cast<float4*>(start_rows(s + 1));
+      for (int i = tid; i < L::kRows * K / 4; i += L::kThreads) to[i] = from[i];
+    }
+    return;
+  }
   auto load_step = [&](int s) {  // M_s and the CTA's rows of R_s
     if (s < ends) {
       load_rows_async<L::kThreads>(map_tile(s), segment_rows<const E>(p.segment_maps, p, n, s, ends, hv, K), K, K, tid);
@@ -637,7 +655,7 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
       mma_16816<E>(start[0][1], a[kb], b[kb][2], b[kb][3]);
     }
     load_step(s + L::kSlots - 1);  // into the slot step s - 1 read, which every warp left at the last barrier
-    store_pairs(start, segment_rows<float>(p.segment_starts, p, n, s + 1, p.segments, hv, p.V) + v0 * K + n0, K);
+    store_pairs(start, start_rows(s + 1) + n0, K);
     store_accumulator(start, plain(rows_tile(s + 1)), 0, n0);
     cp_async_wait<L::kSlots - 2>();  // this thread's copies of M_(s+1) and R_(s+1)
     __syncthreads();                 // everyone's, and the new rows
@@ -685,7 +703,7 @@ void launch_segment_starts(const Params& p, const char* ends_name, KernelSequenc
                                                              before);
   }
   using Starts = SegmentStartsSmem<E, K>;
-  const int starts = launch<segment_starts_kernel<E, K>>("gdn segment_starts_kernel",
+  const int starts = launch<segment_starts_kernel<E, K, kReverse>>("gdn segment_starts_kernel",
                                                          dim3(p.sequences, p.HV, p.V / Starts::kRows),
                                                          dim3(Starts::kThreads), Starts::bytes, kernels);
   if (p.maps_apart) kernels.join(starts, ends);  // it follows the maps' launch
