@@ -223,7 +223,7 @@ sanitize() {
   local out=$1 tool status
   setup "$out" >/dev/null || return 1
   # The small cases, and one long enough for fifteen segments (segment_starts_kernel's copies and barriers);
-  # then the backward of five through the fused backward (a partial chunk, many CTAs, sixteen segments of its own; dq
+  # then the backward of five through the fused backward (a partial chunk, many CTAs, 32 segments of its own; dq
   # and dk finished per value head, in one CTA with and without the L2 norm, and in cluster pairs with and without
   # segments).
   local small='Grid/CudaVsReference.*/bfloat16_K64_unaligned:Grid/CudaVsReference.*/bfloat16_K128_unaligned:Grid/CudaVsReference.*/f16_single_token:Grid/CudaVsReference.*/bf16_many_heads:Grid/CudaVsReference.*/bf16_long_few_heads'

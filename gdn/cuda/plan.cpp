@@ -11,16 +11,19 @@ bool wgmma_applies(const PlanInputs& in) {
   return in.wgmma_device && in.wgmma_allowed && in.io != DType::f32 && in.K <= 128 && in.V % kWgmmaColumns == 0;
 }
 
-// The fused backward's segments. Its CTAs walk (sequence, segment, value head) back from the exact state gradient at
-// each segment's end (the backward's segment ends pass and segment_starts_kernel compose it), so where the (sequence,
-// value head) units leave SMs idle it takes as many segments as fill one wave, at most 16. Its step (~14 us a chunk)
-// is 4-7x the unfused passes', so it pays only in full waves, and cutting a sequence into segments is how few
-// sequences get them; but every segment adds the recompute's ends pass and the backward's, so a segment must be long.
-// Against the unfused backward on an H100, four segments of 16 chunks took +4.3% (bwd 2/4 8 x 4096), of 32 chunks
-// -0.4% (16/32 1 x 8192), of 128 chunks -10% (16/32 1 x 32768; bench/results/gdn-h100-fused-fill-segments-ab.md),
-// with a recompute of one warpgroup a CTA. With it at two (fad978c), four segments of 32 chunks took 16/32 1 x 8192
-// 0.948 -> 0.834 ms (-12.0%, gdn-h100-fused-floor32-ab.md), so at least 32 chunks each.
-constexpr std::int64_t kFusedSegmentMinChunks = 32;
+// The fused backward's segments. Its CTAs walk (sequence, segment, value head) back from the state gradient at each
+// segment's end (the backward's segment ends pass warms it up or composes it), so where the (sequence,
+// value head) units leave SMs idle it takes as many segments as fill one wave. Its step (~14 us a chunk) is 4-7x the
+// unfused passes', so it pays only in full waves, and cutting a sequence into segments is how few sequences get them.
+// With exact segment starts every segment added the recompute's ends pass and the backward's over all its chunks, so
+// a segment had to be long: against the unfused backward on an H100, four segments of 16 chunks took +4.3% (bwd 2/4
+// 8 x 4096), of 32 chunks -0.4% (16/32 1 x 8192), of 128 chunks -10% (16/32 1 x 32768; bench/results/
+// gdn-h100-fused-fill-segments-ab.md), and with a two-warpgroup recompute (fad978c) four of 32 took 16/32 1 x 8192
+// -12.0% (gdn-h100-fused-floor32-ab.md). Bounded warm-ups make a segment's start cost a few chunks, so the floor is
+// 16 chunks and the cap 32 segments: bwd 2/4 1 x 32768 then fills a wave (32 segments x 4 heads, 128 CTAs), 0.578 ->
+// 0.432 ms (-25.3%), and 2/4 8 x 4096 (four a sequence) 0.486 -> 0.366 ms (-24.6%; gdn-h100-session44-grid-ab.md).
+constexpr std::int64_t kFusedSegmentMinChunks = 16;
+constexpr std::int64_t kFusedMaxSegments = 32;
 
 // Step 1 of a segmented pass (state_hopper.cu) walks each segment but the last for its end rows and, beyond two
 // segments, for its map M. As more row blocks of the ends pass's launch, M's rows take its tiles of V or dO (and
@@ -51,7 +54,8 @@ std::int64_t chunks_per_sequence(const PlanInputs& in) { return in.chunks / std:
 std::int64_t fused_backward_segments(const PlanInputs& in) {
   const std::int64_t units = std::max<std::int64_t>(1, in.sequences * in.value_heads);
   return std::max<std::int64_t>(
-      1, std::min<std::int64_t>({16, in.multiprocessors / units, chunks_per_sequence(in) / kFusedSegmentMinChunks}));
+      1, std::min<std::int64_t>(
+             {kFusedMaxSegments, in.multiprocessors / units, chunks_per_sequence(in) / kFusedSegmentMinChunks}));
 }
 
 // The fused backward (built for K = V = 128) runs one CTA per (sequence, segment, value head) through the chunks, so

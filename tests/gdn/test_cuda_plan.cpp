@@ -109,11 +109,11 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       continue;
     }
     const bool fused_fits = in.op == Operation::chunk_backward && in.K == 128 && in.V == 128;
-    // The fused kernel's segments: the most (up to 16) whose (sequence, segment, value head) CTAs still fit the SMs,
-    // with 32 chunks or more each; none where a segment would hold fewer.
+    // The fused kernel's segments: the most (up to 32) whose (sequence, segment, value head) CTAs still fit the SMs,
+    // with 16 chunks or more each; none where a segment would hold fewer.
     std::int64_t fused_segments = 1;
-    while (fused_segments < 16 && (fused_segments + 1) * in.sequences * in.value_heads <= in.multiprocessors &&
-           32 * (fused_segments + 1) <= in.chunks / in.sequences) {
+    while (fused_segments < 32 && (fused_segments + 1) * in.sequences * in.value_heads <= in.multiprocessors &&
+           16 * (fused_segments + 1) <= in.chunks / in.sequences) {
       ++fused_segments;
     }
     // Unasked: where those CTAs fill their waves to 60% or more, counted as a fraction.
@@ -324,9 +324,9 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan short_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 8192));
   EXPECT_EQ(short_forward.segments, 2);
   EXPECT_EQ(short_forward.warpgroups, 1);
-  // ... and, where the fused backward's segments would be too short (4096 tokens: two of 32 chunks, 64 CTAs), the
+  // ... and, where the fused backward's segments would be too short (2048 tokens: two of 16 chunks, 64 CTAs), the
   // backward's two passes side by side instead (128 units fit 132 SMs).
-  const ExecutionPlan backward = plan_execution(anchor(Operation::chunk_backward, 32, 1, 4096));
+  const ExecutionPlan backward = plan_execution(anchor(Operation::chunk_backward, 32, 1, 2048));
   EXPECT_TRUE(backward.paired);
   EXPECT_EQ(backward.segments, 1);
   EXPECT_FALSE(backward.late_prepare);
@@ -337,11 +337,12 @@ TEST(CudaPlanAnchors, H200Choices) {
   // The fused backward unasked where its CTAs fill their waves to 60%: eight sequences of 32 heads (256 CTAs, two
   // waves 97% full; its recompute takes two warpgroups per CTA as the forward would), the 0.8B model's eight of 16
   // heads (128 CTAs, one wave), seven of 32 (224 CTAs, 85%), three of 32 (96 CTAs, 73%) and five of 32 (160 CTAs,
-  // 61%); where the (sequence, value head) units are fewer, segments of 32 chunks or more fill the wave: one sequence
+  // 61%); where the (sequence, value head) units are fewer, segments of 16 chunks or more fill the wave: one sequence
   // of 32 heads and 32768 tokens in four (128 CTAs; its recompute's 128 CTAs of two warpgroups, one wave, as the
-  // forward's plan of the same call), one of 8192 tokens in four, two of 4096 in
-  // two. Not one of 4096 tokens (two segments of 32 chunks leave 64 CTAs, 48%), eight of 4 heads (two segments: 64
-  // CTAs), nor where DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence of 4096 tokens takes it in two.
+  // forward's plan of the same call), one of 8192 or 4096 tokens in four, two of 4096 in two, eight of 4 heads and
+  // 4096 tokens in four, one of 4 heads and 32768 tokens in 32 (the cap). Not one of 2048 tokens (two segments of 16
+  // chunks leave 64 CTAs, 48%), eight of 4 heads and 2048 tokens (two segments: 64 CTAs), nor where
+  // DELTATRAIN_CUDA_FUSED_BACKWARD=0. Asked for, one sequence of 2048 tokens takes it in two.
   auto with_setting = [](PlanInputs in, bool fused) {
     in.fused_backward_setting = fused;
     return plan_execution(in);
@@ -365,10 +366,14 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_EQ(shorter.segments, 4);
   EXPECT_EQ(plan_execution(anchor(Operation::chunk_backward, 32, 2, 4096)).segments, 2);
   EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 2, 4096)).fused_backward);
-  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 4096)).fused_backward);
-  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 8, 4096)).fused_backward);
+  EXPECT_EQ(plan_execution(anchor(Operation::chunk_backward, 32, 1, 4096)).segments, 4);
+  EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 4096)).fused_backward);
+  EXPECT_EQ(plan_execution(anchor(Operation::chunk_backward, 4, 8, 4096)).segments, 4);
+  EXPECT_TRUE(plan_execution(anchor(Operation::chunk_backward, 4, 8, 4096)).fused_backward);
+  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 32, 1, 2048)).fused_backward);
+  EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 8, 2048)).fused_backward);
   EXPECT_FALSE(with_setting(anchor(Operation::chunk_backward, 32, 8, 4096), false).fused_backward);
-  const ExecutionPlan one = with_setting(anchor(Operation::chunk_backward, 32, 1, 4096), true);
+  const ExecutionPlan one = with_setting(anchor(Operation::chunk_backward, 32, 1, 2048), true);
   EXPECT_TRUE(one.fused_backward);
   EXPECT_EQ(one.segments, 2);
   EXPECT_EQ(one.warpgroups, 2);
@@ -387,7 +392,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(plan_execution(split).role_split);
   EXPECT_TRUE(plan_execution(split).fused_input_grads);
   EXPECT_FALSE(eight.role_split);
-  PlanInputs unfused_split = anchor(Operation::chunk_backward, 32, 1, 4096);
+  PlanInputs unfused_split = anchor(Operation::chunk_backward, 32, 1, 2048);
   unfused_split.role_split_requested = true;
   EXPECT_FALSE(plan_execution(unfused_split).role_split);
   // W is formed in the wgmma passes of two warpgroups (64 keys each), the segment ends passes of either direction
@@ -417,14 +422,19 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), false), 276u);
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 8, 4096), true), 536u)
       << "two value heads a key head";
-  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 4096), false), 532u) << "one warpgroup: W";
+  EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 2048), false), 532u) << "one warpgroup: W";
   EXPECT_EQ(saved_per_token_head(unfused, false), 532u) << "two warpgroups, unfused: the reverse pass reads W";
-  // Four heads of one long sequence: 8 units, 16 segments (the cap), which beats pairing; their 32 chunks each launch
-  // M's rows apart from the ends pass, 8 chunks each (8192 tokens) do not, and two segments need no M.
-  const ExecutionPlan few = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
+  // Four heads of one long sequence, unfused: 8 units, 16 segments (the cap), which beats pairing; their 32 chunks
+  // each launch M's rows apart from the ends pass, 8 chunks each (8192 tokens) do not, and two segments need no M.
+  // Fused (unasked), its 32 segments of 16 chunks keep M's rows in the ends pass.
+  const ExecutionPlan few = with_setting(anchor(Operation::chunk_backward, 4, 1, 32768), false);
   EXPECT_EQ(few.segments, 16);
   EXPECT_FALSE(few.paired);
   EXPECT_TRUE(few.maps_apart);
+  const ExecutionPlan few_fused = plan_execution(anchor(Operation::chunk_backward, 4, 1, 32768));
+  EXPECT_TRUE(few_fused.fused_backward);
+  EXPECT_EQ(few_fused.segments, 32);
+  EXPECT_FALSE(few_fused.maps_apart);
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 1, 8192)).maps_apart);
   EXPECT_TRUE(long_forward.maps_apart) << "four segments of 128 chunks";
   // Eight heads, one sequence: 8 forward segments, M's rows apart at 64 chunks each (32768 tokens), not at 16 (8192).

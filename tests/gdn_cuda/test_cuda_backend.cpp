@@ -110,7 +110,7 @@ std::vector<Case> cases() {
   all.push_back({"bf16_long_few_heads", fixed(1, 4000, 1, 2, 128, 128), DType::bf16});
   // 513 chunks: the passes' 16 segments of 32 chunks or more launch M's rows apart from the ends pass (above, 15 of
   // 4 chunks do not); where the fused backward runs (DELTATRAIN_CUDA_FUSED_BACKWARD=1) it takes segments of its own,
-  // sixteen of 32 chunks or more, the later ones started from composed state gradients.
+  // thirty-two of 16 chunks or more, the later ones started from state gradients warmed up or composed.
   all.push_back({"bf16_fused_segments", fixed(1, 32800, 1, 2, 128, 128), DType::bf16, DType::f32, true, true, true});
   // The same over gates near 0 (-0.004 to 0 a token, about -4 over a segment): no segment's chunks forget enough of
   // its start for the segment ends passes to warm up (gdn/cuda/warmup.h), so every start, and every state gradient at
