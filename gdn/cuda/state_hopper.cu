@@ -14,10 +14,11 @@
 // themselves, a chunk ahead in their walk, from the K tile the stage holds anyway: W does not depend on the state, so
 // its product runs behind the step's state update, and prepare neither forms nor stores W for them. All but the
 // backward's reverse pass proper do (the reverse segment ends pass among them, with T and beta copied for it). The
-// forward-direction ones form it from the T, beta and gates they hold for U: the forward pass, whose registers O's accumulators
-// make the tightest, scales T into a shared tile of T diag(beta e^gamma) once the copies have landed and takes both
-// operands from shared memory (held in registers, that operand spilled); the others, bound by their copies more than
-// by their chain, scale it in registers. The other passes read prepare's W. The passes read T, not T diag(beta), and
+// forward-direction ones form it from the T, beta and gates they hold for U: the forward pass, whose registers O's
+// accumulators make the tightest, scales T into a shared tile of T diag(beta e^gamma) once the copies have landed
+// and takes both operands from shared memory (held in registers, that operand spilled); the others, bound by their
+// copies more than by their chain, scale it in registers. The other passes (the reverse pass proper, and those of one
+// warpgroup over all 128 keys) read prepare's W. The passes read T, not T diag(beta), and
 // scale V^T's fragments by beta for U: T is what the backward reads too, so that prepare writes one 64 x 64 tile a
 // chunk and head for both, not two.
 //
