@@ -48,6 +48,9 @@ constexpr std::int64_t kMapsApartMinChunks = 32;
 // stays where that evidence stops, not at a measured optimum.
 constexpr std::int64_t kTwoWarpgroupSegmentMinChunks = 128;
 
+// Whether a CTA may take two warpgroups on adjacent 64 columns: K = 128 and V a multiple of 128.
+bool two_warpgroups_fit(const PlanInputs& in) { return in.K == 128 && in.V % (2 * kWgmmaColumns) == 0; }
+
 // A sequence's chunks on average: what each sequence's segments share.
 std::int64_t chunks_per_sequence(const PlanInputs& in) { return in.chunks / std::max<std::int64_t>(1, in.sequences); }
 
@@ -102,7 +105,7 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     // and their copies, the SM interleaves their two latency-bound chains of steps, and half as many CTAs
     // make fewer waves (forward state pass, 16/32 heads, 4 x 8192 tokens: 0.462 -> 0.352 ms on the H200).
     // Where segments are needed, a forward takes two only with long segments (kTwoWarpgroupSegmentMinChunks).
-    plan.warpgroups = in.K == 128 && in.V % (2 * kWgmmaColumns) == 0 ? 2 : 1;
+    plan.warpgroups = two_warpgroups_fit(in) ? 2 : 1;
     return plan;
   }
   // Every segment but the last walks its chunks twice (ends with K more rows, then the pass proper), yet
@@ -121,7 +124,7 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
     return plan;
   }
   plan.segments = segments >= 2 ? static_cast<int>(segments) : 1;
-  if (in.op == Operation::chunk_forward && in.K == 128 && in.V % (2 * kWgmmaColumns) == 0) {
+  if (in.op == Operation::chunk_forward && two_warpgroups_fit(in)) {
     const std::int64_t two_group_segments = segments_of(units / 2);
     if (two_group_segments >= 2 && chunks_per_sequence(in) / two_group_segments >= kTwoWarpgroupSegmentMinChunks) {
       plan.warpgroups = 2;

@@ -56,6 +56,12 @@ template <class T>
 __device__ __forceinline__ T* segment_rows(void* base, const Params& p, int n, int run, int runs, int hv, int rows) {
   return static_cast<T*>(base) + ((static_cast<std::int64_t>(n) * runs + run) * p.HV + hv) * rows * p.K;
 }
+// Run `run` of sequence n's segmented pass (0 the first walked: in the reverse passes the last segment).
+template <bool kReverse>
+__device__ __forceinline__ SequenceChunks run_chunks(const Params& p, int n, int run) {
+  return SequenceChunks(p, n).segment(kReverse ? p.segments - 1 - run : run, p.segments);
+}
+
 // The rows of S^T (or of its gradient) entering run `run` >= 1 of sequence n's segmented pass, [V][K] in float32:
 // for the second run the end of the first, which the segment ends pass stored; later ones segment_starts_kernel's.
 __device__ __forceinline__ const float* segment_start_rows(const Params& p, int n, int run, int hv) {

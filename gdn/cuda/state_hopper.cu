@@ -153,7 +153,7 @@ struct HopperPass {
         row_block((kMapsOnly ? params.V : 0) + column_block * kColumns * kGroups), tid(threadIdx.x),
         m0(16 * (threadIdx.x / 32)),
         transition_rows(kMapsOnly || (kPass == Pass::segment_ends && row_block >= params.V)), at{row_block + m0, 0},
-        chunks(SequenceChunks(params, n).segment(kReverse ? params.segments - 1 - run : run, params.segments)) {
+        chunks(run_chunks<kReverse>(params, n, run)) {
     const int raw = static_cast<int>(smem_address(smem_raw));
     smem = smem_raw + (round_up(raw, 1024) - raw);
     smem_base = round_up(raw, 1024);
@@ -613,8 +613,7 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
   auto start_rows = [&](int s) { return segment_rows<float>(p.segment_starts, p, n, s, p.segments, hv, p.V) + v0 * K; };
   bool chained = p.chunk_log_norms == nullptr;
   for (int s = 1; s < ends && !chained; ++s) {
-    const SequenceChunks run = SequenceChunks(p, n).segment(kReverse ? p.segments - 1 - s : s, p.segments);
-    chained = warmup_chunks<kReverse>(p, run, hv) == 0;
+    chained = warmup_chunks<kReverse>(p, run_chunks<kReverse>(p, n, s), hv) == 0;
   }
   if (!chained) {
     for (int s = 1; s < ends; ++s) {
