@@ -213,7 +213,7 @@ __device__ __forceinline__ void fused_backward(const Params& p) {
   if (run == 0) {
     load_state(ds, p.dht, p, n, hv, at);
   } else {
-    load_pairs(ds, segment_start_rows(p, n, run, hv) + at.v0 * K, K, 16);
+    load_pairs(ds, segment_start_rows<true>(p, n, run, hv) + at.v0 * K, K, 16);
   }
 
   // The partner's reads of this CTA's partial end on the cluster barrier's second phase: arrived here for the first

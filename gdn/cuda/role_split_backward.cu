@@ -421,13 +421,15 @@ struct StateRole : Cta<E> {
 
   __device__ void walk() const {
     float ds[2][kKeys / 8][4];  // dS'^T, then dS^T: half b holds rows 64 b + m0..
+    // The final state's gradient, or the gradient at the next segment's start that steps 1 and 2 left.
+    const float* start = this->run == 0 ? nullptr : segment_start_rows<true>(p, this->n, this->run, hv);
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const StateRows at{64 * b + m0, 0};
-      if (this->run == 0) {  // the final state's gradient, or the next segment's start that composed it
+      if (start == nullptr) {
         load_state(row_block(ds, b), p.dht, p, this->n, hv, at);
       } else {
-        load_pairs(row_block(ds, b), segment_start_rows(p, this->n, this->run, hv) + at.v0 * kKeys, kKeys, 16);
+        load_pairs(row_block(ds, b), start + at.v0 * kKeys, kKeys, 16);
       }
     }
     const int count = chunks.count;

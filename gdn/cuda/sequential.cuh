@@ -3,6 +3,7 @@
 #pragma once
 
 #include "chunk.cuh"
+#include "warmup.h"
 
 namespace deltatrain::gdn::cuda {
 
@@ -62,10 +63,33 @@ __device__ __forceinline__ SequenceChunks run_chunks(const Params& p, int n, int
   return SequenceChunks(p, n).segment(kReverse ? p.segments - 1 - run : run, p.segments);
 }
 
-// The rows of S^T (or of its gradient) entering run `run` >= 1 of sequence n's segmented pass, [V][K] in float32:
-// for the second run the end of the first, which the segment ends pass stored; later ones segment_starts_kernel's.
+// Where a run of a segmented pass warms up (warmup.h) rather than being walked whole: how many of its chunks the
+// warm-up walks, those nearest the next run (a forward run's last, a reverse run's first: its reverse walk's last;
+// A_t is symmetric, so the reverse map's bound is the forward one's, summed from the first chunk on), or 0 where it
+// does not (or the call has no bounds). Every thread that asks (the segment ends pass, segment_starts_kernel and the
+// readers of the starts) chooses alike: the same loads, the same order of sums.
+template <bool kReverse>
+__device__ __forceinline__ int warmup_chunks(const Params& p, const SequenceChunks& run, int hv) {
+  if (p.chunk_log_norms == nullptr) return 0;
+  const float* log_norms = p.chunk_log_norms + static_cast<std::int64_t>(hv) * p.chunks + run.first;
+  const int count = run.count;
+  int first;  // in the walk's order
+  if constexpr (kReverse) {
+    first = warmup_first_chunk(count, [&](int c) { return log_norms[count - 1 - c]; });
+  } else {
+    first = warmup_first_chunk(count, [&](int c) { return log_norms[c]; });
+  }
+  return first < 0 ? 0 : count - first;
+}
+
+// The rows of S^T (or of its gradient) entering run `run` >= 1 of sequence n's segmented pass, [V][K] in float32.
+// start_r = start_(r-1) M_(r-1) + R_(r-1), so where the previous run is the first (it started from the true state) or
+// warmed up (its M is zero) the start is that run's end R_(r-1), which the segment ends pass stored, and is read
+// there; else it is the one segment_starts_kernel composed, which then chains.
+template <bool kReverse>
 __device__ __forceinline__ const float* segment_start_rows(const Params& p, int n, int run, int hv) {
-  return run == 1 ? segment_rows<float>(p.segment_ends, p, n, 0, p.segments - 1, hv, p.V)
+  const bool from_end = run == 1 || warmup_chunks<kReverse>(p, run_chunks<kReverse>(p, n, run - 1), hv) > 0;
+  return from_end ? segment_rows<float>(p.segment_ends, p, n, run - 1, p.segments - 1, hv, p.V)
                   : segment_rows<float>(p.segment_starts, p, n, run, p.segments, hv, p.V);
 }
 

@@ -33,13 +33,14 @@
 //      each fits an SM; elsewhere they are more row blocks of the ends pass's launch. Where prepare bounds each chunk's
 //      map (p.chunk_log_norms, every segmented call: warmup.h), a segment whose last chunks forget all but 2^-24 of
 //      the state entering them warms up instead: R_s is the walk of those chunks alone from a zero start (segment 0
-//      too: it forgets h0), and its M_s is stored as zero, so that step 2 takes R_s alone as the next start; a
+//      too: it forgets h0), and its M_s is stored as zero: the next segment starts from R_s alone; a
 //      segment whose chunks do not forget enough (gates near 0) is walked whole, exactly;
 //   2. segment_starts_kernel, per (sequence, head): start_1 = R_0, start_(s+1) = start_s M_s + R_s (sums
 //      in float32, product operands rounded to 16 bits as in every chunk step); segment 0 starts from the
 //      true state, so M_0 is never formed, and with two segments there is nothing to compose; where every
-//      segment warmed up (every M zero) the starts are copies of the ends, with no chain;
-//   3. the pass proper of every segment in parallel from its true start.
+//      segment warmed up (every M zero) nothing chains and it stores nothing;
+//   3. the pass proper of every segment in parallel from its true start: the previous segment's end R where
+//      that segment is the first or warmed up, else step 2's (segment_start_rows, sequential.cuh).
 // The backward segments the same way in its own order (the last segment is its first run): its chunk map is
 // dS^T' = dS^T (e^gamma_last I - K^T diag(..) W) + (terms of dO), so M's rows there carry no dO, and a segment's
 // warm-up walks its first chunks (the reverse walk's last), bounded by the same B_c.
@@ -91,24 +92,6 @@ struct HopperSmem {
   static_assert(bytes <= kSmemLimit);
 };
 
-// Where a run of a segmented pass warms up (warmup.h) rather than being walked whole: how many of its chunks the
-// warm-up walks, those nearest the next run (a forward run's last, a reverse run's first: its reverse walk's last;
-// A_t is symmetric, so the reverse map's bound is the forward one's, summed from the first chunk on), or 0 where it
-// does not. Every thread that asks, in step 1 and in segment_starts_kernel, chooses alike: the same loads, the same
-// order of sums.
-template <bool kReverse>
-__device__ __forceinline__ int warmup_chunks(const Params& p, const SequenceChunks& run, int hv) {
-  const float* log_norms = p.chunk_log_norms + static_cast<std::int64_t>(hv) * p.chunks + run.first;
-  const int count = run.count;
-  int first;  // in the walk's order
-  if constexpr (kReverse) {
-    first = warmup_first_chunk(count, [&](int c) { return log_norms[count - 1 - c]; });
-  } else {
-    first = warmup_first_chunk(count, [&](int c) { return log_norms[c]; });
-  }
-  return first < 0 ? 0 : count - first;
-}
-
 // What the forward and the backward kernels share: the CTA's place, its chunks, its tiles and their copies,
 // and the segmented pass's start and end rows. The grid is (sequences x runs, HV, row blocks of 64 kGroups,
 // one warpgroup per 64 rows): runs are the sequence's segments in the order the pass walks them (the
@@ -157,9 +140,7 @@ struct HopperPass {
     const int raw = static_cast<int>(smem_address(smem_raw));
     smem = smem_raw + (round_up(raw, 1024) - raw);
     smem_base = round_up(raw, 1024);
-    if constexpr (kEnds) {
-      if (p.chunk_log_norms != nullptr) choose_warmup();
-    }
+    if constexpr (kEnds) choose_warmup();
   }
 
   // Step 1's choice (warmup_chunks). Rows of M of a run that warms up walk nothing: they store M as zero
@@ -352,7 +333,7 @@ struct HopperPass {
     } else if constexpr (kEnds) {
       zero(state);
     } else {
-      load_pairs(state, segment_start_rows(p, n, run, hv) + at.v0 * K, K, 16);
+      load_pairs(state, segment_start_rows<kReverse>(p, n, run, hv) + at.v0 * K, K, 16);
     }
   }
   // Whether the CTA has no walk to make: rows of M of the first run (it starts from the true state, so no step uses
@@ -596,8 +577,12 @@ struct SegmentStartsSmem {
   static_assert(bytes <= kSmemLimit);
 };
 
-// A run that warmed up stored its M as zero, so start_(s+1) is its R_s alone: where every run from the second did,
-// the starts are copies of the ends and nothing chains (the same bits as the products, whose zeros add nothing).
+// A run that warmed up stored its M as zero, so start_(s+1) is its R_s alone, which its readers take from the ends
+// (segment_start_rows): where every run from the second did, nothing chains and the kernel stores nothing. Each
+// thread asks about its own runs, so that their bounds' loads are in flight together: asked one run after another,
+// and with the ends copied into the starts, the kernel took nearly what the chain had (bwd 2/4 1x8192 on an H100:
+// 0.038 -> 0.034 ms, session 44); asked together and read where they lie, 0.034 -> 0.004 ms, and bwd 2/4 1x32768
+// 0.071 -> 0.004 (the cells -13.9% and -16.5%: bench/results/gdn-h100-starts-read-where-they-lie-ab.md).
 template <class E, int K, bool kReverse>
 __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_starts_kernel(Params p) {
   using L = SegmentStartsSmem<E, K>;
@@ -610,19 +595,11 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
   const int tid = threadIdx.x, n0 = 16 * (tid / 32);
   const int ends = p.segments - 1;
   auto end_rows = [&](int s) { return segment_rows<float>(p.segment_ends, p, n, s, ends, hv, p.V) + v0 * K; };
-  auto start_rows = [&](int s) { return segment_rows<float>(p.segment_starts, p, n, s, p.segments, hv, p.V) + v0 * K; };
-  bool chained = p.chunk_log_norms == nullptr;
-  for (int s = 1; s < ends && !chained; ++s) {
-    chained = warmup_chunks<kReverse>(p, run_chunks<kReverse>(p, n, s), hv) == 0;
+  bool walked_whole = false;  // some run of this thread's, from the second, did not warm up
+  for (int s = 1 + tid; s < ends; s += L::kThreads) {
+    walked_whole = walked_whole || warmup_chunks<kReverse>(p, run_chunks<kReverse>(p, n, s), hv) == 0;
   }
-  if (!chained) {
-    for (int s = 1; s < ends; ++s) {
-      const float4* from = reinterpret_cast<const float4*>(end_rows(s));
-      float4* to = reinterpret_cast<float4*>(start_rows(s + 1));
-      for (int i = tid; i < L::kRows * K / 4; i += L::kThreads) to[i] = from[i];
-    }
-    return;
-  }
+  if (!__syncthreads_or(walked_whole)) return;
   auto load_step = [&](int s) {  // M_s and the CTA's rows of R_s
     if (s < ends) {
       load_rows_async<L::kThreads>(map_tile(s), segment_rows<const E>(p.segment_maps, p, n, s, ends, hv, K), K, K, tid);
@@ -655,7 +632,7 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
       mma_16816<E>(start[0][1], a[kb], b[kb][2], b[kb][3]);
     }
     load_step(s + L::kSlots - 1);  // into the slot step s - 1 read, which every warp left at the last barrier
-    store_pairs(start, start_rows(s + 1) + n0, K);
+    store_pairs(start, segment_rows<float>(p.segment_starts, p, n, s + 1, p.segments, hv, p.V) + v0 * K + n0, K);
     store_accumulator(start, plain(rows_tile(s + 1)), 0, n0);
     cp_async_wait<L::kSlots - 2>();  // this thread's copies of M_(s+1) and R_(s+1)
     __syncthreads();                 // everyone's, and the new rows
