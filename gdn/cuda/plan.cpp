@@ -44,9 +44,11 @@ constexpr std::int64_t kMapsApartMinChunks = 32;
 // 1x8192, four of 32, +7.3%; 2/8 1x32768 and 1x8192, sixteen of 32 and 8, +1.3% and +19.9%: bench/results/
 // gdn-h100-two-warpgroup-segments-ab.md). With warm-ups, and the segment ends passes forming W as well, so that no
 // prepare writes it: fwd 16/32 1x32768 1.02 -> 0.86 ms (-15.6%), 16/64 1x32768 1.90 -> 1.67 (-11.4%; bench/results/
-// gdn-h100-two-warpgroup-segments-copied-starts-ab.md). Shorter segments are not measured with warm-ups, so the floor
-// stays where that evidence stops, not at a measured optimum.
-constexpr std::int64_t kTwoWarpgroupSegmentMinChunks = 128;
+// gdn-h100-two-warpgroup-segments-copied-starts-ab.md). With warm-ups a segment's ends pass walks a few chunks, so
+// the floor is 32 chunks: fwd 16/32 1x8192 (four of 32) -6.4%, 16/64 1x8192 (two of 64) -2.0%, 2/8 1x32768 (sixteen
+// of 32) -4.0%, 2/8 8192x4 (four of 32 a sequence) -6.7% (H100, bench/results/gdn-h100-two-warpgroup-floor-32-ab.md).
+// Below it, segments of 16 (fwd 2/8 1x8192, eight) are not measured.
+constexpr std::int64_t kTwoWarpgroupSegmentMinChunks = 32;
 
 // Whether a CTA may take two warpgroups on adjacent 64 columns: K = 128 and V a multiple of 128.
 bool two_warpgroups_fit(const PlanInputs& in) { return in.K == 128 && in.V % (2 * kWgmmaColumns) == 0; }

@@ -150,13 +150,13 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
       EXPECT_EQ(plan.warpgroups, in.K == 128 && in.V % (2 * kWgmmaColumns) == 0 ? 2 : 1);
       continue;
     }
-    // A forward whose segments of two-warpgroup CTAs would hold 128 chunks or more takes those (its passes then form
+    // A forward whose segments of two-warpgroup CTAs would hold 32 chunks or more takes those (its passes then form
     // W); every other call below a wave takes one warpgroup a CTA.
     const bool two_groups_fit = in.K == 128 && in.V % (2 * kWgmmaColumns) == 0;
     const std::int64_t two_group_segments =
         std::min<std::int64_t>({16, in.multiprocessors / (units / 2), in.chunks / in.sequences / 4});
     const bool long_two_group_segments = in.op == Operation::chunk_forward && two_groups_fit &&
-                                         two_group_segments >= 2 && in.chunks / in.sequences / two_group_segments >= 128;
+                                         two_group_segments >= 2 && in.chunks / in.sequences / two_group_segments >= 32;
     EXPECT_EQ(plan.warpgroups, long_two_group_segments ? 2 : 1);
     if (long_two_group_segments) {
       EXPECT_EQ(plan.segments, two_group_segments);
@@ -312,8 +312,8 @@ PlanInputs anchor(Operation op, std::int64_t value_heads, std::int64_t sequences
 TEST(CudaPlanAnchors, H200Choices) {
   // 32 heads x 2 column blocks = 64 units of one sequence: in the forward, CTAs of two warpgroups (32 a segment) in
   // four segments of 128 chunks, rather than two segments of one warpgroup a CTA; 64 heads, which fill 128 of 132 SMs
-  // unsegmented, two segments of 256 chunks in two-warpgroup CTAs; at 8192 tokens (segments of 32 chunks) one
-  // warpgroup ...
+  // unsegmented, two segments of 256 chunks in two-warpgroup CTAs; at 8192 tokens four segments of 32 chunks in
+  // two-warpgroup CTAs too; at 4096 tokens (two-warpgroup segments of 16 chunks) one warpgroup ...
   const ExecutionPlan long_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768));
   EXPECT_EQ(long_forward.segments, 4);
   EXPECT_EQ(long_forward.warpgroups, 2);
@@ -321,7 +321,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan wide_forward = plan_execution(anchor(Operation::chunk_forward, 64, 1, 32768));
   EXPECT_EQ(wide_forward.segments, 2);
   EXPECT_EQ(wide_forward.warpgroups, 2);
-  const ExecutionPlan short_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 8192));
+  const ExecutionPlan forward_8192 = plan_execution(anchor(Operation::chunk_forward, 32, 1, 8192));
+  EXPECT_EQ(forward_8192.segments, 4);
+  EXPECT_EQ(forward_8192.warpgroups, 2);
+  const ExecutionPlan short_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 4096));
   EXPECT_EQ(short_forward.segments, 2);
   EXPECT_EQ(short_forward.warpgroups, 1);
   // ... and, where the fused backward's segments would be too short (2048 tokens: two of 16 chunks, 64 CTAs), the
@@ -437,9 +440,11 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_FALSE(few_fused.maps_apart);
   EXPECT_FALSE(plan_execution(anchor(Operation::chunk_backward, 4, 1, 8192)).maps_apart);
   EXPECT_TRUE(long_forward.maps_apart) << "four segments of 128 chunks";
-  // Eight heads, one sequence: 8 forward segments, M's rows apart at 64 chunks each (32768 tokens), not at 16 (8192).
+  // Eight heads, one sequence: at 32768 tokens 16 forward segments of 32 chunks in two-warpgroup CTAs, M's rows apart;
+  // at 8192, 8 one-warpgroup segments of 16 chunks, M's rows in the ends pass.
   const ExecutionPlan eight_heads = plan_execution(anchor(Operation::chunk_forward, 8, 1, 32768));
-  EXPECT_EQ(eight_heads.segments, 8);
+  EXPECT_EQ(eight_heads.segments, 16);
+  EXPECT_EQ(eight_heads.warpgroups, 2);
   EXPECT_TRUE(eight_heads.maps_apart);
   const ExecutionPlan eight_heads_short = plan_execution(anchor(Operation::chunk_forward, 8, 1, 8192));
   EXPECT_EQ(eight_heads_short.segments, 8);
