@@ -202,7 +202,6 @@ struct Call {
     k.segments = plan.segments;
     k.warpgroups = plan.warpgroups;
     k.paired = plan.paired;
-    k.late_prepare = plan.late_prepare;
     k.maps_apart = plan.maps_apart;
     k.warp_pairs = plan.warp_pairs;
     k.fused_backward = plan.fused_backward;

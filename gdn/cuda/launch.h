@@ -37,15 +37,9 @@ void copy_padded(const void* src, MatrixBatch from, void* dst, MatrixBatch to, s
 // The chunk schedule and, when `normalise`, the L2 norm of q and k into p.q_normed and p.k_normed (one launch; a
 // backward that reads them from the forward's saved buffer does not normalise again).
 void launch_start(const Params& p, DType io, bool normalise, KernelSequence& kernels);
-// The chunks a launch of prepare covers: all of them, or (p.late_prepare) those of every segment but the
-// last, and then the last segment's.
-enum class PrepareChunks { all, before_last_segment, last_segment };
 // gamma, P, W where p.w is set, U where p.u is set, T and beta by head where p.t and p.beta_by_head are set (the wgmma
-// passes, the backward): for every chunk, or where p.late_prepare for every segment's but the last.
+// passes, the backward), for every chunk.
 void launch_prepare(const Params& p, DType io, KernelSequence& kernels);
-// Where p.late_prepare, the same for the last segment's chunks, after kernel `after` (the first prepare),
-// so that it may run beside the segment ends pass; returns its index.
-int launch_late_prepare(const Params& p, DType io, KernelSequence& kernels, int after);
 // The sequential pass over chunks: o and the final state (forward), or the states entering each chunk
 // and delta (recompute for the backward).
 void launch_state_forward(const Params& p, DType io, bool recompute, KernelSequence& kernels);

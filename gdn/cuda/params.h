@@ -25,7 +25,6 @@ struct Params {
   int segments = 1;     // runs of chunks per sequence those split into
   int warpgroups = 1;   // per CTA of the wgmma passes
   bool paired = false;  // the backward's two wgmma passes in one launch
-  bool late_prepare = false;  // prepare's launch skips the last segment's chunks; a second one beside the ends pass
   bool maps_apart = false;    // the segments' rows of M in a launch of their own, beside the ends pass
   int warp_pairs = 2;   // per CTA of the mma.sync passes (state.cu)
   bool fused_backward = false;  // the backward after the recompute pass is fused_backward_kernel

@@ -80,12 +80,12 @@ bool fused_backward_applies(const PlanInputs& in) {
 
 ExecutionPlan plan_wgmma(const PlanInputs& in) {
   if (fused_backward_applies(in)) {
-    // Its one state pass, the recompute, and the kernel itself walk the fused kernel's segments, and nothing pairs or
-    // prepares late. The recompute takes two warpgroups a CTA (K = V = 128 here): its (sequence, segment, head, 64
-    // columns) units are twice the fused kernel's CTAs, which fill 60% of the SMs or more unasked, so they fill the
-    // GPU, where the forward's rule takes two as well. With segments, one warpgroup a CTA (118 KB of shared memory:
-    // one an SM) would run its pass proper in two waves; two run it in one, and form W themselves instead of reading
-    // prepare's (which the backward's segment ends pass still reads).
+    // Its one state pass, the recompute, and the kernel itself walk the fused kernel's segments, and nothing pairs.
+    // The recompute takes two warpgroups a CTA (K = V = 128 here): its (sequence, segment, head, 64 columns) units
+    // are twice the fused kernel's CTAs, which fill 60% of the SMs or more unasked, so they fill the GPU, where the
+    // forward's rule takes two as well. With segments, one warpgroup a CTA (118 KB of shared memory: one an SM) would
+    // run its pass proper in two waves; two run it in one, and form W themselves instead of reading prepare's (which
+    // the backward's segment ends pass still reads).
     ExecutionPlan plan;
     plan.wgmma = true;
     plan.segments = static_cast<int>(fused_backward_segments(in));
@@ -133,10 +133,11 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
       plan.segments = static_cast<int>(two_group_segments);
     }
   }
-  // The segment ends pass reads the chunks of every segment but the last, and its CTAs (at most one an SM)
-  // leave SMs idle: the last segment's chunks are prepared there meanwhile (the backward's passes start
-  // from the last segment, so it keeps one prepare).
-  plan.late_prepare = in.op == Operation::chunk_forward && plan.segments > 1;
+  // Prepare is one launch before the segment ends pass. Preparing the last segment's chunks beside that pass, in a
+  // second launch over the chunk table, paid while the pass walked whole segments (fwd 16/32 1x32768 1.152 -> 1.070
+  // ms); with warm-ups it walks a few chunks and hides little, and each launch's CTAs of the other chunks still
+  // started and returned: without it fwd 16/32 1x32768 -7.8%, 16/64 1x32768 -9.4%, 2/8 1x8192 -4.4% (H100,
+  // bench/results/gdn-h100-no-late-prepare-ab.md).
   return plan;
 }
 

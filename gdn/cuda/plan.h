@@ -53,7 +53,6 @@ struct ExecutionPlan {
   int segments = 1;     // wgmma: runs of chunks each sequence's passes split into (1: none)
   int warpgroups = 1;   // wgmma: warpgroups per CTA, each on its own 64 columns of V
   bool paired = false;  // wgmma, backward: the recompute and the reverse pass side by side in one launch
-  bool late_prepare = false;  // wgmma, forward with segments: prepare the last segment's chunks beside the ends pass
   // wgmma, more than two segments: the rows of M (the segments' chunk maps) launched beside the segment ends pass
   // instead of as more row blocks of its launch (state_hopper.cu, step 1), where segments are long enough to pay for it
   bool maps_apart = false;

@@ -12,7 +12,6 @@
 #include "chunk.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
-#include "sequential.cuh"
 #include "warmup.h"
 
 namespace deltatrain::gdn::cuda {
@@ -297,18 +296,6 @@ __device__ void store_chunk_log_norm(const Params& p, int chunk, int hv, const f
   if (lane == 0) p.chunk_log_norms[at] = gamma_last.x + gamma_last.y + sum;
 }
 
-// Whether chunk c of the chunk table is one the launch covers.
-template <PrepareChunks kChunks>
-__device__ bool covers(const Params& p, int c, const ChunkInfo& chunk) {
-  if constexpr (kChunks == PrepareChunks::all) {
-    return true;
-  } else {
-    const int first = p.sequence_chunks[chunk.sequence], count = p.sequence_chunks[chunk.sequence + 1] - first;
-    const bool last = SequenceChunks::segment_of(c - first, count, p.segments) == p.segments - 1;
-    return last == (kChunks == PrepareChunks::last_segment);
-  }
-}
-
 // Prepare's launch order. Where the passes form W (two warpgroups a CTA: the batched cells), a GVA group's value heads
 // of one chunk are adjacent CTAs, so that each after the first finds its key head's q and k tiles in L2: with the chunk
 // fastest they were `chunks` CTAs apart, about one resident wave, and 69% of those second reads went to DRAM (fwd
@@ -338,7 +325,7 @@ __device__ PrepareBlock prepare_block(const Params& p) {
 // form it from T, beta and the gates. A template argument, so that a kernel that does not form W carries neither
 // T diag(beta e^gamma) nor W's product: as runtime branches they cost the kernel that forms W (at its 64 registers) 12
 // more bytes of spills and 2-4% of its time.
-template <class E, int K, PrepareChunks kChunks, bool kFormsW>
+template <class E, int K, bool kFormsW>
 __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_sm) prepare_kernel(Params p) {
   using L = PrepareSmem<E, K>;
   extern __shared__ __align__(16) char smem[];
@@ -355,7 +342,6 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   const int hv = block.value_head, h = hv / p.group, tid = threadIdx.x, warp = tid / 32;
   const int m0 = 16 * (warp % 4), n_half = 32 * (warp / 4);
   const ChunkInfo chunk = p.chunk_table[block.chunk];
-  if (!covers<kChunks>(p, block.chunk, chunk)) return;  // the whole CTA, before any barrier
   const std::int64_t t0 = chunk.start;
   const int rows = chunk.length;
 
@@ -477,38 +463,18 @@ void launch_start(const Params& p, DType io, bool normalise, KernelSequence& ker
   });
 }
 
-// One launch over the whole chunk table: a CTA whose chunk it does not cover returns at once. Segments, and passes
-// that form W, belong to the wgmma passes only (16-bit, K <= 128); elsewhere prepare forms W.
-template <PrepareChunks kChunks>
-int launch_prepare_chunks(const Params& p, DType io, KernelSequence& kernels, int after) {
-  int index = -1;
-  dispatch(io, p.K, [&]<class E, int K>() {
-    constexpr bool kWgmmaShape = sizeof(E) == 2 && K <= 128;
-    auto record = [&]<bool kFormsW>() {
-      const char* name = kChunks == PrepareChunks::all ? "gdn prepare_kernel" : "gdn prepare_kernel (segments)";
-      index = launch<prepare_kernel<E, K, kChunks, kFormsW>>(name, prepare_grid(p, kFormsW), dim3(kPrepareThreads),
-                                                             PrepareSmem<E, K>::bytes, kernels, after);
-    };
-    if constexpr (kChunks == PrepareChunks::all || kWgmmaShape) {
-      if constexpr (kWgmmaShape) {
-        if (p.w == nullptr) return record.template operator()<false>();
-      }
-      record.template operator()<true>();
-    }
-  });
-  return index;
-}
-
+// Passes that form W belong to the wgmma passes only (16-bit, K <= 128); elsewhere prepare forms W.
 void launch_prepare(const Params& p, DType io, KernelSequence& kernels) {
-  if (p.late_prepare) {
-    launch_prepare_chunks<PrepareChunks::before_last_segment>(p, io, kernels, KernelSequence::kPrevious);
-  } else {
-    launch_prepare_chunks<PrepareChunks::all>(p, io, kernels, KernelSequence::kPrevious);
-  }
-}
-
-int launch_late_prepare(const Params& p, DType io, KernelSequence& kernels, int after) {
-  return launch_prepare_chunks<PrepareChunks::last_segment>(p, io, kernels, after);
+  dispatch(io, p.K, [&]<class E, int K>() {
+    auto record = [&]<bool kFormsW>() {
+      launch<prepare_kernel<E, K, kFormsW>>("gdn prepare_kernel", prepare_grid(p, kFormsW), dim3(kPrepareThreads),
+                                            PrepareSmem<E, K>::bytes, kernels);
+    };
+    if constexpr (sizeof(E) == 2 && K <= 128) {
+      if (p.w == nullptr) return record.template operator()<false>();
+    }
+    record.template operator()<true>();
+  });
 }
 
 }  // namespace deltatrain::gdn::cuda

@@ -686,25 +686,13 @@ void launch_segment_starts(const Params& p, const char* ends_name, KernelSequenc
   if (p.maps_apart) kernels.join(starts, ends);  // it follows the maps' launch
 }
 
-// A pass of the forward or (kReverse) backward kernel: steps 1 and 2 first when the call has segments. Where
-// p.late_prepare (the forward), the kernel recorded before is prepare without the last segment's chunks:
-// those are prepared beside steps 1 and 2, and the pass proper waits for both.
-template <class E, int K, Pass kPass, bool kReverse, int kGroups>
-void launch_grouped_pass(const Params& p, DType io, const char* name, const char* ends_name, KernelSequence& kernels) {
-  const int prepared = kernels.last();
-  launch_segment_starts<E, K, kReverse, kGroups>(p, ends_name, kernels);
-  const int starts_ready = kernels.last();
-  const bool late_prepare = kPass == Pass::forward && p.late_prepare;
-  if (late_prepare) launch_late_prepare(p, io, kernels, prepared);
-  const int pass = launch_run<E, K, kPass, kReverse, kGroups>(p, name, p.segments, p.V / kColumns, kernels);
-  if (late_prepare) kernels.join(pass, starts_ready);
-}
-
-// launch_grouped_pass with the warpgroups per CTA that the plan chose.
+// A pass of the forward or (kReverse) backward kernel with the warpgroups per CTA that the plan chose: steps 1 and 2
+// first when the call has segments.
 template <class E, int K, Pass kPass, bool kReverse>
-void launch_pass(const Params& p, DType io, const char* name, const char* ends_name, KernelSequence& kernels) {
+void launch_pass(const Params& p, const char* name, const char* ends_name, KernelSequence& kernels) {
   with_warpgroups<K>(p, [&]<int kGroups>() {
-    launch_grouped_pass<E, K, kPass, kReverse, kGroups>(p, io, name, ends_name, kernels);
+    launch_segment_starts<E, K, kReverse, kGroups>(p, ends_name, kernels);
+    launch_run<E, K, kPass, kReverse, kGroups>(p, name, p.segments, p.V / kColumns, kernels);
   });
 }
 
@@ -726,9 +714,9 @@ bool launch_state_forward_hopper(const Params& p, DType io, bool recompute, Kern
     if constexpr (sizeof(E) == 2 && K <= 128) {
       constexpr const char* kEnds = "gdn state_forward_hopper_kernel (segment ends)";
       if (recompute) {
-        launch_pass<E, K, Pass::recompute, false>(p, io, "gdn state_forward_hopper_kernel (recompute)", kEnds, kernels);
+        launch_pass<E, K, Pass::recompute, false>(p, "gdn state_forward_hopper_kernel (recompute)", kEnds, kernels);
       } else {
-        launch_pass<E, K, Pass::forward, false>(p, io, "gdn state_forward_hopper_kernel", kEnds, kernels);
+        launch_pass<E, K, Pass::forward, false>(p, "gdn state_forward_hopper_kernel", kEnds, kernels);
       }
     }
   });
@@ -755,7 +743,7 @@ bool launch_state_backward_hopper(const Params& p, DType io, KernelSequence& ker
   if (!p.wgmma) return false;
   dispatch(io, p.K, [&]<class E, int K>() {
     if constexpr (sizeof(E) == 2 && K <= 128) {
-      launch_pass<E, K, Pass::backward, true>(p, io, "gdn state_backward_hopper_kernel", kBackwardEnds, kernels);
+      launch_pass<E, K, Pass::backward, true>(p, "gdn state_backward_hopper_kernel", kBackwardEnds, kernels);
     }
   });
   return true;

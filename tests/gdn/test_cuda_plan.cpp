@@ -88,8 +88,6 @@ TEST_F(CudaPlan, RulesHoldOnRandomCalls) {
     EXPECT_EQ(plan.wgmma, in.wgmma_device && in.wgmma_allowed && wgmma_fits);
     EXPECT_GE(plan.segments, 1);
     EXPECT_LE(plan.segments, 16);
-    EXPECT_EQ(plan.late_prepare, plan.wgmma && in.op == Operation::chunk_forward && plan.segments > 1)
-        << "the last segment is prepared late exactly where a forward has a segment ends pass to run beside";
     EXPECT_EQ(plan.maps_apart, plan.segments > 2 && in.chunks / in.sequences / plan.segments >= 32)
         << "M's rows apart from the segment ends pass where more than two segments hold 32 chunks or more each";
     // The wgmma passes form W where each warpgroup takes 64 of its keys, all but the unfused reverse pass proper.
@@ -287,7 +285,6 @@ TEST_F(CudaPlan, SegmentedCallsKeepEachChunksBound) {
     const bool bounds = plan.segments > 1;
     EXPECT_EQ(layout.chunk_log_norms.bytes, bounds ? static_cast<std::size_t>(in.value_heads * in.chunks) * 4 : 0u);
     if (bounds) {
-      EXPECT_EQ(plan.late_prepare, in.op == Operation::chunk_forward) << "a segmented forward prepares late";
       EXPECT_EQ(layout.chunk_log_norms.offset % 256, 0u);
       EXPECT_LE(layout.chunk_log_norms.offset + layout.chunk_log_norms.bytes, layout.bytes);
     }
@@ -317,7 +314,6 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan long_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768));
   EXPECT_EQ(long_forward.segments, 4);
   EXPECT_EQ(long_forward.warpgroups, 2);
-  EXPECT_TRUE(long_forward.late_prepare);
   const ExecutionPlan wide_forward = plan_execution(anchor(Operation::chunk_forward, 64, 1, 32768));
   EXPECT_EQ(wide_forward.segments, 2);
   EXPECT_EQ(wide_forward.warpgroups, 2);
@@ -332,7 +328,6 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan backward = plan_execution(anchor(Operation::chunk_backward, 32, 1, 2048));
   EXPECT_TRUE(backward.paired);
   EXPECT_EQ(backward.segments, 1);
-  EXPECT_FALSE(backward.late_prepare);
   // Four sequences of 32 heads fill the GPU: two warpgroups per CTA, no segments.
   const ExecutionPlan filled = plan_execution(anchor(Operation::chunk_forward, 32, 4, 8192));
   EXPECT_EQ(filled.warpgroups, 2);
@@ -387,7 +382,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   quartets.group = 4;
   EXPECT_TRUE(plan_execution(quartets).fused_backward);
   EXPECT_FALSE(plan_execution(quartets).fused_input_grads);
-  EXPECT_FALSE(eight.paired || one.paired || one.late_prepare);
+  EXPECT_FALSE(eight.paired || one.paired);
   // DELTATRAIN_CUDA_ROLE_SPLIT_BACKWARD=1 splits a fused backward by role, which finishes dq and dk as the fused one
   // does; where the backward is not fused there is nothing to split.
   PlanInputs split = anchor(Operation::chunk_backward, 32, 8, 4096);
