@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tf32_rounding.h"
+
 namespace deltatrain::gdn::cuda {
 
 template <class E>
@@ -143,12 +145,6 @@ __device__ __forceinline__ void load_b16(std::uint32_t (&b)[4], const View<TileT
 
 // ---- float path (3xTF32) -----------------------------------------------------------------------------
 
-__device__ __forceinline__ std::uint32_t tf32_bits(float x) {
-  std::uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
   asm(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -157,10 +153,13 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Splits x into a TF32 high part and a TF32 remainder: x ~ hi + lo to about 2^-22 relative.
+// Splits x into a TF32 high part and a TF32 remainder: x ~ hi + lo to about 2^-22 relative. For finite x the tensor
+// core reads the same operands as from cvt.rna.tf32.f32 of x and of x - hi, in 4 instructions an element instead of 7:
+// ptxas guards each cvt against inf and NaN with a compare and a select, which these operands never need
+// (tf32_rounding.h).
 __device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
-  hi = tf32_bits(x);
-  lo = tf32_bits(x - __uint_as_float(hi));
+  hi = tf32_value(__float_as_uint(x));
+  lo = tf32_operand(__float_as_uint(x - __uint_as_float(hi)));
 }
 
 // ---- the warp product ---------------------------------------------------------------------------------
