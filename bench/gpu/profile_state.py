@@ -3,7 +3,10 @@ ncu --kernel-name regex:state_forward --launch-skip 2 --launch-count 1 python3 b
 (bwd 16/32 8x4096: 16 32 4096 bwd 8). --impl flashqla or fla profiles an anchor instead of the cuda backend (the
 anchors from ../shared/tools/anchor_site.sh on PYTHONPATH, as gpu.sh python puts them); their just-in-time compiles
 run in the first of the calls. The last call runs in an NVTX range named "profiled", so that
-ncu --nvtx --nvtx-include "profiled/" takes its kernels alone, whatever their names and number."""
+ncu --nvtx --nvtx-include "profiled/" takes its kernels alone, whatever their names and number. That range is the
+Python thread's, and autograd launches a backward's kernels from a thread of its own, so the last call also runs
+between cudaProfilerStart and cudaProfilerStop: ncu --profile-from-start off takes every kernel of it, the backward's
+too (under the NVTX filter a bwd run showed only its forward's kernels)."""
 import argparse
 import os
 import sys
@@ -52,6 +55,7 @@ def main():
     for call in range(args.calls):
         if call == args.calls - 1:
             torch.cuda.synchronize()
+            torch.cuda.profiler.start()
             torch.cuda.nvtx.range_push("profiled")
         if args.pass_ == "fwd":
             impl.forward()
@@ -60,6 +64,7 @@ def main():
             impl.backward()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
+    torch.cuda.profiler.stop()
 
 
 if __name__ == "__main__":
