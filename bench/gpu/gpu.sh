@@ -43,8 +43,10 @@
 #                                        The just-in-time compilers' caches (FlashQLA's TileLang kernels, fla's Triton
 #                                        ones; their first compiles take minutes) are restored from
 #                                        .device-build/{tilelang,triton}-cache.tar.xz when carried and saved to
-#                                        OUT/{tilelang,triton}-cache.tar.xz; PYTHON_TIMEOUT_S=N interrupts the script
-#                                        after N s so that they are saved within the device tool's limit
+#                                        OUT/{tilelang,triton}-cache.tar.xz where the script added to them (where it
+#                                        did not, the carried archive is still the whole cache); PYTHON_TIMEOUT_S=N
+#                                        interrupts the script after N s so that they are saved within the device
+#                                        tool's limit
 #   bench/gpu/gpu.sh ab OUT ROUNDS ARGS...
 #                                        module and module_base (no anchors: --ours-only imports no fla): the GDN
 #                                        grid's cells (bench/gdn_h200.py --ours-only ARGS, e.g. --only 8 15) with
@@ -281,9 +283,16 @@ python_script() {
   # shellcheck disable=SC2086
   # PYTHON_TIMEOUT_S ends the script (SIGINT) before the device tool's own limit would kill this shell, so that
   # the caches below are still saved (a script that writes its results as it goes keeps them too); 0: none.
+  touch /tmp/deltatrain-caches-restored
   ${WRAP:-} timeout --signal=INT "${PYTHON_TIMEOUT_S:-0}" python3 "$@"
   status=$?
-  for cache in tilelang-cache triton-cache; do tar -cJf "$out/$cache.tar.xz" -C "/tmp/$cache" .; done
+  # Only a cache the script added to: xz over a warm cache (10 MB packed after a grid) takes about a minute, which
+  # every run of an A/B or same-bits on that machine paid for nothing (session 47: both timed out so).
+  for cache in tilelang-cache triton-cache; do
+    if [ -n "$(find "/tmp/$cache" -newer /tmp/deltatrain-caches-restored -type f -print -quit)" ]; then
+      tar -cJf "$out/$cache.tar.xz" -C "/tmp/$cache" .
+    fi
+  done
   return $status
 }
 
