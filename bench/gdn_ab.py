@@ -3,7 +3,7 @@ with the change, alternated in one lease (`bench/gpu/gpu.sh ab`), compared cell 
 
 For each cell both sides measured: every run's kernel time, the change of the medians (negative: the change is
 faster), whether every run of both sides gave the same error against fp64 (a change meant to keep the arithmetic
-must leave it equal to the last digit), and per kernel the fastest run of each side where that moved by more than
+must leave it equal to the last digit; one that changes it on purpose is read by each side's errors), and per kernel the fastest run of each side where that moved by more than
 1% (a kernel on one side only, renamed or new, is listed with the other side empty). A cell that one side did not
 measure (a run's time limit) is named, not compared.
 
@@ -51,7 +51,8 @@ def compare(base_runs, new_runs):
             continue
         base_ms = [row["ours_kernel_ms"] for row in base[cell]]
         new_ms = [row["ours_kernel_ms"] for row in new[cell]]
-        errors = {row["ours_rel_err"] for row in base[cell] + new[cell]}
+        errors = {side: sorted({row["ours_rel_err"] for row in rows}) for side, rows in (("base", base[cell]),
+                                                                                     ("new", new[cell]))}
         kernels = {}
         names = dict.fromkeys(k for row in base[cell] + new[cell] for k in row.get("ours_kernels_ms", {}))
         for kernel in names:
@@ -60,7 +61,8 @@ def compare(base_runs, new_runs):
                 kernels[kernel] = {"base": before, "new": after}
         compared.append({"cell": cell_name(cell), "base_kernel_ms": base_ms, "new_kernel_ms": new_ms,
                          "change": statistics.median(new_ms) / statistics.median(base_ms) - 1,
-                         "errors_equal": len(errors) == 1, "rel_err": sorted(errors), "kernels_moved": kernels})
+                         "errors_equal": len(set(errors["base"]) | set(errors["new"])) == 1, "rel_err": errors,
+                         "kernels_moved": kernels})
     return compared, one_side
 
 
@@ -73,15 +75,21 @@ def markdown(compared, one_side, labels):
 
     lines = [f"# GDN A/B: {labels['base']} (base) against {labels['new']} (new)", "",
              "Kernel ms per call, each run (runs alternated in one lease); change of the medians; the errors "
-             "against fp64 equal in every run of both sides or not; kernels whose fastest run moved by more than "
-             f"{MOVED:.0%} (base -> new).", "",
-             "| cell | base kernel ms | new kernel ms | change | errors equal | kernels moved |",
+             "against fp64 equal in every run of both sides, or each side's (base -> new, every distinct value); "
+             f"kernels whose fastest run moved by more than {MOVED:.0%} (base -> new).", "",
+             "| cell | base kernel ms | new kernel ms | change | errors | kernels moved |",
              "|---|---|---|---|---|---|"]
+
+    def errors(row):
+        if row["errors_equal"]:
+            return "equal"
+        return " -> ".join(" / ".join(f"{e:.5e}" for e in row["rel_err"][side]) for side in ("base", "new"))
+
     for row in compared:
         moved = ", ".join(f"{k} {kernel_ms(v['base'])} -> {kernel_ms(v['new'])}"
                           for k, v in row["kernels_moved"].items())
         lines.append(f"| {row['cell']} | {times(row['base_kernel_ms'])} | {times(row['new_kernel_ms'])} | "
-                     f"{row['change']:+.1%} | {'yes' if row['errors_equal'] else 'no'} | {moved or '-'} |")
+                     f"{row['change']:+.1%} | {errors(row)} | {moved or '-'} |")
     if one_side:
         lines += ["", "Measured on one side only (not compared): " +
                   ", ".join(f"{c['cell']} ({c['side']})" for c in one_side) + "."]

@@ -49,7 +49,17 @@ def test_errors_that_differ_in_any_run_are_flagged(rng):
     new = [run(CELLS[:1], draw(rng, 1)), run(CELLS[:1], draw(rng, 1), rel_err=3.3e-3 * (1 + 1e-9))]
     (row,), _ = gdn_ab.compare(base, new)
     assert not row["errors_equal"]
-    assert len(row["rel_err"]) == 2
+    assert row["rel_err"] == {"base": [3.3e-3], "new": sorted([3.3e-3, 3.3e-3 * (1 + 1e-9)])}
+    assert "3.30000e-03 -> 3.30000e-03 / 3.30000e-03" in gdn_ab.markdown([row], [], {"base": "b", "new": "n"})
+
+
+def test_each_sides_errors_are_kept_where_a_change_moves_them(rng):
+    base_err, new_err = float(rng.uniform(3e-3, 4e-3)), float(rng.uniform(3e-3, 4e-3))
+    (row,), _ = gdn_ab.compare([run(CELLS[:1], draw(rng, 1), base_err) for _ in range(2)],
+                               [run(CELLS[:1], draw(rng, 1), new_err) for _ in range(3)])
+    assert not row["errors_equal"]
+    assert row["rel_err"] == {"base": [base_err], "new": [new_err]}
+    assert f"{base_err:.5e} -> {new_err:.5e}" in gdn_ab.markdown([row], [], {"base": "b", "new": "n"})
 
 
 def test_only_kernels_that_moved_are_listed_with_their_fastest_runs(rng):
