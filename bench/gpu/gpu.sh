@@ -286,10 +286,10 @@ python_script() {
     echo "module $module: $(cat "$site/deltatrain/BUILT_FROM" 2>/dev/null || echo unknown)" | tee -a "$out/gpu.txt"
   fi
   check_wrap || return 2
+  touch /tmp/deltatrain-caches-restored
   # shellcheck disable=SC2086
   # PYTHON_TIMEOUT_S ends the script (SIGINT) before the device tool's own limit would kill this shell, so that
   # the caches below are still saved (a script that writes its results as it goes keeps them too); 0: none.
-  touch /tmp/deltatrain-caches-restored
   ${WRAP:-} timeout --signal=INT "${PYTHON_TIMEOUT_S:-0}" python3 "$@"
   status=$?
   # Only a cache the script added to: xz over a warm cache (10 MB packed after a grid) takes about a minute, which
