@@ -3,8 +3,9 @@ with the change, alternated in one lease (`bench/gpu/gpu.sh ab`), compared cell 
 
 For each cell both sides measured: every run's kernel time, the change of the medians (negative: the change is
 faster), whether every run of both sides gave the same error against fp64 (a change meant to keep the arithmetic
-must leave it equal to the last digit; one that changes it on purpose is read by each side's errors), and per kernel the fastest run of each side where that moved by more than
-1% (a kernel on one side only, renamed or new, is listed with the other side empty). A cell that one side did not
+must leave it equal to the last digit; one that changes it on purpose is read by each side's errors), and per kernel
+the fastest run of each side where that moved by more than 1% (a kernel on one side only, renamed or new, is listed
+with the other side empty). A cell that one side did not
 measure (a run's time limit) is named, not compared.
 
 Writes gdn-ab.json (the comparison and every run it read) and gdn-ab.md into --out.
