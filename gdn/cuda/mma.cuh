@@ -2,7 +2,8 @@
 // kernel. A product is written as acc += A * B where A and B are views of padded shared-memory tiles,
 // each possibly transposed; the element type E picks the instruction:
 //   bf16, fp16: mma.sync m16n8k16 with fragments from ldmatrix (.trans where the tile is stored k-major);
-//   float:      three TF32 products (split into high and low parts) per m16n8k8, about float32 accuracy.
+//   float:      three TF32 products (split into high and low parts) per m16n8k8, about float32 accuracy, or
+//               where the caller asks (Tf32Products::one) a single product of operands rounded to TF32.
 // Accumulators are float32 in the mma "C" layout: lane (g = lane / 4, t = lane % 4) holds rows g and g + 8,
 // columns 2t and 2t + 1 of each 16 x 8 tile.
 #pragma once
@@ -14,6 +15,7 @@
 #include <type_traits>
 
 #include "tf32_rounding.h"
+#include "vector_walk.h"
 
 namespace deltatrain::gdn::cuda {
 
@@ -153,23 +155,35 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Splits x into a TF32 high part and a TF32 remainder: x ~ hi + lo to about 2^-22 relative. For finite x the tensor
-// core reads the same operands as from cvt.rna.tf32.f32 of x and of x - hi, in 4 instructions an element instead of 7:
-// ptxas guards each cvt against inf and NaN with a compare and a select, which these operands never need
-// (tf32_rounding.h).
-__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
-  hi = tf32_value(__float_as_uint(x));
-  lo = tf32_operand(__float_as_uint(x - __uint_as_float(hi)));
+// How many TF32 products a float product takes: three (each operand split into a high part and a remainder: about
+// float32, 2^-22 relative) or one (the operands rounded to TF32: 2^-11 relative, for results that are stored in 16 bits
+// anyway; a third of the tensor-core instructions and no split).
+enum class Tf32Products { three, one };
+
+// The TF32 operands of x: with three products, a high part and a remainder, x ~ hi + lo to about 2^-22 relative; with
+// one, x rounded (lo unused). For finite x the tensor core reads the same operands as from cvt.rna.tf32.f32 of x and of
+// x - hi, in 4 instructions an element instead of 7 (1 for one product): ptxas guards each cvt against inf and NaN
+// with a compare and a select, which these operands never need (tf32_rounding.h).
+template <Tf32Products kProducts>
+__device__ __forceinline__ void tf32_parts(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  if constexpr (kProducts == Tf32Products::one) {
+    hi = tf32_operand(__float_as_uint(x));
+  } else {
+    hi = tf32_value(__float_as_uint(x));
+    lo = tf32_operand(__float_as_uint(x - __uint_as_float(hi)));
+  }
 }
 
 // ---- the warp product ---------------------------------------------------------------------------------
 
 // acc (MT x NT tiles of 16 x 8 at rows m0, columns n0) += A[m0.., k_begin..k_end) * B[k_begin..k_end), n0..).
-template <int MT, int NT, class VA, class VB>
+// kProducts applies to float tiles only.
+template <Tf32Products kProducts = Tf32Products::three, int MT, int NT, class VA, class VB>
 __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const VA& a, int m0, const VB& b, int n0,
                                          int k_begin, int k_end) {
   static_assert(NT % 2 == 0, "B fragments are loaded two n-tiles at a time");
   using E = typename decltype(a.tile)::Element;
+  static_assert(std::is_same_v<E, float> || kProducts == Tf32Products::three, "16-bit tiles take one mma a product");
   if constexpr (!std::is_same_v<E, float>) {
     // All fragments of a k-step are loaded before its products: ldmatrix is ordered (volatile) and a warp
     // often has its scheduler to itself, so a load right before its use would stall every product. Two
@@ -198,20 +212,22 @@ __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const VA& a, i
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         const int m = m0 + 16 * mi + g;
-        split_tf32(a.at(m, k + t), ahi[mi][0], alo[mi][0]);
-        split_tf32(a.at(m + 8, k + t), ahi[mi][1], alo[mi][1]);
-        split_tf32(a.at(m, k + t + 4), ahi[mi][2], alo[mi][2]);
-        split_tf32(a.at(m + 8, k + t + 4), ahi[mi][3], alo[mi][3]);
+        tf32_parts<kProducts>(a.at(m, k + t), ahi[mi][0], alo[mi][0]);
+        tf32_parts<kProducts>(a.at(m + 8, k + t), ahi[mi][1], alo[mi][1]);
+        tf32_parts<kProducts>(a.at(m, k + t + 4), ahi[mi][2], alo[mi][2]);
+        tf32_parts<kProducts>(a.at(m + 8, k + t + 4), ahi[mi][3], alo[mi][3]);
       }
 #pragma unroll
       for (int ni = 0; ni < NT; ++ni) {
         std::uint32_t bhi[2], blo[2];
-        split_tf32(b.at(k + t, n0 + 8 * ni + g), bhi[0], blo[0]);
-        split_tf32(b.at(k + t + 4, n0 + 8 * ni + g), bhi[1], blo[1]);
+        tf32_parts<kProducts>(b.at(k + t, n0 + 8 * ni + g), bhi[0], blo[0]);
+        tf32_parts<kProducts>(b.at(k + t + 4, n0 + 8 * ni + g), bhi[1], blo[1]);
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) {
-          mma_tf32(acc[mi][ni], alo[mi], bhi);
-          mma_tf32(acc[mi][ni], ahi[mi], blo);
+          if constexpr (kProducts == Tf32Products::three) {
+            mma_tf32(acc[mi][ni], alo[mi], bhi);
+            mma_tf32(acc[mi][ni], ahi[mi], blo);
+          }
           mma_tf32(acc[mi][ni], ahi[mi], bhi);
         }
       }
@@ -640,22 +656,28 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Calls f(row, column) for the 16-byte vectors of a tile that thread `thread` of NTHREADS handles: vector
-// i = thread + j * NTHREADS for j = 0, 1, ..., row-major. Fully unrolled, with the row stepping by a
-// constant when NTHREADS is a multiple of the vectors per row, so that the copy loops of the sequential
-// passes cost a few instructions per vector.
+// 16-byte groups between a tile's consecutive rows: its padded leading dimension's, or its row's (the swizzled tiles).
+template <class TileT>
+__host__ __device__ constexpr int row_groups() {
+  constexpr int kElementBytes = static_cast<int>(sizeof(typename TileT::Element));
+  if constexpr (requires { TileT::kLd; }) {
+    return TileT::kLd * kElementBytes / 16;
+  } else {
+    return TileT::kCols * kElementBytes / 16;
+  }
+}
+
+// Calls f(row, column) for the 16-byte vectors of a tile that thread `thread` of NTHREADS handles, in
+// vector_walk.h's order, fully unrolled.
 template <int NTHREADS, class TileT, class F>
 __device__ __forceinline__ void for_each_vector(int thread, F&& f) {
   constexpr int kPerVec = 16 / static_cast<int>(sizeof(typename TileT::Element));
-  constexpr int kVecPerRow = TileT::kCols / kPerVec;
-  constexpr int kTotal = TileT::kRows * kVecPerRow;
-  constexpr bool kRowStep = NTHREADS % kVecPerRow == 0;
+  using Walk = VectorWalk<NTHREADS, TileT::kRows, TileT::kCols / kPerVec, row_groups<TileT>()>;
 #pragma unroll
-  for (int j = 0; j < (kTotal + NTHREADS - 1) / NTHREADS; ++j) {
-    const int i = thread + j * NTHREADS;
-    if (kTotal % NTHREADS != 0 && i >= kTotal) break;
-    const int r = kRowStep ? thread / kVecPerRow + j * (NTHREADS / kVecPerRow) : i / kVecPerRow;
-    f(r, (kRowStep ? thread : i) % kVecPerRow * kPerVec);
+  for (int j = 0; j < Walk::kSteps; ++j) {
+    if (!Walk::active(thread, j)) break;
+    const VectorAt at = Walk::at(thread, j);
+    f(at.row, at.vector * kPerVec);
   }
 }
 

@@ -177,14 +177,24 @@ struct PrepareSmem {
   static constexpr int ctas_per_sm = 228 * 1024 / (bytes + 1024) < 4 ? 228 * 1024 / (bytes + 1024) : 4;
 };
 
+// The inverse's merges in one TF32 product where T leaves prepare in 16 bits, in three (about float32) where it leaves
+// in float32. The passes read T rounded to bfloat16 (2^-9 relative) or half (2^-11); one TF32 product leaves T within
+// 3e-5 to 1.6e-4 of the exact inverse (three: 1e-8), and the forward's errors against float64 then move by a median
+// 0.0%, at most +1.9% at K = V = 64 and 128 and +4.9% at 32 (bench/prototypes/tf32_inverse.py: the forward's roundings
+// emulated over the anchors' gates, long memory, strong decay, beta at 0 and 1; bench/NOTES.md, session 47).
+// The merges are prepare's largest piece of instructions; with one product, a third of their tensor-core instructions
+// and no split of the operands.
+template <class E>
+constexpr Tf32Products kInverseMergeProducts = sizeof(E) == 2 ? Tf32Products::one : Tf32Products::three;
+
 // T = (I + A)^-1 for strictly lower-triangular A (64 x 64, float32), in place, by doubling: the four
 // 16 x 16 diagonal blocks by forward substitution (one lane a column), then two merges of neighbouring
 // diagonal blocks, 16 -> 32 and 32 -> 64, each
 //   T_21 = -T_22 (A_21 T_11)
-// as two 3xTF32 tensor-core products (about float32 accuracy) with A_21 T_11 in `scratch` at T's
-// coordinates; T_21 replaces A_21 once the first product has read it. Four barriers; above the diagonal
-// blocks the tile keeps A's zeros.
-template <int NTHREADS>
+// as two TF32 tensor-core products (kMergeProducts each) with A_21 T_11 in `scratch` at T's coordinates;
+// T_21 replaces A_21 once the first product has read it. Four barriers; above the diagonal blocks the tile
+// keeps A's zeros.
+template <Tf32Products kMergeProducts>
 __device__ void invert_unit_lower(Tile<float, kChunk, kChunk> t, Tile<float, kChunk, kChunk> scratch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (warp < 4 && lane < 16) {
@@ -209,13 +219,14 @@ __device__ void invert_unit_lower(Tile<float, kChunk, kChunk> t, Tile<float, kCh
     float acc[1][2][4];
     if (active) {
       zero(acc);
-      warp_mma(acc, plain(t), lo + size + row, plain(t), lo + col, lo + col, lo + size);
+      warp_mma<kMergeProducts>(acc, plain(t), lo + size + row, plain(t), lo + col, lo + col, lo + size);
       store_pairs(acc, &scratch(lo + size + row, lo + col), scratch.kLd);
     }
     __syncthreads();
     if (active) {
       zero(acc);
-      warp_mma(acc, plain(t), lo + size + row, plain(scratch), lo + col, lo + size, lo + size + row + 16);
+      warp_mma<kMergeProducts>(acc, plain(t), lo + size + row, plain(scratch), lo + col, lo + size,
+                               lo + size + row + 16);
       for_each(acc, 0, 0, [](int, int, float& x) { x = -x; });
       store_pairs(acc, &t(lo + size + row, lo + col), t.kLd);
     }
@@ -415,7 +426,7 @@ __global__ void __launch_bounds__(kPrepareThreads, PrepareSmem<E, K>::ctas_per_s
   if (warp == kPrepareThreads / 32 - 1 && p.chunk_log_norms != nullptr) {
     store_chunk_log_norm(p, block.chunk, hv, gamma[kChunk - 1], key_norm2, beta);
   }
-  invert_unit_lower<kPrepareThreads>(a_tile, scratch);
+  invert_unit_lower<kInverseMergeProducts<E>>(a_tile, scratch);
 
   // T diag(beta e^gamma) where this call forms W and, where it forms U (the mma.sync passes), T diag(beta) into Q's
   // dead region; T to global memory as it is formed (the wgmma passes and the backward). Each thread converts runs of

@@ -255,18 +255,28 @@ struct HopperPass {
   // the other passes round the operand they scale in registers. Upper pieces are zero in both.
   __device__ __forceinline__ void decay_t_beta(int stage) const {
     using Tile = typename L::ChunkTile;
+    constexpr int kPieces = kChunk * kChunk / 8;
+    static_assert(kPieces % kThreads == 0 && kThreads % 8 == 0, "each thread scales pieces of the same eight columns");
     const char* from = smem + stage * L::stage_bytes + L::t_at;
     char* to = smem + stage * L::stage_bytes + L::t_beta_decay_at;
-    const float *gates = gate_in(stage), *betas = beta(stage);
+    // The thread's eight columns' beta e^gamma, read once. The eight threads of a quarter warp take columns 0, 8, ..,
+    // 56, so in column order each 16-byte load of a half was a two-way bank conflict (halves 32 bytes apart); threads
+    // 4-7 read their upper half first, and each load's eight halves then lie in distinct banks.
+    const int c = tid % 8 * 8, first = tid % 8 < 4 ? 0 : 4;
+    const float *gates = gate_in(stage) + c, *betas = beta(stage) + c;
+    const float4 g_first = *reinterpret_cast<const float4*>(gates + first);
+    const float4 g_second = *reinterpret_cast<const float4*>(gates + (4 - first));
+    const float4 b_first = *reinterpret_cast<const float4*>(betas + first);
+    const float4 b_second = *reinterpret_cast<const float4*>(betas + (4 - first));
+    const float4 x_first{g_first.x * b_first.x, g_first.y * b_first.y, g_first.z * b_first.z, g_first.w * b_first.w};
+    const float4 x_second{g_second.x * b_second.x, g_second.y * b_second.y, g_second.z * b_second.z,
+                          g_second.w * b_second.w};
+    const float4 lo = first == 0 ? x_first : x_second, hi = first == 0 ? x_second : x_first;
+    const float g[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-    for (int piece = tid; piece < kChunk * kChunk / 8; piece += kThreads) {
-      const int r = piece / 8, c = piece % 8 * 8, at = Tile::offset(r, c);
+    for (int k = 0; k < kPieces / kThreads; ++k) {
+      const int at = Tile::offset((tid + k * kThreads) / 8, c);
       uint4 x = *reinterpret_cast<const uint4*>(from + at);
-      const float4 g0 = *reinterpret_cast<const float4*>(gates + c), g1 = *reinterpret_cast<const float4*>(gates + c + 4);
-      const float4 b0 = *reinterpret_cast<const float4*>(betas + c);
-      const float4 b1 = *reinterpret_cast<const float4*>(betas + c + 4);
-      const float g[8] = {g0.x * b0.x, g0.y * b0.y, g0.z * b0.z, g0.w * b0.w,
-                          g1.x * b1.x, g1.y * b1.y, g1.z * b1.z, g1.w * b1.w};
       std::uint32_t* words = &x.x;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {

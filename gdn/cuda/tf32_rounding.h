@@ -1,6 +1,6 @@
 // A float32 bit pattern rounded to TF32 (1 sign, 8 exponent, 10 fraction bits) as plain integer arithmetic: the
-// 3xTF32 products' split (mma.cuh's split_tf32) forms it, and host tests check it against the rounding written out on
-// the CPU (tests/gdn/test_tf32_rounding.cpp). Built without nvcc too.
+// TF32 products' operands (mma.cuh's tf32_parts) are formed by it, and host tests check it against the rounding written
+// out on the CPU (tests/gdn/test_tf32_rounding.cpp). Built without nvcc too.
 #pragma once
 
 #include <cstdint>
