@@ -50,6 +50,11 @@ class PyEngine {
           store_->params(), options);
       return;
     }
+    if (!nb::hasattr(model, "config_json") || !nb::hasattr(model, "param")) {
+      throw InvalidArgument("model", "a config (preset name, config.json or a directory holding one, as a str) or a "
+                                     "deltatrain Model, got an object of type " +
+                                         nb::cast<std::string>(nb::str(model.type().attr("__name__"))));
+    }
     if (weights) throw InvalidArgument("weights", "applies to a config; a Model brings its own parameters");
     config_ = model::config_from_hf_json(nb::cast<std::string>(model.attr("config_json")), "model.config_json");
     // The Model's parameters, viewed by name while the engine binds them; the Model must outlive the engine

@@ -117,3 +117,5 @@ def test_bad_input_raises_value_error_naming_it(tmp_path):
         rollout.Engine(model, max_batch=0)
     with pytest.raises(ValueError, match="max_batch"):
         rollout.Engine(model, max_batch=4, max_length=100, cache_budget=1000)
+    with pytest.raises(ValueError, match="model.*got an object of type object"):
+        rollout.Engine(object())
