@@ -403,12 +403,15 @@ std::string read_latest(const fs::path& root) {
 
 bool save_replaces_leftover(const fs::path& root, std::int64_t step) {
   const fs::path dir = root / checkpoint_dir_name(step);
+  // -1 without `latest`: below every step. read_latest refuses a name that is not a step's.
+  const std::int64_t latest = fs::exists(root / kLatest) ? *checkpoint_dir_step(read_latest(root)) : -1;
+  if (latest > step) {
+    throw Failure("`latest` in " + root.string() + " names step " + std::to_string(latest) + ", after step " +
+                  std::to_string(step) + "; a save never moves `latest` back, so nothing is written");
+  }
   if (!fs::exists(dir)) return false;
-  const std::optional<std::int64_t> latest =
-      fs::exists(root / kLatest) ? checkpoint_dir_step(read_latest(root)) : std::nullopt;
-  if (latest && *latest >= step) {
-    throw Failure("checkpoint " + dir.string() + " already exists and `latest` names it or a later step; " +
-                  "nothing is overwritten");
+  if (latest == step) {
+    throw Failure("checkpoint " + dir.string() + " already exists and `latest` names it; nothing is overwritten");
   }
   return true;
 }

@@ -724,7 +724,10 @@ RlResult run_rl(comm::Group& group, const RlOptions& options, Observer* observer
     throw InvalidArgument("memory", "the " + backend + " backend cannot hold memory of " + device_name(group.device()));
   }
   std::unique_ptr<Loop> loop;
-  comm::collectively(group, [&] { loop = std::make_unique<Loop>(group, options, observer); });
+  comm::collectively(group, [&] {
+    if (group.rank() == 0) train::check_checkpoint_root(options.checkpoint_root, !options.resume.empty());
+    loop = std::make_unique<Loop>(group, options, observer);
+  });
   return loop->run(stop_requested);
 }
 

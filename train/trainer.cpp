@@ -336,7 +336,10 @@ TrainResult train(comm::Group& group, const TrainOptions& options, Observer* obs
                   const std::function<bool()>& stop_requested) {
   check_options(options, group.size());
   std::unique_ptr<Trainer> trainer;
-  collectively(group, [&] { trainer = std::make_unique<Trainer>(group, options, observer); });
+  collectively(group, [&] {
+    if (group.rank() == 0) check_checkpoint_root(options.checkpoint_root, !options.resume.empty());
+    trainer = std::make_unique<Trainer>(group, options, observer);
+  });
   return trainer->run(stop_requested);
 }
 

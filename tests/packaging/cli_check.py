@@ -53,6 +53,9 @@ def main(binary, version):
         with open(config, "w") as f:
             json.dump({"hidden_size": 64}, f)
         refusals.append((["model", "info", "--config", config], "invalid argument 'model_type': in " + config))
+        # A checkpoint root under a file is refused before the run, not at its first save.
+        refusals.append((["rl", "--config", "tiny", "--steps", "1", "--ckpt", os.path.join(config, "sub")],
+                         "invalid argument '--ckpt': cannot create the checkpoint directory"))
         for args, message in refusals:
             result = run(binary, *args)
             expect(result.returncode == 1 and message in result.stderr, f"{' '.join(args)}: {message}", result)

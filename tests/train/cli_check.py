@@ -124,6 +124,17 @@ def main():
         if steps[-2:] != [target - 1, target] or not os.path.exists(os.path.join(ckpt, f"step-{target:08d}")):
             sys.exit(f"FAIL: resume did not continue to step {target}: {steps[-4:]}\n{result.stdout}")
         print(f"ok: resumed to step {target}")
+
+        # Another run into the same root without --resume is refused before it trains: nothing of the first is lost.
+        another_run = ["--steps", "2", "--save-every", "1", "--seed", "7", "--ckpt", ckpt]
+        expect_refused(binary, common + another_run, "--ckpt")
+        with open(os.path.join(ckpt, "latest")) as f:
+            if f.read().strip() != f"step-{target:08d}":
+                sys.exit("FAIL: a refused run moved `latest`")
+        # A root that cannot be made is refused before training, not at the first save.
+        not_a_directory = os.path.join(tmp, "afile")
+        open(not_a_directory, "w").close()
+        expect_refused(binary, common + ["--steps", "1", "--ckpt", os.path.join(not_a_directory, "sub")], "--ckpt")
     print("all CLI checks passed")
 
 
