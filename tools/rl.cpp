@@ -65,11 +65,11 @@ nlohmann::ordered_json memory_json(const rl::MemoryUse& use) {
 // Rank 0's view: the console and the JSONL log.
 class Reporter : public rl::Observer {
  public:
-  Reporter(const RlArgs& args, const rl::RlOptions& options) : args_(args), options_(options) {
-    if (!args.log.empty()) log_ = open_log(args.log, !args.resume.empty());
-  }
+  Reporter(const RlArgs& args, const rl::RlOptions& options)
+      : args_(args), options_(options), log_(args.log, !args.resume.empty()) {}
 
   void on_start(const rl::StartReport& s) override {
+    log_.start();
     std::printf("rl: task %s, %lld parameters on %d rank%s, memory saver %s; %s step %lld: %lld warm-up + %lld RL steps "
                 "of %lld prompts x %lld samples\n",
                 options_.task.c_str(), static_cast<long long>(s.parameters), s.dp_size, s.dp_size == 1 ? "" : "s",
@@ -179,15 +179,11 @@ class Reporter : public rl::Observer {
   static std::uint64_t trainer_bytes(const rl::MemoryUse& use) {
     return value(use, "grads") + value(use, "optimizer") + value(use, "activations");
   }
-  void write(const nlohmann::ordered_json& row) {
-    if (!log_.is_open()) return;
-    log_ << row.dump() << '\n';
-    log_.flush();
-  }
+  void write(const nlohmann::ordered_json& row) { log_.write(row); }
 
   const RlArgs& args_;
   const rl::RlOptions& options_;
-  std::ofstream log_;
+  JsonlLog log_;
   double rl_started_ = -1, rl_first_ = 0;
   bool memory_shown_ = false;
 };
@@ -228,9 +224,11 @@ void run_rl_command(const RlArgs& args) {
       [&](int rank, int ranks) {
         const rl::RlOptions options = make_options(args);
         rl::check_options(options, ranks);
-        std::unique_ptr<Reporter> reporter;
-        if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
         const std::unique_ptr<comm::Group> group = make_group(args.device);
+        std::unique_ptr<Reporter> reporter;  // on every rank's watch: a log rank 0 cannot open stops them all
+        comm::collectively(*group, [&] {
+          if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
+        });
         const rl::RlResult result = rl::run_rl(*group, options, reporter.get(), stop_requested);
         if (rank == 0) {
           char summary[128];

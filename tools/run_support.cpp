@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -28,6 +29,22 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;
 extern "C" void request_stop(int) { g_stop = 1; }
 
+// Whether every rank reaches this (on `failures`, a communicator of its own, so that it meets no collective of the
+// run) within a few seconds: a failure raised on every rank, as the library's collective errors and refused
+// options are, rather than one rank's alone while the others wait for it in a collective.
+bool every_rank_failed(MPI_Comm failures) {
+  constexpr auto kPatience = std::chrono::seconds(10);
+  MPI_Request request;
+  MPI_Ibarrier(failures, &request);
+  const auto deadline = std::chrono::steady_clock::now() + kPatience;
+  for (int done = 0; std::chrono::steady_clock::now() < deadline;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 }  // namespace
 
 void run_collective_command(const std::function<void(int rank, int ranks)>& body, const std::string& log,
@@ -47,13 +64,24 @@ void run_collective_command(const std::function<void(int rank, int ranks)>& body
     sigemptyset(&action.sa_mask);
     sigaction(SIGINT, &action, nullptr);
     sigaction(SIGTERM, &action, nullptr);
+    MPI_Comm failures;
+    MPI_Comm_dup(MPI_COMM_WORLD, &failures);
     try {
       body(rank, ranks);
       draw = rank == 0 && !log.empty() && chart != "none";
-    } catch (const Error&) {
+    } catch (const std::exception& e) {
+      if (!every_rank_failed(failures)) {
+        // The other ranks wait in a collective that this rank will never enter, and MPI_Finalize would wait for
+        // them: the job is ended here, with the reason.
+        std::fprintf(stderr, "deltatrain: rank %d of %d: %s\n", rank, ranks, e.what());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      MPI_Comm_free(&failures);
       if (rank == 0) throw;
       throw CLI::RuntimeError(1);
     }
+    MPI_Comm_free(&failures);
   }
   if (draw) draw_chart(log, chart.empty() ? std::filesystem::path(log).replace_extension(".png").string() : chart);
 }
@@ -82,13 +110,30 @@ bool progress_on_terminal() {
   return isatty(STDOUT_FILENO) != 0 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr;
 }
 
-std::ofstream open_log(const std::string& path, bool append) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+namespace {
+std::ofstream open_log(const std::string& path, std::ios::openmode mode) {
+  std::ofstream log(path, mode);
+  if (!log) throw InvalidArgument("--log", "cannot open " + path + " for writing");
+  return log;
+}
+}  // namespace
+
+JsonlLog::JsonlLog(std::string path, bool append) : path_(std::move(path)), append_(append) {
+  if (path_.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
   std::error_code ignored;  // a failure shows as the open's below
   if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
-  std::ofstream log(path, append ? std::ios::app : std::ios::trunc);
-  if (!log) throw InvalidArgument("log", "cannot open " + path + " for writing");
-  return log;
+  file_ = open_log(path_, std::ios::app);
+}
+
+void JsonlLog::start() {
+  if (!path_.empty() && !append_) file_ = open_log(path_, std::ios::trunc);
+}
+
+void JsonlLog::write(const nlohmann::ordered_json& row) {
+  if (!file_.is_open()) return;
+  file_ << row.dump() << '\n';
+  file_.flush();
 }
 
 void draw_chart(const std::string& log, const std::string& chart) {

@@ -63,11 +63,11 @@ class Reporter : public train::Observer {
         steps_(options.steps),
         flops_per_token_(model::training_flops_per_token(options.config, options.seq_len).total()),
         peak_flops_(args.peak_flops > 0 ? args.peak_flops : known_peak_flops(args.device)),
-        terminal_(progress_on_terminal()) {
-    if (!args.log.empty()) log_ = open_log(args.log, !args.resume.empty());
-  }
+        terminal_(progress_on_terminal()),
+        log_(args.log, !args.resume.empty()) {}
 
   void on_start(const train::StartReport& start) override {
+    log_.start();
     first_step_ = start.step;
     std::printf("training %lld parameters on %d rank%s, %lld training tokens; %s step %lld of %lld\n",
                 static_cast<long long>(start.parameters), start.dp_size, start.dp_size == 1 ? "" : "s",
@@ -145,11 +145,7 @@ class Reporter : public train::Observer {
   }
 
  private:
-  void write(const nlohmann::ordered_json& row) {
-    if (!log_.is_open()) return;
-    log_ << row.dump() << '\n';
-    log_.flush();
-  }
+  void write(const nlohmann::ordered_json& row) { log_.write(row); }
   // Byte-level tokens can split a UTF-8 character; JSON needs valid text, so bad bytes become U+FFFD.
   static std::string valid_utf8(const std::string& text) {
     return nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
@@ -177,7 +173,7 @@ class Reporter : public train::Observer {
   double peak_flops_;
   bool terminal_;
   bool bar_open_ = false;
-  std::ofstream log_;
+  JsonlLog log_;
 };
 
 train::TrainOptions make_options(const TrainArgs& args) {
@@ -211,9 +207,11 @@ void run_train_command(const TrainArgs& args) {
       [&](int rank, int ranks) {
         const train::TrainOptions options = make_options(args);
         train::check_options(options, ranks);  // before the reporter computes FLOPs from them
-        std::unique_ptr<Reporter> reporter;
-        if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
         const std::unique_ptr<comm::Group> group = make_group(args.device);
+        std::unique_ptr<Reporter> reporter;  // on every rank's watch: a log rank 0 cannot open stops them all
+        comm::collectively(*group, [&] {
+          if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
+        });
         const train::TrainResult result = train::train(*group, options, reporter.get(), stop_requested);
         if (rank == 0) {
           reporter->end_bar();

@@ -2,7 +2,10 @@
 writer and the C++ reader agree on the format), bad flags and files refused by name, SIGTERM finishing the
 step, saving and exiting 0, and `--resume latest` continuing from there.
 
-    python cli_check.py DELTATRAIN_BINARY
+With MPIEXEC, a failure on rank 0 alone (a log it cannot open, an allocation that fails) ends every rank with
+the reason instead of leaving the others waiting in a collective.
+
+    python cli_check.py DELTATRAIN_BINARY [MPIEXEC]
 """
 
 import importlib.util
@@ -86,7 +89,20 @@ def main():
         expect_refused(binary, common + ["--resume", "latest"], "resume")
         expect_refused(binary, common + ["--device", "tpu"], "device")
         expect_refused(binary, common + ["--sample-tokens", "0"], "sample-tokens")
-        expect_refused(binary, ["--config", "tiny", "--data", os.path.join(tmp, "nowhere")], os.path.join(tmp, "nowhere"))
+        # A refused run leaves an earlier log as it was; a fresh run that starts empties it.
+        kept_log = os.path.join(tmp, "kept.jsonl")
+        with open(kept_log, "w") as f:
+            f.write("an earlier run's line\n")
+        expect_refused(binary, ["--config", "tiny", "--data", os.path.join(tmp, "nowhere"), "--log", kept_log],
+                       os.path.join(tmp, "nowhere"))
+        with open(kept_log) as f:
+            if f.read() != "an earlier run's line\n":
+                sys.exit("FAIL: a refused run emptied its --log")
+        run(binary, *common, "--steps", "1", "--log", kept_log)
+        with open(kept_log) as f:
+            if "earlier" in f.read():
+                sys.exit("FAIL: a fresh run appended to an earlier log")
+        print("ok: a refused run keeps the log, a fresh run starts it anew")
         bad = os.path.join(tmp, "bad")
         os.makedirs(bad)
         prepare.write_shard(os.path.join(bad, "val.bin"), documents(rng, 2), 64)
@@ -135,7 +151,31 @@ def main():
         not_a_directory = os.path.join(tmp, "afile")
         open(not_a_directory, "w").close()
         expect_refused(binary, common + ["--steps", "1", "--ckpt", os.path.join(not_a_directory, "sub")], "--ckpt")
+        if len(sys.argv) > 2:
+            check_one_rank_failing(binary, sys.argv[2], common, tmp)
     print("all CLI checks passed")
+
+
+def check_one_rank_failing(binary, mpiexec, common, tmp):
+    not_a_directory = os.path.join(tmp, "afile")
+    open(not_a_directory, "a").close()
+    # `tiny`, whose caches for 10^8 tokens do not fit: only rank 0 samples, and fails.
+    tiny = ["--config", "tiny"] + common[2:]
+    cases = [
+        (common + ["--steps", "1", "--log", os.path.join(not_a_directory, "x.jsonl")], "'--log'"),
+        (tiny + ["--steps", "2", "--sample-every", "1", "--sample-tokens", "100000000"],
+         "rank 0 of 2: std::bad_alloc"),
+    ]
+    for args, what in cases:
+        command = [mpiexec, "-n", "2", binary, "train", *args]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"FAIL: 2 ranks with {args[-4:]} hung")
+        if result.returncode == 0 or what not in result.stderr:
+            sys.exit(f"FAIL: 2 ranks with {args[-4:]}: exit {result.returncode}, expected {what!r} in\n"
+                     f"{result.stderr}")
+        print(f"ok: 2 ranks, rank 0 failing alone, end with {what}")
 
 
 if __name__ == "__main__":
