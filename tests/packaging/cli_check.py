@@ -60,6 +60,19 @@ def main(binary, version):
             result = run(binary, *args)
             expect(result.returncode == 1 and message in result.stderr, f"{' '.join(args)}: {message}", result)
 
+    with tempfile.TemporaryDirectory() as root:
+        run(binary, "optim", "demo", "--steps", "2", "--save-at", "2", "--ckpt", root)
+        shard = os.path.join(root, "step-00000002", "shard-00000-of-00001.safetensors")
+        with open(shard, "r+b") as f:
+            f.seek(-3, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-3, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0x5A]))
+        for extra in ([], ["--json"]):
+            result = run(binary, "ckpt", "inspect", root, "--verify", *extra)
+            expect(result.returncode == 1 and "BAD" in result.stdout and "failed verification" in result.stderr,
+                   f"ckpt inspect --verify {' '.join(extra)} exits 1 on a damaged shard", result)
+
     result = run(binary, "bench", "gdn", "--pass", "sideways")
     expect(result.returncode == 1 and "--pass" in result.stderr and "fwd, bwd or both" in result.stderr,
            "bench gdn --pass sideways is refused naming the flag", result)

@@ -141,6 +141,13 @@ def main():
             sys.exit(f"FAIL: resume did not continue to step {target}: {steps[-4:]}\n{result.stdout}")
         print(f"ok: resumed to step {target}")
 
+        # `ckpt inspect` finds the optimizer's checkpoint in a trainer's root and step directory.
+        for where in (ckpt, os.path.join(ckpt, f"step-{target:08d}")):
+            result = subprocess.run([binary, "ckpt", "inspect", where, "--verify"], capture_output=True, text=True)
+            if result.returncode != 0 or f"step           {target}" not in result.stdout:
+                sys.exit(f"FAIL: ckpt inspect {where}: exit {result.returncode}\n{result.stdout}\n{result.stderr}")
+        print("ok: ckpt inspect reads a trainer's checkpoint")
+
         # Another run into the same root without --resume is refused before it trains: nothing of the first is lost.
         another_run = ["--steps", "2", "--save-every", "1", "--seed", "7", "--ckpt", ckpt]
         expect_refused(binary, common + another_run, "--ckpt")
