@@ -73,6 +73,16 @@ def main(binary, version):
             expect(result.returncode == 1 and "BAD" in result.stdout and "failed verification" in result.stderr,
                    f"ckpt inspect --verify {' '.join(extra)} exits 1 on a damaged shard", result)
 
+    # The documented form parses (the refusal is of the option after it, which CLI11 checks next; a full check
+    # of `tiny` takes minutes).
+    result = run(binary, "model", "check", "--config", "tiny", "--seqlens", "70,1,13", "--gradient-samples", "0")
+    expect(result.returncode != 0 and "--seqlens" not in result.stderr and "--gradient-samples" in result.stderr,
+           "model check --seqlens 70,1,13 (the documented form) is accepted", result)
+    for lengths in ("0", "5,0"):
+        result = run(binary, "model", "check", "--config", "tiny", "--seqlens", lengths)
+        expect(result.returncode != 0 and "--seqlens: Value 0 not in range 1 to" in result.stderr,
+               f"model check --seqlens {lengths} is refused with the range", result)
+
     result = run(binary, "bench", "gdn", "--pass", "sideways")
     expect(result.returncode == 1 and "--pass" in result.stderr and "fwd, bwd or both" in result.stderr,
            "bench gdn --pass sideways is refused naming the flag", result)
