@@ -338,7 +338,7 @@ void run_bench(const Settings& s) {
          {{"backend", s.backend}, {"dim", s.dim}, {"repeat", s.repeat}, {"threads", s.threads},
           {"use_qk_l2norm_in_kernel", s.l2norm}, {"dtype", "float32"}, {"device", device_name(device)},
           {"timing", "median of repeat calls after one warm-up call"}}},
-        {"flop_model", "gdn-kernels.md §6 per token per value head, C=64: fwd 2(3CK+2CV+3KV)+(2/3)C^2, "
+        {"flop_model", "docs/gdn-algorithm.md §6 per token per value head, C=64: fwd 2(3CK+2CV+3KV)+(2/3)C^2, "
                        "bwd 18CK+10CV+16KV+4C^2"},
         {"sgemm", sgemm},
         {"results", results}};

@@ -42,6 +42,10 @@ def main(binary, version):
                  "--repeat", "1", "--sgemm-size", "0", "--pass", "both", "--json")
     passes = [row["pass"] for row in json.loads(result.stdout)["results"]] if result.returncode == 0 else []
     expect(passes == ["fwd", "bwd"], "bench gdn --pass both runs fwd and bwd", result)
+    cited = json.loads(result.stdout)["flop_model"].split(" ")[0] if result.returncode == 0 else ""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    expect(os.path.isfile(os.path.join(root, cited)), f"bench gdn --json's flop_model cites a file of the tree: {cited}",
+           result)
     # The library's refusals name the flag as typed where the command has one; a config.json's field keeps its name.
     refusals = [
         (["model", "info", "--config", "nowhere-such"], "invalid argument '--config': must be a preset"),
