@@ -647,7 +647,7 @@ class Loop {
   double communicator_s_ = 0;  // of this step's switches
   std::vector<EvalReport::Example> eval_examples_;
   std::int64_t last_eval_step_ = -1;
-  double last_accuracy_ = 0;
+  std::optional<double> last_accuracy_;  // none before the first evaluation
 };
 
 }  // namespace

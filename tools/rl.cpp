@@ -231,10 +231,13 @@ void run_rl_command(const RlArgs& args) {
         });
         const rl::RlResult result = rl::run_rl(*group, options, reporter.get(), stop_requested);
         if (rank == 0) {
-          char summary[128];
-          std::snprintf(summary, sizeof summary, "%s at step %lld, held-out accuracy %.3f",
-                        result.stopped ? "stopped on a signal" : "done", static_cast<long long>(result.step),
-                        result.final_accuracy);
+          char accuracy[64] = "no held-out accuracy (stopped before any evaluation)";
+          if (result.final_accuracy) {
+            std::snprintf(accuracy, sizeof accuracy, "held-out accuracy %.3f", *result.final_accuracy);
+          }
+          char summary[160];
+          std::snprintf(summary, sizeof summary, "%s at step %lld, %s", result.stopped ? "stopped on a signal" : "done",
+                        static_cast<long long>(result.step), accuracy);
           print_result(summary, result.digest);
         }
       },
