@@ -1,6 +1,7 @@
 #include "deltatrain/train/trainer.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "deltatrain/train/parameters.h"
 #include "deltatrain/train/step_directory.h"
 #include "optim/file_io.h"
+#include "optim/json_fields.h"
 
 namespace deltatrain::train {
 
@@ -282,6 +284,11 @@ class Trainer {
         throw InvalidArgument("resume", "checkpoint " + dir.string() + " was trained on other training shards than " +
                                             options_.data.string());
       }
+      try {
+        check_position(train_lengths_, plan_options_, saved.data);
+      } catch (const InvalidArgument& e) {
+        optim::invalid_json_file("trainer state " + (dir / kStateFile).string(), "data: " + e.rule());
+      }
     });
     optim::load_checkpoint(optimizer_, dir / "optimizer");
     if (optimizer_.step_count() != saved.step) {
@@ -362,22 +369,40 @@ std::string state_to_json(const TrainerState& state) {
 }
 
 TrainerState state_from_json(const std::string& text, const std::string& source) {
+  const std::string file = "trainer state " + source;
+  using optim::integer_field;
+  constexpr std::int64_t kMax = INT64_MAX;
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
-    if (j.at("format") != kStateFormat) throw Failure("not a trainer state (format " + j.at("format").dump() + ")");
-    if (j.at("version") != kStateVersion) throw Failure("version " + j.at("version").dump() + " is not " + std::to_string(kStateVersion));
+    if (!j.is_object()) optim::invalid_json_file(file, "it is not a JSON object");
+    optim::only_known_fields(j,
+                             {"format", "version", "step", "data", "seed", "tokens_per_step", "seq_len", "dp_size",
+                              "data_fingerprint", "config"},
+                             "", file);
+    const std::string format = optim::string_field(j, "format", "", file);
+    if (format != kStateFormat) optim::invalid_json_file(file, "not a trainer state (format '" + format + "')");
+    integer_field(j, "version", kStateVersion, kStateVersion, "", file);
     TrainerState state;
-    state.step = j.at("step");
-    state.data = {j.at("data").at("epoch"), j.at("data").at("index"), j.at("data").at("offset")};
-    state.seed = j.at("seed");
-    state.tokens_per_step = j.at("tokens_per_step");
-    state.seq_len = j.at("seq_len");
-    state.dp_size = j.at("dp_size");
-    state.data_fingerprint = j.at("data_fingerprint");
-    state.config_json = model::config_to_hf_json(model::config_from_hf_json(j.at("config").dump(), source));
+    state.step = integer_field(j, "step", 0, kMax, "", file);
+    const nlohmann::json& data = optim::field(j, "data", "", file);
+    optim::only_known_fields(data, {"epoch", "index", "offset"}, "data.", file);
+    state.data = {integer_field(data, "epoch", 0, kMax, "data.", file),
+                  integer_field(data, "index", 0, kMax, "data.", file),
+                  integer_field(data, "offset", 0, kMax, "data.", file)};
+    // Any unsigned 64-bit seed (--seed takes them all); the reader below refuses the rest by name.
+    const nlohmann::json& seed = optim::field(j, "seed", "", file);
+    state.seed = seed.is_number_unsigned() ? seed.get<std::uint64_t>() : integer_field(j, "seed", 0, kMax, "", file);
+    state.tokens_per_step = integer_field(j, "tokens_per_step", 1, kMax, "", file);
+    state.seq_len = integer_field(j, "seq_len", 1, kMax, "", file);
+    state.dp_size = static_cast<int>(integer_field(j, "dp_size", 1, INT_MAX, "", file));
+    state.data_fingerprint = optim::string_field(j, "data_fingerprint", "", file);
+    const std::string config = optim::field(j, "config", "", file).dump();
+    state.config_json = model::config_to_hf_json(model::config_from_hf_json(config, source));
     return state;
-  } catch (const std::exception& e) {
-    throw Failure("trainer state " + source + " is not valid: " + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    optim::invalid_json_file(file, e.what());
+  } catch (const InvalidArgument& e) {
+    optim::invalid_json_file(file, e.what());
   }
 }
 

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "deltatrain/comm/mpi_group.h"
 #include "deltatrain/comm/nccl_group.h"
 #include "deltatrain/core/error.h"
@@ -327,6 +329,22 @@ TEST_F(Trainer, DamagedShardsAndCheckpointsAreRefusedByName) {
   damage(step2 / "trainer.json", 2);
   expect_refusal<Failure>([&] { train(*world_, resume); }, (step2 / "trainer.json").string());
   damage(step2 / "trainer.json", 2);
+
+  // A data position outside the shards: refused at the resume, naming the file, not at the first step.
+  const fs::path state_file = step2 / "trainer.json";
+  std::string saved_state;
+  if (world_->rank() == 0) {  // which alone reads and rewrites the file: no rank reads it half-written
+    std::ifstream in(state_file);
+    saved_state.assign(std::istreambuf_iterator<char>(in), {});
+    nlohmann::json outside = nlohmann::json::parse(saved_state);
+    outside["data"]["index"] = 1000000;
+    std::ofstream(state_file, std::ios::trunc) << outside.dump();
+  }
+  world_->barrier();
+  expect_refusal<Failure>([&] { train(*world_, resume); },
+                          "trainer state " + state_file.string() + " is not valid: data");
+  if (world_->rank() == 0) std::ofstream(state_file, std::ios::trunc) << saved_state;
+  world_->barrier();
   EXPECT_NO_THROW(train(*world_, resume));
 
   // A checkpoint of another model.
