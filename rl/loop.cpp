@@ -702,7 +702,11 @@ void check_options(const RlOptions& o, int dp_size) {
   at_least("threads", o.cpu_threads, 0);
   make_task(o.task)->eval_problems(o.eval_prompts);  // the held-out set is large enough
   optim::check_config({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm});
-  optim::check_config({o.warmup_lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm});
+  try {
+    optim::check_config({o.warmup_lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm});
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("warmup-lr", e.rule());  // the check above passed: only the learning rate differs
+  }
   if (!(o.temperature > 0) || !std::isfinite(o.temperature)) {
     throw InvalidArgument("temperature", "must be > 0 (RL samples), got " + std::to_string(o.temperature));
   }

@@ -213,7 +213,7 @@ rl::RlOptions make_options(const RlArgs& args) {
   o.checkpoint_root = args.ckpt;
   o.save_every = args.save_every;
   o.resume = resume_path(args.resume, args.ckpt);
-  o.cpu_threads = args.threads > 0 ? args.threads : default_threads();
+  o.cpu_threads = args.threads == 0 ? default_threads() : args.threads;  // a negative count is refused by name
   o.memory = args.memory;
   o.release_communicator = !args.keep_communicator;
   return o;

@@ -198,7 +198,7 @@ train::TrainOptions make_options(const TrainArgs& args) {
   o.sample_every = args.sample_every;
   o.sample_tokens = args.sample_tokens;
   o.temperature = args.temperature;
-  o.cpu_threads = args.threads > 0 ? args.threads : default_threads();
+  o.cpu_threads = args.threads == 0 ? default_threads() : args.threads;  // a negative count is refused by name
   return o;
 }
 

@@ -51,6 +51,16 @@ def main(binary, version):
         (["model", "info", "--config", "nowhere-such"], "invalid argument '--config': must be a preset"),
         (["rl", "--config", "tiny", "--steps", "-3"], "invalid argument '--steps': must be >= 0, got -3"),
         (["rl", "--config", "tiny", "--task", "juggling"], "invalid argument '--task': no task is called 'juggling'"),
+        # Fields whose flag has another name, or that the library checks under another name.
+        (["train", "--config", "tiny", "--data", "nowhere", "--clip", "-1"], "invalid argument '--clip': must be"),
+        (["rl", "--config", "tiny", "--warmup-lr", "-1"], "invalid argument '--warmup-lr': must be"),
+        (["rl", "--config", "tiny", "--steps", "1", "--init", "/nonexistent"],
+         "invalid argument '--init': '/nonexistent'"),
+        (["generate", "--config", "tiny", "--weights", "/nonexistent", "--prompt-ids", "1"],
+         "invalid argument '--weights': '/nonexistent'"),
+        (["train", "--config", "tiny", "--data", "nowhere", "--threads", "-3"],
+         "invalid argument '--threads': must be"),
+        (["rl", "--config", "tiny", "--threads", "-3"], "invalid argument '--threads': must be"),
     ]
     with tempfile.TemporaryDirectory() as directory:
         config = os.path.join(directory, "config.json")

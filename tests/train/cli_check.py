@@ -148,6 +148,17 @@ def main():
                 sys.exit(f"FAIL: ckpt inspect {where}: exit {result.returncode}\n{result.stdout}\n{result.stderr}")
         print("ok: ckpt inspect reads a trainer's checkpoint")
 
+        # generate's refusals name its flags, not the engine's fields.
+        model = os.path.join(ckpt, f"step-{target:08d}", "model")
+        weights = ["--config", config, "--weights", model, "--prompt-ids", "1"]
+        for args, what in [(["--batch", "0"], "'--batch'"), (["--max-new-tokens", "0"], "'--max-new-tokens'"),
+                           (["--top-p", "2"], "'--top-p'"), (["--threads", "-1"], "'--threads'")]:
+            result = subprocess.run([binary, "generate", *weights, *args], capture_output=True, text=True,
+                                    timeout=60)
+            if result.returncode == 0 or f"invalid argument {what}" not in result.stderr:
+                sys.exit(f"FAIL: generate {args} should be refused naming {what}: {result.stderr}")
+        print("ok: generate's refusals name its flags")
+
         # Another run into the same root without --resume is refused before it trains: nothing of the first is lost.
         another_run = ["--steps", "2", "--save-every", "1", "--seed", "7", "--ckpt", ckpt]
         expect_refused(binary, common + another_run, "--ckpt")
