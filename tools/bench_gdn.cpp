@@ -386,7 +386,10 @@ void add_bench_gdn_command(CLI::App& bench) {
   gdn->add_option("--threads", s->threads, "CPU backends: threads, 0 = all cores")->capture_default_str();
   gdn->add_option("--l2norm", s->l2norm, "use_qk_l2norm_in_kernel")->capture_default_str();
   gdn->add_option("--device", s->device, "where the tensors live: auto, cpu or cuda")->capture_default_str();
-  gdn->add_option("--sgemm-size", s->sgemm_size, "n of the n^3 sgemm reference (0 skips it)")->capture_default_str();
+  // At most 16384: its three n x n float matrices take 3 GiB.
+  gdn->add_option("--sgemm-size", s->sgemm_size, "n of the n^3 sgemm reference (0 skips it)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 16384));
   gdn->add_flag("--json", s->json, "print JSON (with date, machine and versions) instead of a table");
   gdn->callback([s] { run_bench(*s); });
 }

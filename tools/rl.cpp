@@ -287,7 +287,9 @@ void add_rl_command(CLI::App& app) {
   cmd->add_option("--resume", a->resume, "a checkpoint directory, a root with `latest`, or `latest` (of --ckpt)");
   cmd->add_option("--log", a->log, "JSONL log: one object per step and evaluation");
   cmd->add_option("--chart", a->chart, "chart PNG (default: the log's name with .png; none: no chart)");
-  cmd->add_option("--seed", a->seed, "initial weights, problems and samples")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "initial weights, problems and samples")
+      ->capture_default_str()
+      ->check(kNoSign);
   cmd->add_option("--threads", a->threads, "CPU threads per rank (0: the cores divided by the local ranks)")
       ->capture_default_str();
   cmd->add_option("--memory", a->memory, "the memory saver between phases: auto (by device), host, cuda, off")

@@ -2,6 +2,7 @@
 // rank without mpirun). Rank 0 prints a progress line per step (a bar on a terminal), writes the JSONL log
 // and, at the end, the loss chart (python -m deltatrain.charts) when --log is given.
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -177,6 +178,10 @@ class Reporter : public train::Observer {
 };
 
 train::TrainOptions make_options(const TrainArgs& args) {
+  if (!(args.peak_flops >= 0) || !std::isfinite(args.peak_flops)) {
+    throw InvalidArgument("--peak-flops", "must be finite and >= 0 (0: the device's known peak, else no MFU), got " +
+                                              std::to_string(args.peak_flops));
+  }
   train::TrainOptions o;
   o.config = load_config_flag(args.config);
   o.data = args.data;
@@ -252,7 +257,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--temperature", args->temperature, "sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--log", args->log, "JSONL log: one object per step, evaluation and sample");
   cmd->add_option("--chart", args->chart, "loss chart PNG (default: the log's name with .png; none: no chart)");
-  cmd->add_option("--seed", args->seed, "initial weights, data order and samples")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "initial weights, data order and samples")
+      ->capture_default_str()
+      ->check(kNoSign);
   cmd->add_option("--threads", args->threads, "CPU threads per rank (0: the cores divided by the local ranks)")
       ->capture_default_str();
   cmd->add_option("--peak-flops", args->peak_flops,

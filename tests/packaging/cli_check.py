@@ -61,6 +61,11 @@ def main(binary, version):
         (["train", "--config", "tiny", "--data", "nowhere", "--threads", "-3"],
          "invalid argument '--threads': must be"),
         (["rl", "--config", "tiny", "--threads", "-3"], "invalid argument '--threads': must be"),
+        # Values that were accepted silently.
+        (["train", "--config", "tiny", "--data", "nowhere", "--peak-flops", "-1"],
+         "invalid argument '--peak-flops': must be"),
+        (["optim", "demo", "--steps", "2", "--save-at", "3", "--ckpt", "nowhere"],
+         "invalid argument '--save-at': must be a step this run reaches, 1 to 2; got 3"),
     ]
     with tempfile.TemporaryDirectory() as directory:
         config = os.path.join(directory, "config.json")
@@ -96,6 +101,15 @@ def main(binary, version):
         result = run(binary, "model", "check", "--config", "tiny", "--seqlens", lengths)
         expect(result.returncode != 0 and "--seqlens: Value 0 not in range 1 to" in result.stderr,
                f"model check --seqlens {lengths} is refused with the range", result)
+
+    # CLI11's own refusals (exit 105) of values it would otherwise take: a negative seed read as 2^64 - 1, a
+    # negative sgemm size.
+    cases = [(["train", "--config", "tiny", "--data", "nowhere", "--seed", "-1"], "--seed: must be >= 0"),
+             (["rl", "--config", "tiny", "--seed", "-1"], "--seed: must be >= 0"),
+             (["bench", "gdn", "--sgemm-size", "-1"], "--sgemm-size: Value -1 not in range 0 to")]
+    for args, message in cases:
+        result = run(binary, *args)
+        expect(result.returncode != 0 and message in result.stderr, f"{' '.join(args)}: {message}", result)
 
     result = run(binary, "bench", "gdn", "--pass", "sideways")
     expect(result.returncode == 1 and "--pass" in result.stderr and "fwd, bwd or both" in result.stderr,

@@ -152,12 +152,16 @@ def main():
         model = os.path.join(ckpt, f"step-{target:08d}", "model")
         weights = ["--config", config, "--weights", model, "--prompt-ids", "1"]
         for args, what in [(["--batch", "0"], "'--batch'"), (["--max-new-tokens", "0"], "'--max-new-tokens'"),
-                           (["--top-p", "2"], "'--top-p'"), (["--threads", "-1"], "'--threads'")]:
+                           (["--top-p", "2"], "'--top-p'"), (["--threads", "-1"], "'--threads'"),
+                           (["--max-length", "-5"], "'--max-length'"), (["--prompt-ids", "1,2,"], "'--prompt-ids'")]:
             result = subprocess.run([binary, "generate", *weights, *args], capture_output=True, text=True,
                                     timeout=60)
             if result.returncode == 0 or f"invalid argument {what}" not in result.stderr:
                 sys.exit(f"FAIL: generate {args} should be refused naming {what}: {result.stderr}")
         print("ok: generate's refusals name its flags")
+
+        # --steps is the step to train to: below the checkpoint's, the resume is refused rather than reported done.
+        expect_refused(binary, common + ["--steps", "1", "--ckpt", ckpt, "--resume", "latest"], "--steps")
 
         # Another run into the same root without --resume is refused before it trains: nothing of the first is lost.
         another_run = ["--steps", "2", "--save-every", "1", "--seed", "7", "--ckpt", ckpt]
