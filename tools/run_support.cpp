@@ -25,9 +25,16 @@ extern char** environ;
 namespace deltatrain::tools {
 namespace {
 
-// Set by SIGINT/SIGTERM; the handler does nothing else.
+// Set by SIGINT/SIGTERM. A second signal, when the first is not heeded soon enough (a sample being generated),
+// ends the process as the signal's default action does.
 volatile std::sig_atomic_t g_stop = 0;
-extern "C" void request_stop(int) { g_stop = 1; }
+extern "C" void request_stop(int signal) {
+  if (g_stop != 0) {
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+  }
+  g_stop = 1;
+}
 
 // Whether every rank reaches this (on `failures`, a communicator of its own, so that it meets no collective of the
 // run) within a few seconds: a failure raised on every rank, as the library's collective errors and refused

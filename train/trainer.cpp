@@ -127,7 +127,7 @@ class Trainer {
       report.elapsed = seconds_since(began);
       if (observer_) observer_->on_step(report);
       const std::int64_t step = optimizer_.step_count();
-      if (options_.eval_every > 0 && step % options_.eval_every == 0) evaluate();
+      if (options_.eval_every > 0 && step % options_.eval_every == 0) evaluate(stop_requested);
       if (options_.sample_every > 0 && step % options_.sample_every == 0) sample();
       if (!options_.checkpoint_root.empty() && options_.save_every > 0 && step % options_.save_every == 0) {
         result.last_checkpoint = save();
@@ -194,13 +194,15 @@ class Trainer {
   }
 
   // The mean NLL over the fixed validation batches: the first eval_batches steps of the validation shard in
-  // file order, forward only.
-  void evaluate() {
+  // file order, forward only. A stop request (on any rank, polled between batches) abandons it unreported, so
+  // that a long evaluation does not hold up the save and exit the request asks for.
+  void evaluate(const std::function<bool()>& stop_requested) {
     const PlanOptions options{options_.tokens_per_step, options_.seq_len, group_.size(), false, 0};
     DataPosition at;
     double nll = 0;
     std::int64_t targets = 0;
     for (std::int64_t b = 0; b < options_.eval_batches; ++b) {
+      if (comm::any_rank(group_, stop_requested && stop_requested())) return;
       const StepPlan plan = plan_step(validation_lengths_, options, at);
       at = plan.end;
       const HostBatch batch =
