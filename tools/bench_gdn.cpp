@@ -314,6 +314,12 @@ void run_bench(const Settings& s) {
   for (const std::string& heads : s.heads) {
     for (const std::string& seqlens : s.seqlens) cases.push_back({parse_heads(heads), parse_seqlens(seqlens)});
   }
+  for (const Case& c : cases) {  // float q and k of H heads, v and the output of HV heads, tokens x heads x dim
+    const double floats_per_token = 2.0 * static_cast<double>(c.heads.H + c.heads.HV) * s.dim;
+    check_fits_in_memory("--seqlens", 4.0 * static_cast<double>(c.seqs.tokens()) * floats_per_token,
+                         "q, k, v and o of " + c.seqs.text + " at " + std::to_string(c.heads.H) + "/" +
+                             std::to_string(c.heads.HV) + " heads");
+  }
   const Device device = device_of(s);
 
   nlohmann::json sgemm = nullptr;

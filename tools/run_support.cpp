@@ -1,5 +1,7 @@
 #include "run_support.h"
 
+#include "commands.h"
+
 #include <mpi.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -94,6 +96,16 @@ void run_collective_command(const std::function<void(int rank, int ranks)>& body
 }
 
 bool stop_requested() { return g_stop != 0; }
+
+void check_fits_in_memory(const std::string& flag, double bytes, const std::string& what) {
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory > 0 && bytes > memory) {
+    char rule[256];
+    std::snprintf(rule, sizeof rule, "needs at least %.1f GiB (%s), more than this machine's %.1f GiB",
+                  bytes / (1ull << 30), what.c_str(), memory / (1ull << 30));
+    throw InvalidArgument(flag, rule);
+  }
+}
 
 std::string duration_text(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "?";

@@ -212,6 +212,11 @@ void run_train_command(const TrainArgs& args) {
       [&](int rank, int ranks) {
         const train::TrainOptions options = make_options(args);
         train::check_options(options, ranks);  // before the reporter computes FLOPs from them
+        const double floats_per_token =
+            static_cast<double>(options.config.hidden_size) * options.config.num_hidden_layers();
+        check_fits_in_memory("--tokens-per-step",
+                             static_cast<double>(options.tokens_per_step / ranks) * 4.0 * floats_per_token,
+                             "each rank's share, one float per hidden unit and layer kept for the backward");
         const std::unique_ptr<comm::Group> group = make_group(args.device);
         std::unique_ptr<Reporter> reporter;  // on every rank's watch: a log rank 0 cannot open stops them all
         comm::collectively(*group, [&] {

@@ -66,6 +66,10 @@ def main(binary, version):
          "invalid argument '--peak-flops': must be"),
         (["optim", "demo", "--steps", "2", "--save-at", "3", "--ckpt", "nowhere"],
          "invalid argument '--save-at': must be a step this run reaches, 1 to 2; got 3"),
+        # Sizes no machine holds: refused up front naming the flag, not as "std::bad_alloc".
+        (["train", "--config", "tiny", "--data", "nowhere", "--tokens-per-step", str(1 << 40)],
+         "invalid argument '--tokens-per-step': needs at least"),
+        (["bench", "gdn", "--seqlens", "100000x100000"], "invalid argument '--seqlens': needs at least"),
     ]
     with tempfile.TemporaryDirectory() as directory:
         config = os.path.join(directory, "config.json")

@@ -178,7 +178,8 @@ def main():
         weights = ["--config", config, "--weights", model, "--prompt-ids", "1"]
         for args, what in [(["--batch", "0"], "'--batch'"), (["--max-new-tokens", "0"], "'--max-new-tokens'"),
                            (["--top-p", "2"], "'--top-p'"), (["--threads", "-1"], "'--threads'"),
-                           (["--max-length", "-5"], "'--max-length'"), (["--prompt-ids", "1,2,"], "'--prompt-ids'")]:
+                           (["--max-length", "-5"], "'--max-length'"), (["--prompt-ids", "1,2,"], "'--prompt-ids'"),
+                           (["--max-new-tokens", "2000000000"], "'--max-new-tokens': needs at least")]:
             result = subprocess.run([binary, "generate", *weights, *args], capture_output=True, text=True,
                                     timeout=60)
             if result.returncode == 0 or f"invalid argument {what}" not in result.stderr:
