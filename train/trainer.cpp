@@ -334,6 +334,13 @@ void check_options(const TrainOptions& options, int dp_size) {
   non_negative("eval-every", options.eval_every);
   non_negative("sample-every", options.sample_every);
   if (options.sample_tokens < 1) throw InvalidArgument("sample-tokens", "must be >= 1; got " + std::to_string(options.sample_tokens));
+  // The rollout engine that samples counts positions (prompt and completion) in 32 bits.
+  if (options.sample_tokens > INT32_MAX - options.prompt_tokens) {
+    throw InvalidArgument("sample-tokens", "must be at most " + std::to_string(INT32_MAX - options.prompt_tokens) +
+                                               " (with the " + std::to_string(options.prompt_tokens) +
+                                               "-token prompt, 2^31 - 1 positions); got " +
+                                               std::to_string(options.sample_tokens));
+  }
   if (options.eval_batches < 1) throw InvalidArgument("eval-batches", "must be >= 1; got " + std::to_string(options.eval_batches));
   if (options.prompt_tokens < 1) throw InvalidArgument("prompt-tokens", "must be >= 1; got " + std::to_string(options.prompt_tokens));
   if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {

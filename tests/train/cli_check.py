@@ -89,6 +89,8 @@ def main():
         expect_refused(binary, common + ["--resume", "latest"], "resume")
         expect_refused(binary, common + ["--device", "tpu"], "device")
         expect_refused(binary, common + ["--sample-tokens", "0"], "sample-tokens")
+        expect_refused(binary, common + ["--sample-tokens", str((1 << 32) + 5)],
+                       "'--sample-tokens': must be at most")
         # A refused run leaves an earlier log as it was; a fresh run that starts empties it.
         kept_log = os.path.join(tmp, "kept.jsonl")
         with open(kept_log, "w") as f:
