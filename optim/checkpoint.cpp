@@ -15,6 +15,7 @@
 #include "deltatrain/optim/safetensors.h"
 #include "chunked_read.h"
 #include "file_io.h"
+#include "json_fields.h"
 #include "memory.h"
 
 namespace deltatrain::optim {
@@ -29,8 +30,11 @@ constexpr const char* kLatest = "latest";
 constexpr const char* kMetadata = "metadata.json";
 constexpr const char* kDigestKey = "metadata_sha256";
 
+// How errors name metadata.json at `source`, for the strict field readers (json_fields.h).
+std::string metadata_file(const std::string& source) { return "checkpoint metadata " + source; }
+
 [[noreturn]] void bad_metadata(const std::string& source, const std::string& what) {
-  throw Failure("checkpoint metadata " + source + " is not valid: " + what);
+  invalid_json_file(metadata_file(source), what);
 }
 
 json layout_to_json(const ParamLayout& layout) {
@@ -50,47 +54,6 @@ json layout_to_json(const ParamLayout& layout) {
   }
   return {{"alignment", layout.options.alignment}, {"bucket_numel", layout.options.bucket_numel},
           {"buffers", buffers}};
-}
-
-// Strict readers of metadata fields: the wrong JSON type or a value out of range is bad metadata naming
-// the field, where nlohmann's get<> would truncate a step of 1.5 to 1 or wrap 2^40 into an int.
-const json& field(const json& object, const std::string& key, const std::string& where, const std::string& source) {
-  if (!object.is_object() || !object.contains(key)) bad_metadata(source, where + key + " is missing");
-  return object.at(key);
-}
-
-std::int64_t integer_field(const json& object, const std::string& key, std::int64_t min, std::int64_t max,
-                           const std::string& where, const std::string& source) {
-  const json& value = field(object, key, where, source);
-  const bool in_range = value.is_number_unsigned()  ? value.get<std::uint64_t>() <= static_cast<std::uint64_t>(max) &&
-                                                         static_cast<std::int64_t>(value.get<std::uint64_t>()) >= min
-                        : value.is_number_integer() ? value.get<std::int64_t>() >= min && value.get<std::int64_t>() <= max
-                                                    : false;
-  if (!in_range) {
-    bad_metadata(source, where + key + " must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
-                             "], got " + value.dump());
-  }
-  return value.get<std::int64_t>();
-}
-
-double number_field(const json& object, const std::string& key, const std::string& where, const std::string& source) {
-  const json& value = field(object, key, where, source);
-  if (!value.is_number()) bad_metadata(source, where + key + " must be a number, got " + value.dump());
-  return value.get<double>();
-}
-
-std::string string_field(const json& object, const std::string& key, const std::string& where,
-                         const std::string& source) {
-  const json& value = field(object, key, where, source);
-  if (!value.is_string()) bad_metadata(source, where + key + " must be a string, got " + value.dump());
-  return value.get<std::string>();
-}
-
-const json& array_field(const json& object, const std::string& key, const std::string& where,
-                        const std::string& source) {
-  const json& value = field(object, key, where, source);
-  if (!value.is_array()) bad_metadata(source, where + key + " must be an array, got " + value.dump());
-  return value;
 }
 
 // SHA-256 of the metadata's canonical form: compact, keys sorted (nlohmann::json keeps them so), without
@@ -144,36 +107,37 @@ void check_layout(const ParamLayout& stored, const std::string& source) {
 }
 
 ParamLayout layout_from_json(const json& j, int dp_size, const std::string& source) {
+  const std::string file = metadata_file(source);
   constexpr std::int64_t kMax = INT64_MAX;
   ParamLayout layout;
   layout.dp_size = dp_size;
-  layout.options.alignment = integer_field(j, "alignment", 1, kMax, "layout.", source);
-  layout.options.bucket_numel = integer_field(j, "bucket_numel", 1, kMax, "layout.", source);
-  const json& buffers = array_field(j, "buffers", "layout.", source);
+  layout.options.alignment = integer_field(j, "alignment", 1, kMax, "layout.", file);
+  layout.options.bucket_numel = integer_field(j, "bucket_numel", 1, kMax, "layout.", file);
+  const json& buffers = array_field(j, "buffers", "layout.", file);
   for (std::size_t b = 0; b < buffers.size(); ++b) {
     const std::string where = "layout.buffers[" + std::to_string(b) + "].";
     BufferLayout buffer;
-    buffer.dtype = dtype_from_safetensors(string_field(buffers[b], "dtype", where, source));
-    buffer.numel = integer_field(buffers[b], "numel", 0, kMax, where, source);
-    const json& params = array_field(buffers[b], "params", where, source);
+    buffer.dtype = dtype_from_safetensors(string_field(buffers[b], "dtype", where, file));
+    buffer.numel = integer_field(buffers[b], "numel", 0, kMax, where, file);
+    const json& params = array_field(buffers[b], "params", where, file);
     for (std::size_t i = 0; i < params.size(); ++i) {
       const std::string at = where + "params[" + std::to_string(i) + "].";
       const json& p = params[i];
       std::vector<std::int64_t> shape;
-      const json& dims = array_field(p, "shape", at, source);
+      const json& dims = array_field(p, "shape", at, file);
       for (std::size_t d = 0; d < dims.size(); ++d) {
         shape.push_back(integer_field(json{{"dim", dims[d]}}, "dim", 1, kMax, at + "shape[" + std::to_string(d) + "].",
-                                      source));
+                                      file));
       }
-      buffer.params.push_back({string_field(p, "name", at, source), std::move(shape),
-                               integer_field(p, "offset", 0, kMax, at, source), integer_field(p, "numel", 1, kMax, at, source),
-                               static_cast<int>(integer_field(p, "bucket", 0, INT_MAX, at, source))});
+      buffer.params.push_back({string_field(p, "name", at, file), std::move(shape),
+                               integer_field(p, "offset", 0, kMax, at, file), integer_field(p, "numel", 1, kMax, at, file),
+                               static_cast<int>(integer_field(p, "bucket", 0, INT_MAX, at, file))});
     }
-    const json& buckets = array_field(buffers[b], "buckets", where, source);
+    const json& buckets = array_field(buffers[b], "buckets", where, file);
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       const std::string at = where + "buckets[" + std::to_string(k) + "].";
       buffer.buckets.push_back(
-          {integer_field(buckets[k], "offset", 0, kMax, at, source), integer_field(buckets[k], "numel", 1, kMax, at, source)});
+          {integer_field(buckets[k], "offset", 0, kMax, at, file), integer_field(buckets[k], "numel", 1, kMax, at, file)});
     }
     layout.buffers.push_back(std::move(buffer));
   }
@@ -311,13 +275,14 @@ std::string metadata_to_json(const CheckpointMetadata& m) {
 }
 
 CheckpointMetadata metadata_from_json(const std::string& text, const std::string& source) {
+  const std::string file = metadata_file(source);
   CheckpointMetadata m;
   try {
     const json j = json::parse(text);
     if (!j.is_object()) bad_metadata(source, "it is not a JSON object");
-    const std::string format = string_field(j, "format", "", source);
+    const std::string format = string_field(j, "format", "", file);
     if (format != kFormat) bad_metadata(source, "its format is '" + format + "', not '" + kFormat + "'");
-    const json& version = field(j, "format_version", "", source);
+    const json& version = field(j, "format_version", "", file);
     if (!version.is_number_integer() || version.get<std::int64_t>() < kOldestCheckpointFormatVersion ||
         version.get<std::int64_t>() > kCheckpointFormatVersion) {
       bad_metadata(source, "format version " + version.dump() + " is not supported (this build reads " +
@@ -327,31 +292,31 @@ CheckpointMetadata metadata_from_json(const std::string& text, const std::string
     m.format_version = version.get<int>();
     m.digest_checked = m.format_version >= 2;
     m.digest_piece_bytes = m.format_version >= 3 ? static_cast<std::uint64_t>(integer_field(
-                                                       j, "digest_piece_bytes", 1, INT64_MAX, "", source))
+                                                       j, "digest_piece_bytes", 1, INT64_MAX, "", file))
                                                  : 0;
     if (m.digest_checked) {
-      const std::string recorded = string_field(j, kDigestKey, "", source);
+      const std::string recorded = string_field(j, kDigestKey, "", file);
       const std::string actual = metadata_digest(j);
       if (recorded != actual) {
         bad_metadata(source, std::string("its content does not match its ") + kDigestKey + " (recorded " + recorded +
                                  ", computed " + actual + "): it was edited or damaged after the save");
       }
     }
-    m.step = integer_field(j, "step", 0, INT64_MAX, "", source);
-    m.dp_size = static_cast<int>(integer_field(j, "dp_size", 1, INT_MAX, "", source));
-    const json& o = field(j, "optimizer", "", source);
-    m.config = {number_field(o, "lr", "optimizer.", source),           number_field(o, "beta1", "optimizer.", source),
-                number_field(o, "beta2", "optimizer.", source),        number_field(o, "eps", "optimizer.", source),
-                number_field(o, "weight_decay", "optimizer.", source), number_field(o, "max_grad_norm", "optimizer.", source)};
+    m.step = integer_field(j, "step", 0, INT64_MAX, "", file);
+    m.dp_size = static_cast<int>(integer_field(j, "dp_size", 1, INT_MAX, "", file));
+    const json& o = field(j, "optimizer", "", file);
+    m.config = {number_field(o, "lr", "optimizer.", file),           number_field(o, "beta1", "optimizer.", file),
+                number_field(o, "beta2", "optimizer.", file),        number_field(o, "eps", "optimizer.", file),
+                number_field(o, "weight_decay", "optimizer.", file), number_field(o, "max_grad_norm", "optimizer.", file)};
     check_config(m.config);
-    m.layout = layout_from_json(field(j, "layout", "", source), m.dp_size, source);
-    const json& files = array_field(j, "files", "", source);
+    m.layout = layout_from_json(field(j, "layout", "", file), m.dp_size, source);
+    const json& files = array_field(j, "files", "", file);
     for (std::size_t f = 0; f < files.size(); ++f) {
       const std::string where = "files[" + std::to_string(f) + "].";
-      m.files.push_back({string_field(files[f], "name", where, source),
-                         static_cast<int>(integer_field(files[f], "rank", 0, INT_MAX, where, source)),
-                         static_cast<std::uint64_t>(integer_field(files[f], "bytes", 0, INT64_MAX, where, source)),
-                         string_field(files[f], file_digest_key(m.digest_piece_bytes), where, source)});
+      m.files.push_back({string_field(files[f], "name", where, file),
+                         static_cast<int>(integer_field(files[f], "rank", 0, INT_MAX, where, file)),
+                         static_cast<std::uint64_t>(integer_field(files[f], "bytes", 0, INT64_MAX, where, file)),
+                         string_field(files[f], file_digest_key(m.digest_piece_bytes), where, file)});
     }
   } catch (const json::exception& e) {
     bad_metadata(source, e.what());
@@ -403,12 +368,15 @@ std::string read_latest(const fs::path& root) {
 
 bool save_replaces_leftover(const fs::path& root, std::int64_t step) {
   const fs::path dir = root / checkpoint_dir_name(step);
+  // -1 without `latest`: below every step. read_latest refuses a name that is not a step's.
+  const std::int64_t latest = fs::exists(root / kLatest) ? *checkpoint_dir_step(read_latest(root)) : -1;
+  if (latest > step) {
+    throw Failure("`latest` in " + root.string() + " names step " + std::to_string(latest) + ", after step " +
+                  std::to_string(step) + "; a save never moves `latest` back, so nothing is written");
+  }
   if (!fs::exists(dir)) return false;
-  const std::optional<std::int64_t> latest =
-      fs::exists(root / kLatest) ? checkpoint_dir_step(read_latest(root)) : std::nullopt;
-  if (latest && *latest >= step) {
-    throw Failure("checkpoint " + dir.string() + " already exists and `latest` names it or a later step; " +
-                  "nothing is overwritten");
+  if (latest == step) {
+    throw Failure("checkpoint " + dir.string() + " already exists and `latest` names it; nothing is overwritten");
   }
   return true;
 }

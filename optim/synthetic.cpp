@@ -198,6 +198,11 @@ DemoResult run_demo(comm::Group& group, const DemoOptions& options, void* stream
   } else {
     load_checkpoint(optimizer, options.resume_from);
   }
+  const std::int64_t first = optimizer.step_count() + 1, last = optimizer.step_count() + options.steps;
+  if (options.save_at >= 0 && (options.save_at < first || options.save_at > last)) {
+    throw InvalidArgument("save-at", "must be a step this run reaches, " + std::to_string(first) + " to " +
+                                         std::to_string(last) + "; got " + std::to_string(options.save_at));
+  }
   DemoResult result;
   for (std::int64_t i = 0; i < options.steps; ++i) {
     optimizer.zero_grad();

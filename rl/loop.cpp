@@ -647,7 +647,7 @@ class Loop {
   double communicator_s_ = 0;  // of this step's switches
   std::vector<EvalReport::Example> eval_examples_;
   std::int64_t last_eval_step_ = -1;
-  double last_accuracy_ = 0;
+  std::optional<double> last_accuracy_;  // none before the first evaluation
 };
 
 }  // namespace
@@ -702,7 +702,11 @@ void check_options(const RlOptions& o, int dp_size) {
   at_least("threads", o.cpu_threads, 0);
   make_task(o.task)->eval_problems(o.eval_prompts);  // the held-out set is large enough
   optim::check_config({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm});
-  optim::check_config({o.warmup_lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm});
+  try {
+    optim::check_config({o.warmup_lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.max_grad_norm});
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("warmup-lr", e.rule());  // the check above passed: only the learning rate differs
+  }
   if (!(o.temperature > 0) || !std::isfinite(o.temperature)) {
     throw InvalidArgument("temperature", "must be > 0 (RL samples), got " + std::to_string(o.temperature));
   }
@@ -724,7 +728,10 @@ RlResult run_rl(comm::Group& group, const RlOptions& options, Observer* observer
     throw InvalidArgument("memory", "the " + backend + " backend cannot hold memory of " + device_name(group.device()));
   }
   std::unique_ptr<Loop> loop;
-  comm::collectively(group, [&] { loop = std::make_unique<Loop>(group, options, observer); });
+  comm::collectively(group, [&] {
+    if (group.rank() == 0) train::check_checkpoint_root(options.checkpoint_root, !options.resume.empty());
+    loop = std::make_unique<Loop>(group, options, observer);
+  });
   return loop->run(stop_requested);
 }
 

@@ -314,6 +314,12 @@ void run_bench(const Settings& s) {
   for (const std::string& heads : s.heads) {
     for (const std::string& seqlens : s.seqlens) cases.push_back({parse_heads(heads), parse_seqlens(seqlens)});
   }
+  for (const Case& c : cases) {  // float q and k of H heads, v and the output of HV heads, tokens x heads x dim
+    const double floats_per_token = 2.0 * static_cast<double>(c.heads.H + c.heads.HV) * s.dim;
+    check_fits_in_memory("--seqlens", 4.0 * static_cast<double>(c.seqs.tokens()) * floats_per_token,
+                         "q, k, v and o of " + c.seqs.text + " at " + std::to_string(c.heads.H) + "/" +
+                             std::to_string(c.heads.HV) + " heads");
+  }
   const Device device = device_of(s);
 
   nlohmann::json sgemm = nullptr;
@@ -338,7 +344,7 @@ void run_bench(const Settings& s) {
          {{"backend", s.backend}, {"dim", s.dim}, {"repeat", s.repeat}, {"threads", s.threads},
           {"use_qk_l2norm_in_kernel", s.l2norm}, {"dtype", "float32"}, {"device", device_name(device)},
           {"timing", "median of repeat calls after one warm-up call"}}},
-        {"flop_model", "gdn-kernels.md §6 per token per value head, C=64: fwd 2(3CK+2CV+3KV)+(2/3)C^2, "
+        {"flop_model", "docs/gdn-algorithm.md §6 per token per value head, C=64: fwd 2(3CK+2CV+3KV)+(2/3)C^2, "
                        "bwd 18CK+10CV+16KV+4C^2"},
         {"sgemm", sgemm},
         {"results", results}};
@@ -386,7 +392,10 @@ void add_bench_gdn_command(CLI::App& bench) {
   gdn->add_option("--threads", s->threads, "CPU backends: threads, 0 = all cores")->capture_default_str();
   gdn->add_option("--l2norm", s->l2norm, "use_qk_l2norm_in_kernel")->capture_default_str();
   gdn->add_option("--device", s->device, "where the tensors live: auto, cpu or cuda")->capture_default_str();
-  gdn->add_option("--sgemm-size", s->sgemm_size, "n of the n^3 sgemm reference (0 skips it)")->capture_default_str();
+  // At most 16384: its three n x n float matrices take 3 GiB.
+  gdn->add_option("--sgemm-size", s->sgemm_size, "n of the n^3 sgemm reference (0 skips it)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 16384));
   gdn->add_flag("--json", s->json, "print JSON (with date, machine and versions) instead of a table");
   gdn->callback([s] { run_bench(*s); });
 }

@@ -47,10 +47,20 @@ void print_text(const std::filesystem::path& dir, const optim::CheckpointMetadat
   }
 }
 
+// The optimizer checkpoint `path` denotes: one (or a root of them) as optim::resolve_checkpoint reads it, or the one
+// inside a trainer's or RL loop's step directory (its optimizer/), or a root of those through its `latest`.
+std::filesystem::path optimizer_checkpoint(const std::filesystem::path& path) {
+  const std::filesystem::path inner = "optimizer";
+  if (std::filesystem::is_directory(path / inner)) return optim::resolve_checkpoint(path / inner);
+  const std::filesystem::path dir = optim::resolve_checkpoint(path);
+  return std::filesystem::is_directory(dir / inner) ? optim::resolve_checkpoint(dir / inner) : dir;
+}
+
 void inspect(const InspectArgs& args) {
-  const std::filesystem::path dir = optim::resolve_checkpoint(args.dir);
+  const std::filesystem::path dir = optimizer_checkpoint(args.dir);
   const optim::CheckpointMetadata metadata = optim::read_checkpoint_metadata(dir);
   std::vector<std::string> verdicts;
+  std::size_t bad = 0;
   if (args.verify) {
     for (const optim::CheckpointFile& file : metadata.files) {
       try {
@@ -58,15 +68,23 @@ void inspect(const InspectArgs& args) {
         verdicts.push_back("ok");
       } catch (const Failure& e) {
         verdicts.push_back(std::string("BAD: ") + e.what());
+        ++bad;
       }
     }
   }
-  if (!args.json) return print_text(dir, metadata, verdicts);
-  nlohmann::ordered_json out = nlohmann::ordered_json::parse(optim::metadata_to_json(metadata));
-  out["directory"] = dir.string();
-  out["metadata_digest_checked"] = metadata.digest_checked;
-  if (args.verify) out["verified"] = verdicts;
-  std::printf("%s\n", out.dump(2).c_str());
+  if (args.json) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::parse(optim::metadata_to_json(metadata));
+    out["directory"] = dir.string();
+    out["metadata_digest_checked"] = metadata.digest_checked;
+    if (args.verify) out["verified"] = verdicts;
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    print_text(dir, metadata, verdicts);
+  }
+  if (bad > 0) {
+    throw Failure("checkpoint " + dir.string() + " failed verification: " + std::to_string(bad) + " of " +
+                  std::to_string(metadata.files.size()) + " files are damaged");
+  }
 }
 
 }  // namespace
@@ -76,7 +94,11 @@ void add_ckpt_command(CLI::App& parent) {
   ckpt->require_subcommand(1);
   CLI::App* inspect_command = ckpt->add_subcommand("inspect", "print a checkpoint's metadata, including its step");
   auto args = std::make_shared<InspectArgs>();
-  inspect_command->add_option("dir", args->dir, "a checkpoint directory, or a root whose `latest` names one")->required();
+  inspect_command
+      ->add_option("dir", args->dir,
+                   "a checkpoint directory, or a root whose `latest` names one (the optimizer's, or a trainer's or "
+                   "RL loop's, whose optimizer/ is shown)")
+      ->required();
   inspect_command->add_flag("--json", args->json, "the metadata as JSON");
   inspect_command->add_flag("--verify", args->verify, "recompute every file's SHA-256 and compare");
   inspect_command->callback([args] { inspect(*args); });

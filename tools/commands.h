@@ -11,6 +11,18 @@ namespace deltatrain::tools {
 // The model config a command's --config names (model::load_config), a refusal naming that flag. Defined in model.cpp.
 model::Config load_config_flag(const std::string& config);
 
+// Refuses, naming `flag`, a value that needs at least `bytes` (a lower bound: `what`) when that is more than this
+// machine's physical memory, instead of an allocation failing later as "std::bad_alloc" naming nothing. Defined in
+// run_support.cpp.
+void check_fits_in_memory(const std::string& flag, double bytes, const std::string& what);
+
+// For an unsigned option (--seed): CLI11 would read "-1" as 2^64 - 1; a sign is refused instead.
+inline const CLI::Validator kNoSign(
+    [](std::string& text) {
+      return text.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + text;
+    },
+    "NON-NEGATIVE");
+
 void add_info_command(CLI::App& app);
 void add_bench_gdn_command(CLI::App& bench);
 void add_bench_memsaver_command(CLI::App& bench);

@@ -1,6 +1,7 @@
 // `deltatrain generate --config NAME|PATH --weights DIR --prompt-ids 1,2,3 [--prompt-ids ...]`: completions of
 // token-id prompts on the CPU by the rollout engine (continuous batching over --batch slots), each token with
 // its logprob under the sampling distribution and under the model's plain softmax.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -37,6 +38,9 @@ std::vector<std::int32_t> parse_ids(const std::string& text) {
   std::vector<std::int32_t> ids;
   std::stringstream in(text);
   std::string item;
+  const auto refuse = [&] {
+    throw InvalidArgument("--prompt-ids", "must be comma-separated token ids, got \"" + text + "\"");
+  };
   while (std::getline(in, item, ',')) {
     try {
       std::size_t used = 0;
@@ -44,13 +48,19 @@ std::vector<std::int32_t> parse_ids(const std::string& text) {
       if (used != item.size() || value < INT32_MIN || value > INT32_MAX) throw std::invalid_argument(item);
       ids.push_back(static_cast<std::int32_t>(value));
     } catch (const std::logic_error&) {
-      throw InvalidArgument("--prompt-ids", "must be comma-separated token ids, got \"" + text + "\"");
+      refuse();
     }
   }
+  // getline drops an empty last item ("1,2,"): one id more than commas, or a token is missing.
+  if (std::ssize(ids) != std::count(text.begin(), text.end(), ',') + 1) refuse();
   return ids;
 }
 
 void generate(const GenerateArgs& args) {
+  if (args.max_length < 0) {
+    throw InvalidArgument("--max-length", "must be >= 0 (0: the longest prompt + max-new-tokens - 1), got " +
+                                              std::to_string(args.max_length));
+  }
   const DType dtype = args.dtype == "float64" ? DType::f64 : DType::f32;
   const model::Config config = load_config_flag(args.config);
   model::ParamStore store(config, dtype);
@@ -71,6 +81,16 @@ void generate(const GenerateArgs& args) {
   }
   // By default a slot holds the longest prompt and its completion.
   const std::int64_t max_length = args.max_length > 0 ? args.max_length : longest + std::max(args.max_new_tokens, 1) - 1;
+  std::int64_t attention_layers = 0;
+  for (const model::LayerKind kind : config.layer_types) {
+    attention_layers += kind == model::LayerKind::full_attention;
+  }
+  check_fits_in_memory(args.max_length > 0 ? "--max-length" : "--max-new-tokens",
+                       static_cast<double>(max_length) * static_cast<double>(args.batch) * 2.0 *
+                           config.num_key_value_heads * config.head_dim * attention_layers *
+                           static_cast<double>(dtype_size(dtype)),
+                       "the attention layers' key/value cache of " + std::to_string(max_length) +
+                           " positions per slot");
   rollout::Engine engine(config, {.dtype = dtype, .cpu_threads = args.threads}, store.params(),
                          {.max_batch = args.batch, .max_length = std::max<std::int64_t>(max_length, 1)});
   const auto start = std::chrono::steady_clock::now();
@@ -127,7 +147,9 @@ void add_generate_command(CLI::App& parent) {
   command->add_option("--temperature", args->temperature, "0: greedy")->capture_default_str();
   command->add_option("--top-p", args->top_p, "nucleus: the most probable tokens up to this mass")->capture_default_str();
   command->add_option("--top-k", args->top_k, "only the k most probable tokens (0: all)")->capture_default_str();
-  command->add_option("--seed", args->seed, "the draws' seed (with each prompt's index)")->capture_default_str();
+  command->add_option("--seed", args->seed, "the draws' seed (with each prompt's index)")
+      ->capture_default_str()
+      ->check(kNoSign);
   command->add_option("--stop-ids", args->stop_ids, "token ids that end a sequence")->delimiter(',');
   command->add_option("--batch", args->batch, "slots: sequences decoded together")->capture_default_str();
   command->add_option("--max-length", args->max_length, "positions per slot (0: the longest prompt + max-new-tokens - 1)")

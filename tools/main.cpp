@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,16 +92,34 @@ void suggest_corrections(const CLI::App& app) {
   }
 }
 
-// A refusal from the library names the value by its option's name without dashes (`steps`, `save-every`, `config`) or
-// by a field (`max_batch`); where the command that ran has a flag of that name, the message names it as the user
-// typed it (`--steps`).
+// Fields of the library's options whose flag has another name: the first of these flags that the command has.
+const std::map<std::string, std::vector<std::string>, std::less<>> kFlagsOfFields = {
+    {"max_grad_norm", {"--clip"}},  // train's; rl's is --max-grad-norm, found by the field's own name
+    {"cpu_threads", {"--threads"}},
+    {"max_batch", {"--batch"}},
+    {"dir", {"--init", "--weights"}},  // a model directory: rl's --init, generate's --weights
+};
+
+// A refusal from the library names the value by its option's name without dashes (`steps`, `save-every`,
+// `config`), by a field (`max_batch`), or by a field of a part (`request 0: sampling.top_p`); where the command
+// that ran has a flag for that field (`--top-p`), the message names it as the user typed it.
 std::string naming_the_flag(const CLI::App& app, const deltatrain::InvalidArgument& error) {
   const std::string& argument = error.argument();
   if (argument.empty() || argument[0] == '-') return error.what();  // a command's own check, already a flag
-  std::string flag = "--" + argument;
-  std::replace(flag.begin(), flag.end(), '_', '-');
-  if (parsed_commands(app).back()->get_option_no_throw(flag) == nullptr) return error.what();
-  return deltatrain::InvalidArgument(flag, error.rule()).what();
+  std::string_view field = argument;
+  if (const std::size_t part = field.rfind(": "); part != std::string_view::npos) field.remove_prefix(part + 2);
+  if (const std::size_t dot = field.rfind('.'); dot != std::string_view::npos) field.remove_prefix(dot + 1);
+  std::string own_flag = "--" + std::string(field);
+  std::replace(own_flag.begin(), own_flag.end(), '_', '-');
+  std::vector<std::string> flags{own_flag};
+  if (const auto aliases = kFlagsOfFields.find(field); aliases != kFlagsOfFields.end()) {
+    flags.insert(flags.end(), aliases->second.begin(), aliases->second.end());
+  }
+  const CLI::App* command = parsed_commands(app).back();
+  for (const std::string& flag : flags) {
+    if (command->get_option_no_throw(flag) != nullptr) return deltatrain::InvalidArgument(flag, error.rule()).what();
+  }
+  return error.what();
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // parameters by kind, FLOPs per token (forward and training) and the memory of its training state.
 // `model check --config NAME|PATH`: the CPU model's correctness checks (check.h) on random weights.
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -189,12 +190,15 @@ void add_model_command(CLI::App& parent) {
   check_command->add_option("--config", check_args->config, "a preset, a config.json, or a directory holding one")
       ->required();
   check_command->add_option("--seed", check_args->seed, "random weights and tokens")->capture_default_str();
-  check_command->add_option("--seqlens", check_args->lengths, "lengths of the packed sequences")
+  // CLI::PositiveNumber would print its range as 0 to 1.8e308 (it admits 0.5, not 0): these are counts from 1.
+  const CLI::Range count(1, std::numeric_limits<std::int32_t>::max());
+  check_command->add_option("--seqlens", check_args->lengths, "lengths of the packed sequences (70,1,13)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->delimiter(',')
+      ->check(count);
   check_command->add_option("--gradient-samples", check_args->samples, "elements per parameter tensor")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(count);
   check_command->add_flag("--json", check_args->json, "the results as JSON");
   check_command->callback([check_args] { check(*check_args); });
 }

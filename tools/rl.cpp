@@ -65,11 +65,11 @@ nlohmann::ordered_json memory_json(const rl::MemoryUse& use) {
 // Rank 0's view: the console and the JSONL log.
 class Reporter : public rl::Observer {
  public:
-  Reporter(const RlArgs& args, const rl::RlOptions& options) : args_(args), options_(options) {
-    if (!args.log.empty()) log_ = open_log(args.log, !args.resume.empty());
-  }
+  Reporter(const RlArgs& args, const rl::RlOptions& options)
+      : args_(args), options_(options), log_(args.log, !args.resume.empty()) {}
 
   void on_start(const rl::StartReport& s) override {
+    log_.start();
     std::printf("rl: task %s, %lld parameters on %d rank%s, memory saver %s; %s step %lld: %lld warm-up + %lld RL steps "
                 "of %lld prompts x %lld samples\n",
                 options_.task.c_str(), static_cast<long long>(s.parameters), s.dp_size, s.dp_size == 1 ? "" : "s",
@@ -179,15 +179,11 @@ class Reporter : public rl::Observer {
   static std::uint64_t trainer_bytes(const rl::MemoryUse& use) {
     return value(use, "grads") + value(use, "optimizer") + value(use, "activations");
   }
-  void write(const nlohmann::ordered_json& row) {
-    if (!log_.is_open()) return;
-    log_ << row.dump() << '\n';
-    log_.flush();
-  }
+  void write(const nlohmann::ordered_json& row) { log_.write(row); }
 
   const RlArgs& args_;
   const rl::RlOptions& options_;
-  std::ofstream log_;
+  JsonlLog log_;
   double rl_started_ = -1, rl_first_ = 0;
   bool memory_shown_ = false;
 };
@@ -217,7 +213,7 @@ rl::RlOptions make_options(const RlArgs& args) {
   o.checkpoint_root = args.ckpt;
   o.save_every = args.save_every;
   o.resume = resume_path(args.resume, args.ckpt);
-  o.cpu_threads = args.threads > 0 ? args.threads : default_threads();
+  o.cpu_threads = args.threads == 0 ? default_threads() : args.threads;  // a negative count is refused by name
   o.memory = args.memory;
   o.release_communicator = !args.keep_communicator;
   return o;
@@ -228,15 +224,20 @@ void run_rl_command(const RlArgs& args) {
       [&](int rank, int ranks) {
         const rl::RlOptions options = make_options(args);
         rl::check_options(options, ranks);
-        std::unique_ptr<Reporter> reporter;
-        if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
         const std::unique_ptr<comm::Group> group = make_group(args.device);
+        std::unique_ptr<Reporter> reporter;  // on every rank's watch: a log rank 0 cannot open stops them all
+        comm::collectively(*group, [&] {
+          if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
+        });
         const rl::RlResult result = rl::run_rl(*group, options, reporter.get(), stop_requested);
         if (rank == 0) {
-          char summary[128];
-          std::snprintf(summary, sizeof summary, "%s at step %lld, held-out accuracy %.3f",
-                        result.stopped ? "stopped on a signal" : "done", static_cast<long long>(result.step),
-                        result.final_accuracy);
+          char accuracy[64] = "no held-out accuracy (stopped before any evaluation)";
+          if (result.final_accuracy) {
+            std::snprintf(accuracy, sizeof accuracy, "held-out accuracy %.3f", *result.final_accuracy);
+          }
+          char summary[160];
+          std::snprintf(summary, sizeof summary, "%s at step %lld, %s", result.stopped ? "stopped on a signal" : "done",
+                        static_cast<long long>(result.step), accuracy);
           print_result(summary, result.digest);
         }
       },
@@ -286,7 +287,9 @@ void add_rl_command(CLI::App& app) {
   cmd->add_option("--resume", a->resume, "a checkpoint directory, a root with `latest`, or `latest` (of --ckpt)");
   cmd->add_option("--log", a->log, "JSONL log: one object per step and evaluation");
   cmd->add_option("--chart", a->chart, "chart PNG (default: the log's name with .png; none: no chart)");
-  cmd->add_option("--seed", a->seed, "initial weights, problems and samples")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "initial weights, problems and samples")
+      ->capture_default_str()
+      ->check(kNoSign);
   cmd->add_option("--threads", a->threads, "CPU threads per rank (0: the cores divided by the local ranks)")
       ->capture_default_str();
   cmd->add_option("--memory", a->memory, "the memory saver between phases: auto (by device), host, cuda, off")

@@ -1,11 +1,14 @@
 #include "run_support.h"
 
+#include "commands.h"
+
 #include <mpi.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -24,9 +27,32 @@ extern char** environ;
 namespace deltatrain::tools {
 namespace {
 
-// Set by SIGINT/SIGTERM; the handler does nothing else.
+// Set by SIGINT/SIGTERM. A second signal, when the first is not heeded soon enough (a sample being generated),
+// ends the process as the signal's default action does.
 volatile std::sig_atomic_t g_stop = 0;
-extern "C" void request_stop(int) { g_stop = 1; }
+extern "C" void request_stop(int signal) {
+  if (g_stop != 0) {
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+  }
+  g_stop = 1;
+}
+
+// Whether every rank reaches this (on `failures`, a communicator of its own, so that it meets no collective of the
+// run) within a few seconds: a failure raised on every rank, as the library's collective errors and refused
+// options are, rather than one rank's alone while the others wait for it in a collective.
+bool every_rank_failed(MPI_Comm failures) {
+  constexpr auto kPatience = std::chrono::seconds(10);
+  MPI_Request request;
+  MPI_Ibarrier(failures, &request);
+  const auto deadline = std::chrono::steady_clock::now() + kPatience;
+  for (int done = 0; std::chrono::steady_clock::now() < deadline;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -47,18 +73,39 @@ void run_collective_command(const std::function<void(int rank, int ranks)>& body
     sigemptyset(&action.sa_mask);
     sigaction(SIGINT, &action, nullptr);
     sigaction(SIGTERM, &action, nullptr);
+    MPI_Comm failures;
+    MPI_Comm_dup(MPI_COMM_WORLD, &failures);
     try {
       body(rank, ranks);
       draw = rank == 0 && !log.empty() && chart != "none";
-    } catch (const Error&) {
+    } catch (const std::exception& e) {
+      if (!every_rank_failed(failures)) {
+        // The other ranks wait in a collective that this rank will never enter, and MPI_Finalize would wait for
+        // them: the job is ended here, with the reason.
+        std::fprintf(stderr, "deltatrain: rank %d of %d: %s\n", rank, ranks, e.what());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      MPI_Comm_free(&failures);
       if (rank == 0) throw;
       throw CLI::RuntimeError(1);
     }
+    MPI_Comm_free(&failures);
   }
   if (draw) draw_chart(log, chart.empty() ? std::filesystem::path(log).replace_extension(".png").string() : chart);
 }
 
 bool stop_requested() { return g_stop != 0; }
+
+void check_fits_in_memory(const std::string& flag, double bytes, const std::string& what) {
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory > 0 && bytes > memory) {
+    char rule[256];
+    std::snprintf(rule, sizeof rule, "needs at least %.1f GiB (%s), more than this machine's %.1f GiB",
+                  bytes / (1ull << 30), what.c_str(), memory / (1ull << 30));
+    throw InvalidArgument(flag, rule);
+  }
+}
 
 std::string duration_text(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "?";
@@ -82,13 +129,30 @@ bool progress_on_terminal() {
   return isatty(STDOUT_FILENO) != 0 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr;
 }
 
-std::ofstream open_log(const std::string& path, bool append) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+namespace {
+std::ofstream open_log(const std::string& path, std::ios::openmode mode) {
+  std::ofstream log(path, mode);
+  if (!log) throw InvalidArgument("--log", "cannot open " + path + " for writing");
+  return log;
+}
+}  // namespace
+
+JsonlLog::JsonlLog(std::string path, bool append) : path_(std::move(path)), append_(append) {
+  if (path_.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
   std::error_code ignored;  // a failure shows as the open's below
   if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
-  std::ofstream log(path, append ? std::ios::app : std::ios::trunc);
-  if (!log) throw InvalidArgument("log", "cannot open " + path + " for writing");
-  return log;
+  file_ = open_log(path_, std::ios::app);
+}
+
+void JsonlLog::start() {
+  if (!path_.empty() && !append_) file_ = open_log(path_, std::ios::trunc);
+}
+
+void JsonlLog::write(const nlohmann::ordered_json& row) {
+  if (!file_.is_open()) return;
+  file_ << row.dump() << '\n';
+  file_.flush();
 }
 
 void draw_chart(const std::string& log, const std::string& chart) {

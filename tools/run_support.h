@@ -9,15 +9,20 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "deltatrain/comm/group.h"
 #include "deltatrain/optim/digest.h"
 
 namespace deltatrain::tools {
 
 // Runs `body(rank, ranks)` on every rank inside an MPI session, with SIGINT and SIGTERM setting the flag that
-// stop_requested() reads (the loops poll it between steps). The library raises the same Error on every rank:
-// rank 0 reports it, the others exit with status 1 quietly. After MPI is finalised, rank 0 draws the chart
-// of `log` when there is a log and `chart` is not "none" (empty: the log's name with .png).
+// stop_requested() reads (the loops poll it between steps and evaluation batches); a second signal ends the
+// process at once. The library raises the same Error on every rank:
+// rank 0 reports it, the others exit with status 1 quietly. An exception that not every rank raises within a few
+// seconds (one rank's alone: a bad_alloc, a log that cannot be written) is printed by its rank, naming it, and
+// ends the job (MPI_Abort), since the other ranks would wait for it forever. After MPI is finalised, rank 0
+// draws the chart of `log` when there is a log and `chart` is not "none" (empty: the log's name with .png).
 void run_collective_command(const std::function<void(int rank, int ranks)>& body, const std::string& log,
                             const std::string& chart);
 bool stop_requested();
@@ -44,8 +49,21 @@ bool progress_on_terminal();
 // InvalidArgument naming --resume for `latest` without --ckpt.
 std::string resume_path(const std::string& resume, const std::string& ckpt);
 
-// The JSONL log at `path` (its directory created), appended to when resuming; InvalidArgument naming --log.
-std::ofstream open_log(const std::string& path, bool append);
+// Rank 0's JSONL log (--log; an empty path: none). Opening creates the file and its directory but keeps its
+// lines; start(), called once the run's options, data and checkpoint have been accepted, empties it unless
+// `append` (a resume continues the log). So a refused run leaves an earlier log as it was. InvalidArgument naming
+// --log when it cannot be written.
+class JsonlLog {
+ public:
+  JsonlLog(std::string path, bool append);
+  void start();
+  void write(const nlohmann::ordered_json& row);
+
+ private:
+  std::string path_;
+  bool append_;
+  std::ofstream file_;
+};
 
 // Draws `chart` from the JSONL `log` through python (DELTATRAIN_PYTHON, else python3); a missing python or
 // matplotlib is reported, never fatal.

@@ -2,6 +2,7 @@
 // rank without mpirun). Rank 0 prints a progress line per step (a bar on a terminal), writes the JSONL log
 // and, at the end, the loss chart (python -m deltatrain.charts) when --log is given.
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -63,11 +64,11 @@ class Reporter : public train::Observer {
         steps_(options.steps),
         flops_per_token_(model::training_flops_per_token(options.config, options.seq_len).total()),
         peak_flops_(args.peak_flops > 0 ? args.peak_flops : known_peak_flops(args.device)),
-        terminal_(progress_on_terminal()) {
-    if (!args.log.empty()) log_ = open_log(args.log, !args.resume.empty());
-  }
+        terminal_(progress_on_terminal()),
+        log_(args.log, !args.resume.empty()) {}
 
   void on_start(const train::StartReport& start) override {
+    log_.start();
     first_step_ = start.step;
     std::printf("training %lld parameters on %d rank%s, %lld training tokens; %s step %lld of %lld\n",
                 static_cast<long long>(start.parameters), start.dp_size, start.dp_size == 1 ? "" : "s",
@@ -145,11 +146,7 @@ class Reporter : public train::Observer {
   }
 
  private:
-  void write(const nlohmann::ordered_json& row) {
-    if (!log_.is_open()) return;
-    log_ << row.dump() << '\n';
-    log_.flush();
-  }
+  void write(const nlohmann::ordered_json& row) { log_.write(row); }
   // Byte-level tokens can split a UTF-8 character; JSON needs valid text, so bad bytes become U+FFFD.
   static std::string valid_utf8(const std::string& text) {
     return nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
@@ -177,10 +174,14 @@ class Reporter : public train::Observer {
   double peak_flops_;
   bool terminal_;
   bool bar_open_ = false;
-  std::ofstream log_;
+  JsonlLog log_;
 };
 
 train::TrainOptions make_options(const TrainArgs& args) {
+  if (!(args.peak_flops >= 0) || !std::isfinite(args.peak_flops)) {
+    throw InvalidArgument("--peak-flops", "must be finite and >= 0 (0: the device's known peak, else no MFU), got " +
+                                              std::to_string(args.peak_flops));
+  }
   train::TrainOptions o;
   o.config = load_config_flag(args.config);
   o.data = args.data;
@@ -202,7 +203,7 @@ train::TrainOptions make_options(const TrainArgs& args) {
   o.sample_every = args.sample_every;
   o.sample_tokens = args.sample_tokens;
   o.temperature = args.temperature;
-  o.cpu_threads = args.threads > 0 ? args.threads : default_threads();
+  o.cpu_threads = args.threads == 0 ? default_threads() : args.threads;  // a negative count is refused by name
   return o;
 }
 
@@ -211,9 +212,16 @@ void run_train_command(const TrainArgs& args) {
       [&](int rank, int ranks) {
         const train::TrainOptions options = make_options(args);
         train::check_options(options, ranks);  // before the reporter computes FLOPs from them
-        std::unique_ptr<Reporter> reporter;
-        if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
+        const double floats_per_token =
+            static_cast<double>(options.config.hidden_size) * options.config.num_hidden_layers();
+        check_fits_in_memory("--tokens-per-step",
+                             static_cast<double>(options.tokens_per_step / ranks) * 4.0 * floats_per_token,
+                             "each rank's share, one float per hidden unit and layer kept for the backward");
         const std::unique_ptr<comm::Group> group = make_group(args.device);
+        std::unique_ptr<Reporter> reporter;  // on every rank's watch: a log rank 0 cannot open stops them all
+        comm::collectively(*group, [&] {
+          if (rank == 0) reporter = std::make_unique<Reporter>(args, options);
+        });
         const train::TrainResult result = train::train(*group, options, reporter.get(), stop_requested);
         if (rank == 0) {
           reporter->end_bar();
@@ -254,7 +262,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--temperature", args->temperature, "sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--log", args->log, "JSONL log: one object per step, evaluation and sample");
   cmd->add_option("--chart", args->chart, "loss chart PNG (default: the log's name with .png; none: no chart)");
-  cmd->add_option("--seed", args->seed, "initial weights, data order and samples")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "initial weights, data order and samples")
+      ->capture_default_str()
+      ->check(kNoSign);
   cmd->add_option("--threads", args->threads, "CPU threads per rank (0: the cores divided by the local ranks)")
       ->capture_default_str();
   cmd->add_option("--peak-flops", args->peak_flops,

@@ -48,13 +48,9 @@ std::int64_t piece_targets(const Piece& piece, std::int64_t document_length) {
   return std::max<std::int64_t>(0, std::min(piece.offset + piece.length, document_length - 1) - piece.offset);
 }
 
-StepPlan plan_step(std::span<const std::int64_t> document_lengths, const PlanOptions& options,
-                   const DataPosition& start) {
-  check_plan_options(options);
+void check_position(std::span<const std::int64_t> document_lengths, const PlanOptions& options,
+                    const DataPosition& start) {
   const auto documents = static_cast<std::int64_t>(document_lengths.size());
-  if (std::none_of(document_lengths.begin(), document_lengths.end(), [](std::int64_t n) { return n > 0; })) {
-    throw InvalidArgument("data", "holds no tokens (every document is empty)");
-  }
   if (start.epoch < 0 || start.index < 0 || start.index > documents || start.offset < 0 ||
       (start.index < documents && start.offset > document_lengths[epoch_order(documents, options.seed, start.epoch,
                                                                                options.shuffle)[start.index]])) {
@@ -62,6 +58,16 @@ StepPlan plan_step(std::span<const std::int64_t> document_lengths, const PlanOpt
                                           std::to_string(start.index) + ", offset " + std::to_string(start.offset) +
                                           " is not inside the data");
   }
+}
+
+StepPlan plan_step(std::span<const std::int64_t> document_lengths, const PlanOptions& options,
+                   const DataPosition& start) {
+  check_plan_options(options);
+  const auto documents = static_cast<std::int64_t>(document_lengths.size());
+  if (std::none_of(document_lengths.begin(), document_lengths.end(), [](std::int64_t n) { return n > 0; })) {
+    throw InvalidArgument("data", "holds no tokens (every document is empty)");
+  }
+  check_position(document_lengths, options, start);
   StepPlan plan;
   DataPosition at = start;
   std::vector<std::int64_t> order = epoch_order(documents, options.seed, at.epoch, options.shuffle);

@@ -1,5 +1,6 @@
 #include "deltatrain/train/step_directory.h"
 
+#include <fstream>
 #include <future>
 #include <system_error>
 
@@ -68,6 +69,27 @@ fs::path save_step_directory(comm::Group& group, const fs::path& root, std::int6
                   "); the latest complete checkpoint is " + latest);
   }
   return final_dir;
+}
+
+void check_checkpoint_root(const fs::path& root, bool resuming) {
+  if (root.empty()) return;
+  std::error_code error;
+  fs::create_directories(root, error);
+  if (error || !fs::is_directory(root)) {
+    throw InvalidArgument("ckpt", "cannot create the checkpoint directory " + root.string() +
+                                      (error ? ": " + error.message() : ": it is not a directory"));
+  }
+  // A save writes temporary files and directories here: a probe file finds a read-only root now, not after training.
+  const fs::path probe = root / ".write-probe";
+  if (!std::ofstream(probe)) {
+    throw InvalidArgument("ckpt", "cannot write in the checkpoint directory " + root.string());
+  }
+  fs::remove(probe, error);
+  if (!resuming && fs::exists(root / kLatest)) {
+    throw InvalidArgument("ckpt", root.string() + " already holds another run's checkpoints (and `latest`), " +
+                                      "which a fresh run would overwrite; pass --resume latest to continue that " +
+                                      "run, or another --ckpt root");
+  }
 }
 
 fs::path resolve_step_directory(const fs::path& path, const std::string& state_file) {

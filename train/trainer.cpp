@@ -1,6 +1,7 @@
 #include "deltatrain/train/trainer.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "deltatrain/train/parameters.h"
 #include "deltatrain/train/step_directory.h"
 #include "optim/file_io.h"
+#include "optim/json_fields.h"
 
 namespace deltatrain::train {
 
@@ -125,7 +127,7 @@ class Trainer {
       report.elapsed = seconds_since(began);
       if (observer_) observer_->on_step(report);
       const std::int64_t step = optimizer_.step_count();
-      if (options_.eval_every > 0 && step % options_.eval_every == 0) evaluate();
+      if (options_.eval_every > 0 && step % options_.eval_every == 0) evaluate(stop_requested);
       if (options_.sample_every > 0 && step % options_.sample_every == 0) sample();
       if (!options_.checkpoint_root.empty() && options_.save_every > 0 && step % options_.save_every == 0) {
         result.last_checkpoint = save();
@@ -192,13 +194,15 @@ class Trainer {
   }
 
   // The mean NLL over the fixed validation batches: the first eval_batches steps of the validation shard in
-  // file order, forward only.
-  void evaluate() {
+  // file order, forward only. A stop request (on any rank, polled between batches) abandons it unreported, so
+  // that a long evaluation does not hold up the save and exit the request asks for.
+  void evaluate(const std::function<bool()>& stop_requested) {
     const PlanOptions options{options_.tokens_per_step, options_.seq_len, group_.size(), false, 0};
     DataPosition at;
     double nll = 0;
     std::int64_t targets = 0;
     for (std::int64_t b = 0; b < options_.eval_batches; ++b) {
+      if (comm::any_rank(group_, stop_requested && stop_requested())) return;
       const StepPlan plan = plan_step(validation_lengths_, options, at);
       at = plan.end;
       const HostBatch batch =
@@ -272,6 +276,10 @@ class Trainer {
                                               " " + std::to_string(was) + ", this run has " + std::to_string(now));
         }
       };
+      if (saved.step > options_.steps) {
+        throw InvalidArgument("steps", "is the step to train to, and checkpoint " + dir.string() + " is at step " +
+                                           std::to_string(saved.step) + ", past " + std::to_string(options_.steps));
+      }
       must_match("seq-len", saved.seq_len, options_.seq_len);
       must_match("tokens-per-step", saved.tokens_per_step, options_.tokens_per_step);
       if (saved.seed != options_.seed) {
@@ -281,6 +289,11 @@ class Trainer {
       if (saved.data_fingerprint != data_.fingerprint()) {
         throw InvalidArgument("resume", "checkpoint " + dir.string() + " was trained on other training shards than " +
                                             options_.data.string());
+      }
+      try {
+        check_position(train_lengths_, plan_options_, saved.data);
+      } catch (const InvalidArgument& e) {
+        optim::invalid_json_file("trainer state " + (dir / kStateFile).string(), "data: " + e.rule());
       }
     });
     optim::load_checkpoint(optimizer_, dir / "optimizer");
@@ -321,6 +334,13 @@ void check_options(const TrainOptions& options, int dp_size) {
   non_negative("eval-every", options.eval_every);
   non_negative("sample-every", options.sample_every);
   if (options.sample_tokens < 1) throw InvalidArgument("sample-tokens", "must be >= 1; got " + std::to_string(options.sample_tokens));
+  // The rollout engine that samples counts positions (prompt and completion) in 32 bits.
+  if (options.sample_tokens > INT32_MAX - options.prompt_tokens) {
+    throw InvalidArgument("sample-tokens", "must be at most " + std::to_string(INT32_MAX - options.prompt_tokens) +
+                                               " (with the " + std::to_string(options.prompt_tokens) +
+                                               "-token prompt, 2^31 - 1 positions); got " +
+                                               std::to_string(options.sample_tokens));
+  }
   if (options.eval_batches < 1) throw InvalidArgument("eval-batches", "must be >= 1; got " + std::to_string(options.eval_batches));
   if (options.prompt_tokens < 1) throw InvalidArgument("prompt-tokens", "must be >= 1; got " + std::to_string(options.prompt_tokens));
   if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {
@@ -336,7 +356,10 @@ TrainResult train(comm::Group& group, const TrainOptions& options, Observer* obs
                   const std::function<bool()>& stop_requested) {
   check_options(options, group.size());
   std::unique_ptr<Trainer> trainer;
-  collectively(group, [&] { trainer = std::make_unique<Trainer>(group, options, observer); });
+  collectively(group, [&] {
+    if (group.rank() == 0) check_checkpoint_root(options.checkpoint_root, !options.resume.empty());
+    trainer = std::make_unique<Trainer>(group, options, observer);
+  });
   return trainer->run(stop_requested);
 }
 
@@ -359,22 +382,40 @@ std::string state_to_json(const TrainerState& state) {
 }
 
 TrainerState state_from_json(const std::string& text, const std::string& source) {
+  const std::string file = "trainer state " + source;
+  using optim::integer_field;
+  constexpr std::int64_t kMax = INT64_MAX;
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
-    if (j.at("format") != kStateFormat) throw Failure("not a trainer state (format " + j.at("format").dump() + ")");
-    if (j.at("version") != kStateVersion) throw Failure("version " + j.at("version").dump() + " is not " + std::to_string(kStateVersion));
+    if (!j.is_object()) optim::invalid_json_file(file, "it is not a JSON object");
+    optim::only_known_fields(j,
+                             {"format", "version", "step", "data", "seed", "tokens_per_step", "seq_len", "dp_size",
+                              "data_fingerprint", "config"},
+                             "", file);
+    const std::string format = optim::string_field(j, "format", "", file);
+    if (format != kStateFormat) optim::invalid_json_file(file, "not a trainer state (format '" + format + "')");
+    integer_field(j, "version", kStateVersion, kStateVersion, "", file);
     TrainerState state;
-    state.step = j.at("step");
-    state.data = {j.at("data").at("epoch"), j.at("data").at("index"), j.at("data").at("offset")};
-    state.seed = j.at("seed");
-    state.tokens_per_step = j.at("tokens_per_step");
-    state.seq_len = j.at("seq_len");
-    state.dp_size = j.at("dp_size");
-    state.data_fingerprint = j.at("data_fingerprint");
-    state.config_json = model::config_to_hf_json(model::config_from_hf_json(j.at("config").dump(), source));
+    state.step = integer_field(j, "step", 0, kMax, "", file);
+    const nlohmann::json& data = optim::field(j, "data", "", file);
+    optim::only_known_fields(data, {"epoch", "index", "offset"}, "data.", file);
+    state.data = {integer_field(data, "epoch", 0, kMax, "data.", file),
+                  integer_field(data, "index", 0, kMax, "data.", file),
+                  integer_field(data, "offset", 0, kMax, "data.", file)};
+    // Any unsigned 64-bit seed (--seed takes them all); the reader below refuses the rest by name.
+    const nlohmann::json& seed = optim::field(j, "seed", "", file);
+    state.seed = seed.is_number_unsigned() ? seed.get<std::uint64_t>() : integer_field(j, "seed", 0, kMax, "", file);
+    state.tokens_per_step = integer_field(j, "tokens_per_step", 1, kMax, "", file);
+    state.seq_len = integer_field(j, "seq_len", 1, kMax, "", file);
+    state.dp_size = static_cast<int>(integer_field(j, "dp_size", 1, INT_MAX, "", file));
+    state.data_fingerprint = optim::string_field(j, "data_fingerprint", "", file);
+    const std::string config = optim::field(j, "config", "", file).dump();
+    state.config_json = model::config_to_hf_json(model::config_from_hf_json(config, source));
     return state;
-  } catch (const std::exception& e) {
-    throw Failure("trainer state " + source + " is not valid: " + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    optim::invalid_json_file(file, e.what());
+  } catch (const InvalidArgument& e) {
+    optim::invalid_json_file(file, e.what());
   }
 }
 

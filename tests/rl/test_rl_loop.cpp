@@ -127,6 +127,13 @@ TEST_F(Rl, EachPhaseHoldsOnlyItsMemoryAndTheRolloutSeesEveryUpdate) {
   EXPECT_EQ(recorder.evals.back().problems, options.eval_prompts);
 }
 
+// A run stopped before its first evaluation reports no accuracy rather than 0.
+TEST_F(Rl, AStopBeforeAnyEvaluationMeasuresNoAccuracy) {
+  const RlResult result = run_rl(*group_, micro_options(seed_), nullptr, [] { return true; });
+  EXPECT_TRUE(result.stopped);
+  EXPECT_FALSE(result.final_accuracy.has_value()) << *result.final_accuracy;
+}
+
 // Straight through, against stopped after the first RL step and resumed from its checkpoint: the same final
 // state bit for bit, and the same rollouts (rewards, lengths) in the resumed steps. With the KL penalty (its
 // reference policy travels in the checkpoint) and TIS on.

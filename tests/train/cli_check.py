@@ -2,7 +2,10 @@
 writer and the C++ reader agree on the format), bad flags and files refused by name, SIGTERM finishing the
 step, saving and exiting 0, and `--resume latest` continuing from there.
 
-    python cli_check.py DELTATRAIN_BINARY
+With MPIEXEC, a failure on rank 0 alone (a log it cannot open, an allocation that fails) ends every rank with
+the reason instead of leaving the others waiting in a collective.
+
+    python cli_check.py DELTATRAIN_BINARY [MPIEXEC]
 """
 
 import importlib.util
@@ -86,7 +89,22 @@ def main():
         expect_refused(binary, common + ["--resume", "latest"], "resume")
         expect_refused(binary, common + ["--device", "tpu"], "device")
         expect_refused(binary, common + ["--sample-tokens", "0"], "sample-tokens")
-        expect_refused(binary, ["--config", "tiny", "--data", os.path.join(tmp, "nowhere")], os.path.join(tmp, "nowhere"))
+        expect_refused(binary, common + ["--sample-tokens", str((1 << 32) + 5)],
+                       "'--sample-tokens': must be at most")
+        # A refused run leaves an earlier log as it was; a fresh run that starts empties it.
+        kept_log = os.path.join(tmp, "kept.jsonl")
+        with open(kept_log, "w") as f:
+            f.write("an earlier run's line\n")
+        expect_refused(binary, ["--config", "tiny", "--data", os.path.join(tmp, "nowhere"), "--log", kept_log],
+                       os.path.join(tmp, "nowhere"))
+        with open(kept_log) as f:
+            if f.read() != "an earlier run's line\n":
+                sys.exit("FAIL: a refused run emptied its --log")
+        run(binary, *common, "--steps", "1", "--log", kept_log)
+        with open(kept_log) as f:
+            if "earlier" in f.read():
+                sys.exit("FAIL: a fresh run appended to an earlier log")
+        print("ok: a refused run keeps the log, a fresh run starts it anew")
         bad = os.path.join(tmp, "bad")
         os.makedirs(bad)
         prepare.write_shard(os.path.join(bad, "val.bin"), documents(rng, 2), 64)
@@ -117,6 +135,31 @@ def main():
             sys.exit(f"FAIL: SIGTERM at step {steps[-1]} saved {latest} (step {saved_step})")
         print(f"ok: SIGTERM after step {steps[-1]}: saved {latest}, exit 0")
 
+        # SIGTERM during a long evaluation: it is abandoned and the run saves and exits 0. A second signal during a
+        # long sample ends the process at once.
+        slow_runs = [(["--eval-every", "1", "--eval-batches", "1000000"], 1, 0),
+                     (["--sample-every", "1", "--sample-tokens", "10000000"], 2, -signal.SIGTERM)]
+        for extra, signals, expected in slow_runs:
+            slow_log = os.path.join(tmp, "slow.jsonl")
+            process = subprocess.Popen([binary, "train", *common, "--steps", "100", "--log", slow_log, *extra],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.time() + 60
+            while time.time() < deadline and not (os.path.exists(slow_log) and '"train"' in open(slow_log).read()):
+                time.sleep(0.05)
+            time.sleep(0.5)  # into the evaluation or the sample
+            for _ in range(signals):
+                process.send_signal(signal.SIGTERM)
+                time.sleep(0.2)
+            try:
+                out, err = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                sys.exit(f"FAIL: {signals} SIGTERM with {extra} did not end the run")
+            if process.returncode != expected:
+                sys.exit(f"FAIL: {signals} SIGTERM with {extra}: exit {process.returncode}, expected {expected}\n"
+                         f"{err}")
+        print("ok: SIGTERM abandons an evaluation; a second one ends a sample")
+
         # Resume from `latest` for two more steps; the log continues.
         target = steps[-1] + 2
         result = run(binary, *common, "--steps", str(target), "--ckpt", ckpt, "--resume", "latest", "--log", log)
@@ -124,7 +167,65 @@ def main():
         if steps[-2:] != [target - 1, target] or not os.path.exists(os.path.join(ckpt, f"step-{target:08d}")):
             sys.exit(f"FAIL: resume did not continue to step {target}: {steps[-4:]}\n{result.stdout}")
         print(f"ok: resumed to step {target}")
+
+        # `ckpt inspect` finds the optimizer's checkpoint in a trainer's root and step directory.
+        for where in (ckpt, os.path.join(ckpt, f"step-{target:08d}")):
+            result = subprocess.run([binary, "ckpt", "inspect", where, "--verify"], capture_output=True, text=True)
+            if result.returncode != 0 or f"step           {target}" not in result.stdout:
+                sys.exit(f"FAIL: ckpt inspect {where}: exit {result.returncode}\n{result.stdout}\n{result.stderr}")
+        print("ok: ckpt inspect reads a trainer's checkpoint")
+
+        # generate's refusals name its flags, not the engine's fields.
+        model = os.path.join(ckpt, f"step-{target:08d}", "model")
+        weights = ["--config", config, "--weights", model, "--prompt-ids", "1"]
+        for args, what in [(["--batch", "0"], "'--batch'"), (["--max-new-tokens", "0"], "'--max-new-tokens'"),
+                           (["--top-p", "2"], "'--top-p'"), (["--threads", "-1"], "'--threads'"),
+                           (["--max-length", "-5"], "'--max-length'"), (["--prompt-ids", "1,2,"], "'--prompt-ids'"),
+                           (["--max-new-tokens", "2000000000"], "'--max-new-tokens': needs at least")]:
+            result = subprocess.run([binary, "generate", *weights, *args], capture_output=True, text=True,
+                                    timeout=60)
+            if result.returncode == 0 or f"invalid argument {what}" not in result.stderr:
+                sys.exit(f"FAIL: generate {args} should be refused naming {what}: {result.stderr}")
+        print("ok: generate's refusals name its flags")
+
+        # --steps is the step to train to: below the checkpoint's, the resume is refused rather than reported done.
+        expect_refused(binary, common + ["--steps", "1", "--ckpt", ckpt, "--resume", "latest"], "--steps")
+
+        # Another run into the same root without --resume is refused before it trains: nothing of the first is lost.
+        another_run = ["--steps", "2", "--save-every", "1", "--seed", "7", "--ckpt", ckpt]
+        expect_refused(binary, common + another_run, "--ckpt")
+        with open(os.path.join(ckpt, "latest")) as f:
+            if f.read().strip() != f"step-{target:08d}":
+                sys.exit("FAIL: a refused run moved `latest`")
+        # A root that cannot be made is refused before training, not at the first save.
+        not_a_directory = os.path.join(tmp, "afile")
+        open(not_a_directory, "w").close()
+        expect_refused(binary, common + ["--steps", "1", "--ckpt", os.path.join(not_a_directory, "sub")], "--ckpt")
+        if len(sys.argv) > 2:
+            check_one_rank_failing(binary, sys.argv[2], common, tmp)
     print("all CLI checks passed")
+
+
+def check_one_rank_failing(binary, mpiexec, common, tmp):
+    not_a_directory = os.path.join(tmp, "afile")
+    open(not_a_directory, "a").close()
+    # `tiny`, whose caches for 10^8 tokens do not fit: only rank 0 samples, and fails.
+    tiny = ["--config", "tiny"] + common[2:]
+    cases = [
+        (common + ["--steps", "1", "--log", os.path.join(not_a_directory, "x.jsonl")], "'--log'"),
+        (tiny + ["--steps", "2", "--sample-every", "1", "--sample-tokens", "100000000"],
+         "rank 0 of 2: std::bad_alloc"),
+    ]
+    for args, what in cases:
+        command = [mpiexec, "-n", "2", binary, "train", *args]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"FAIL: 2 ranks with {args[-4:]} hung")
+        if result.returncode == 0 or what not in result.stderr:
+            sys.exit(f"FAIL: 2 ranks with {args[-4:]}: exit {result.returncode}, expected {what!r} in\n"
+                     f"{result.stderr}")
+        print(f"ok: 2 ranks, rank 0 failing alone, end with {what}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "deltatrain/comm/mpi_group.h"
 #include "deltatrain/comm/nccl_group.h"
 #include "deltatrain/core/error.h"
@@ -327,6 +329,22 @@ TEST_F(Trainer, DamagedShardsAndCheckpointsAreRefusedByName) {
   damage(step2 / "trainer.json", 2);
   expect_refusal<Failure>([&] { train(*world_, resume); }, (step2 / "trainer.json").string());
   damage(step2 / "trainer.json", 2);
+
+  // A data position outside the shards: refused at the resume, naming the file, not at the first step.
+  const fs::path state_file = step2 / "trainer.json";
+  std::string saved_state;
+  if (world_->rank() == 0) {  // which alone reads and rewrites the file: no rank reads it half-written
+    std::ifstream in(state_file);
+    saved_state.assign(std::istreambuf_iterator<char>(in), {});
+    nlohmann::json outside = nlohmann::json::parse(saved_state);
+    outside["data"]["index"] = 1000000;
+    std::ofstream(state_file, std::ios::trunc) << outside.dump();
+  }
+  world_->barrier();
+  expect_refusal<Failure>([&] { train(*world_, resume); },
+                          "trainer state " + state_file.string() + " is not valid: data");
+  if (world_->rank() == 0) std::ofstream(state_file, std::ios::trunc) << saved_state;
+  world_->barrier();
   EXPECT_NO_THROW(train(*world_, resume));
 
   // A checkpoint of another model.
@@ -366,6 +384,58 @@ TEST_F(Trainer, AFailedSaveSaysWhyAndKeepsTheLastCheckpoint) {
   const TrainResult result = train(*world_, o, &recorder);
   EXPECT_EQ(recorder.start.step, 2);
   EXPECT_EQ(result.step, 4);
+}
+
+// A run's checkpoints are never overwritten by another's: a run without a resume into a root that holds `latest`
+// is refused before it trains, naming the flag, and a save never moves `latest` back to an earlier step. A root
+// that cannot be written is refused before training too, not found at the first save.
+TEST_F(Trainer, AnotherRunsCheckpointsAndAnUnwritableRootAreRefusedBeforeTraining) {
+  TrainOptions o = base_options(data_, seed_);
+  o.steps = 4;
+  o.save_every = 2;
+  o.checkpoint_root = dir_.path() / "ckpt";
+  train(*world_, o);
+  const fs::path step2 = o.checkpoint_root / "step-00000002";
+  const auto text_of = [](const fs::path& file) {
+    std::ifstream in(file);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string step2_state = text_of(step2 / "trainer.json");
+
+  TrainOptions other = base_options(data_, seed_ + 1);
+  other.steps = 2;
+  other.save_every = 1;
+  other.checkpoint_root = o.checkpoint_root;
+  Recorder recorder;
+  expect_refusal<InvalidArgument>([&] { train(*world_, other, &recorder); }, "--resume latest");
+  expect_refusal<InvalidArgument>([&] { train(*world_, other); }, "'ckpt'");
+  EXPECT_TRUE(recorder.steps.empty()) << "refused only after training";
+  EXPECT_EQ(resolve_train_checkpoint(o.checkpoint_root), o.checkpoint_root / "step-00000004");
+  EXPECT_EQ(text_of(step2 / "trainer.json"), step2_state);
+
+  // The save itself, whoever calls it: an earlier step than `latest`'s is not written, whether or not it exists.
+  for (const std::int64_t step : {2, 3}) {
+    const fs::path dir = o.checkpoint_root / optim::checkpoint_dir_name(step);
+    const bool existed = fs::exists(dir);
+    expect_refusal<Failure>(
+        [&] { save_step_directory(*world_, o.checkpoint_root, step, "trainer.json", [](const fs::path&) {},
+                                  [](const fs::path&) {}); },
+        "never moves `latest` back");
+    EXPECT_EQ(fs::exists(dir), existed);
+    EXPECT_EQ(resolve_train_checkpoint(o.checkpoint_root), o.checkpoint_root / "step-00000004");
+  }
+
+  // A root that is a file, or lies under one.
+  const fs::path file = dir_.path() / "afile";
+  if (world_->rank() == 0) std::ofstream(file) << "not a directory\n";
+  world_->barrier();
+  for (const fs::path& root : {file, file / "sub"}) {
+    TrainOptions bad = base_options(data_, seed_);
+    bad.checkpoint_root = root;
+    Recorder bad_recorder;
+    expect_refusal<InvalidArgument>([&] { train(*world_, bad, &bad_recorder); }, root.string());
+    EXPECT_TRUE(bad_recorder.steps.empty()) << "refused only after training";
+  }
 }
 
 // A step directory's two writers: rank 0's own files are written while every rank writes its shards (rank 0's

@@ -70,7 +70,8 @@ std::optional<std::int64_t> checkpoint_dir_step(const std::string& name);
 // Whether a save of `step` under `root` replaces an existing step directory: false when there is none; true when
 // there is one but `latest` names an earlier step or is absent (a save killed after its rename and before
 // `latest` moved left it, and it is replaced in one atomic exchange once the new one is complete); Failure
-// when `latest` names it or a later step (nothing is overwritten). The rule of every step-directory save.
+// when `latest` names this step and it exists (nothing is overwritten) or names a later step (`latest` never
+// moves back, whether or not this step's directory exists). The rule of every step-directory save.
 bool save_replaces_leftover(const std::filesystem::path& root, std::int64_t step);
 std::string shard_file_name(int rank, int dp_size);            // "shard-00001-of-00004.safetensors"
 std::string shard_tensor_name(StateTensor tensor, int buffer, int bucket);

@@ -65,7 +65,7 @@ struct DemoResult {
 };
 
 // Builds the optimizer on `group`, starts (or resumes), trains `steps` steps, saving at `save_at`.
-// Collective.
+// InvalidArgument naming save-at when the run does not reach that step (it would never save). Collective.
 DemoResult run_demo(comm::Group& group, const DemoOptions& options, void* stream = nullptr);
 
 }  // namespace deltatrain::optim

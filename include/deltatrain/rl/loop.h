@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -175,7 +176,7 @@ struct RlResult {
   bool stopped = false;
   std::filesystem::path last_checkpoint;
   optim::StateDigest digest;  // of the final optimizer state
-  double final_accuracy = 0;  // the last evaluation's
+  std::optional<double> final_accuracy;  // the last evaluation's; none when stopped before any
 };
 
 // Collective: every rank calls it. `stop_requested` is polled between steps on every rank; a stop on any rank

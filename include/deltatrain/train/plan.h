@@ -54,6 +54,11 @@ struct StepPlan {
   DataPosition end;  // where the next step starts
 };
 
+// InvalidArgument naming `position` when `start` is not inside the documents (a saved position that does not
+// fit them).
+void check_position(std::span<const std::int64_t> document_lengths, const PlanOptions& options,
+                    const DataPosition& start);
+
 // The global plan of one step from `start`. InvalidArgument when every document is empty or the options
 // are invalid.
 StepPlan plan_step(std::span<const std::int64_t> document_lengths, const PlanOptions& options,

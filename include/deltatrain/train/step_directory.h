@@ -25,6 +25,12 @@ std::filesystem::path save_step_directory(comm::Group& group, const std::filesys
                                           const std::function<void(const std::filesystem::path&)>& write_all_ranks,
                                           const std::function<void(const std::filesystem::path&)>& write_leader);
 
+// Where a run will save, checked before it trains (InvalidArgument naming `ckpt`, the flag): `root` must be a
+// directory that can be created and written, and a run that does not resume must not start in a root whose
+// `latest` names another run's checkpoint (it would save beside, and before, that run's steps). Empty: no saves,
+// nothing to check. Rank 0's view is the one that matters (it writes the step directories).
+void check_checkpoint_root(const std::filesystem::path& root, bool resuming);
+
 // Collective. Whether a run that ends at `step` still has to save: a root is given and the step is not already
 // saved there. Rank 0's view decides (it writes the checkpoints), so every rank enters the save or none does.
 bool final_save_needed(comm::Group& group, const std::filesystem::path& root, std::int64_t step);
