@@ -14,6 +14,7 @@
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/config.h"
 #include "deltatrain/model/hf_checkpoint.h"
+#include "deltatrain/model/inference.h"
 #include "deltatrain/model/params.h"
 #include "deltatrain/rollout/engine.h"
 
@@ -81,18 +82,16 @@ void generate(const GenerateArgs& args) {
   }
   // By default a slot holds the longest prompt and its completion.
   const std::int64_t max_length = args.max_length > 0 ? args.max_length : longest + std::max(args.max_new_tokens, 1) - 1;
-  std::int64_t attention_layers = 0;
-  for (const model::LayerKind kind : config.layer_types) {
-    attention_layers += kind == model::LayerKind::full_attention;
-  }
+  const model::ModelOptions model_options{.dtype = dtype, .cpu_threads = args.threads};
+  const rollout::EngineOptions engine_options{.max_batch = args.batch, .max_length = std::max<std::int64_t>(max_length, 1)};
+  // One slot's state times the slots, in double: an absurd --batch would overflow the product in 64 bits.
   check_fits_in_memory(args.max_length > 0 ? "--max-length" : "--max-new-tokens",
-                       static_cast<double>(max_length) * static_cast<double>(args.batch) * 2.0 *
-                           config.num_key_value_heads * config.head_dim * attention_layers *
-                           static_cast<double>(dtype_size(dtype)),
-                       "the attention layers' key/value cache of " + std::to_string(max_length) +
+                       static_cast<double>(model::InferenceState::bytes(config, model_options, 1,
+                                                                        engine_options.max_length)) *
+                           static_cast<double>(engine_options.max_batch),
+                       "the slots' key/value caches and recurrent states, " + std::to_string(max_length) +
                            " positions per slot");
-  rollout::Engine engine(config, {.dtype = dtype, .cpu_threads = args.threads}, store.params(),
-                         {.max_batch = args.batch, .max_length = std::max<std::int64_t>(max_length, 1)});
+  rollout::Engine engine(config, model_options, store.params(), engine_options);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<rollout::Completion> out = engine.generate(requests);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
