@@ -240,10 +240,10 @@ struct Call {
     }
     if (in.state_indices) k.state_indices = in.state_indices->ptr<const int>();
 
-    k.chunk_table = static_cast<cuda::ChunkInfo*>(region(layout.chunk_table));
-    k.sequence_chunks = static_cast<int*>(region(layout.sequence_chunks));
     // With a saved buffer the forward's start_kernel and prepare write these there, and the backward reads them from
     // it.
+    k.chunk_table = static_cast<cuda::ChunkInfo*>(region(layout.chunk_table, saved.chunk_table));
+    k.sequence_chunks = static_cast<int*>(region(layout.sequence_chunks, saved.sequence_chunks));
     k.q_normed = region(layout.q_normed, saved.q_normed);
     k.k_normed = region(layout.k_normed, saved.k_normed);
     k.q_rstd = static_cast<float*>(region(layout.q_rstd, saved.q_rstd));
@@ -286,11 +286,10 @@ struct Call {
   }
 
   // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes. A backward with a
-  // saved buffer reads the normed rows and the transform from it.
+  // saved buffer reads all three from it and launches nothing here.
   void prepare(const Problem& p, cuda::KernelSequence& kernels) const {
-    const bool from_saved = p.op == Operation::chunk_backward && saved.bytes > 0;
-    cuda::launch_start(params, p.io_dtype, /*normalise=*/params.l2norm && !from_saved, kernels);
-    if (from_saved) return;
+    if (p.op == Operation::chunk_backward && saved.bytes > 0) return;
+    cuda::launch_start(params, p.io_dtype, /*normalise=*/params.l2norm, kernels);
     cuda::launch_prepare(params, p.io_dtype, kernels);
   }
 };

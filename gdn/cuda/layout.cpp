@@ -25,6 +25,8 @@ SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const Execut
   const Packer take{saved.bytes};
   const auto token_heads = static_cast<std::size_t>(problem.tokens() * problem.HV);
   const std::size_t io = dtype_size(problem.io_dtype), C = kChunk;
+  take(saved.chunk_table, static_cast<std::size_t>(chunks) * sizeof(ChunkInfo));
+  take(saved.sequence_chunks, static_cast<std::size_t>(problem.N + 1) * sizeof(int));
   take(saved.gamma, token_heads * kGammaBytes);
   take(saved.gate_in, token_heads * sizeof(float));
   take(saved.gate_out, token_heads * sizeof(float));
@@ -83,8 +85,8 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
     }
   }
   if (problem.op == Operation::recurrent) return layout;
-  take(layout.chunk_table, n_chunks * sizeof(ChunkInfo));
-  take(layout.sequence_chunks, (problem.N + 1) * sizeof(int));
+  take_unless_saved(layout.chunk_table, saved.chunk_table, n_chunks * sizeof(ChunkInfo));
+  take_unless_saved(layout.sequence_chunks, saved.sequence_chunks, (problem.N + 1) * sizeof(int));
   if (problem.l2norm) {
     take_unless_saved(layout.q_normed, saved.q_normed, tokens * H * K * io);
     take_unless_saved(layout.k_normed, saved.k_normed, tokens * H * K * io);

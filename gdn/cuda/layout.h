@@ -18,10 +18,11 @@ struct Region {
 
 // What the backward's start_kernel and prepare write, kept between a call's chunk_forward and its chunk_backward in
 // the caller's ForwardOutputs::saved (gdn.h) instead of the workspace: the forward's start_kernel and prepare fill it,
-// and the backward skips prepare and the L2 norm (its start_kernel only schedules the chunks). Laid out from the
-// backward's plan alone, so that both operations of a call agree on it: the forward's prepare writes every region
-// whose pointer is set, W included, whatever its own plan.
+// and the backward launches neither (the chunk schedule depends on cu_seqlens alone, which both operations share).
+// Laid out from the backward's plan alone, so that both operations of a call agree on it: the forward's prepare
+// writes every region whose pointer is set, W included, whatever its own plan.
 struct SavedLayout {
+  Region chunk_table, sequence_chunks;  // start_kernel's schedule
   Region gamma, gate_in, gate_out, beta_by_head, w, u, p, t;
   Region q_normed, k_normed, q_rstd, k_rstd;  // the L2 norm's rows and reciprocal norms, where the call takes it
   Region chunk_log_norms;                     // where the backward is segmented (warmup.h)

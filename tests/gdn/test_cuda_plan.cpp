@@ -192,12 +192,15 @@ Problem problem_of(const PlanInputs& in, Operation op, bool l2norm = false) {
   return p;
 }
 
-// The regions a saved buffer may hold, with their names, in a layout of either kind: what prepare writes, then the L2
-// norm's rows and reciprocal norms that start_kernel writes, then prepare's bounds on the chunks' maps.
-constexpr std::size_t kKeptRegions = 13;
+// The regions a saved buffer may hold, with their names, in a layout of either kind: start_kernel's chunk schedule,
+// what prepare writes, then the L2 norm's rows and reciprocal norms that start_kernel writes, then prepare's bounds on
+// the chunks' maps.
+constexpr std::size_t kKeptRegions = 15;
 template <class Layout>
 std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(const Layout& l) {
-  return {{{"gamma", &l.gamma},
+  return {{{"chunk_table", &l.chunk_table},
+           {"sequence_chunks", &l.sequence_chunks},
+           {"gamma", &l.gamma},
            {"gate_in", &l.gate_in},
            {"gate_out", &l.gate_out},
            {"beta_by_head", &l.beta_by_head},
@@ -250,12 +253,13 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     for (std::size_t i = 1; i < taken.size(); ++i) EXPECT_LE(taken[i - 1].offset + taken[i - 1].bytes, taken[i].offset);
 
     const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
-    // What the forward itself uses, in kept_regions' order: gamma, both gates, beta by head on the wgmma passes, W
-    // where its prepare forms it, U on the mma.sync passes, P, T on the wgmma passes, the L2 norm's rows and
-    // reciprocals where the call takes the norm, the chunks' bounds where it or its backward is segmented.
+    // What the forward itself uses, in kept_regions' order: the chunk schedule, gamma, both gates, beta by head on the
+    // wgmma passes, W where its prepare forms it, U on the mma.sync passes, P, T on the wgmma passes, the L2 norm's
+    // rows and reciprocals where the call takes the norm, the chunks' bounds where it or its backward is segmented.
     const bool bounds = forward.segments > 1 || backward.segments > 1;
-    const bool forward_uses[kKeptRegions] = {true, true, true, forward.wgmma, forward.prepare_forms_w, !forward.wgmma,
-                                             true, forward.wgmma, l2norm, l2norm, l2norm, l2norm, bounds};
+    const bool forward_uses[kKeptRegions] = {true, true, true, true, true, forward.wgmma, forward.prepare_forms_w,
+                                             !forward.wgmma, true, forward.wgmma, l2norm, l2norm, l2norm, l2norm,
+                                             bounds};
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
@@ -266,6 +270,7 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
         EXPECT_FALSE(in_workspace);
       }
     }
+    EXPECT_GT(saved.chunk_table.bytes, 0u) << "the backward launches no start_kernel of its own";
     EXPECT_GT(saved.t.bytes, 0u) << "the backward reads T";
     EXPECT_EQ(saved.beta_by_head.bytes > 0, backward.wgmma) << "the wgmma passes scale T by it";
     EXPECT_EQ(saved.q_normed.bytes > 0, l2norm) << "the backward normalises q and k again only without the buffer";
@@ -400,8 +405,9 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(eight.passes_form_w && filled.passes_form_w && one.passes_form_w && long_forward.passes_form_w);
   EXPECT_FALSE(short_forward.passes_form_w || backward.passes_form_w);
   EXPECT_TRUE(short_forward.prepare_forms_w && backward.prepare_forms_w);
-  // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's prepare writes, so that the
-  // backward skips prepare; its size per token and value head (docs/cuda-backend.md): gamma (8), both gates and beta
+  // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's start_kernel and prepare
+  // write, so that the backward skips both; its size per token and value head, beyond the chunk schedule (16 bytes a
+  // chunk, 4 a sequence, laid out first) (docs/cuda-backend.md): gamma (8), both gates and beta
   // (4 each), P and T (128 each at bf16), and W (256) where the backward's prepare forms it (which the forward's
   // prepare then forms too: the unfused backward of two warpgroups, whose reverse pass reads it); with the L2 norm, per
   // token and q/k head, the normed q and k (256 each) and their reciprocal norms (4 each).
@@ -412,7 +418,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   }();
   auto saved_per_token_head = [&](const PlanInputs& in, bool l2norm) {
     const Problem call = problem_of(in, Operation::chunk_backward, l2norm);
-    return plan_saved(call, in.chunks, plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
+    const SavedLayout saved = plan_saved(call, in.chunks, plan_execution(in));
+    return (saved.bytes - saved.gamma.offset) / static_cast<std::size_t>(call.tokens() * call.HV);
   };
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), false), 276u);
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), true), 796u)
@@ -453,7 +460,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(mma_sync.prepare_forms_w);
   const ExecutionPlan mma_sync_backward = plan_of(forced, Operation::chunk_backward);
   const Problem forced_call = problem_of(forced, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(forced_call, forced.chunks, mma_sync_backward).bytes,
+  const SavedLayout forced_saved = plan_saved(forced_call, forced.chunks, mma_sync_backward);
+  EXPECT_EQ(forced_saved.bytes - forced_saved.gamma.offset,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
       << "W and U (256 bytes each) where the wgmma passes keep beta (4 bytes)";
 }
