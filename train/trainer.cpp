@@ -276,10 +276,7 @@ class Trainer {
                                               " " + std::to_string(was) + ", this run has " + std::to_string(now));
         }
       };
-      if (saved.step > options_.steps) {
-        throw InvalidArgument("steps", "is the step to train to, and checkpoint " + dir.string() + " is at step " +
-                                           std::to_string(saved.step) + ", past " + std::to_string(options_.steps));
-      }
+      check_resume_step(dir, saved.step, options_.steps, "is the step to train to");
       must_match("seq-len", saved.seq_len, options_.seq_len);
       must_match("tokens-per-step", saved.tokens_per_step, options_.tokens_per_step);
       if (saved.seed != options_.seed) {
