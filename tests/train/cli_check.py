@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def expect_refused(binary, args, what):
     if result.returncode == 0 or what not in result.stderr:
         sys.exit(f"FAIL: {args} should be refused naming {what!r}; exit {result.returncode}, stderr: {result.stderr}")
     print(f"ok: refused naming {what}: {result.stderr.strip()[:160]}")
+    return result
 
 
 def main():
@@ -91,6 +93,14 @@ def main():
         expect_refused(binary, common + ["--sample-tokens", "0"], "sample-tokens")
         expect_refused(binary, common + ["--sample-tokens", str((1 << 32) + 5)],
                        "'--sample-tokens': must be at most")
+        # A sample whose caches (`tiny`'s, 2 * 10^9 positions: terabytes) this machine cannot hold is refused before
+        # training, naming the flag, rather than failing as std::bad_alloc at the first sample; without samples the
+        # size is not used, and not refused.
+        huge_sample = ["--config", "tiny"] + common[2:] + ["--sample-tokens", "2000000000"]
+        result = expect_refused(binary, huge_sample + ["--sample-every", "1"], "'--sample-tokens': needs at least")
+        if "step 1/" in result.stdout:
+            sys.exit(f"FAIL: the huge sample was refused only after training\n{result.stdout}")
+        run(binary, *huge_sample, "--steps", "0")
         # A refused run leaves an earlier log as it was; a fresh run that starts empties it.
         kept_log = os.path.join(tmp, "kept.jsonl")
         with open(kept_log, "w") as f:
@@ -209,23 +219,30 @@ def main():
 def check_one_rank_failing(binary, mpiexec, common, tmp):
     not_a_directory = os.path.join(tmp, "afile")
     open(not_a_directory, "a").close()
-    # `tiny`, whose caches for 10^8 tokens do not fit: only rank 0 samples, and fails.
+    # `tiny`, whose caches for 10^8 tokens this machine cannot hold: refused on every rank before training. Its
+    # caches for 3 * 10^6 tokens (3 GiB) pass that check; under a 2 GiB limit on each rank's address space their
+    # allocation fails on rank 0 alone, the one that samples.
     tiny = ["--config", "tiny"] + common[2:]
     cases = [
-        (common + ["--steps", "1", "--log", os.path.join(not_a_directory, "x.jsonl")], "'--log'"),
+        (common + ["--steps", "1", "--log", os.path.join(not_a_directory, "x.jsonl")], "'--log'", None),
         (tiny + ["--steps", "2", "--sample-every", "1", "--sample-tokens", "100000000"],
-         "rank 0 of 2: std::bad_alloc"),
+         "invalid argument '--sample-tokens': needs at least", None),
+        (tiny + ["--steps", "2", "--sample-every", "1", "--sample-tokens", "3000000"], "rank 0 of 2: std::bad_alloc",
+         2 << 30),
     ]
-    for args, what in cases:
+    for args, what, address_space in cases:
         command = [mpiexec, "-n", "2", binary, "train", *args]
+        limit = None
+        if address_space is not None:
+            limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=90)
+            result = subprocess.run(command, capture_output=True, text=True, timeout=90, preexec_fn=limit)
         except subprocess.TimeoutExpired:
             sys.exit(f"FAIL: 2 ranks with {args[-4:]} hung")
         if result.returncode == 0 or what not in result.stderr:
             sys.exit(f"FAIL: 2 ranks with {args[-4:]}: exit {result.returncode}, expected {what!r} in\n"
                      f"{result.stderr}")
-        print(f"ok: 2 ranks, rank 0 failing alone, end with {what}")
+        print(f"ok: 2 ranks with {args[-2:]} end with {what}")
 
 
 if __name__ == "__main__":
