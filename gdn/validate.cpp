@@ -149,6 +149,19 @@ void read_state_indices(const Inputs& in, Problem& p) {
 
 }  // namespace
 
+void check_cpu_threads(int cpu_threads) {
+  // More threads than a few per core only costs, and asking libgomp for far more crashes it or makes
+  // it print and exit: the bound keeps that out of reach.
+  constexpr int kThreadsPerCore = 4;
+  const int max_threads = std::max(1, cpu_info().logical_cores) * kThreadsPerCore;
+  if (cpu_threads < 0 || cpu_threads > max_threads) {
+    throw InvalidArgument("cpu_threads", "must be in [0, " + std::to_string(max_threads) + "] (0 = all cores; at most " +
+                                             std::to_string(kThreadsPerCore) + " per logical core, and this machine has " +
+                                             std::to_string(cpu_info().logical_cores) + "), got " +
+                                             std::to_string(cpu_threads));
+  }
+}
+
 Problem make_problem(const Inputs& in, const Options& options, Operation op) {
   Problem p;
   p.op = op;
@@ -156,16 +169,7 @@ Problem make_problem(const Inputs& in, const Options& options, Operation op) {
   p.device = device;
   p.stream = options.stream;
   p.cpu_threads = options.cpu_threads;
-  // More threads than a few per core only costs, and asking libgomp for far more crashes it or makes
-  // it print and exit: the bound keeps that out of reach.
-  constexpr int kThreadsPerCore = 4;
-  const int max_threads = std::max(1, cpu_info().logical_cores) * kThreadsPerCore;
-  if (options.cpu_threads < 0 || options.cpu_threads > max_threads) {
-    throw InvalidArgument("cpu_threads", "must be in [0, " + std::to_string(max_threads) + "] (0 = all cores; at most " +
-                                             std::to_string(kThreadsPerCore) + " per logical core, and this machine has " +
-                                             std::to_string(cpu_info().logical_cores) + "), got " +
-                                             std::to_string(options.cpu_threads));
-  }
+  check_cpu_threads(options.cpu_threads);
 
   expect_rank("q", in.q, 4, "[B, T, H, K]");
   p.B = in.q.shape[0];

@@ -613,6 +613,12 @@ class Loop {
       must_match("updates-per-rollout", std::to_string(saved.updates_per_rollout), std::to_string(now.updates_per_rollout));
       must_match("temperature", std::to_string(saved.temperature), std::to_string(now.temperature));
       must_match("true-on-policy", saved.true_on_policy ? "on" : "off", now.true_on_policy ? "on" : "off");
+      // After the checks above, so that the warm-up and the updates per rollout are the checkpoint's.
+      const std::int64_t last = options_.warmup_steps + options_.steps * options_.updates_per_rollout;
+      train::check_resume_step(dir, saved.step, last,
+                               "counts the RL steps after the warm-up, here to optimizer step " +
+                                   std::to_string(options_.warmup_steps) + " + " + std::to_string(options_.steps) +
+                                   " x " + std::to_string(options_.updates_per_rollout) + " = " + std::to_string(last));
       if (options_.grpo.kl_coef > 0 && saved.step > options_.warmup_steps && !fs::exists(dir / "reference")) {
         throw InvalidArgument("resume", "checkpoint " + dir.string() + " has no reference policy, which --kl-coef needs");
       }

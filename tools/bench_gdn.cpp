@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
+#include "deltatrain/gdn/backend.h"
 #include "deltatrain/gdn/gdn.h"
 #include "describe.h"
 
@@ -302,6 +303,7 @@ std::string utc_now() {
 void run_bench(const Settings& s) {
   if (s.dim < 1) throw InvalidArgument("--dim", "must be positive, got " + std::to_string(s.dim));
   if (s.repeat < 1) throw InvalidArgument("--repeat", "must be at least 1, got " + std::to_string(s.repeat));
+  gdn::check_cpu_threads(s.threads);  // the operator's own rule, checked before the sgemm reference runs, not after
   std::vector<Pass> passes;
   for (const std::string& pass : s.passes) {
     if (pass != "fwd" && pass != "bwd" && pass != "both") {

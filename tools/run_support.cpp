@@ -27,8 +27,8 @@ extern char** environ;
 namespace deltatrain::tools {
 namespace {
 
-// Set by SIGINT/SIGTERM. A second signal, when the first is not heeded soon enough (a sample being generated),
-// ends the process as the signal's default action does.
+// Set by SIGINT/SIGTERM. A second signal, when the first is not heeded soon enough (a long step: the loops poll
+// between steps, evaluation batches and a sample's tokens), ends the process as the signal's default action does.
 volatile std::sig_atomic_t g_stop = 0;
 extern "C" void request_stop(int signal) {
   if (g_stop != 0) {

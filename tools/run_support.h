@@ -17,8 +17,8 @@
 namespace deltatrain::tools {
 
 // Runs `body(rank, ranks)` on every rank inside an MPI session, with SIGINT and SIGTERM setting the flag that
-// stop_requested() reads (the loops poll it between steps and evaluation batches); a second signal ends the
-// process at once. The library raises the same Error on every rank:
+// stop_requested() reads (the loops poll it between steps, evaluation batches and a sample's tokens); a second
+// signal ends the process at once. The library raises the same Error on every rank:
 // rank 0 reports it, the others exit with status 1 quietly. An exception that not every rank raises within a few
 // seconds (one rank's alone: a bad_alloc, a log that cannot be written) is printed by its rank, naming it, and
 // ends the job (MPI_Abort), since the other ranks would wait for it forever. After MPI is finalised, rank 0

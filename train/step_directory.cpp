@@ -106,6 +106,13 @@ fs::path resolve_step_directory(const fs::path& path, const std::string& state_f
   throw Failure("no checkpoint at " + path.string() + ": it holds neither " + state_file + " nor " + kLatest);
 }
 
+void check_resume_step(const fs::path& dir, std::int64_t saved_step, std::int64_t last_step, const std::string& steps) {
+  if (saved_step > last_step) {
+    throw InvalidArgument("steps", steps + ", and checkpoint " + dir.string() + " is at step " +
+                                       std::to_string(saved_step) + ", past " + std::to_string(last_step));
+  }
+}
+
 bool final_save_needed(comm::Group& group, const std::filesystem::path& root, std::int64_t step) {
   const bool saved = group.rank() == 0 && std::filesystem::exists(root / optim::checkpoint_dir_name(step));
   return !root.empty() && !comm::any_rank(group, saved);

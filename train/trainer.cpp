@@ -128,7 +128,7 @@ class Trainer {
       if (observer_) observer_->on_step(report);
       const std::int64_t step = optimizer_.step_count();
       if (options_.eval_every > 0 && step % options_.eval_every == 0) evaluate(stop_requested);
-      if (options_.sample_every > 0 && step % options_.sample_every == 0) sample();
+      if (options_.sample_every > 0 && step % options_.sample_every == 0) sample(stop_requested);
       if (!options_.checkpoint_root.empty() && options_.save_every > 0 && step % options_.save_every == 0) {
         result.last_checkpoint = save();
       }
@@ -218,8 +218,10 @@ class Trainer {
 
   // Generation on rank 0 from the start of the first non-empty validation document (Dataset makes sure there
   // is one), by the rollout engine on the trainer's parameters in place; the other ranks wait at the next
-  // collective. The draws are keyed by (seed, step), so a resumed run samples what the straight run did.
-  void sample() {
+  // collective. The draws are keyed by (seed, step), so a resumed run samples what the straight run did. A stop
+  // request on rank 0 (polled between tokens; only rank 0 generates, so no collective) abandons it unreported, as
+  // an evaluation is, so that a long sample does not hold up the save and exit the request asks for.
+  void sample(const std::function<bool()>& stop_requested) {
     if (group_.rank() != 0) return;
     const std::vector<Document>& documents = data_.validation_documents();
     const Document& first = *std::find_if(documents.begin(), documents.end(), [](const Document& d) { return d.length > 0; });
@@ -234,7 +236,12 @@ class Trainer {
     SampleReport report;
     report.step = optimizer_.step_count();
     report.prompt = request.prompt;
-    report.completion = engine.generate(std::span(&request, 1)).front().tokens;
+    engine.submit(request);
+    while (!engine.idle()) {
+      if (stop_requested && stop_requested()) return;
+      engine.step();
+    }
+    report.completion = engine.take_finished().front().tokens;
     report.prompt_text = data_.vocabulary().decode(report.prompt);
     report.completion_text = data_.vocabulary().decode(report.completion);
     if (observer_) observer_->on_sample(report);
@@ -276,10 +283,7 @@ class Trainer {
                                               " " + std::to_string(was) + ", this run has " + std::to_string(now));
         }
       };
-      if (saved.step > options_.steps) {
-        throw InvalidArgument("steps", "is the step to train to, and checkpoint " + dir.string() + " is at step " +
-                                           std::to_string(saved.step) + ", past " + std::to_string(options_.steps));
-      }
+      check_resume_step(dir, saved.step, options_.steps, "is the step to train to");
       must_match("seq-len", saved.seq_len, options_.seq_len);
       must_match("tokens-per-step", saved.tokens_per_step, options_.tokens_per_step);
       if (saved.seed != options_.seed) {

@@ -118,6 +118,10 @@ def main(binary, version):
     result = run(binary, "bench", "gdn", "--pass", "sideways")
     expect(result.returncode == 1 and "--pass" in result.stderr and "fwd, bwd or both" in result.stderr,
            "bench gdn --pass sideways is refused naming the flag", result)
+    # A thread count the operator refuses is refused before any work: the sgemm reference does not run first.
+    result = run(binary, "bench", "gdn", "--threads", "-1")
+    expect(result.returncode == 1 and "invalid argument '--threads': must be in [0, " in result.stderr and
+           "sgemm" not in result.stderr, "bench gdn --threads -1 is refused before the sgemm reference runs", result)
 
 
 if __name__ == "__main__":

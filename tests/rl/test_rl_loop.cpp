@@ -156,6 +156,16 @@ TEST_F(Rl, ResumeIsBitwiseAcrossTheLoop) {
   const RlResult resumed = run_rl(*group_, options, &second);
   expect_resumed_equals_straight(whole, straight, resumed, second);
   EXPECT_GT(straight.steps.back().kl, 0.0) << "the policy moved away from its reference";
+  // --steps counts RL steps after the warm-up: a resume whose run ends before the checkpoint's step is refused by
+  // name, as the trainer's is, rather than taking no step and reporting the checkpoint as done.
+  options.steps = 2;  // to optimizer step 2 + 2, and `latest` is at 2 + 3
+  try {
+    run_rl(*group_, options);
+    ADD_FAILURE() << "a resume past the run's last step was not refused";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "steps") << e.what();
+  }
+  options.steps = 3;
 
   // A save killed after its rename and before `latest` moved leaves a step directory beyond `latest`: a run
   // resumed from `latest` replaces it when it saves that step, and stops at nothing.

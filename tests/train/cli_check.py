@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def expect_refused(binary, args, what):
     if result.returncode == 0 or what not in result.stderr:
         sys.exit(f"FAIL: {args} should be refused naming {what!r}; exit {result.returncode}, stderr: {result.stderr}")
     print(f"ok: refused naming {what}: {result.stderr.strip()[:160]}")
+    return result
 
 
 def main():
@@ -91,6 +93,14 @@ def main():
         expect_refused(binary, common + ["--sample-tokens", "0"], "sample-tokens")
         expect_refused(binary, common + ["--sample-tokens", str((1 << 32) + 5)],
                        "'--sample-tokens': must be at most")
+        # A sample whose caches (`tiny`'s, 2 * 10^9 positions: terabytes) this machine cannot hold is refused before
+        # training, naming the flag, rather than failing as std::bad_alloc at the first sample; without samples the
+        # size is not used, and not refused.
+        huge_sample = ["--config", "tiny"] + common[2:] + ["--sample-tokens", "2000000000"]
+        result = expect_refused(binary, huge_sample + ["--sample-every", "1"], "'--sample-tokens': needs at least")
+        if "step 1/" in result.stdout:
+            sys.exit(f"FAIL: the huge sample was refused only after training\n{result.stdout}")
+        run(binary, *huge_sample, "--steps", "0")
         # A refused run leaves an earlier log as it was; a fresh run that starts empties it.
         kept_log = os.path.join(tmp, "kept.jsonl")
         with open(kept_log, "w") as f:
@@ -135,30 +145,32 @@ def main():
             sys.exit(f"FAIL: SIGTERM at step {steps[-1]} saved {latest} (step {saved_step})")
         print(f"ok: SIGTERM after step {steps[-1]}: saved {latest}, exit 0")
 
-        # SIGTERM during a long evaluation: it is abandoned and the run saves and exits 0. A second signal during a
-        # long sample ends the process at once.
-        slow_runs = [(["--eval-every", "1", "--eval-batches", "1000000"], 1, 0),
-                     (["--sample-every", "1", "--sample-tokens", "10000000"], 2, -signal.SIGTERM)]
-        for extra, signals, expected in slow_runs:
-            slow_log = os.path.join(tmp, "slow.jsonl")
-            process = subprocess.Popen([binary, "train", *common, "--steps", "100", "--log", slow_log, *extra],
+        # SIGTERM during a long evaluation or a long sample (hours of it): it is abandoned and the run saves the
+        # step and exits 0.
+        slow_runs = [["--eval-every", "1", "--eval-batches", "1000000"],
+                     ["--sample-every", "1", "--sample-tokens", "10000000"]]
+        for number, extra in enumerate(slow_runs):
+            slow_log = os.path.join(tmp, f"slow-{number}.jsonl")
+            slow_ckpt = os.path.join(tmp, f"slow-ckpt-{number}")
+            process = subprocess.Popen([binary, "train", *common, "--steps", "100", "--log", slow_log,
+                                        "--ckpt", slow_ckpt, *extra],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             deadline = time.time() + 60
             while time.time() < deadline and not (os.path.exists(slow_log) and '"train"' in open(slow_log).read()):
                 time.sleep(0.05)
             time.sleep(0.5)  # into the evaluation or the sample
-            for _ in range(signals):
-                process.send_signal(signal.SIGTERM)
-                time.sleep(0.2)
+            process.send_signal(signal.SIGTERM)
             try:
                 out, err = process.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-                sys.exit(f"FAIL: {signals} SIGTERM with {extra} did not end the run")
-            if process.returncode != expected:
-                sys.exit(f"FAIL: {signals} SIGTERM with {extra}: exit {process.returncode}, expected {expected}\n"
-                         f"{err}")
-        print("ok: SIGTERM abandons an evaluation; a second one ends a sample")
+                sys.exit(f"FAIL: SIGTERM with {extra} did not end the run")
+            slow_steps = [json.loads(line)["step"] for line in open(slow_log) if '"train"' in line]
+            saved = os.path.join(slow_ckpt, f"step-{slow_steps[-1]:08d}", "trainer.json")
+            if process.returncode != 0 or "stopped on a signal" not in out or not os.path.exists(saved):
+                sys.exit(f"FAIL: SIGTERM with {extra}: exit {process.returncode}, expected 0, a stop and {saved}\n"
+                         f"{out}\n{err}")
+        print("ok: SIGTERM abandons an evaluation or a sample, saves and exits 0")
 
         # Resume from `latest` for two more steps; the log continues.
         target = steps[-1] + 2
@@ -209,23 +221,30 @@ def main():
 def check_one_rank_failing(binary, mpiexec, common, tmp):
     not_a_directory = os.path.join(tmp, "afile")
     open(not_a_directory, "a").close()
-    # `tiny`, whose caches for 10^8 tokens do not fit: only rank 0 samples, and fails.
+    # `tiny`, whose caches for 10^8 tokens this machine cannot hold: refused on every rank before training. Its
+    # caches for 3 * 10^6 tokens (3 GiB) pass that check; under a 2 GiB limit on each rank's address space their
+    # allocation fails on rank 0 alone, the one that samples.
     tiny = ["--config", "tiny"] + common[2:]
     cases = [
-        (common + ["--steps", "1", "--log", os.path.join(not_a_directory, "x.jsonl")], "'--log'"),
+        (common + ["--steps", "1", "--log", os.path.join(not_a_directory, "x.jsonl")], "'--log'", None),
         (tiny + ["--steps", "2", "--sample-every", "1", "--sample-tokens", "100000000"],
-         "rank 0 of 2: std::bad_alloc"),
+         "invalid argument '--sample-tokens': needs at least", None),
+        (tiny + ["--steps", "2", "--sample-every", "1", "--sample-tokens", "3000000"], "rank 0 of 2: std::bad_alloc",
+         2 << 30),
     ]
-    for args, what in cases:
+    for args, what, address_space in cases:
         command = [mpiexec, "-n", "2", binary, "train", *args]
+        limit = None
+        if address_space is not None:
+            limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=90)
+            result = subprocess.run(command, capture_output=True, text=True, timeout=90, preexec_fn=limit)
         except subprocess.TimeoutExpired:
             sys.exit(f"FAIL: 2 ranks with {args[-4:]} hung")
         if result.returncode == 0 or what not in result.stderr:
             sys.exit(f"FAIL: 2 ranks with {args[-4:]}: exit {result.returncode}, expected {what!r} in\n"
                      f"{result.stderr}")
-        print(f"ok: 2 ranks, rank 0 failing alone, end with {what}")
+        print(f"ok: 2 ranks with {args[-2:]} end with {what}")
 
 
 if __name__ == "__main__":

@@ -252,6 +252,21 @@ TEST_F(Trainer, ResumeIsBitwise) {
   EXPECT_EQ(resumed.digest.state, full.digest.state);
 }
 
+// A stop request seen while rank 0 generates a sample (polled between its tokens, as a signal is) abandons the
+// sample unreported: the run stops at that step and saves it, rather than finishing the sample first.
+TEST_F(Trainer, AStopDuringASampleAbandonsItAndSaves) {
+  TrainOptions o = base_options(data_, seed_);
+  o.sample_every = 2;
+  o.sample_tokens = 4000;
+  o.checkpoint_root = dir_.path() / "ckpt";
+  Recorder recorder;
+  const TrainResult result = train(*world_, o, &recorder, stop_at(recorder, 2));  // requested before step 2's sample
+  EXPECT_TRUE(result.stopped);
+  EXPECT_EQ(result.step, 2);
+  EXPECT_EQ(result.last_checkpoint, o.checkpoint_root / "step-00000002");
+  EXPECT_TRUE(recorder.samples.empty()) << "the sample ran to its end despite the stop request";
+}
+
 TEST_F(Trainer, CheckpointOfFourRanksResumesOnTwoThenOne) {
   TrainOptions o = base_options(data_, seed_);
   o.checkpoint_root = dir_.path() / "straight";

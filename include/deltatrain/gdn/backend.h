@@ -79,6 +79,9 @@ class Backend {
 
 // Validation, exposed for backends' tests and for tools that size buffers before calling.
 Problem make_problem(const Inputs& inputs, const Options& options, Operation op);
+// Options::cpu_threads alone (InvalidArgument naming cpu_threads), which make_problem checks first: for a tool
+// that refuses a bad thread count before work that comes ahead of its first call.
+void check_cpu_threads(int cpu_threads);
 void check_forward_outputs(const Problem& problem, const ForwardOutputs& outputs);
 void check_backward_tensors(const Problem& problem, const Inputs& inputs, const BackwardInputs& grads_in,
                             const Gradients& grads_out);

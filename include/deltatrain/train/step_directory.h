@@ -31,6 +31,12 @@ std::filesystem::path save_step_directory(comm::Group& group, const std::filesys
 // nothing to check. Rank 0's view is the one that matters (it writes the step directories).
 void check_checkpoint_root(const std::filesystem::path& root, bool resuming);
 
+// A resume goes forward only: InvalidArgument naming `steps` (the flag) when the checkpoint `dir`, at optimizer step
+// `saved_step`, is past `last_step`, the step this run trains to, rather than a run that takes no step and reports
+// the checkpoint's step as done. `steps` says how --steps gives `last_step` ("is the step to train to").
+void check_resume_step(const std::filesystem::path& dir, std::int64_t saved_step, std::int64_t last_step,
+                       const std::string& steps);
+
 // Collective. Whether a run that ends at `step` still has to save: a root is given and the step is not already
 // saved there. Rank 0's view decides (it writes the checkpoints), so every rank enters the save or none does.
 bool final_save_needed(comm::Group& group, const std::filesystem::path& root, std::int64_t step);

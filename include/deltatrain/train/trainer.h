@@ -116,9 +116,9 @@ struct TrainResult {
   optim::StateDigest digest;               // of the final optimizer state (dp-size independent)
 };
 
-// Collective. `stop_requested` is polled on every rank between steps and between evaluation batches; when it is
-// true on any rank, every rank finishes the step (an evaluation is abandoned, unreported), saves (with a
-// checkpoint root) and returns with `stopped`. A failed save raises
+// Collective. `stop_requested` is polled on every rank between steps and between evaluation batches, and on rank 0
+// between a sample's tokens; when it is true on any rank, every rank finishes the step (an evaluation or a sample
+// is abandoned, unreported), saves (with a checkpoint root) and returns with `stopped`. A failed save raises
 // Failure saying why and naming the checkpoint that stays the latest.
 TrainResult train(comm::Group& group, const TrainOptions& options, Observer* observer = nullptr,
                   const std::function<bool()>& stop_requested = {});
