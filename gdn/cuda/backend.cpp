@@ -121,9 +121,10 @@ std::optional<Problem> padded_problem(const Problem& p) {
 }
 
 // Where a call's chunk_forward and chunk_backward keep what the backward's prepare writes, in the caller's saved
-// buffer (ForwardOutputs::saved), from the backward's plan on the calling thread's device.
+// buffer (ForwardOutputs::saved), from the call's two plans on the calling thread's device.
 cuda::SavedLayout saved_layout(const Problem& kernel, std::int64_t chunks) {
-  return cuda::plan_saved(kernel, chunks, execution_plan(kernel, Operation::chunk_backward, chunks));
+  return cuda::plan_saved(kernel, chunks, execution_plan(kernel, Operation::chunk_forward, chunks),
+                          execution_plan(kernel, Operation::chunk_backward, chunks));
 }
 
 // One call's launch context: device, stream, workspace and the kernels' parameter block, in the kernels' head
@@ -264,9 +265,14 @@ struct Call {
     k.dq_head = static_cast<float*>(region(layout.dq_head));
     k.dk_head = static_cast<float*>(region(layout.dk_head));
     k.dgamma_part = static_cast<float*>(region(layout.dgamma_part));
-    k.segment_ends = static_cast<float*>(region(layout.segment_ends));
+    // The forward-direction passes' segment ends and starts: the saved buffer's where the call keeps them (the
+    // forward writes them, the backward's recompute reads them); the reverse passes' always the workspace's.
+    k.segment_ends[0] = static_cast<float*>(region(layout.segment_ends, saved.segment_ends));
+    k.segment_starts[0] = static_cast<float*>(region(layout.segment_starts, saved.segment_starts));
+    k.segment_ends[1] = static_cast<float*>(region(layout.segment_ends));
+    k.segment_starts[1] = static_cast<float*>(region(layout.segment_starts));
+    k.recompute_starts_saved = p.op == Operation::chunk_backward && saved.segment_ends.bytes > 0;
     k.segment_maps = region(layout.segment_maps);
-    k.segment_starts = static_cast<float*>(region(layout.segment_starts));
     k.chunk_log_norms = static_cast<float*>(region(layout.chunk_log_norms, saved.chunk_log_norms));
   }
 

@@ -229,16 +229,22 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     const bool l2norm = trial % 2 == 0;
     const Problem forward_call = problem_of(in, Operation::chunk_forward, l2norm);
     const Problem backward_call = problem_of(in, Operation::chunk_backward, l2norm);
-    const SavedLayout saved = plan_saved(backward_call, in.chunks, backward);
-    const SavedLayout from_forward = plan_saved(forward_call, in.chunks, backward);
+    const SavedLayout saved = plan_saved(backward_call, in.chunks, forward, backward);
+    const SavedLayout from_forward = plan_saved(forward_call, in.chunks, forward, backward);
     ASSERT_EQ(saved.bytes, from_forward.bytes) << "both operations lay the buffer out alike";
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       EXPECT_EQ(kept_regions(saved)[i].second->offset, kept_regions(from_forward)[i].second->offset);
     }
     const WorkspaceLayout alone = plan_workspace(backward_call, false, in.chunks, false, backward);
     const WorkspaceLayout beside = plan_workspace(backward_call, false, in.chunks, false, backward, saved);
-    EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes) << "the backward's workspace gives up exactly the buffer's regions";
+    auto aligned = [](const Region& r) { return (r.bytes + 255) / 256 * 256; };
+    EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes - aligned(saved.segment_ends) - aligned(saved.segment_starts))
+        << "the backward's workspace gives up exactly the buffer's regions but the forward's segment ends and starts, "
+           "whose like its reverse passes make there";
     std::vector<Region> taken;
+    for (const Region* kept : {&saved.segment_ends, &saved.segment_starts}) {
+      if (kept->bytes > 0) taken.push_back(*kept);
+    }
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
@@ -275,6 +281,23 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     EXPECT_EQ(saved.beta_by_head.bytes > 0, backward.wgmma) << "the wgmma passes scale T by it";
     EXPECT_EQ(saved.q_normed.bytes > 0, l2norm) << "the backward normalises q and k again only without the buffer";
     EXPECT_EQ(saved.chunk_log_norms.bytes > 0, backward.segments > 1) << "the backward's segment ends passes read them";
+
+    // Where the backward's recompute reuses the forward's segment starts, the buffer holds the one direction's ends and
+    // starts a forward's workspace would, the forward writes them there alone, and the backward's workspace still holds
+    // a set for its reverse passes; elsewhere the buffer holds none.
+    if (cuda::backward_reuses_forward_starts(forward, backward)) {
+      ASSERT_EQ(forward.segments, backward.segments) << "the same segment ends launch wrote them";
+      const WorkspaceLayout forward_alone = plan_workspace(forward_call, false, in.chunks, false, forward);
+      EXPECT_GT(saved.segment_ends.bytes, 0u);
+      EXPECT_EQ(saved.segment_ends.bytes, forward_alone.segment_ends.bytes);
+      EXPECT_EQ(saved.segment_starts.bytes, forward_alone.segment_starts.bytes);
+      EXPECT_EQ(saved.segment_starts.bytes > 0, forward.segments > 2) << "two segments compose no start";
+      EXPECT_EQ(forward_workspace.segment_ends.bytes + forward_workspace.segment_starts.bytes, 0u);
+      EXPECT_EQ(beside.segment_ends.bytes, alone.segment_ends.bytes);
+      EXPECT_EQ(beside.segment_starts.bytes, alone.segment_starts.bytes);
+    } else {
+      EXPECT_EQ(saved.segment_ends.bytes + saved.segment_starts.bytes, 0u);
+    }
   }
 }
 
@@ -418,7 +441,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   }();
   auto saved_per_token_head = [&](const PlanInputs& in, bool l2norm) {
     const Problem call = problem_of(in, Operation::chunk_backward, l2norm);
-    const SavedLayout saved = plan_saved(call, in.chunks, plan_execution(in));
+    const SavedLayout saved = plan_saved(call, in.chunks, plan_of(in, Operation::chunk_forward), plan_execution(in));
     return (saved.bytes - saved.gamma.offset) / static_cast<std::size_t>(call.tokens() * call.HV);
   };
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), false), 276u);
@@ -429,6 +452,28 @@ TEST(CudaPlanAnchors, H200Choices) {
       << "two value heads a key head";
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 2048), false), 532u) << "one warpgroup: W";
   EXPECT_EQ(saved_per_token_head(unfused, false), 532u) << "two warpgroups, unfused: the reverse pass reads W";
+  // The backward's recompute reads the forward's segment ends and starts where both are segmented alike: one sequence
+  // of 32 heads and 8192 or 32768 tokens (four segments of two-warpgroup CTAs, the fused backward), one of 4 heads and
+  // 8192 tokens (16 of one, unfused); not one of 4 heads and 32768 tokens (the fused backward's 32 segments against
+  // the forward's 16), nor eight of 4 heads and 4096 tokens (four against two), nor the batched cells (none).
+  auto reuses_starts = [](const PlanInputs& in) {
+    return cuda::backward_reuses_forward_starts(plan_of(in, Operation::chunk_forward),
+                                                plan_of(in, Operation::chunk_backward));
+  };
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 32, 1, 8192)));
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 32, 1, 32768)));
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 4, 1, 8192)));
+  EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 4, 1, 32768)));
+  EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 4, 8, 4096)));
+  EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 32, 8, 4096)));
+  // Their cost in the buffer, in float32: V x K per (sequence, value head) for every segment's end but the last and,
+  // beyond two segments, for every segment's start: 4 heads, 16 segments, 128 x 128, (15 + 16) x 64 KB = 7.75 MB.
+  const PlanInputs four_heads = anchor(Operation::chunk_backward, 4, 1, 8192);
+  const SavedLayout four_heads_saved = plan_saved(problem_of(four_heads, Operation::chunk_backward), four_heads.chunks,
+                                                  plan_of(four_heads, Operation::chunk_forward),
+                                                  plan_execution(four_heads));
+  EXPECT_EQ(four_heads_saved.segment_ends.bytes, 15u * 4 * 128 * 128 * 4);
+  EXPECT_EQ(four_heads_saved.segment_starts.bytes, 16u * 4 * 128 * 128 * 4);
   // Four heads of one long sequence, unfused: 8 units, 16 segments (the cap), which beats pairing; their 32 chunks
   // each launch M's rows apart from the ends pass, 8 chunks each (8192 tokens) do not, and two segments need no M.
   // Fused (unasked), its 32 segments of 16 chunks keep M's rows in the ends pass.
@@ -460,7 +505,7 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(mma_sync.prepare_forms_w);
   const ExecutionPlan mma_sync_backward = plan_of(forced, Operation::chunk_backward);
   const Problem forced_call = problem_of(forced, Operation::chunk_backward);
-  const SavedLayout forced_saved = plan_saved(forced_call, forced.chunks, mma_sync_backward);
+  const SavedLayout forced_saved = plan_saved(forced_call, forced.chunks, mma_sync, mma_sync_backward);
   EXPECT_EQ(forced_saved.bytes - forced_saved.gamma.offset,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
       << "W and U (256 bytes each) where the wgmma passes keep beta (4 bytes)";
