@@ -19,8 +19,6 @@
 #include "deltatrain/core/system.h"
 #include "deltatrain/model/config.h"
 #include "deltatrain/model/cost.h"
-#include "deltatrain/model/inference.h"
-#include "deltatrain/train/parameters.h"
 #include "deltatrain/train/trainer.h"
 
 namespace deltatrain::tools {
@@ -220,13 +218,10 @@ void run_train_command(const TrainArgs& args) {
                              static_cast<double>(options.tokens_per_step / ranks) * 4.0 * floats_per_token,
                              "each rank's share, one float per hidden unit and layer kept for the backward");
         if (options.sample_every > 0) {
-          // Rank 0's samples: the rollout engine allocates the state of one slot for the prompt (at least a token)
-          // and the completion up front, which would fail mid-run as "std::bad_alloc" on rank 0 alone.
-          const model::ModelOptions sample_options{
-              .dtype = train::param_dtype(args.device == "cuda" ? Device{DeviceType::cuda, 0} : Device{})};
-          check_fits_in_memory("--sample-tokens",
-                               static_cast<double>(model::InferenceState::bytes(options.config, sample_options, 1,
-                                                                                1 + options.sample_tokens)),
+          // Rank 0's samples: the rollout engine allocates them up front, which would fail mid-run as
+          // "std::bad_alloc" on rank 0 alone.
+          const Device device = args.device == "cuda" ? Device{DeviceType::cuda, 0} : Device{};
+          check_fits_in_memory("--sample-tokens", static_cast<double>(train::sample_state_bytes(options, device)),
                                "a sample's key/value caches and recurrent states, its prompt's first token and " +
                                    std::to_string(options.sample_tokens) + " more");
         }

@@ -11,6 +11,7 @@
 #include "deltatrain/core/clock.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/model/hf_checkpoint.h"
+#include "deltatrain/model/inference.h"
 #include "deltatrain/model/model.h"
 #include "deltatrain/model/params.h"
 #include "deltatrain/optim/adamw.h"
@@ -354,6 +355,12 @@ void check_options(const TrainOptions& options, int dp_size) {
     throw InvalidArgument("save-every", "needs --ckpt, the directory to save into");
   }
   if (options.cpu_threads < 0) throw InvalidArgument("threads", "must be >= 0; got " + std::to_string(options.cpu_threads));
+}
+
+std::int64_t sample_state_bytes(const TrainOptions& options, Device device) {
+  // As sample() builds its engine: one slot of the prompt's tokens and the completion, parameters' dtype.
+  return model::InferenceState::bytes(options.config, {.device = device, .dtype = param_dtype(device)}, 1,
+                                      1 + options.sample_tokens);
 }
 
 TrainResult train(comm::Group& group, const TrainOptions& options, Observer* observer,

@@ -59,6 +59,10 @@ struct TrainOptions {
 // InvalidArgument naming the flag (steps, tokens-per-step, seq-len, ...) for values out of range.
 void check_options(const TrainOptions& options, int dp_size);
 
+// Bytes of the key/value caches and recurrent states that each sample (rank 0's, every sample_every steps) allocates
+// on `device` up front, at the shortest prompt (one token): a lower bound, for a memory check before training.
+std::int64_t sample_state_bytes(const TrainOptions& options, Device device);
+
 struct StartReport {
   std::int64_t step = 0;     // where training starts (non-zero after a resume)
   std::filesystem::path resumed_from;  // empty for a fresh start
