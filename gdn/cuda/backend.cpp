@@ -121,9 +121,10 @@ std::optional<Problem> padded_problem(const Problem& p) {
 }
 
 // Where a call's chunk_forward and chunk_backward keep what the backward's prepare writes, in the caller's saved
-// buffer (ForwardOutputs::saved), from the backward's plan on the calling thread's device.
+// buffer (ForwardOutputs::saved), from the call's two plans on the calling thread's device.
 cuda::SavedLayout saved_layout(const Problem& kernel, std::int64_t chunks) {
-  return cuda::plan_saved(kernel, chunks, execution_plan(kernel, Operation::chunk_backward, chunks));
+  return cuda::plan_saved(kernel, chunks, execution_plan(kernel, Operation::chunk_forward, chunks),
+                          execution_plan(kernel, Operation::chunk_backward, chunks));
 }
 
 // One call's launch context: device, stream, workspace and the kernels' parameter block, in the kernels' head
@@ -240,10 +241,10 @@ struct Call {
     }
     if (in.state_indices) k.state_indices = in.state_indices->ptr<const int>();
 
-    k.chunk_table = static_cast<cuda::ChunkInfo*>(region(layout.chunk_table));
-    k.sequence_chunks = static_cast<int*>(region(layout.sequence_chunks));
     // With a saved buffer the forward's start_kernel and prepare write these there, and the backward reads them from
     // it.
+    k.chunk_table = static_cast<cuda::ChunkInfo*>(region(layout.chunk_table, saved.chunk_table));
+    k.sequence_chunks = static_cast<int*>(region(layout.sequence_chunks, saved.sequence_chunks));
     k.q_normed = region(layout.q_normed, saved.q_normed);
     k.k_normed = region(layout.k_normed, saved.k_normed);
     k.q_rstd = static_cast<float*>(region(layout.q_rstd, saved.q_rstd));
@@ -264,9 +265,14 @@ struct Call {
     k.dq_head = static_cast<float*>(region(layout.dq_head));
     k.dk_head = static_cast<float*>(region(layout.dk_head));
     k.dgamma_part = static_cast<float*>(region(layout.dgamma_part));
-    k.segment_ends = static_cast<float*>(region(layout.segment_ends));
+    // The forward-direction passes' segment ends and starts: the saved buffer's where the call keeps them (the
+    // forward writes them, the backward's recompute reads them); the reverse passes' always the workspace's.
+    k.segment_ends[0] = static_cast<float*>(region(layout.segment_ends, saved.segment_ends));
+    k.segment_starts[0] = static_cast<float*>(region(layout.segment_starts, saved.segment_starts));
+    k.segment_ends[1] = static_cast<float*>(region(layout.segment_ends));
+    k.segment_starts[1] = static_cast<float*>(region(layout.segment_starts));
+    k.recompute_starts_saved = p.op == Operation::chunk_backward && saved.segment_ends.bytes > 0;
     k.segment_maps = region(layout.segment_maps);
-    k.segment_starts = static_cast<float*>(region(layout.segment_starts));
     k.chunk_log_norms = static_cast<float*>(region(layout.chunk_log_norms, saved.chunk_log_norms));
   }
 
@@ -286,11 +292,10 @@ struct Call {
   }
 
   // The chunk schedule, the L2 norm and the WY/UT transform: the start of both chunked passes. A backward with a
-  // saved buffer reads the normed rows and the transform from it.
+  // saved buffer reads all three from it and launches nothing here.
   void prepare(const Problem& p, cuda::KernelSequence& kernels) const {
-    const bool from_saved = p.op == Operation::chunk_backward && saved.bytes > 0;
-    cuda::launch_start(params, p.io_dtype, /*normalise=*/params.l2norm && !from_saved, kernels);
-    if (from_saved) return;
+    if (p.op == Operation::chunk_backward && saved.bytes > 0) return;
+    cuda::launch_start(params, p.io_dtype, /*normalise=*/params.l2norm, kernels);
     cuda::launch_prepare(params, p.io_dtype, kernels);
   }
 };

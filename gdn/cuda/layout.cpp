@@ -18,13 +18,26 @@ struct Packer {
   }
 };
 
+// The segment ends and starts of one direction of a segmented pass (state_hopper.cu, steps 1 and 2): in float32,
+// R_s for every segment but the last and, beyond two segments, the start of every segment (the second's is R_0).
+std::size_t segment_ends_bytes(const Problem& problem, int segments) {
+  return static_cast<std::size_t>(problem.N * (segments - 1) * problem.HV * problem.V * problem.K) * sizeof(float);
+}
+std::size_t segment_starts_bytes(const Problem& problem, int segments) {
+  if (segments <= 2) return 0;
+  return static_cast<std::size_t>(problem.N * segments * problem.HV * problem.V * problem.K) * sizeof(float);
+}
+
 }  // namespace
 
-SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& backward) {
+SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& forward,
+                       const ExecutionPlan& backward) {
   SavedLayout saved;
   const Packer take{saved.bytes};
   const auto token_heads = static_cast<std::size_t>(problem.tokens() * problem.HV);
   const std::size_t io = dtype_size(problem.io_dtype), C = kChunk;
+  take(saved.chunk_table, static_cast<std::size_t>(chunks) * sizeof(ChunkInfo));
+  take(saved.sequence_chunks, static_cast<std::size_t>(problem.N + 1) * sizeof(int));
   take(saved.gamma, token_heads * kGammaBytes);
   take(saved.gate_in, token_heads * sizeof(float));
   take(saved.gate_out, token_heads * sizeof(float));
@@ -44,6 +57,10 @@ SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const Execut
     take(saved.k_rstd, token_key_heads * sizeof(float));
   }
   if (backward.segments > 1) take(saved.chunk_log_norms, static_cast<std::size_t>(problem.HV * chunks) * sizeof(float));
+  if (backward_reuses_forward_starts(forward, backward)) {
+    take(saved.segment_ends, segment_ends_bytes(problem, backward.segments));
+    take(saved.segment_starts, segment_starts_bytes(problem, backward.segments));
+  }
   return saved;
 }
 
@@ -83,8 +100,8 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
     }
   }
   if (problem.op == Operation::recurrent) return layout;
-  take(layout.chunk_table, n_chunks * sizeof(ChunkInfo));
-  take(layout.sequence_chunks, (problem.N + 1) * sizeof(int));
+  take_unless_saved(layout.chunk_table, saved.chunk_table, n_chunks * sizeof(ChunkInfo));
+  take_unless_saved(layout.sequence_chunks, saved.sequence_chunks, (problem.N + 1) * sizeof(int));
   if (problem.l2norm) {
     take_unless_saved(layout.q_normed, saved.q_normed, tokens * H * K * io);
     take_unless_saved(layout.k_normed, saved.k_normed, tokens * H * K * io);
@@ -103,9 +120,14 @@ WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t
   take_unless_saved(layout.p, saved.p, tokens * HV * C * io);
   if (plan.segments > 1) {
     const auto N = static_cast<std::size_t>(problem.N), S = static_cast<std::size_t>(plan.segments);
-    take(layout.segment_ends, N * (S - 1) * HV * V * K * f32);
+    if (problem.op == Operation::chunk_backward) {  // its reverse passes' (and its recompute's, where none are saved)
+      take(layout.segment_ends, segment_ends_bytes(problem, plan.segments));
+      take(layout.segment_starts, segment_starts_bytes(problem, plan.segments));
+    } else {
+      take_unless_saved(layout.segment_ends, saved.segment_ends, segment_ends_bytes(problem, plan.segments));
+      take_unless_saved(layout.segment_starts, saved.segment_starts, segment_starts_bytes(problem, plan.segments));
+    }
     take(layout.segment_maps, N * (S - 1) * HV * K * K * io);
-    if (S > 2) take(layout.segment_starts, N * S * HV * V * K * f32);  // the second segment starts at R_0
     take_unless_saved(layout.chunk_log_norms, saved.chunk_log_norms, HV * n_chunks * f32);
   }
   // T: the wgmma passes scale it by beta themselves; the backward's gradients read it.

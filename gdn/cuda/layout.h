@@ -18,19 +18,24 @@ struct Region {
 
 // What the backward's start_kernel and prepare write, kept between a call's chunk_forward and its chunk_backward in
 // the caller's ForwardOutputs::saved (gdn.h) instead of the workspace: the forward's start_kernel and prepare fill it,
-// and the backward skips prepare and the L2 norm (its start_kernel only schedules the chunks). Laid out from the
-// backward's plan alone, so that both operations of a call agree on it: the forward's prepare writes every region
-// whose pointer is set, W included, whatever its own plan.
+// and the backward launches neither (the chunk schedule depends on cu_seqlens alone, which both operations share).
+// Where the recompute is segmented as the forward (backward_reuses_forward_starts), also the forward-direction
+// segment ends and starts, which the forward's passes write there and the backward's recompute reads instead of
+// making its own. Laid out from the call's two plans, so that both operations of a call agree on it: the forward's
+// prepare writes every region whose pointer is set, W included, whatever its own plan.
 struct SavedLayout {
+  Region chunk_table, sequence_chunks;  // start_kernel's schedule
   Region gamma, gate_in, gate_out, beta_by_head, w, u, p, t;
   Region q_normed, k_normed, q_rstd, k_rstd;  // the L2 norm's rows and reciprocal norms, where the call takes it
   Region chunk_log_norms;                     // where the backward is segmented (warmup.h)
+  Region segment_ends, segment_starts;        // the forward's, where the backward reuses them (starts: > 2 segments)
   std::size_t bytes = 0;
 };
 
-// problem: the call in the kernels' head dims (either operation); chunks: over all sequences; backward: the plan of
-// the call's chunk_backward.
-SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& backward);
+// problem: the call in the kernels' head dims (either operation); chunks: over all sequences; forward, backward: the
+// plans of the call's chunk_forward and chunk_backward.
+SavedLayout plan_saved(const Problem& problem, std::int64_t chunks, const ExecutionPlan& forward,
+                       const ExecutionPlan& backward);
 
 // Byte offsets of the regions of one call's workspace (see Params for their shapes).
 struct WorkspaceLayout {
@@ -52,7 +57,8 @@ struct WorkspaceLayout {
 // problem: the call in the kernels' head dims (kernel_key_dim); padded: whether those differ from the caller's,
 // so that its tensors are copied; chunks: the number of chunks over all sequences; upload_offsets: cu_seqlens must
 // be copied to the GPU; plan: how the sequential state passes run (plan_execution); saved: the regions the call keeps
-// in the caller's saved buffer (none: an empty layout), which the workspace then leaves out.
+// in the caller's saved buffer (none: an empty layout), which the workspace then leaves out (but a backward's segment
+// ends and starts: its reverse passes make their own).
 WorkspaceLayout plan_workspace(const Problem& problem, bool padded, std::int64_t chunks, bool upload_offsets,
                                const ExecutionPlan& plan, const SavedLayout& saved = {});
 

@@ -30,6 +30,9 @@ struct Params {
   bool fused_backward = false;  // the backward after the recompute pass is fused_backward_kernel
   bool fused_input_grads = false;  // which also finishes dq and dk (GVA groups of 1 or 2; no input_grad_kernel)
   bool role_split = false;  // the fused backward is role_split_backward_kernel
+  // A backward whose recompute pass reads its segment starts from the forward's saved buffer
+  // (backward_reuses_forward_starts): it launches no steps 1 and 2 of its own for that pass.
+  bool recompute_starts_saved = false;
   float scale = 1.f;
   bool l2norm = false;
 
@@ -88,9 +91,12 @@ struct Params {
   float* dq_head = nullptr;
   float* dk_head = nullptr;
   float* dgamma_part = nullptr;          // [K / kKeySlice slices, tokens, HV]
-  float* segment_ends = nullptr;         // [N, segments - 1, HV, V, K]: R_s (S^T rows)
+  // A segmented pass's steps 1 and 2 (state_hopper.cu), by direction: [0] the forward-direction passes', [1] the
+  // reverse passes'. The same workspace regions for both, but in a backward that reads [0] from the forward's saved
+  // buffer (recompute_starts_saved), which its reverse passes must leave as they found it.
+  float* segment_ends[2] = {};           // [N, segments - 1, HV, V, K]: R_s (S^T rows)
+  float* segment_starts[2] = {};         // [N, segments, HV, V, K]: S^T entering each segment
   void* segment_maps = nullptr;          // io [N, segments - 1, HV, K, K]: M_s
-  float* segment_starts = nullptr;       // [N, segments, HV, V, K]: S^T entering each segment
   // [HV, chunks]: each chunk's bound on the log norm of its map (warmup.h), where the call (or, for a forward with a
   // saved buffer, its backward) is segmented; else null
   float* chunk_log_norms = nullptr;

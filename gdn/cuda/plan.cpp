@@ -143,6 +143,11 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
 
 }  // namespace
 
+bool backward_reuses_forward_starts(const ExecutionPlan& forward, const ExecutionPlan& backward) {
+  return forward.wgmma && backward.wgmma && forward.segments > 1 && forward.segments == backward.segments &&
+         forward.warpgroups == backward.warpgroups && forward.maps_apart == backward.maps_apart;
+}
+
 ExecutionPlan plan_execution(const PlanInputs& in) {
   if (in.op == Operation::recurrent) return {};  // one kernel, no state passes
   if (wgmma_applies(in)) {

@@ -78,4 +78,10 @@ struct ExecutionPlan {
 
 ExecutionPlan plan_execution(const PlanInputs& in);
 
+// Whether a call's backward takes its recompute pass's segment starts (state_hopper.cu, steps 1 and 2: the segment
+// ends R_s and the composed starts) from the forward's saved buffer instead of walking steps 1 and 2 again: where the
+// forward's passes and the recompute are segmented alike (the same segments, warpgroups and maps launch), so that the
+// same segment ends launch on the same inputs wrote them, bit for bit.
+bool backward_reuses_forward_starts(const ExecutionPlan& forward, const ExecutionPlan& backward);
+
 }  // namespace deltatrain::gdn::cuda

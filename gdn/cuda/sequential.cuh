@@ -89,8 +89,8 @@ __device__ __forceinline__ int warmup_chunks(const Params& p, const SequenceChun
 template <bool kReverse>
 __device__ __forceinline__ const float* segment_start_rows(const Params& p, int n, int run, int hv) {
   const bool from_end = run == 1 || warmup_chunks<kReverse>(p, run_chunks<kReverse>(p, n, run - 1), hv) > 0;
-  return from_end ? segment_rows<float>(p.segment_ends, p, n, run - 1, p.segments - 1, hv, p.V)
-                  : segment_rows<float>(p.segment_starts, p, n, run, p.segments, hv, p.V);
+  return from_end ? segment_rows<float>(p.segment_ends[kReverse], p, n, run - 1, p.segments - 1, hv, p.V)
+                  : segment_rows<float>(p.segment_starts[kReverse], p, n, run, p.segments, hv, p.V);
 }
 
 // Walks the chunks of a sequence (in order, or last to first) with `stages` chunks in flight:

@@ -365,7 +365,7 @@ struct HopperPass {
     if (transition_rows) {
       store_pairs(state, segment_rows<E>(p.segment_maps, p, n, run, runs, hv, K) + (at.v0 - p.V) * K, K);
     } else {
-      store_pairs(state, segment_rows<float>(p.segment_ends, p, n, run, runs, hv, p.V) + at.v0 * K, K);
+      store_pairs(state, segment_rows<float>(p.segment_ends[kReverse], p, n, run, runs, hv, p.V) + at.v0 * K, K);
     }
   }
 };
@@ -604,7 +604,9 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
   const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * L::kRows;
   const int tid = threadIdx.x, n0 = 16 * (tid / 32);
   const int ends = p.segments - 1;
-  auto end_rows = [&](int s) { return segment_rows<float>(p.segment_ends, p, n, s, ends, hv, p.V) + v0 * K; };
+  auto end_rows = [&](int s) {
+    return segment_rows<float>(p.segment_ends[kReverse], p, n, s, ends, hv, p.V) + v0 * K;
+  };
   bool walked_whole = false;  // some run of this thread's, from the second, did not warm up
   for (int s = 1 + tid; s < ends; s += L::kThreads) {
     walked_whole = walked_whole || warmup_chunks<kReverse>(p, run_chunks<kReverse>(p, n, s), hv) == 0;
@@ -642,7 +644,8 @@ __global__ void __launch_bounds__(SegmentStartsSmem<E, K>::kThreads) segment_sta
       mma_16816<E>(start[0][1], a[kb], b[kb][2], b[kb][3]);
     }
     load_step(s + L::kSlots - 1);  // into the slot step s - 1 read, which every warp left at the last barrier
-    store_pairs(start, segment_rows<float>(p.segment_starts, p, n, s + 1, p.segments, hv, p.V) + v0 * K + n0, K);
+    store_pairs(start, segment_rows<float>(p.segment_starts[kReverse], p, n, s + 1, p.segments, hv, p.V) + v0 * K + n0,
+                K);
     store_accumulator(start, plain(rows_tile(s + 1)), 0, n0);
     cp_async_wait<L::kSlots - 2>();  // this thread's copies of M_(s+1) and R_(s+1)
     __syncthreads();                 // everyone's, and the new rows
@@ -673,11 +676,12 @@ void with_warpgroups(const Params& p, F&& f) {
 }
 
 // Steps 1 and 2 of a segmented pass, the true state (or its gradient) at each segment's start, where the call
-// has segments: the segment ends pass, with M's rows for more than two segments (two need no M) in its launch or,
+// has segments and the pass is not a recompute whose starts the forward saved (p.recompute_starts_saved): the segment
+// ends pass, with M's rows for more than two segments (two need no M) in its launch or,
 // where p.maps_apart, beside it in one of their own, then segment_starts_kernel after both.
 template <class E, int K, bool kReverse, int kGroups>
 void launch_segment_starts(const Params& p, const char* ends_name, KernelSequence& kernels) {
-  if (p.segments < 2) return;
+  if (p.segments < 2 || (!kReverse && p.recompute_starts_saved)) return;
   const bool maps = p.segments > 2;
   const int before = kernels.last();
   const int ends = launch_run<E, K, Pass::segment_ends, kReverse, kGroups>(

@@ -192,12 +192,15 @@ Problem problem_of(const PlanInputs& in, Operation op, bool l2norm = false) {
   return p;
 }
 
-// The regions a saved buffer may hold, with their names, in a layout of either kind: what prepare writes, then the L2
-// norm's rows and reciprocal norms that start_kernel writes, then prepare's bounds on the chunks' maps.
-constexpr std::size_t kKeptRegions = 13;
+// The regions a saved buffer may hold, with their names, in a layout of either kind: start_kernel's chunk schedule,
+// what prepare writes, then the L2 norm's rows and reciprocal norms that start_kernel writes, then prepare's bounds on
+// the chunks' maps.
+constexpr std::size_t kKeptRegions = 15;
 template <class Layout>
 std::array<std::pair<const char*, const Region*>, kKeptRegions> kept_regions(const Layout& l) {
-  return {{{"gamma", &l.gamma},
+  return {{{"chunk_table", &l.chunk_table},
+           {"sequence_chunks", &l.sequence_chunks},
+           {"gamma", &l.gamma},
            {"gate_in", &l.gate_in},
            {"gate_out", &l.gate_out},
            {"beta_by_head", &l.beta_by_head},
@@ -226,16 +229,22 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     const bool l2norm = trial % 2 == 0;
     const Problem forward_call = problem_of(in, Operation::chunk_forward, l2norm);
     const Problem backward_call = problem_of(in, Operation::chunk_backward, l2norm);
-    const SavedLayout saved = plan_saved(backward_call, in.chunks, backward);
-    const SavedLayout from_forward = plan_saved(forward_call, in.chunks, backward);
+    const SavedLayout saved = plan_saved(backward_call, in.chunks, forward, backward);
+    const SavedLayout from_forward = plan_saved(forward_call, in.chunks, forward, backward);
     ASSERT_EQ(saved.bytes, from_forward.bytes) << "both operations lay the buffer out alike";
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       EXPECT_EQ(kept_regions(saved)[i].second->offset, kept_regions(from_forward)[i].second->offset);
     }
     const WorkspaceLayout alone = plan_workspace(backward_call, false, in.chunks, false, backward);
     const WorkspaceLayout beside = plan_workspace(backward_call, false, in.chunks, false, backward, saved);
-    EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes) << "the backward's workspace gives up exactly the buffer's regions";
+    auto aligned = [](const Region& r) { return (r.bytes + 255) / 256 * 256; };
+    EXPECT_EQ(alone.bytes - beside.bytes, saved.bytes - aligned(saved.segment_ends) - aligned(saved.segment_starts))
+        << "the backward's workspace gives up exactly the buffer's regions but the forward's segment ends and starts, "
+           "whose like its reverse passes make there";
     std::vector<Region> taken;
+    for (const Region* kept : {&saved.segment_ends, &saved.segment_starts}) {
+      if (kept->bytes > 0) taken.push_back(*kept);
+    }
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
@@ -250,12 +259,13 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
     for (std::size_t i = 1; i < taken.size(); ++i) EXPECT_LE(taken[i - 1].offset + taken[i - 1].bytes, taken[i].offset);
 
     const WorkspaceLayout forward_workspace = plan_workspace(forward_call, false, in.chunks, false, forward, saved);
-    // What the forward itself uses, in kept_regions' order: gamma, both gates, beta by head on the wgmma passes, W
-    // where its prepare forms it, U on the mma.sync passes, P, T on the wgmma passes, the L2 norm's rows and
-    // reciprocals where the call takes the norm, the chunks' bounds where it or its backward is segmented.
+    // What the forward itself uses, in kept_regions' order: the chunk schedule, gamma, both gates, beta by head on the
+    // wgmma passes, W where its prepare forms it, U on the mma.sync passes, P, T on the wgmma passes, the L2 norm's
+    // rows and reciprocals where the call takes the norm, the chunks' bounds where it or its backward is segmented.
     const bool bounds = forward.segments > 1 || backward.segments > 1;
-    const bool forward_uses[kKeptRegions] = {true, true, true, forward.wgmma, forward.prepare_forms_w, !forward.wgmma,
-                                             true, forward.wgmma, l2norm, l2norm, l2norm, l2norm, bounds};
+    const bool forward_uses[kKeptRegions] = {true, true, true, true, true, forward.wgmma, forward.prepare_forms_w,
+                                             !forward.wgmma, true, forward.wgmma, l2norm, l2norm, l2norm, l2norm,
+                                             bounds};
     for (std::size_t i = 0; i < kKeptRegions; ++i) {
       const auto [name, kept] = kept_regions(saved)[i];
       SCOPED_TRACE(name);
@@ -266,10 +276,28 @@ TEST_F(CudaPlan, SavedBufferHoldsWhatTheBackwardsPrepareWrites) {
         EXPECT_FALSE(in_workspace);
       }
     }
+    EXPECT_GT(saved.chunk_table.bytes, 0u) << "the backward launches no start_kernel of its own";
     EXPECT_GT(saved.t.bytes, 0u) << "the backward reads T";
     EXPECT_EQ(saved.beta_by_head.bytes > 0, backward.wgmma) << "the wgmma passes scale T by it";
     EXPECT_EQ(saved.q_normed.bytes > 0, l2norm) << "the backward normalises q and k again only without the buffer";
     EXPECT_EQ(saved.chunk_log_norms.bytes > 0, backward.segments > 1) << "the backward's segment ends passes read them";
+
+    // Where the backward's recompute reuses the forward's segment starts, the buffer holds the one direction's ends and
+    // starts a forward's workspace would, the forward writes them there alone, and the backward's workspace still holds
+    // a set for its reverse passes; elsewhere the buffer holds none.
+    if (cuda::backward_reuses_forward_starts(forward, backward)) {
+      ASSERT_EQ(forward.segments, backward.segments) << "the same segment ends launch wrote them";
+      const WorkspaceLayout forward_alone = plan_workspace(forward_call, false, in.chunks, false, forward);
+      EXPECT_GT(saved.segment_ends.bytes, 0u);
+      EXPECT_EQ(saved.segment_ends.bytes, forward_alone.segment_ends.bytes);
+      EXPECT_EQ(saved.segment_starts.bytes, forward_alone.segment_starts.bytes);
+      EXPECT_EQ(saved.segment_starts.bytes > 0, forward.segments > 2) << "two segments compose no start";
+      EXPECT_EQ(forward_workspace.segment_ends.bytes + forward_workspace.segment_starts.bytes, 0u);
+      EXPECT_EQ(beside.segment_ends.bytes, alone.segment_ends.bytes);
+      EXPECT_EQ(beside.segment_starts.bytes, alone.segment_starts.bytes);
+    } else {
+      EXPECT_EQ(saved.segment_ends.bytes + saved.segment_starts.bytes, 0u);
+    }
   }
 }
 
@@ -400,8 +428,9 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(eight.passes_form_w && filled.passes_form_w && one.passes_form_w && long_forward.passes_form_w);
   EXPECT_FALSE(short_forward.passes_form_w || backward.passes_form_w);
   EXPECT_TRUE(short_forward.prepare_forms_w && backward.prepare_forms_w);
-  // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's prepare writes, so that the
-  // backward skips prepare; its size per token and value head (docs/cuda-backend.md): gamma (8), both gates and beta
+  // The forward keeps for the backward (ForwardOutputs::saved) everything the backward's start_kernel and prepare
+  // write, so that the backward skips both; its size per token and value head, beyond the chunk schedule (16 bytes a
+  // chunk, 4 a sequence, laid out first) (docs/cuda-backend.md): gamma (8), both gates and beta
   // (4 each), P and T (128 each at bf16), and W (256) where the backward's prepare forms it (which the forward's
   // prepare then forms too: the unfused backward of two warpgroups, whose reverse pass reads it); with the L2 norm, per
   // token and q/k head, the normed q and k (256 each) and their reciprocal norms (4 each).
@@ -412,7 +441,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   }();
   auto saved_per_token_head = [&](const PlanInputs& in, bool l2norm) {
     const Problem call = problem_of(in, Operation::chunk_backward, l2norm);
-    return plan_saved(call, in.chunks, plan_execution(in)).bytes / static_cast<std::size_t>(call.tokens() * call.HV);
+    const SavedLayout saved = plan_saved(call, in.chunks, plan_of(in, Operation::chunk_forward), plan_execution(in));
+    return (saved.bytes - saved.gamma.offset) / static_cast<std::size_t>(call.tokens() * call.HV);
   };
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), false), 276u);
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 16, 8, 4096), true), 796u)
@@ -422,6 +452,28 @@ TEST(CudaPlanAnchors, H200Choices) {
       << "two value heads a key head";
   EXPECT_EQ(saved_per_token_head(anchor(Operation::chunk_backward, 32, 1, 2048), false), 532u) << "one warpgroup: W";
   EXPECT_EQ(saved_per_token_head(unfused, false), 532u) << "two warpgroups, unfused: the reverse pass reads W";
+  // The backward's recompute reads the forward's segment ends and starts where both are segmented alike: one sequence
+  // of 32 heads and 8192 or 32768 tokens (four segments of two-warpgroup CTAs, the fused backward), one of 4 heads and
+  // 8192 tokens (16 of one, unfused); not one of 4 heads and 32768 tokens (the fused backward's 32 segments against
+  // the forward's 16), nor eight of 4 heads and 4096 tokens (four against two), nor the batched cells (none).
+  auto reuses_starts = [](const PlanInputs& in) {
+    return cuda::backward_reuses_forward_starts(plan_of(in, Operation::chunk_forward),
+                                                plan_of(in, Operation::chunk_backward));
+  };
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 32, 1, 8192)));
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 32, 1, 32768)));
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 4, 1, 8192)));
+  EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 4, 1, 32768)));
+  EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 4, 8, 4096)));
+  EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 32, 8, 4096)));
+  // Their cost in the buffer, in float32: V x K per (sequence, value head) for every segment's end but the last and,
+  // beyond two segments, for every segment's start: 4 heads, 16 segments, 128 x 128, (15 + 16) x 4 x 64 KB = 7.75 MB.
+  const PlanInputs four_heads = anchor(Operation::chunk_backward, 4, 1, 8192);
+  const SavedLayout four_heads_saved = plan_saved(problem_of(four_heads, Operation::chunk_backward), four_heads.chunks,
+                                                  plan_of(four_heads, Operation::chunk_forward),
+                                                  plan_execution(four_heads));
+  EXPECT_EQ(four_heads_saved.segment_ends.bytes, 15u * 4 * 128 * 128 * 4);
+  EXPECT_EQ(four_heads_saved.segment_starts.bytes, 16u * 4 * 128 * 128 * 4);
   // Four heads of one long sequence, unfused: 8 units, 16 segments (the cap), which beats pairing; their 32 chunks
   // each launch M's rows apart from the ends pass, 8 chunks each (8192 tokens) do not, and two segments need no M.
   // Fused (unasked), its 32 segments of 16 chunks keep M's rows in the ends pass.
@@ -453,7 +505,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(mma_sync.prepare_forms_w);
   const ExecutionPlan mma_sync_backward = plan_of(forced, Operation::chunk_backward);
   const Problem forced_call = problem_of(forced, Operation::chunk_backward);
-  EXPECT_EQ(plan_saved(forced_call, forced.chunks, mma_sync_backward).bytes,
+  const SavedLayout forced_saved = plan_saved(forced_call, forced.chunks, mma_sync, mma_sync_backward);
+  EXPECT_EQ(forced_saved.bytes - forced_saved.gamma.offset,
             784u * static_cast<std::size_t>(forced_call.tokens() * forced_call.HV))
       << "W and U (256 bytes each) where the wgmma passes keep beta (4 bytes)";
 }

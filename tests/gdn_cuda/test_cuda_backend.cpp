@@ -108,6 +108,11 @@ std::vector<Case> cases() {
   all.push_back({"bf16_one_warpgroup_units", fixed(4, 100, 8, 32, 128, 64), DType::bf16});
   // Few long sequences over few heads: on a GPU with the Hopper state pass these run in segments.
   all.push_back({"bf16_long_few_heads", fixed(1, 4000, 1, 2, 128, 128), DType::bf16});
+  // The same over gates near 0, with the L2 norm: on an H100 or H200 the forward's passes and the backward's recompute
+  // take the same 15 segments, so a backward given the forward's saved buffer reads its segment ends and starts there
+  // (backward_reuses_forward_starts), and with segments of 4 chunks that forget little every start is composed.
+  all.push_back({"bf16_reused_starts_long_memory", fixed(1, 4000, 1, 2, 128, 128), DType::bf16, DType::f32, true, true,
+                 true, GateRange{-0.004, 0.0}});
   // 513 chunks: the passes' 16 segments of 32 chunks or more launch M's rows apart from the ends pass (above, 15 of
   // 4 chunks do not); where the fused backward runs (DELTATRAIN_CUDA_FUSED_BACKWARD=1) it takes segments of its own,
   // thirty-two of 16 chunks or more, the later ones started from state gradients warmed up or composed.
