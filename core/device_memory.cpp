@@ -1,5 +1,7 @@
 #include "deltatrain/core/device_memory.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -88,6 +90,21 @@ void synchronize(Device device, [[maybe_unused]] void* stream) {
   cuda_check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
 #else
   unavailable("a stream", device);
+#endif
+}
+
+std::size_t device_total_memory(Device device) {
+  if (device.type == DeviceType::cpu) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page_bytes > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_bytes) : 0;
+  }
+#ifdef DELTATRAIN_WITH_CUDA
+  const CudaDeviceGuard guard(device.index);  // cudaMemGetInfo reports on the current device
+  std::size_t free = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return total;
+#else
+  unavailable("the memory", device);
 #endif
 }
 

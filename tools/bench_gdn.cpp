@@ -316,13 +316,16 @@ void run_bench(const Settings& s) {
   for (const std::string& heads : s.heads) {
     for (const std::string& seqlens : s.seqlens) cases.push_back({parse_heads(heads), parse_seqlens(seqlens)});
   }
+  const Device device = device_of(s);
   for (const Case& c : cases) {  // float q and k of H heads, v and the output of HV heads, tokens x heads x dim
     const double floats_per_token = 2.0 * static_cast<double>(c.heads.H + c.heads.HV) * s.dim;
-    check_fits_in_memory("--seqlens", 4.0 * static_cast<double>(c.seqs.tokens()) * floats_per_token,
-                         "q, k, v and o of " + c.seqs.text + " at " + std::to_string(c.heads.H) + "/" +
-                             std::to_string(c.heads.HV) + " heads");
+    const double bytes = 4.0 * static_cast<double>(c.seqs.tokens()) * floats_per_token;
+    const std::string what = "q, k, v and o of " + c.seqs.text + " at " + std::to_string(c.heads.H) + "/" +
+                             std::to_string(c.heads.HV) + " heads";
+    // A Buffer keeps its host copy beside the GPU's: the host holds the tensors on either device.
+    check_fits_in_memory("--seqlens", bytes, what, Device{});
+    if (device.type != DeviceType::cpu) check_fits_in_memory("--seqlens", bytes, what, device);
   }
-  const Device device = device_of(s);
 
   nlohmann::json sgemm = nullptr;
   if (s.sgemm_size > 0) {

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "deltatrain/core/tensor.h"
 #include "deltatrain/model/config.h"
 
 namespace deltatrain::tools {
@@ -11,10 +12,10 @@ namespace deltatrain::tools {
 // The model config a command's --config names (model::load_config), a refusal naming that flag. Defined in model.cpp.
 model::Config load_config_flag(const std::string& config);
 
-// Refuses, naming `flag`, a value that needs at least `bytes` (a lower bound: `what`) when that is more than this
-// machine's physical memory, instead of an allocation failing later as "std::bad_alloc" naming nothing. Defined in
-// run_support.cpp.
-void check_fits_in_memory(const std::string& flag, double bytes, const std::string& what);
+// Refuses, naming `flag`, a value that needs at least `bytes` (a lower bound: `what`) on `device` when that is more
+// than the device's memory (device_total_memory: this machine's physical memory, or the GPU's), instead of an
+// allocation failing later as "std::bad_alloc" or a CUDA error naming nothing. Defined in run_support.cpp.
+void check_fits_in_memory(const std::string& flag, double bytes, const std::string& what, Device device);
 
 // For an unsigned option (--seed): CLI11 would read "-1" as 2^64 - 1; a sign is refused instead.
 inline const CLI::Validator kNoSign(

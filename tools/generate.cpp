@@ -90,7 +90,8 @@ void generate(const GenerateArgs& args) {
                                                                         engine_options.max_length)) *
                            static_cast<double>(engine_options.max_batch),
                        "the slots' key/value caches and recurrent states, " + std::to_string(max_length) +
-                           " positions per slot");
+                           " positions per slot",
+                       model_options.device);
   rollout::Engine engine(config, model_options, store.params(), engine_options);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<rollout::Completion> out = engine.generate(requests);

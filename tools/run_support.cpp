@@ -19,6 +19,7 @@
 
 #include "deltatrain/comm/mpi_group.h"
 #include "deltatrain/comm/nccl_group.h"
+#include "deltatrain/core/device_memory.h"
 #include "deltatrain/core/error.h"
 #include "deltatrain/core/system.h"
 
@@ -97,12 +98,14 @@ void run_collective_command(const std::function<void(int rank, int ranks)>& body
 
 bool stop_requested() { return g_stop != 0; }
 
-void check_fits_in_memory(const std::string& flag, double bytes, const std::string& what) {
-  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+void check_fits_in_memory(const std::string& flag, double bytes, const std::string& what, Device device) {
+  const double memory = static_cast<double>(device_total_memory(device));  // 0: unknown, nothing refused
   if (memory > 0 && bytes > memory) {
-    char rule[256];
-    std::snprintf(rule, sizeof rule, "needs at least %.1f GiB (%s), more than this machine's %.1f GiB",
-                  bytes / (1ull << 30), what.c_str(), memory / (1ull << 30));
+    const std::string whose =
+        device.type == DeviceType::cpu ? std::string("this machine's") : "GPU " + std::to_string(device.index) + "'s";
+    char rule[320];
+    std::snprintf(rule, sizeof rule, "needs at least %.1f GiB (%s), more than %s %.1f GiB", bytes / (1ull << 30),
+                  what.c_str(), whose.c_str(), memory / (1ull << 30));
     throw InvalidArgument(flag, rule);
   }
 }

@@ -212,20 +212,24 @@ void run_train_command(const TrainArgs& args) {
       [&](int rank, int ranks) {
         const train::TrainOptions options = make_options(args);
         train::check_options(options, ranks);  // before the reporter computes FLOPs from them
+        // The group first: its device (the host, or this rank's GPU) is the memory the checks below are about.
+        const std::unique_ptr<comm::Group> group = make_group(args.device);
         const double floats_per_token =
             static_cast<double>(options.config.hidden_size) * options.config.num_hidden_layers();
         check_fits_in_memory("--tokens-per-step",
                              static_cast<double>(options.tokens_per_step / ranks) * 4.0 * floats_per_token,
-                             "each rank's share, one float per hidden unit and layer kept for the backward");
+                             "each rank's share, one float per hidden unit and layer kept for the backward",
+                             group->device());
         if (options.sample_every > 0) {
           // Rank 0's samples: the rollout engine allocates them up front, which would fail mid-run as
-          // "std::bad_alloc" on rank 0 alone.
-          const Device device = args.device == "cuda" ? Device{DeviceType::cuda, 0} : Device{};
-          check_fits_in_memory("--sample-tokens", static_cast<double>(train::sample_state_bytes(options, device)),
+          // "std::bad_alloc" on rank 0 alone. Every rank checks (against its own device, the same kind as rank 0's),
+          // so that the refusal is every rank's rather than one rank's abort.
+          check_fits_in_memory("--sample-tokens",
+                               static_cast<double>(train::sample_state_bytes(options, group->device())),
                                "a sample's key/value caches and recurrent states, its prompt's first token and " +
-                                   std::to_string(options.sample_tokens) + " more");
+                                   std::to_string(options.sample_tokens) + " more",
+                               group->device());
         }
-        const std::unique_ptr<comm::Group> group = make_group(args.device);
         std::unique_ptr<Reporter> reporter;  // on every rank's watch: a log rank 0 cannot open stops them all
         comm::collectively(*group, [&] {
           if (rank == 0) reporter = std::make_unique<Reporter>(args, options);

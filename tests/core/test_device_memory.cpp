@@ -1,12 +1,15 @@
 // core/device_memory: alignment, zero fills and copies between host memory and a device, checked on fresh random
 // bytes against the bytes themselves: on the CPU, on every GPU (with device 0 current, so that the calls' own device
-// guard is what places them on a second GPU), and through page-locked staging. The GPU cases skip (not pass) without
-// a usable GPU.
+// guard is what places them on a second GPU), and through page-locked staging; each device's total memory. The GPU
+// cases skip (not pass) without a usable GPU.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "deltatrain/core/device_memory.h"
@@ -61,6 +64,42 @@ TEST(DeviceMemory, GpuRoundTripOnEveryGpu) {
   if (!cuda.usable()) GTEST_SKIP() << cuda.unavailable_reason;
   for (std::size_t gpu = 0; gpu < cuda.gpus.size(); ++gpu) {
     for (std::size_t n : {1u, 4096u, 1000003u}) expect_round_trip(Device{DeviceType::cuda, static_cast<int>(gpu)}, n);
+  }
+}
+
+// The host's total is its physical memory: sysconf's pages times the page size, and (read another way) the kernel's
+// MemTotal within a page of it.
+TEST(DeviceMemory, HostTotalIsThePhysicalMemory) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
+  ASSERT_GT(pages, 0);
+  ASSERT_GT(page_bytes, 0);
+  const std::size_t total = device_total_memory(Device{});
+  EXPECT_EQ(total, static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_bytes));
+  EXPECT_GE(total, std::size_t{256} << 20) << "a machine that runs this suite has more than 256 MiB";
+  EXPECT_LE(total, std::size_t{1} << 50) << "and less than a PiB";
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  while (meminfo >> key >> kib && key != "MemTotal:") meminfo.ignore(256, '\n');
+  if (key != "MemTotal:") GTEST_SKIP() << "no MemTotal in /proc/meminfo to compare with";
+  EXPECT_LT(static_cast<double>(total > kib * 1024 ? total - kib * 1024 : kib * 1024 - total),
+            static_cast<double>(page_bytes))
+      << "MemTotal " << kib << " KiB, sysconf " << total << " bytes";
+}
+
+// A GPU's total is cudaMemGetInfo's for that GPU, called with device 0 current: it is at most the memory the device
+// properties report (equal on whole GPUs) and is the same asked twice. Without CUDA in the build, a GPU's total is
+// Unavailable, as every other call of this file on a GPU is.
+TEST(DeviceMemory, GpuTotalOnEveryGpu) {
+  const CudaInfo& cuda = cuda_info();
+  if (!cuda.built) EXPECT_THROW(device_total_memory(Device{DeviceType::cuda, 0}), Unavailable);
+  if (!cuda.usable()) GTEST_SKIP() << cuda.unavailable_reason;
+  for (std::size_t gpu = 0; gpu < cuda.gpus.size(); ++gpu) {
+    const Device device{DeviceType::cuda, static_cast<int>(gpu)};
+    const std::size_t total = device_total_memory(device);
+    EXPECT_GT(total, std::size_t{1} << 30) << device_name(device);
+    EXPECT_LE(total, cuda.gpus[gpu].memory_bytes) << device_name(device);
+    EXPECT_EQ(device_total_memory(device), total) << device_name(device);
   }
 }
 

@@ -1,6 +1,7 @@
 """`deltatrain train` end to end, single process: data written by prepare_text.py's writer (so the Python
 writer and the C++ reader agree on the format), bad flags and files refused by name, SIGTERM finishing the
-step, saving and exiting 0, and `--resume latest` continuing from there.
+step, saving and exiting 0, a second signal during a long step ending the process without a partial checkpoint, and
+`--resume latest` continuing from there.
 
 With MPIEXEC, a failure on rank 0 alone (a log it cannot open, an allocation that fails) ends every rank with
 the reason instead of leaving the others waiting in a collective.
@@ -172,6 +173,8 @@ def main():
                          f"{out}\n{err}")
         print("ok: SIGTERM abandons an evaluation or a sample, saves and exits 0")
 
+        check_second_signal(binary, flags, tmp)
+
         # Resume from `latest` for two more steps; the log continues.
         target = steps[-1] + 2
         result = run(binary, *common, "--steps", str(target), "--ckpt", ckpt, "--resume", "latest", "--log", log)
@@ -216,6 +219,59 @@ def main():
         if len(sys.argv) > 2:
             check_one_rank_failing(binary, sys.argv[2], common, tmp)
     print("all CLI checks passed")
+
+
+def check_second_signal(binary, flags, tmp):
+    """A second signal while the first waits for a long step to end ends the process as the signal's default action
+    does: killed by it, not "stopped on a signal" with exit 0, the step neither finished nor saved. The checkpoint
+    saved before it stays the latest and whole, and no temporary directory of another is left (none was begun).
+
+    `tiny` at 16384 tokens a step on one thread: a step of about 6 s on a 2-core machine (2,500 tokens/s), so the
+    two signals, sent at once after step 1's save, both arrive within step 2 on any machine up to some 20 times
+    faster. Without the second signal's handling step 2 would finish, save and exit 0."""
+    ckpt = os.path.join(tmp, "second-signal-ckpt")
+    log = os.path.join(tmp, "second-signal.jsonl")
+    process = subprocess.Popen([binary, "train", "--config", "tiny", *flags[2:], "--tokens-per-step", "16384",
+                                "--steps", "4", "--save-every", "1", "--ckpt", ckpt, "--log", log],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def records(kind):
+        if not os.path.exists(log):
+            return []
+        # The last line may be half written while the run goes on.
+        return [row for row in (json.loads(line) for line in open(log) if line.endswith("\n"))
+                if row["kind"] == kind]
+
+    deadline = time.time() + 60
+    while time.time() < deadline and process.poll() is None and not records("save"):
+        time.sleep(0.02)
+    if process.poll() is not None or not records("save"):
+        process.kill()
+        out, err = process.communicate()
+        sys.exit(f"FAIL: second signal: no save of step 1 to wait for (exit {process.returncode})\n{out}\n{err}")
+    process.send_signal(signal.SIGINT)  # asks the run to stop once step 2 ends
+    time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)  # before it does: the process ends, by SIGTERM's default action
+    try:
+        out, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        sys.exit("FAIL: a second signal during a long step did not end the run")
+    steps = [row["step"] for row in records("train")]
+    if process.returncode != -signal.SIGTERM or "stopped on a signal" in out or steps != [1]:
+        sys.exit(f"FAIL: second signal during step 2: exit {process.returncode}, expected {-signal.SIGTERM} (killed "
+                 f"by SIGTERM) with step 2 unfinished; steps {steps}\n{out}\n{err}")
+    entries = sorted(os.listdir(ckpt))
+    with open(os.path.join(ckpt, "latest")) as f:
+        latest = f.read().strip()
+    if entries != ["latest", "step-00000001"] or latest != "step-00000001":
+        sys.exit(f"FAIL: second signal: the checkpoint root holds {entries}, latest {latest!r}; expected step 1's "
+                 "alone")
+    result = subprocess.run([binary, "ckpt", "inspect", ckpt, "--verify"], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0 or "step           1" not in result.stdout:
+        sys.exit(f"FAIL: second signal: step 1's checkpoint does not verify\n{result.stdout}\n{result.stderr}")
+    print("ok: a second signal during a long step ends the process by that signal; step 1's checkpoint stays whole "
+          "and the latest")
 
 
 def check_one_rank_failing(binary, mpiexec, common, tmp):

@@ -23,6 +23,11 @@ void copy_bytes(void* target, const void* source, std::size_t bytes, Device devi
 void zero_bytes(void* target, std::size_t bytes, Device device, void* stream);
 void synchronize(Device device, void* stream);  // waits for the stream's work; nothing on the CPU
 
+// The memory a device has in all, in bytes: the host's physical memory (sysconf) for the CPU, 0 where it cannot be
+// read; for a GPU, cudaMemGetInfo's total for that device. For refusing up front, naming the flag, a size that the
+// device that will hold it cannot hold, rather than failing later as an allocation naming nothing.
+std::size_t device_total_memory(Device device);
+
 // Page-locked host memory (cudaHostAlloc), which copies to and from a GPU read at full rate and asynchronously;
 // null where it cannot be had (a build without CUDA, a machine without a GPU, too little lockable memory), and the
 // caller then uses plain host memory, which every copy also accepts.
