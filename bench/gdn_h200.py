@@ -28,7 +28,7 @@ gdn-h200-ours.json instead, the input of an A/B (bench/gdn_ab.py, `bench/gpu/gpu
 files fill the cells this run does not measure (each row keeps its run's date and commit), and --missing-only
 runs only the cells none of them has: a grid can be completed over several GPU sessions.
 Usage: python3 bench/gdn_h200.py --out DIR --commit HASH [--cells fwd|bwd|all] [--only I ...] [--limit-s SECONDS]
-       [--ours-only] [--no-flashqla] [--merge JSON ... [--missing-only]]
+       [--ours-only [--cell PASS:HQK/HV:LENGTHS ...]] [--no-flashqla] [--merge JSON ... [--missing-only]]
 """
 
 import argparse
@@ -46,7 +46,7 @@ os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gdn_report import busy_time, cell_of, merge, write  # noqa: E402
+from gdn_report import busy_time, cell_of, merge, parse_cell, write  # noqa: E402
 
 CHUNK = 64
 
@@ -280,6 +280,9 @@ def main():
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--cells", default="all", choices=["fwd", "bwd", "all"])
     parser.add_argument("--only", type=int, nargs="*", help="indices into GRID (0-17) to run, in this order")
+    parser.add_argument("--cell", action="append", default=[], metavar="PASS:HQK/HV:LENGTHS",
+                        help="with --ours-only: a cell outside the grid, after --only's (e.g. fwd:2/4:32768, "
+                             "bwd:16/32:4096*8); repeatable. With --cell and no --only, only these cells run")
     parser.add_argument("--limit-s", type=float, default=240.0, help="stop starting new cells after this long")
     parser.add_argument("--ours-only", action="store_true",
                         help="time deltatrain alone (a quick look, an A/B): gdn-h200-ours.json, no report")
@@ -300,6 +303,12 @@ def main():
         parser.error("--missing-only: needs --merge (the runs whose cells to skip)")
     if args.merge and args.ours_only:
         parser.error("--merge: not with --ours-only (which writes no report to merge into)")
+    if args.cell and not args.ours_only:
+        parser.error("--cell: only with --ours-only (the report is the anchor grid's)")
+    try:
+        extra_cells = [parse_cell(spec) for spec in args.cell]
+    except ValueError as e:
+        parser.error(str(e))
     earlier = []
     for path in args.merge:
         with open(path) as f:
@@ -318,8 +327,10 @@ def main():
               "commit": args.commit, "gpu": torch.cuda.get_device_name(0),
               "versions": versions({**fla_versions, **flashqla_versions}), "rows": []}
     refused = set()  # the refusals printed so far, each once
-    for index in args.only if args.only else range(len(GRID)):
-        pass_, h_qk, h_v, seqlens, lengths = GRID[index]
+    grid_cells = args.only if args.only else [] if extra_cells else range(len(GRID))
+    # (cell, the seed of its inputs): a grid cell's index, so that its inputs are the same in every run
+    cells = [(GRID[i], i) for i in grid_cells] + [(c, len(GRID) + i) for i, c in enumerate(extra_cells)]
+    for (pass_, h_qk, h_v, seqlens, lengths), seed in cells:
         if args.cells != "all" and pass_ != args.cells:
             continue
         if args.missing_only and (pass_, h_qk, h_v, seqlens) in measured_before:
@@ -327,7 +338,7 @@ def main():
         if time.time() - started > args.limit_s:
             print(f"time limit: skipping {pass_} {h_qk}/{h_v} {seqlens} and later cells", flush=True)
             break
-        x = make_inputs(h_qk, h_v, lengths, seed=index)
+        x = make_inputs(h_qk, h_v, lengths, seed=seed)
         x64 = {n: t.double() if t.is_floating_point() else t for n, t in x.items()}
         leaves64 = [x64[n].requires_grad_(pass_ == "bwd") for n in ("q", "k", "v", "g", "beta", "h0")]
         with torch.set_grad_enabled(pass_ == "bwd"):

@@ -44,6 +44,36 @@ def cell_of(row):
     return row["pass"], row["h_qk"], row["h_v"], row["seqlens"]
 
 
+def parse_cell(spec):
+    """A cell outside the grid, as `--cell` spells it: PASS:HQK/HV:LENGTHS, LENGTHS the sequences' token counts
+    separated by commas, each optionally repeated as LENGTH*COUNT (`fwd:2/4:32768`, `bwd:16/32:4096*8`). Returns
+    (pass, h_qk, h_v, seqlens, lengths), seqlens the LENGTHS text (what the row is keyed by). A malformed spec raises
+    ValueError naming the rule it breaks."""
+    parts = spec.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"--cell {spec!r}: expected PASS:HQK/HV:LENGTHS, e.g. fwd:2/4:32768")
+    pass_, heads, seqlens = parts
+    if pass_ not in ("fwd", "bwd"):
+        raise ValueError(f"--cell {spec!r}: the pass must be fwd or bwd, got {pass_!r}")
+    try:
+        h_qk, h_v = (int(h) for h in heads.split("/"))
+    except ValueError:
+        raise ValueError(f"--cell {spec!r}: heads must be HQK/HV, two integers, got {heads!r}") from None
+    if h_qk < 1 or h_v < 1 or h_v % h_qk != 0:
+        raise ValueError(f"--cell {spec!r}: heads HQK/HV must be positive with HV a multiple of HQK, got {heads!r}")
+    lengths = []
+    for item in seqlens.split(","):
+        length, _, count = item.partition("*")
+        try:
+            length, count = int(length), int(count) if count else 1
+        except ValueError:
+            raise ValueError(f"--cell {spec!r}: each length must be LENGTH or LENGTH*COUNT, got {item!r}") from None
+        if length < 1 or count < 1:
+            raise ValueError(f"--cell {spec!r}: lengths and counts must be positive, got {item!r}")
+        lengths += [length] * count
+    return pass_, h_qk, h_v, seqlens, lengths
+
+
 def run_of(result):
     """How a row names the run that measured it."""
     return f"{result['date']} {result['commit']}"

@@ -74,3 +74,31 @@ def test_busy_time_is_the_union_of_the_intervals(rng):
         covered = {t for start, end in intervals for t in range(start, end)}
         assert gdn_report.busy_time(intervals) == len(covered)
     assert gdn_report.busy_time([]) == 0
+
+
+def test_a_cell_outside_the_grid_parses_to_its_sequences(rng):
+    for _ in range(20):
+        h_qk = int(rng.integers(1, 17))
+        h_v = h_qk * int(rng.integers(1, 5))
+        lengths = [int(n) for n in rng.integers(1, 40000, size=int(rng.integers(1, 4)))]
+        counts = [int(c) for c in rng.integers(1, 9, size=len(lengths))]
+        text = ",".join(f"{n}*{c}" if c > 1 else str(n) for n, c in zip(lengths, counts))
+        pass_ = str(rng.choice(["fwd", "bwd"]))
+        cell = gdn_report.parse_cell(f"{pass_}:{h_qk}/{h_v}:{text}")
+        assert cell == (pass_, h_qk, h_v, text, [n for n, c in zip(lengths, counts) for _ in range(c)])
+
+
+@pytest.mark.parametrize("spec, rule", [
+    ("fwd:2/4", "PASS:HQK/HV:LENGTHS"),
+    ("both:2/4:8192", "fwd or bwd"),
+    ("fwd:2:8192", "HQK/HV"),
+    ("fwd:4/6:8192", "multiple of HQK"),
+    ("bwd:0/4:8192", "positive"),
+    ("fwd:2/4:8192*x", "LENGTH*COUNT"),
+    ("fwd:2/4:4096,0", "positive"),
+    ("fwd:2/4:4096*0", "positive"),
+])
+def test_a_malformed_cell_is_refused_naming_the_rule(spec, rule):
+    with pytest.raises(ValueError, match=rule.replace("*", r"\*")) as refusal:
+        gdn_report.parse_cell(spec)
+    assert "--cell" in str(refusal.value)
