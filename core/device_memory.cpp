@@ -8,6 +8,7 @@
 #include <string>
 
 #include "deltatrain/core/error.h"
+#include "deltatrain/core/system.h"
 #ifdef DELTATRAIN_WITH_CUDA
 #include "deltatrain/core/cuda_check.h"
 #endif
@@ -98,14 +99,12 @@ std::size_t device_total_memory(Device device) {
     const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
     return pages > 0 && page_bytes > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_bytes) : 0;
   }
-#ifdef DELTATRAIN_WITH_CUDA
-  const CudaDeviceGuard guard(device.index);  // cudaMemGetInfo reports on the current device
-  std::size_t free = 0, total = 0;
-  cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-  return total;
-#else
-  unavailable("the memory", device);
-#endif
+  // The GPU's memory as cuda_info() read it once for the process (deltatrain info shows the same figure).
+  const CudaInfo& cuda = cuda_info();
+  if (!cuda.usable() || device.index < 0 || device.index >= static_cast<int>(cuda.gpus.size())) {
+    throw Unavailable("the memory of " + device_name(device), cuda.usable() ? "no such GPU" : cuda.unavailable_reason);
+  }
+  return cuda.gpus[device.index].memory_bytes;
 }
 
 void* page_locked_allocate(std::size_t bytes) noexcept {

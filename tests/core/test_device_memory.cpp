@@ -87,8 +87,8 @@ TEST(DeviceMemory, HostTotalIsThePhysicalMemory) {
       << "MemTotal " << kib << " KiB, sysconf " << total << " bytes";
 }
 
-// A GPU's total is cudaMemGetInfo's for that GPU, called with device 0 current: it is at most the memory the device
-// properties report (equal on whole GPUs) and is the same asked twice. Without CUDA in the build, a GPU's total is
+// A GPU's total, asked with device 0 current, is that GPU's own: more than 1 GiB, at most the memory its device
+// properties report, and the same asked twice. Without CUDA in the build, a GPU's total is
 // Unavailable, as every other call of this file on a GPU is.
 TEST(DeviceMemory, GpuTotalOnEveryGpu) {
   const CudaInfo& cuda = cuda_info();
