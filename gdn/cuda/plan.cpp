@@ -47,8 +47,14 @@ constexpr std::int64_t kMapsApartMinChunks = 32;
 // gdn-h100-two-warpgroup-segments-copied-starts-ab.md). With warm-ups a segment's ends pass walks a few chunks, so
 // the floor is 32 chunks: fwd 16/32 1x8192 (four of 32) -6.4%, 16/64 1x8192 (two of 64) -2.0%, 2/8 1x32768 (sixteen
 // of 32) -4.0%, 2/8 8192x4 (four of 32 a sequence) -6.7% (H100, bench/results/gdn-h100-two-warpgroup-floor-32-ab.md).
-// Below it, segments of 16 (fwd 2/8 1x8192, eight) are not measured.
-constexpr std::int64_t kTwoWarpgroupSegmentMinChunks = 32;
+// Segments of 16 chunks and up to 32 of them (the fused backward's floor and cap) so that a training forward that
+// fills fewer SMs than the backward's plan takes that plan, and the backward reads its segment starts from the forward's
+// buffer (backward_reuses_forward_starts): one sequence of 2/4 heads and 32768 tokens went from 16 segments of 32
+// (64 CTAs) to 32 of 16 (128), eight of 4096 from two one-warpgroup segments to four of two; no anchor forward moves.
+// Measured (H100, bench/results/gdn-h100-forward-takes-fused-segments-ab.md): bwd 2/4 1x32768 -6.5%, 2/4 8x4096
+// -6.3%, 16/32 1x4096 -6.7% (the backward's state_forward 0.09 -> 0.07 ms), and those forwards -24.6%, -7.2%, -4.4%.
+constexpr std::int64_t kTwoWarpgroupSegmentMinChunks = kFusedSegmentMinChunks;
+constexpr std::int64_t kTwoWarpgroupMaxSegments = kFusedMaxSegments;
 
 // Whether a CTA may take two warpgroups on adjacent 64 columns: K = 128 and V a multiple of 128.
 bool two_warpgroups_fit(const PlanInputs& in) { return in.K == 128 && in.V % (2 * kWgmmaColumns) == 0; }
@@ -114,10 +120,10 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
   // two segments already pay on the H200: the ends step carries no Q, P or O, and the pass proper halves
   // (forward 16/32 heads, one sequence of 32768 tokens: 0.837 -> 0.680 ms). A segment of a handful of chunks
   // is mostly pipeline fill.
-  auto segments_of = [&](std::int64_t ctas_a_segment) {
-    return std::min<std::int64_t>({16, in.multiprocessors / ctas_a_segment, chunks_per_sequence(in) / 4});
+  auto segments_of = [&](std::int64_t ctas_a_segment, std::int64_t most) {
+    return std::min<std::int64_t>({most, in.multiprocessors / ctas_a_segment, chunks_per_sequence(in) / 4});
   };
-  const std::int64_t segments = segments_of(units);
+  const std::int64_t segments = segments_of(units, 16);
   // The backward runs two passes of L chunk steps each, and s segments make a pass cost about 2 L / s steps
   // (ends, then the pass proper): 2 L in all for one or two segments, 4 L / 3 for three. Where both passes'
   // units fit the SMs together they can instead run unsegmented side by side in L steps.
@@ -127,7 +133,7 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
   }
   plan.segments = segments >= 2 ? static_cast<int>(segments) : 1;
   if (in.op == Operation::chunk_forward && two_warpgroups_fit(in)) {
-    const std::int64_t two_group_segments = segments_of(units / 2);
+    const std::int64_t two_group_segments = segments_of(units / 2, kTwoWarpgroupMaxSegments);
     if (two_group_segments >= 2 && chunks_per_sequence(in) / two_group_segments >= kTwoWarpgroupSegmentMinChunks) {
       plan.warpgroups = 2;
       plan.segments = static_cast<int>(two_group_segments);

@@ -338,7 +338,8 @@ TEST(CudaPlanAnchors, H200Choices) {
   // 32 heads x 2 column blocks = 64 units of one sequence: in the forward, CTAs of two warpgroups (32 a segment) in
   // four segments of 128 chunks, rather than two segments of one warpgroup a CTA; 64 heads, which fill 128 of 132 SMs
   // unsegmented, two segments of 256 chunks in two-warpgroup CTAs; at 8192 tokens four segments of 32 chunks in
-  // two-warpgroup CTAs too; at 4096 tokens (two-warpgroup segments of 16 chunks) one warpgroup ...
+  // two-warpgroup CTAs too, and at 4096 tokens four of 16 chunks (the fused backward's plan of that call); at 2048
+  // tokens (two-warpgroup segments of 8 chunks) one warpgroup ...
   const ExecutionPlan long_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 32768));
   EXPECT_EQ(long_forward.segments, 4);
   EXPECT_EQ(long_forward.warpgroups, 2);
@@ -348,7 +349,10 @@ TEST(CudaPlanAnchors, H200Choices) {
   const ExecutionPlan forward_8192 = plan_execution(anchor(Operation::chunk_forward, 32, 1, 8192));
   EXPECT_EQ(forward_8192.segments, 4);
   EXPECT_EQ(forward_8192.warpgroups, 2);
-  const ExecutionPlan short_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 4096));
+  const ExecutionPlan forward_4096 = plan_execution(anchor(Operation::chunk_forward, 32, 1, 4096));
+  EXPECT_EQ(forward_4096.segments, 4);
+  EXPECT_EQ(forward_4096.warpgroups, 2);
+  const ExecutionPlan short_forward = plan_execution(anchor(Operation::chunk_forward, 32, 1, 2048));
   EXPECT_EQ(short_forward.segments, 2);
   EXPECT_EQ(short_forward.warpgroups, 1);
   // ... and, where the fused backward's segments would be too short (2048 tokens: two of 16 chunks, 64 CTAs), the
@@ -454,8 +458,9 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_EQ(saved_per_token_head(unfused, false), 532u) << "two warpgroups, unfused: the reverse pass reads W";
   // The backward's recompute reads the forward's segment ends and starts where both are segmented alike: one sequence
   // of 32 heads and 8192 or 32768 tokens (four segments of two-warpgroup CTAs, the fused backward), one of 4 heads and
-  // 8192 tokens (16 of one, unfused); not one of 4 heads and 32768 tokens (the fused backward's 32 segments against
-  // the forward's 16), nor eight of 4 heads and 4096 tokens (four against two), nor the batched cells (none).
+  // 8192 tokens (16 of one, unfused), one of 4 heads and 32768 tokens (32 of two, the fused backward's cap), eight of 4
+  // heads and 4096 tokens (four of two a sequence) and one of 32 heads and 4096 tokens (four of two); not the batched
+  // cells (none).
   auto reuses_starts = [](const PlanInputs& in) {
     return cuda::backward_reuses_forward_starts(plan_of(in, Operation::chunk_forward),
                                                 plan_of(in, Operation::chunk_backward));
@@ -463,8 +468,9 @@ TEST(CudaPlanAnchors, H200Choices) {
   EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 32, 1, 8192)));
   EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 32, 1, 32768)));
   EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 4, 1, 8192)));
-  EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 4, 1, 32768)));
-  EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 4, 8, 4096)));
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 4, 1, 32768)));
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 4, 8, 4096)));
+  EXPECT_TRUE(reuses_starts(anchor(Operation::chunk_backward, 32, 1, 4096)));
   EXPECT_FALSE(reuses_starts(anchor(Operation::chunk_backward, 32, 8, 4096)));
   // Their cost in the buffer, in float32: V x K per (sequence, value head) for every segment's end but the last and,
   // beyond two segments, for every segment's start: 4 heads, 16 segments, 128 x 128, (15 + 16) x 4 x 64 KB = 7.75 MB.
