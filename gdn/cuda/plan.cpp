@@ -55,6 +55,8 @@ constexpr std::int64_t kMapsApartMinChunks = 32;
 // -6.3%, 16/32 1x4096 -6.7% (the backward's state_forward 0.09 -> 0.07 ms), and those forwards -24.6%, -7.2%, -4.4%.
 constexpr std::int64_t kTwoWarpgroupSegmentMinChunks = kFusedSegmentMinChunks;
 constexpr std::int64_t kTwoWarpgroupMaxSegments = kFusedMaxSegments;
+// Every other segmented plan's cap.
+constexpr std::int64_t kOneWarpgroupMaxSegments = 16;
 
 // Whether a CTA may take two warpgroups on adjacent 64 columns: K = 128 and V a multiple of 128.
 bool two_warpgroups_fit(const PlanInputs& in) { return in.K == 128 && in.V % (2 * kWgmmaColumns) == 0; }
@@ -123,7 +125,7 @@ ExecutionPlan plan_wgmma(const PlanInputs& in) {
   auto segments_of = [&](std::int64_t ctas_a_segment, std::int64_t most) {
     return std::min<std::int64_t>({most, in.multiprocessors / ctas_a_segment, chunks_per_sequence(in) / 4});
   };
-  const std::int64_t segments = segments_of(units, 16);
+  const std::int64_t segments = segments_of(units, kOneWarpgroupMaxSegments);
   // The backward runs two passes of L chunk steps each, and s segments make a pass cost about 2 L / s steps
   // (ends, then the pass proper): 2 L in all for one or two segments, 4 L / 3 for three. Where both passes'
   // units fit the SMs together they can instead run unsegmented side by side in L steps.

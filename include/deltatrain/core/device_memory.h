@@ -24,8 +24,9 @@ void zero_bytes(void* target, std::size_t bytes, Device device, void* stream);
 void synchronize(Device device, void* stream);  // waits for the stream's work; nothing on the CPU
 
 // The memory a device has in all, in bytes: the host's physical memory (sysconf) for the CPU, 0 where it cannot be
-// read; for a GPU, its global memory as cuda_info() reports it (Unavailable where that GPU cannot be used). For refusing up front, naming the flag, a size that the
-// device that will hold it cannot hold, rather than failing later as an allocation naming nothing.
+// read; for a GPU, its global memory as cuda_info() reports it (Unavailable where that GPU cannot be used). For
+// refusing up front, naming the flag, a size that the device that will hold it cannot hold, rather than failing later
+// as an allocation naming nothing.
 std::size_t device_total_memory(Device device);
 
 // Page-locked host memory (cudaHostAlloc), which copies to and from a GPU read at full rate and asynchronously;
